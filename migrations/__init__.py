@@ -1,0 +1,1 @@
+"""Alembic migration tree, shipped as orquestador.migrations."""

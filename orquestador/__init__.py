@@ -1,0 +1,1 @@
+"""orquestador: a durable workflow orchestrator on PostgreSQL."""
