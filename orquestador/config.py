@@ -1,0 +1,205 @@
+"""Settings: one frozen object built from the environment and validated once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from orquestador.errors import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_JWT_ALGORITHMS = {"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "EdDSA"}
+
+
+def _env(name: str, default: str) -> Any:
+    # The default is the raw environment text; from_env converts it like any value.
+    return field(default=default, metadata={"env": name})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of the product; `.env.example` lists the same names and defaults."""
+
+    database_url: str = _env("DATABASE_URL", "")
+    migration_database_url: str = _env("MIGRATION_DATABASE_URL", "")
+    runtime_database_role: str = _env("RUNTIME_DATABASE_ROLE", "")
+    home: str = _env("ORQUESTADOR_HOME", ".orquestador")
+
+    worker_enabled: bool = _env("WORKER_ENABLED", "false")
+    request_api_enabled: bool = _env("REQUEST_API_ENABLED", "false")
+    flow_admin_enabled: bool = _env("FLOW_ADMIN_ENABLED", "false")
+
+    worker_concurrency: int = _env("WORKER_CONCURRENCY", "10")
+    worker_batch: int = _env("WORKER_BATCH", "10")
+    worker_poll_ms: int = _env("WORKER_POLL_MS", "500")
+    worker_lease_seconds: int = _env("WORKER_LEASE_SECONDS", "60")
+    worker_renew_seconds: int = _env("WORKER_RENEW_SECONDS", "15")
+    worker_drain_seconds: int = _env("WORKER_DRAIN_SECONDS", "20")
+    worker_id: str = _env("WORKER_ID", "")
+    execution_max_attempts: int = _env("EXECUTION_MAX_ATTEMPTS", "10")
+
+    retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1")
+    retry_cap_seconds: float = _env("RETRY_CAP_SECONDS", "300")
+    retry_after_min_seconds: float = _env("RETRY_AFTER_MIN_SECONDS", "1")
+    retry_after_max_seconds: float = _env("RETRY_AFTER_MAX_SECONDS", "600")
+
+    jwt_algorithms: str = _env("JWT_ALGORITHMS", "HS256")
+    jwt_secret: str = _env("JWT_SECRET", "")
+    jwt_public_key_file: str = _env("JWT_PUBLIC_KEY_FILE", "")
+    jwt_private_key_file: str = _env("JWT_PRIVATE_KEY_FILE", "")
+    jwt_issuer: str = _env("JWT_ISSUER", "orquestador")
+    jwt_audience: str = _env("JWT_AUDIENCE", "orquestador-api")
+    jwt_leeway_seconds: int = _env("JWT_LEEWAY_SECONDS", "30")
+
+    api_host: str = _env("API_HOST", "127.0.0.1")
+    api_port: int = _env("API_PORT", "8080")
+    api_workers: int = _env("API_WORKERS", "2")
+    api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576")
+
+    adapter_modules: str = _env("ADAPTER_MODULES", "")
+    log_level: str = _env("LOG_LEVEL", "INFO")
+
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home)
+
+    @property
+    def adapter_module_names(self) -> list[str]:
+        return [name.strip() for name in self.adapter_modules.split(",") if name.strip()]
+
+    @property
+    def jwt_algorithm_list(self) -> list[str]:
+        return [name.strip() for name in self.jwt_algorithms.split(",") if name.strip()]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read, convert and validate; raise ConfigError with one line per problem."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for f in fields(cls):
+            name = f.metadata["env"]
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+                continue
+            raw = environ.get(name, f.default).strip()
+            try:
+                values[f.name] = _convert(raw, f.type)
+            except ValueError as exc:
+                problems.append(f"{name}={raw!r}: {exc}")
+        if problems:
+            raise ConfigError(problems)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        settings = Settings(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        problems: list[str] = []
+        positive = (
+            "worker_concurrency",
+            "worker_batch",
+            "worker_poll_ms",
+            "worker_lease_seconds",
+            "worker_renew_seconds",
+            "execution_max_attempts",
+            "api_port",
+            "api_workers",
+            "api_max_body_bytes",
+            "retry_base_seconds",
+            "retry_cap_seconds",
+            "retry_after_max_seconds",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                problems.append(f"{_env_name(name)} must be greater than zero")
+        for name in ("worker_drain_seconds", "jwt_leeway_seconds", "retry_after_min_seconds"):
+            if getattr(self, name) < 0:
+                problems.append(f"{_env_name(name)} must not be negative")
+        if 0 < self.worker_lease_seconds and not self.worker_renew_seconds * 2 < (
+            self.worker_lease_seconds
+        ):
+            problems.append(
+                f"WORKER_RENEW_SECONDS={self.worker_renew_seconds} must be below half of "
+                f"WORKER_LEASE_SECONDS={self.worker_lease_seconds}, or a late heartbeat loses "
+                "the lease while the action still runs"
+            )
+        if self.retry_cap_seconds < self.retry_base_seconds:
+            problems.append("RETRY_CAP_SECONDS must not be below RETRY_BASE_SECONDS")
+        if self.retry_after_max_seconds < self.retry_after_min_seconds:
+            problems.append("RETRY_AFTER_MAX_SECONDS must not be below RETRY_AFTER_MIN_SECONDS")
+        for name in ("database_url", "migration_database_url"):
+            problem = _postgres_url_problem(getattr(self, name))
+            if problem:
+                problems.append(f"{_env_name(name)}: {problem}")
+        unknown = [a for a in self.jwt_algorithm_list if a not in _JWT_ALGORITHMS]
+        if unknown or not self.jwt_algorithm_list:
+            problems.append(
+                f"JWT_ALGORITHMS must list algorithms among {', '.join(sorted(_JWT_ALGORITHMS))}"
+                f" (got {self.jwt_algorithms!r}); 'none' is never accepted"
+            )
+        if self.jwt_public_key_file and not Path(self.jwt_public_key_file).is_file():
+            problems.append(f"JWT_PUBLIC_KEY_FILE: no such file {self.jwt_public_key_file!r}")
+        if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            problems.append("LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if problems:
+            raise ConfigError(problems)
+
+
+def _env_name(attribute: str) -> str:
+    return next(f.metadata["env"] for f in fields(Settings) if f.name == attribute)
+
+
+def _convert(raw: str, kind: Any) -> Any:
+    if kind in (bool, "bool"):
+        lowered = raw.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ValueError("expected true or false")
+    if kind in (int, "int"):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError("expected a whole number") from None
+    if kind in (float, "float"):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError("expected a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("expected a finite number")
+        return value
+    return raw
+
+
+def _postgres_url_problem(url: str) -> str | None:
+    if not url:
+        return None
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "not a database URL (expected postgresql://user@host/dbname)"
+    if parsed.get_backend_name() != "postgresql":
+        return f"not a PostgreSQL URL (scheme {parsed.drivername!r})"
+    return None
+
+
+def sqlalchemy_url(url: str) -> URL:
+    """Normalise any postgresql:// form to the psycopg 3 driver."""
+    parsed = make_url(url)
+    return parsed.set(drivername="postgresql+psycopg")

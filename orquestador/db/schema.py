@@ -1,0 +1,273 @@
+"""Every table of the product as SQLAlchemy Core, in its state after the newest migration.
+
+The migrations under migrations/versions build this same schema step by step; a test
+compares the two so neither drifts.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+TRIGGERS = ("manual", "webhook", "provisioned", "reinstalled", "deleted")
+MOMENTS = ("provisioned", "reinstalled", "deleted")
+EXECUTION_STATUSES = (
+    "PENDING",
+    "RUNNING",
+    "RETRY_WAIT",
+    "SUCCEEDED",
+    "FAILED",
+    "RECONCILIATION_REQUIRED",
+    "CANCELLED",
+)
+CHECKPOINT_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN")
+EFFECTS = ("READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE")
+COMMAND_STATUSES = ("pending", "sent", "running", "succeeded", "failed", "timed_out")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _uuid_pk() -> Column:
+    return Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()"))
+
+
+def _created_at() -> Column:
+    return Column(
+        "created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
+    )
+
+
+flow = Table(
+    "flow",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("trigger", Text, nullable=False),
+    Column("definition", JSONB, nullable=False),
+    Column("data_schema", JSONB, nullable=False),
+    Column("created_by", Text, nullable=False),
+    _created_at(),
+    UniqueConstraint("org_id", "key", "version"),
+    # Target of plan_flow_binding's composite key: a binding names the trigger it expects.
+    UniqueConstraint("id", "trigger"),
+    CheckConstraint(_in("trigger", TRIGGERS), name="trigger"),
+    CheckConstraint("version >= 1", name="version_positive"),
+)
+
+request = Table(
+    "request",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("owner_id", Text, nullable=False),
+    Column("flow_id", UUID(as_uuid=True), ForeignKey("flow.id"), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("revision", Integer, nullable=False, server_default=text("1")),
+    Column("data", JSONB, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("acl", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("machine_id", Text),
+    Column(
+        "busy_execution_id",
+        UUID(as_uuid=True),
+        ForeignKey("execution.id", use_alter=True),
+    ),
+    _created_at(),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Index(None, "org_id", "owner_id"),
+)
+
+execution = Table(
+    "execution",
+    metadata,
+    _uuid_pk(),
+    Column("request_id", UUID(as_uuid=True), ForeignKey("request.id"), nullable=False),
+    Column("org_id", Text, nullable=False),
+    Column("flow_id", UUID(as_uuid=True), ForeignKey("flow.id"), nullable=False),
+    Column("transition_id", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'PENDING'")),
+    Column("accepted_revision", Integer, nullable=False),
+    Column("accepted_state", Text, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("10")),
+    Column("fencing_token", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", TIMESTAMP(timezone=True)),
+    Column("next_attempt_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("simulation", Boolean, nullable=False, server_default=text("false")),
+    Column("actor_snapshot", JSONB, nullable=False),
+    Column("result", JSONB),
+    Column("error_code", Text),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("started_at", TIMESTAMP(timezone=True)),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("finished_at", TIMESTAMP(timezone=True)),
+    CheckConstraint(_in("status", EXECUTION_STATUSES), name="status"),
+    # Only RUNNING rows carry a lease; claims and renewals rely on it.
+    CheckConstraint(
+        "(status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="lease_iff_running",
+    ),
+    # The claim reads waiting work in this order; the partial index keeps it small.
+    Index(
+        "ix_execution_due",
+        "next_attempt_at",
+        "created_at",
+        "id",
+        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT')"),
+    ),
+    Index(
+        "ix_execution_lease",
+        "lease_expires_at",
+        postgresql_where=text("status = 'RUNNING'"),
+    ),
+    Index(None, "request_id"),
+)
+
+action_execution = Table(
+    "action_execution",
+    metadata,
+    Column("execution_id", UUID(as_uuid=True), ForeignKey("execution.id"), nullable=False),
+    Column("action_id", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("input_hash", Text, nullable=False),
+    Column("external_key", Text, nullable=False),
+    Column("effect", Text, nullable=False),
+    Column("capability", Text, nullable=False),
+    Column("adapter_version", Integer, nullable=False),
+    Column("output", JSONB),
+    Column("error_code", Text),
+    Column("started_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column("finished_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("execution_id", "action_id"),
+    UniqueConstraint("external_key"),
+    CheckConstraint(_in("status", CHECKPOINT_STATUSES), name="status"),
+    CheckConstraint(_in("effect", EFFECTS), name="effect"),
+)
+
+audit_event = Table(
+    "audit_event",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("org_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("request_id", UUID(as_uuid=True)),
+    Column("execution_id", UUID(as_uuid=True)),
+    Column("actor", Text),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Index(None, "execution_id"),
+    Index(None, "request_id"),
+)
+
+machine_command = Table(
+    "machine_command",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("machine_id", Text, nullable=False),
+    Column("command", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("external_key", Text, nullable=False),
+    Column("result", JSONB),
+    Column("simulation", Boolean, nullable=False, server_default=text("false")),
+    _created_at(),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    UniqueConstraint("external_key"),
+    CheckConstraint(_in("status", COMMAND_STATUSES), name="status"),
+    Index(None, "org_id", "machine_id", "status"),
+)
+
+hosting_plan = Table(
+    "hosting_plan",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    _created_at(),
+)
+
+plan_flow_binding = Table(
+    "plan_flow_binding",
+    metadata,
+    Column("plan_id", UUID(as_uuid=True), ForeignKey("hosting_plan.id", ondelete="CASCADE"), nullable=False),
+    Column("moment", Text, nullable=False),
+    Column("flow_id", UUID(as_uuid=True), nullable=False),
+    PrimaryKeyConstraint("plan_id", "moment"),
+    CheckConstraint(_in("moment", MOMENTS), name="moment"),
+    # The bound flow's own trigger must be this moment: the schema, not care, enforces it.
+    ForeignKeyConstraint(["flow_id", "moment"], ["flow.id", "flow.trigger"]),
+)
+
+panel_notice = Table(
+    "panel_notice",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("category", Text, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("request_id", UUID(as_uuid=True)),
+    Column("execution_id", UUID(as_uuid=True)),
+    Column("external_key", Text, nullable=False),
+    Column("test", Boolean, nullable=False, server_default=text("false")),
+    _created_at(),
+    Column("read_at", TIMESTAMP(timezone=True)),
+    UniqueConstraint("external_key"),
+    Index(None, "org_id", "created_at"),
+)
+
+notification_opt_out = Table(
+    "notification_opt_out",
+    metadata,
+    Column("org_id", Text, nullable=False),
+    Column("category", Text, nullable=False),
+    Column("channel", Text, nullable=False, server_default=text("'email'")),
+    PrimaryKeyConstraint("org_id", "category", "channel"),
+)
+
+# What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
+RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
+    "flow": ("SELECT", "INSERT"),
+    "request": ("SELECT", "INSERT", "UPDATE"),
+    "execution": ("SELECT", "INSERT", "UPDATE"),
+    "action_execution": ("SELECT", "INSERT", "UPDATE"),
+    "audit_event": ("SELECT", "INSERT"),
+    "machine_command": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "hosting_plan": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "plan_flow_binding": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "panel_notice": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "notification_opt_out": ("SELECT", "INSERT", "DELETE"),
+}
