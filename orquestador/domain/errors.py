@@ -1,0 +1,68 @@
+"""Errors raised by the pure domain code; each docstring is its default message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orquestador.errors import OrquestadorError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a document, located by a JSON Pointer into it."""
+
+    path: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "message": self.message}
+
+
+class DomainError(OrquestadorError):
+    """A domain rule was violated."""
+
+    code = "DOMAIN_ERROR"
+
+    def __init__(self, code: str | None = None, message: str | None = None) -> None:
+        # The code is per instance because one class (DecisionError) covers
+        # several stable codes that callers and the CLI report verbatim.
+        self.code = code or type(self).code
+        super().__init__(message)
+
+
+class DecisionError(DomainError):
+    """The decision table could not choose a result."""
+
+    code = "INVALID_TABLE"
+    CODES = ("NO_RULE_MATCHED", "HIT_POLICY_VIOLATION", "INVALID_TABLE")
+
+
+class UpdateError(DomainError):
+    """The update cannot be applied to the request data."""
+
+    code = "INVALID_UPDATE"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(None, message)
+
+
+class MappingError(DomainError):
+    """A mapping source could not be resolved in the evaluation context."""
+
+    code = "MAPPING_FAILED"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(None, message)
+
+
+class DataValidationError(DomainError):
+    """The request data does not satisfy the flow's data schema."""
+
+    code = "DATA_INVALID"
+
+    def __init__(self, problems: list[Problem], message: str | None = None) -> None:
+        self.problems = list(problems)
+        if message is None:
+            summary = "; ".join(f"{p.path or '/'}: {p.message}" for p in self.problems)
+            message = f"{(self.__doc__ or '').strip()} ({summary})" if summary else None
+        super().__init__(None, message)

@@ -1,0 +1,108 @@
+"""The evaluation context and the mapping sources that read from it."""
+
+from __future__ import annotations
+
+import copy
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jsonpointer import JsonPointer, JsonPointerException
+
+from orquestador.domain.errors import MappingError
+
+# RFC 6901 array index: no sign, no leading zeros, no "-" (the past-the-end
+# position, which never exists when reading).
+_ARRAY_INDEX = re.compile(r"0|[1-9][0-9]*")
+
+
+def pointer_parts(pointer: str) -> list[str]:
+    """Split an RFC 6901 pointer into unescaped tokens; ``ValueError`` if malformed."""
+    if not isinstance(pointer, str):
+        raise ValueError(f"a JSON Pointer is a string, not {type(pointer).__name__}")
+    try:
+        return list(JsonPointer(pointer).parts)
+    except JsonPointerException as exc:
+        raise ValueError(f"malformed JSON Pointer {pointer!r}: {exc}") from None
+
+
+def array_index(token: str) -> int | None:
+    """The array index a token names, or None when it is not a valid index."""
+    return int(token) if _ARRAY_INDEX.fullmatch(token) else None
+
+
+def find(document: Any, parts: Sequence[str]) -> tuple[bool, Any]:
+    """Walk ``parts`` through ``document``: (True, value) or (False, None)."""
+    current = document
+    for token in parts:
+        if isinstance(current, Mapping):
+            if token not in current:
+                return False, None
+            current = current[token]
+        elif isinstance(current, list):
+            index = array_index(token)
+            if index is None or index >= len(current):
+                return False, None
+            current = current[index]
+        else:
+            return False, None
+    return True, current
+
+
+def build_context(
+    data: Any,
+    action_outputs: Mapping[str, Any],
+    request_id: str | uuid.UUID,
+    state: str,
+) -> dict[str, Any]:
+    """The document that mapping sources and decision inputs point into."""
+    return {
+        "data": data,
+        "actions": dict(action_outputs),
+        # Ids are strings in JSON; a UUID object would not compare equal to a
+        # literal in a decision table nor serialize canonically.
+        "request": {"id": str(request_id), "state": state},
+    }
+
+
+def resolve_source(source: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
+    """The value of ``{"from": pointer}`` or ``{"const": value}`` (a private copy)."""
+    if not isinstance(source, Mapping):
+        raise MappingError(f"a source is an object, not {type(source).__name__}")
+    if "from" in source:
+        pointer = source["from"]
+        try:
+            parts = pointer_parts(pointer)
+        except ValueError as exc:
+            raise MappingError(str(exc)) from None
+        found, value = find(context, parts)
+        if not found:
+            raise MappingError(f"pointer {pointer} does not resolve in the evaluation context")
+        # Copies keep an adapter that edits its input from changing the
+        # accepted snapshot or an earlier action's recorded output.
+        return copy.deepcopy(value)
+    if "const" in source:
+        return copy.deepcopy(source["const"])
+    raise MappingError('a source needs "from" (a JSON Pointer) or "const"')
+
+
+def resolve_inputs(
+    input_mapping: Mapping[str, Mapping[str, Any]], context: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Resolve every field of an action's input mapping."""
+    resolved: dict[str, Any] = {}
+    for field, source in input_mapping.items():
+        try:
+            resolved[field] = resolve_source(source, context)
+        except MappingError as exc:
+            raise MappingError(f"input {field!r}: {exc.message}") from None
+    return resolved
+
+
+def with_decision(context: Mapping[str, Any], decision: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``context`` that also exposes a decision's result under ``/decision``."""
+    extended = dict(context)
+    if decision is not None:
+        extended["decision"] = dict(decision)
+    return extended
