@@ -108,10 +108,12 @@ class Settings:
                 values[f.name] = _convert(raw, f.type)
             except ValueError as exc:
                 problems.append(f"{name}={raw!r}: {exc}")
+                # Keep checking the rest so every problem is reported in one go.
+                values[f.name] = _convert(f.default, f.type)
+        settings = cls(**values)
+        problems += settings.problems()
         if problems:
             raise ConfigError(problems)
-        settings = cls(**values)
-        settings.validate()
         return settings
 
     def with_overrides(self, **changes: Any) -> Settings:
@@ -122,6 +124,12 @@ class Settings:
         return settings
 
     def validate(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+    def problems(self) -> list[str]:
+        """One line per invalid setting."""
         problems: list[str] = []
         positive = (
             "worker_concurrency",
@@ -143,9 +151,7 @@ class Settings:
         for name in ("worker_drain_seconds", "jwt_leeway_seconds", "retry_after_min_seconds"):
             if getattr(self, name) < 0:
                 problems.append(f"{_env_name(name)} must not be negative")
-        if 0 < self.worker_lease_seconds and not self.worker_renew_seconds * 2 < (
-            self.worker_lease_seconds
-        ):
+        if self.worker_renew_seconds * 2 >= self.worker_lease_seconds > 0:
             problems.append(
                 f"WORKER_RENEW_SECONDS={self.worker_renew_seconds} must be below half of "
                 f"WORKER_LEASE_SECONDS={self.worker_lease_seconds}, or a late heartbeat loses "
@@ -169,8 +175,7 @@ class Settings:
             problems.append(f"JWT_PUBLIC_KEY_FILE: no such file {self.jwt_public_key_file!r}")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             problems.append("LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
-        if problems:
-            raise ConfigError(problems)
+        return problems
 
 
 def _env_name(attribute: str) -> str:

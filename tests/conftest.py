@@ -10,63 +10,28 @@ import logging
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, pool, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
 from orquestador.db.engine import make_engine
+from tests.db_support import (
+    RUNTIME_ROLE,
+    TestDatabase,
+    TestServer,
+    create_database,
+    drop_database,
+    ensure_runtime_role,
+)
 
 log = logging.getLogger(__name__)
 
-RUNTIME_ROLE = "orquestador_test_runtime"
-RUNTIME_PASSWORD = "orquestador-test-runtime"
 TEMPLATE_PREFIX = "orquestador_template"
-
-
-@dataclass(frozen=True)
-class TestServer:
-    """A PostgreSQL server the tests may create databases and roles on."""
-
-    admin_url: URL  # a superuser (or CREATEDB + CREATEROLE) connection to a maintenance db
-
-    def url(self, database: str, *, runtime: bool = False) -> URL:
-        if runtime:
-            return self.admin_url.set(
-                database=database, username=RUNTIME_ROLE, password=RUNTIME_PASSWORD
-            )
-        return self.admin_url.set(database=database)
-
-    def admin(self, sql: str) -> None:
-        engine = create_engine(self.admin_url, poolclass=pool.NullPool, isolation_level="AUTOCOMMIT")
-        try:
-            with engine.connect() as connection:
-                connection.execute(text(sql))
-        finally:
-            engine.dispose()
-
-
-@dataclass(frozen=True)
-class TestDatabase:
-    """A fresh, migrated database for one test, owned by the server's admin user."""
-
-    name: str
-    owner_url: URL
-    runtime_url: URL
-
-    @property
-    def runtime_dsn(self) -> str:
-        return self.runtime_url.render_as_string(hide_password=False)
-
-    @property
-    def owner_dsn(self) -> str:
-        return self.owner_url.render_as_string(hide_password=False)
 
 
 def _docker_answers() -> bool:
@@ -104,34 +69,14 @@ def pg_server() -> Iterator[TestServer]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def ensure_runtime_role(server: TestServer) -> None:
-    server.admin(
-        f"""DO $$ BEGIN
-              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{RUNTIME_ROLE}') THEN
-                CREATE ROLE {RUNTIME_ROLE} LOGIN PASSWORD '{RUNTIME_PASSWORD}';
-              END IF;
-            END $$"""
-    )
-
-
-def create_database(server: TestServer, prefix: str, template: str | None = None) -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    clause = f" TEMPLATE {template}" if template else ""
-    server.admin(f'CREATE DATABASE "{name}"{clause}')
-    return name
-
-
-def drop_database(server: TestServer, name: str) -> None:
-    server.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(scope="session")
 def template_database(pg_server: TestServer) -> Iterator[str]:
     """Migrated once per run; every test database is a copy of it."""
     ensure_runtime_role(pg_server)
     name = create_database(pg_server, TEMPLATE_PREFIX)
-    config = migrate.alembic_config(url=pg_server.url(name).render_as_string(hide_password=False),
-                                    runtime_role=RUNTIME_ROLE)
+    config = migrate.alembic_config(
+        url=pg_server.url(name).render_as_string(hide_password=False), runtime_role=RUNTIME_ROLE
+    )
     migrate.upgrade(config)
     try:
         yield name

@@ -19,7 +19,9 @@ NOW = sa.text("now()")
 
 
 def _id() -> sa.Column:
-    return sa.Column("id", UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()"))
+    return sa.Column(
+        "id", UUID(as_uuid=True), primary_key=True, server_default=sa.text("gen_random_uuid()")
+    )
 
 
 def _ts(name: str, default: sa.TextClause | None = NOW, nullable: bool = False) -> sa.Column:
@@ -186,7 +188,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_constraint(op.f("fk_request_busy_execution_id_execution"), "request", type_="foreignkey")
+    op.drop_constraint(
+        op.f("fk_request_busy_execution_id_execution"), "request", type_="foreignkey"
+    )
     for table in (
         "notification_opt_out",
         "panel_notice",

@@ -19,7 +19,9 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "action_execution",
-        sa.Column("execution_id", UUID(as_uuid=True), sa.ForeignKey("execution.id"), nullable=False),
+        sa.Column(
+            "execution_id", UUID(as_uuid=True), sa.ForeignKey("execution.id"), nullable=False
+        ),
         sa.Column("action_id", sa.Text, nullable=False),
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("attempt", sa.Integer, nullable=False),

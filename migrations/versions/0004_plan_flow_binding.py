@@ -77,11 +77,17 @@ def downgrade() -> None:
         sa.Column("automation_flow_id", UUID(as_uuid=True), sa.ForeignKey("flow.id")),
     )
     # The legacy column holds one flow per plan: prefer the provisioned binding.
-    dropped = op.get_bind().execute(
-        sa.text("SELECT count(*) FROM plan_flow_binding WHERE moment <> 'provisioned'"
+    dropped = (
+        op.get_bind()
+        .execute(
+            sa.text(
+                "SELECT count(*) FROM plan_flow_binding WHERE moment <> 'provisioned'"
                 " AND plan_id IN (SELECT plan_id FROM plan_flow_binding GROUP BY plan_id"
-                " HAVING count(*) > 1)")
-    ).scalar_one()
+                " HAVING count(*) > 1)"
+            )
+        )
+        .scalar_one()
+    )
     op.execute(
         "UPDATE hosting_plan p SET automation_flow_id = ("
         " SELECT b.flow_id FROM plan_flow_binding b WHERE b.plan_id = p.id"

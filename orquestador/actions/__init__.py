@@ -1,0 +1,17 @@
+"""Trusted adapters: contracts, outcome errors and the versioned registry."""
+
+from orquestador.actions.contracts import ActionContext, Adapter, Effect, Identity
+from orquestador.actions.errors import PermanentError, TransientError, UncertainError
+from orquestador.actions.registry import AdapterRegistry, load_registry
+
+__all__ = [
+    "ActionContext",
+    "Adapter",
+    "AdapterRegistry",
+    "Effect",
+    "Identity",
+    "PermanentError",
+    "TransientError",
+    "UncertainError",
+    "load_registry",
+]

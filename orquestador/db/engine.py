@@ -15,8 +15,9 @@ from orquestador.config import sqlalchemy_url
 _RETRIABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
 
 
-def make_engine(url: str, *, pool_size: int = 5, application_name: str = "orquestador",
-                **kwargs: Any) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 5, application_name: str = "orquestador", **kwargs: Any
+) -> Engine:
     """An engine on psycopg 3 with a bounded pool; build it after any fork."""
     return create_engine(
         sqlalchemy_url(url),

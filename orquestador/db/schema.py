@@ -56,7 +56,9 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 
 
 def _uuid_pk() -> Column:
-    return Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()"))
+    return Column(
+        "id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")
+    )
 
 
 def _created_at() -> Column:
@@ -123,12 +125,19 @@ execution = Table(
     Column("fencing_token", BigInteger, nullable=False, server_default=text("0")),
     Column("lease_owner", Text),
     Column("lease_expires_at", TIMESTAMP(timezone=True)),
-    Column("next_attempt_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column(
+        "next_attempt_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
+    ),
     Column("simulation", Boolean, nullable=False, server_default=text("false")),
     Column("actor_snapshot", JSONB, nullable=False),
     Column("result", JSONB),
     Column("error_code", Text),
-    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column(
+        "created_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
     Column("started_at", TIMESTAMP(timezone=True)),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     Column("finished_at", TIMESTAMP(timezone=True)),
@@ -169,7 +178,12 @@ action_execution = Table(
     Column("adapter_version", Integer, nullable=False),
     Column("output", JSONB),
     Column("error_code", Text),
-    Column("started_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column(
+        "started_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
     Column("finished_at", TIMESTAMP(timezone=True)),
     PrimaryKeyConstraint("execution_id", "action_id"),
     UniqueConstraint("external_key"),
@@ -187,7 +201,12 @@ audit_event = Table(
     Column("execution_id", UUID(as_uuid=True)),
     Column("actor", Text),
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    Column("created_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("clock_timestamp()")),
+    Column(
+        "created_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
     Index(None, "execution_id"),
     Index(None, "request_id"),
 )
@@ -222,7 +241,12 @@ hosting_plan = Table(
 plan_flow_binding = Table(
     "plan_flow_binding",
     metadata,
-    Column("plan_id", UUID(as_uuid=True), ForeignKey("hosting_plan.id", ondelete="CASCADE"), nullable=False),
+    Column(
+        "plan_id",
+        UUID(as_uuid=True),
+        ForeignKey("hosting_plan.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
     Column("moment", Text, nullable=False),
     Column("flow_id", UUID(as_uuid=True), nullable=False),
     PrimaryKeyConstraint("plan_id", "moment"),

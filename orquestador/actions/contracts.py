@@ -1,0 +1,79 @@
+"""What an adapter declares (capability, version, effect, schemas, limits) and what it receives."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Effect(enum.StrEnum):
+    """How safe it is to call an adapter again; declared by the adapter, never by the flow."""
+
+    READ_ONLY = "READ_ONLY"
+    IDEMPOTENT_WRITE = "IDEMPOTENT_WRITE"
+    NON_IDEMPOTENT_WRITE = "NON_IDEMPOTENT_WRITE"
+
+    @property
+    def writes(self) -> bool:
+        return self is not Effect.READ_ONLY
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The minimal identity an adapter may see: never tokens, ACLs or the actor snapshot."""
+
+    org_id: str
+    request_id: str
+    execution_id: str
+    actor: str | None = None
+
+
+@dataclass(frozen=True)
+class ActionContext:
+    """Everything one adapter call receives; the external key is the provider's idempotency key."""
+
+    inputs: dict[str, Any]
+    external_key: str
+    attempt: int
+    deadline: float  # time.monotonic() seconds; the call must return before it
+    identity: Identity
+    simulation: bool = False
+    stop_event: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def should_stop(self) -> bool:
+        """True once the worker lost the lease or is shutting down: wrap up, do not start more."""
+        return self.stop_event.is_set()
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A trusted, versioned integration; `invoke` returns the output or raises an action error."""
+
+    capability: str
+    version: int
+    effect: Effect
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    timeout_seconds: float
+    max_attempts: int
+    invoke: Callable[[ActionContext], dict[str, Any]] = field(repr=False)
+    simulation_only: bool = False
+
+    def __post_init__(self) -> None:
+        # A frozen dataclass still accepts a plain string; keep the enum everywhere.
+        object.__setattr__(self, "effect", Effect(self.effect))
+        if self.timeout_seconds <= 0:
+            raise ValueError(f"{self.key}: timeout_seconds must be positive (finite timeouts only)")
+        if self.max_attempts < 1:
+            raise ValueError(f"{self.key}: max_attempts must be at least 1")
+
+    @property
+    def key(self) -> str:
+        return f"{self.capability}@{self.version}"

@@ -1,0 +1,30 @@
+"""How an adapter reports an outcome other than success; any other exception is uncertain."""
+
+from __future__ import annotations
+
+
+class ActionError(Exception):
+    """The action did not complete."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class TransientError(ActionError):
+    """The action failed before taking effect and is safe to try again."""
+
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(ActionError):
+    """The action failed and its effect did not happen; trying again will not help."""
+
+    def __init__(self, code: str, message: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UncertainError(ActionError):
+    """The action may or may not have taken effect."""

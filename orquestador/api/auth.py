@@ -1,0 +1,162 @@
+"""Bearer JWT verification and the one decorator that guards every protected route."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jwt
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from flask import g, request
+
+from orquestador.api.context import api_context
+from orquestador.api.problems import ApiProblem
+from orquestador.config import Settings
+from orquestador.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCOPE_FLOWS_ADMIN = "flows:admin"
+SCOPE_REQUESTS_READ = "requests:read"
+SCOPE_REQUESTS_READ_ALL = "requests:read-all"
+SCOPE_REQUESTS_WRITE = "requests:write"
+
+# A broader scope satisfies the narrower one it contains.
+_IMPLIED_BY = {SCOPE_REQUESTS_READ: (SCOPE_REQUESTS_READ_ALL,)}
+
+_REQUIRED_CLAIMS = ["exp", "sub", "org", "iss", "aud"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling, as the verified token says."""
+
+    sub: str
+    org: str
+    scopes: frozenset[str]
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes or any(s in self.scopes for s in _IMPLIED_BY.get(scope, ()))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"sub": self.sub, "org": self.org, "scopes": sorted(self.scopes)}
+
+
+class InvalidToken(Exception):
+    """The bearer token is missing or was refused."""
+
+
+def _is_hmac(algorithm: str) -> bool:
+    return algorithm.startswith("HS")
+
+
+class TokenVerifier:
+    """Checks tokens locally against the configured allow-list, keys, issuer and audience."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._algorithms = frozenset(settings.jwt_algorithm_list)
+        self._issuer = settings.jwt_issuer
+        self._audience = settings.jwt_audience
+        self._leeway = settings.jwt_leeway_seconds
+        self._settings = settings
+        self._public_key: Any = None
+        if settings.jwt_public_key_file:
+            pem = Path(settings.jwt_public_key_file).read_bytes()
+            try:
+                self._public_key = load_pem_public_key(pem)
+            except ValueError as exc:
+                raise ConfigError(
+                    [f"JWT_PUBLIC_KEY_FILE: not a PEM public key ({type(exc).__name__})"]
+                ) from None
+
+    def _key_for(self, algorithm: str) -> Any:
+        # The key follows the algorithm family, never the other way round: a token
+        # declaring RS256 is never checked against the HMAC secret (key confusion).
+        if _is_hmac(algorithm):
+            secret = self._settings.signing_secret()
+            if not secret:
+                raise InvalidToken("no HMAC secret is configured")
+            return secret
+        if self._public_key is None:
+            raise InvalidToken("no public key is configured")
+        return self._public_key
+
+    def verify(self, token: str) -> Caller:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise InvalidToken("malformed token") from None
+        algorithm = header.get("alg")
+        if not isinstance(algorithm, str) or algorithm not in self._algorithms:
+            raise InvalidToken("algorithm not allowed")
+        key = self._key_for(algorithm)
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                issuer=self._issuer,
+                audience=self._audience,
+                leeway=self._leeway,
+                options={"require": _REQUIRED_CLAIMS, "verify_signature": True},
+            )
+        except (jwt.PyJWTError, ValueError, TypeError):
+            raise InvalidToken("token refused") from None
+        sub, org, scope = claims.get("sub"), claims.get("org"), claims.get("scope", "")
+        if not (isinstance(sub, str) and sub and isinstance(org, str) and org):
+            raise InvalidToken("sub and org must be non-empty strings")
+        if not isinstance(scope, str):
+            raise InvalidToken("scope must be a space-separated string")
+        return Caller(sub=sub, org=org, scopes=frozenset(scope.split()))
+
+
+def _bearer_token() -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _unauthenticated(detail: str, *, invalid: bool) -> ApiProblem:
+    challenge = 'Bearer error="invalid_token"' if invalid else "Bearer"
+    return ApiProblem(401, "UNAUTHENTICATED", detail, headers={"WWW-Authenticate": challenge})
+
+
+def authenticate(verifier: TokenVerifier) -> Caller:
+    token = _bearer_token()
+    if token is None:
+        raise _unauthenticated("A bearer token is required.", invalid=False)
+    try:
+        return verifier.verify(token)
+    except InvalidToken as exc:
+        # The reason is logged for operators; the token itself never is.
+        log.info("refused a bearer token: %s", exc)
+        raise _unauthenticated("The bearer token is invalid or expired.", invalid=True) from None
+
+
+def requires_scope(scope: str) -> Callable[[F], F]:
+    """Authenticate the bearer token and demand one scope; the caller lands in `g.caller`."""
+
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            caller = authenticate(api_context().verifier)
+            if not caller.has_scope(scope):
+                raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"This operation needs the {scope} scope.")
+            g.caller = caller
+            return view(*args, **kwargs)
+
+        return guarded  # type: ignore[return-value]
+
+    return decorate
+
+
+def current_caller() -> Caller:
+    return g.caller

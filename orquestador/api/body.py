@@ -1,0 +1,113 @@
+"""Reading a POST body: JSON media type, size, syntax, storable text, known fields, shape."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from flask import request
+from jsonschema import Draft202012Validator
+
+from orquestador.api.problems import ApiProblem
+from orquestador.domain.errors import Problem
+
+# Deeper documents are refused before any recursive code (validation, storage) sees them.
+MAX_DEPTH = 64
+
+
+def _refuse_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON and PostgreSQL's jsonb refuses them.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number out of range")
+    return value
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def pointer(parts: Any) -> str:
+    return "".join(f"/{_escape(str(part))}" for part in parts)
+
+
+def _unstorable(text: str) -> str | None:
+    # jsonb refuses NUL characters and unpaired surrogates, which json.loads lets through.
+    if "\x00" in text:
+        return "text must not contain the NUL character"
+    if any("\ud800" <= ch <= "\udfff" for ch in text):
+        return "text must not contain unpaired surrogates"
+    return None
+
+
+def storage_problems(document: Any) -> list[Problem]:
+    """Problems that would make PostgreSQL refuse the document, found without recursion."""
+    problems: list[Problem] = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(document, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            problems.append(Problem(pointer(path), f"nesting deeper than {MAX_DEPTH} levels"))
+            continue
+        if isinstance(value, str):
+            reason = _unstorable(value)
+            if reason:
+                problems.append(Problem(pointer(path), reason))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                reason = _unstorable(key)
+                if reason:
+                    problems.append(Problem(pointer((*path, key)), f"field name: {reason}"))
+                stack.append((item, (*path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, index)) for index, item in enumerate(value))
+    return sorted(problems, key=lambda p: p.path)
+
+
+def read_json_object(schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The body as a JSON object; with a schema, unknown top-level fields and shape errors are 422."""
+    if not request.is_json:
+        raise ApiProblem(415, "UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
+    raw = request.get_data(cache=False)
+    try:
+        document = json.loads(
+            raw, parse_constant=_refuse_constant, parse_float=_finite_float
+        )
+    except (ValueError, RecursionError):
+        # UnicodeDecodeError and JSONDecodeError are both ValueErrors.
+        raise ApiProblem(400, "MALFORMED_JSON", "The body is not valid JSON.") from None
+    if not isinstance(document, dict):
+        raise ApiProblem(
+            422, "BODY_INVALID", "The body must be a JSON object.",
+            problems=[Problem("", "expected an object")],
+        )
+    problems = storage_problems(document)
+    if problems:
+        raise ApiProblem(422, "BODY_INVALID", "The body cannot be stored.", problems=problems)
+    if schema is not None:
+        problems = shape_problems(document, schema)
+        if problems:
+            raise ApiProblem(
+                422, "BODY_INVALID", "The body does not have the expected fields.",
+                problems=problems,
+            )
+    return document
+
+
+def shape_problems(document: Mapping[str, Any], schema: Mapping[str, Any]) -> list[Problem]:
+    known = schema.get("properties", {})
+    problems = [
+        Problem(pointer((name,)), "unknown field") for name in document if name not in known
+    ]
+    validator = Draft202012Validator(schema)
+    for error in validator.iter_errors(document):
+        if error.validator == "additionalProperties" and not error.absolute_path:
+            continue  # already reported field by field
+        problems.append(Problem(pointer(error.absolute_path), error.message))
+    return sorted(problems, key=lambda p: p.path)

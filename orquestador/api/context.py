@@ -1,0 +1,78 @@
+"""What every view needs from the app: settings, the per-process engine, token checks, capabilities."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flask import current_app
+from sqlalchemy import Engine
+
+from orquestador.config import Settings
+from orquestador.db.engine import make_engine
+from orquestador.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from orquestador.api.auth import TokenVerifier
+
+EXTENSION_KEY = "orquestador"
+
+# Sized for threaded servers and tests that drive one app from many threads; a sync
+# gunicorn worker uses one connection at a time.
+API_POOL_SIZE = 10
+API_MAX_OVERFLOW = 10
+
+
+class LazyEngine:
+    """Builds the engine on first use in each process, so no pool crosses a gunicorn fork."""
+
+    def __init__(self, url: str, engine: Engine | None = None) -> None:
+        self._url = url
+        self._engine = engine
+        self._injected = engine is not None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def get(self) -> Engine:
+        with self._lock:
+            if self._injected:
+                assert self._engine is not None
+                return self._engine
+            if self._engine is None or self._pid != os.getpid():
+                if not self._url:
+                    raise DatabaseUnavailable("DATABASE_URL is not set")
+                # hide_parameters keeps request data out of logged database errors.
+                self._engine = make_engine(
+                    self._url,
+                    pool_size=API_POOL_SIZE,
+                    max_overflow=API_MAX_OVERFLOW,
+                    application_name="orquestador-api",
+                    hide_parameters=True,
+                )
+                self._pid = os.getpid()
+            return self._engine
+
+    def dispose(self) -> None:
+        with self._lock:
+            if self._engine is not None and not self._injected:
+                self._engine.dispose()
+                self._engine = None
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    settings: Settings
+    engine: LazyEngine
+    verifier: TokenVerifier
+    capability_known: Callable[[str, int], bool]
+
+
+def api_context() -> ApiContext:
+    return current_app.extensions[EXTENSION_KEY]
+
+
+def engine() -> Engine:
+    return api_context().engine.get()

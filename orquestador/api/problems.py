@@ -1,0 +1,152 @@
+"""Problem details (RFC 9457): the one shape of every API error, and the handlers that emit it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from http import HTTPStatus
+from typing import Any
+
+from flask import Flask, Response
+from sqlalchemy.exc import DBAPIError
+from werkzeug.exceptions import HTTPException
+
+from orquestador.db.engine import is_retriable
+from orquestador.domain.errors import Problem
+from orquestador.errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "https://orquestador.dev/problems/"
+
+# The codes werkzeug's own exceptions become; anything else falls back to HTTP_<status>.
+_CODES_BY_STATUS = {
+    400: "MALFORMED_REQUEST",
+    401: "UNAUTHENTICATED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    409: "CONFLICT",
+    413: "BODY_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "BODY_INVALID",
+    500: "INTERNAL",
+    503: "SERVICE_UNAVAILABLE",
+}
+
+
+def problem_type(code: str) -> str:
+    """The stable type URI of a code: lower case, hyphens for underscores."""
+    return TYPE_BASE + code.lower().replace("_", "-")
+
+
+class ApiProblem(Exception):
+    """An error the API answers with a problem body; raise it from any view."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str | None = None,
+        *,
+        problems: Iterable[Problem] = (),
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail or code)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.problems = list(problems)
+        self.headers = dict(headers or {})
+
+    def response(self) -> Response:
+        return problem_response(
+            self.status, self.code, self.detail, problems=self.problems, headers=self.headers
+        )
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str | None = None,
+    *,
+    problems: Iterable[Problem] = (),
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    body: dict[str, Any] = {
+        "type": problem_type(code),
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "code": code,
+    }
+    if detail:
+        body["detail"] = detail
+    listed = [p.as_dict() for p in problems]
+    if listed:
+        body["problems"] = listed
+    response = Response(json.dumps(body), status=status, mimetype=PROBLEM_MEDIA_TYPE)
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def not_found() -> ApiProblem:
+    """The single 404: a missing id, a foreign id, a malformed id and an unknown path all look alike."""
+    return ApiProblem(404, "NOT_FOUND", "The resource does not exist or is not visible to you.")
+
+
+def _http_exception(error: HTTPException) -> Response:
+    status = error.code or 500
+    if status == 404:
+        return not_found().response()
+    headers: dict[str, str] = {}
+    if status == 405:
+        # Keep the Allow header werkzeug computed for the route.
+        allow = dict(error.get_headers()).get("Allow")
+        if allow:
+            headers["Allow"] = allow
+    if status == 413:
+        detail = "The request body is larger than the server accepts."
+    elif status >= 500:
+        detail = None
+    else:
+        detail = error.description
+    code = _CODES_BY_STATUS.get(status, f"HTTP_{status}")
+    return problem_response(status, code, detail, headers=headers)
+
+
+def _database_error(error: DBAPIError) -> Response:
+    if is_retriable(error):
+        log.warning("database unavailable while serving a request: %s", type(error).__name__)
+        return problem_response(
+            503,
+            DatabaseUnavailable.code,
+            "The database is unavailable; try again shortly.",
+            headers={"Retry-After": "1"},
+        )
+    return _unexpected(error)
+
+
+def _database_unavailable(error: DatabaseUnavailable) -> Response:
+    log.warning("database unavailable: %s", error.message)
+    return problem_response(
+        503, error.code, "The database is unavailable; try again shortly.",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _unexpected(error: Exception) -> Response:
+    # The engine hides bound parameters, so the traceback carries no request data;
+    # the client gets nothing but the code.
+    log.error("unhandled %s while serving a request", type(error).__name__, exc_info=error)
+    return problem_response(500, "INTERNAL", "An internal error occurred.")
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(ApiProblem, lambda error: error.response())
+    app.register_error_handler(HTTPException, _http_exception)
+    app.register_error_handler(DatabaseUnavailable, _database_unavailable)
+    app.register_error_handler(DBAPIError, _database_error)
+    app.register_error_handler(Exception, _unexpected)

@@ -1,0 +1,45 @@
+"""Minting JWTs with the configured signing key, for development and tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import jwt
+
+from orquestador.config import Settings
+from orquestador.errors import ConfigError
+
+
+def mint_token(
+    settings: Settings, *, sub: str, org: str, scopes: list[str], ttl_seconds: int = 3600
+) -> str:
+    """A token the API accepts: RS256 with JWT_PRIVATE_KEY_FILE when set, else HS256."""
+    if ttl_seconds <= 0:
+        raise ValueError("ttl_seconds must be greater than zero")
+    now = int(time.time())
+    claims = {
+        "iss": settings.jwt_issuer,
+        "aud": settings.jwt_audience,
+        "sub": sub,
+        "org": org,
+        "scope": " ".join(scopes),
+        "iat": now,
+        "nbf": now,
+        "exp": now + ttl_seconds,
+        "jti": uuid.uuid4().hex,
+    }
+    if settings.jwt_private_key_file:
+        try:
+            private_key = Path(settings.jwt_private_key_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError([f"JWT_PRIVATE_KEY_FILE: cannot read it ({exc.strerror})"]) from None
+        return jwt.encode(claims, private_key, algorithm="RS256")
+    secret = settings.signing_secret()
+    if not secret:
+        raise ConfigError(
+            ["JWT_SECRET is not set and no development key exists; set JWT_SECRET or run "
+             "`orquestador dev` once"]
+        )
+    return jwt.encode(claims, secret, algorithm="HS256")

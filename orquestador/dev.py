@@ -1,0 +1,112 @@
+"""`orquestador dev`: embedded database, migrations, worker and API in one process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import threading
+from types import FrameType
+
+from orquestador.config import Settings
+from orquestador.db import migrate
+
+log = logging.getLogger(__name__)
+
+DEV_SUBJECT = "dev"
+DEV_ORG = "dev"
+DEV_SCOPES = ["flows:admin", "requests:read", "requests:write", "requests:read-all"]
+_SWITCHES = ("WORKER_ENABLED", "REQUEST_API_ENABLED", "FLOW_ADMIN_ENABLED")
+
+
+def run_dev(settings: Settings) -> int:
+    """Run until SIGINT or SIGTERM; every setting given in the environment is honoured."""
+    home = settings.home_path
+    home.mkdir(parents=True, exist_ok=True)
+    local = None
+    if settings.database_url:
+        migration_url = settings.migration_database_url or settings.database_url
+        runtime_url = settings.database_url
+        runtime_role = migrate.runtime_role_for(runtime_url, settings.runtime_database_role)
+    else:
+        from orquestador.db.local import start_local_database
+
+        local = start_local_database(home)
+        migration_url, runtime_url, runtime_role = (
+            local.migration_url,
+            local.runtime_url,
+            local.runtime_role,
+        )
+    try:
+        migrate.upgrade(migrate.alembic_config(url=migration_url, runtime_role=runtime_role))
+        settings = _dev_settings(settings, runtime_url, migration_url)
+        return _serve(settings)
+    finally:
+        if local is not None:
+            local.server.stop()
+
+
+def _dev_settings(settings: Settings, runtime_url: str, migration_url: str) -> Settings:
+    # Everything on unless the environment says otherwise.
+    switches = {
+        name.lower(): getattr(settings, name.lower()) if name in os.environ else True
+        for name in _SWITCHES
+    }
+    _ensure_dev_secret(settings)
+    return settings.with_overrides(
+        database_url=runtime_url, migration_database_url=migration_url, **switches
+    )
+
+
+def _ensure_dev_secret(settings: Settings) -> None:
+    """Keep a signing key under ORQUESTADOR_HOME so `orquestador token` here mints valid tokens."""
+    if settings.jwt_secret or settings.dev_secret_path.exists():
+        return
+    path = settings.dev_secret_path
+    path.touch(mode=0o600)
+    path.write_text(secrets.token_urlsafe(32) + "\n")
+
+
+def _serve(settings: Settings) -> int:
+    from orquestador.api.app import create_app
+    from orquestador.api.tokens import mint_token
+    from orquestador.serve import serve_in_thread
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+
+    worker = None
+    if settings.worker_enabled:
+        from orquestador.actions.registry import load_registry
+        from orquestador.db.engine import make_engine
+        from orquestador.worker.daemon import Worker
+
+        worker = Worker(settings, make_engine(settings.database_url), load_registry(settings))
+        worker.start()
+    server, _ = serve_in_thread(create_app(settings), settings.api_host, settings.api_port)
+    token = mint_token(
+        settings, sub=DEV_SUBJECT, org=DEV_ORG, scopes=DEV_SCOPES, ttl_seconds=7 * 24 * 3600
+    )
+    print(
+        "orquestador dev is running\n"
+        f"  API:          http://{settings.api_host}:{server.server_port}/api/v1\n"
+        f"  DATABASE_URL: {settings.database_url}\n"
+        f"  worker:       {'on' if worker else 'off'}\n"
+        f"  token:        {token}\n"
+        "Join more workers with: WORKER_ENABLED=true DATABASE_URL=<the URL above> "
+        "orquestador worker\nStop with Ctrl-C.",
+        flush=True,
+    )
+    stop.wait()
+    print("stopping: draining the worker and the API", flush=True)
+    server.shutdown()
+    if worker is not None:
+        worker.request_stop()
+        worker.join(settings.worker_drain_seconds + 10)
+    return 0

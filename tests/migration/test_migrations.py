@@ -1,0 +1,244 @@
+"""Migrations run step by step with data in place, back down to base, on every server we have."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, create_engine, inspect, pool, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+from orquestador.config import sqlalchemy_url
+from orquestador.db import migrate
+from orquestador.db.schema import metadata
+from tests.db_support import (
+    RUNTIME_ROLE,
+    TestServer,
+    create_database,
+    drop_database,
+    ensure_runtime_role,
+)
+
+EXTERNAL_URL = os.environ.get("ORQUESTADOR_EXTERNAL_DATABASE_URL")
+
+
+@pytest.fixture(params=["test-server", "external"])
+def server(request: pytest.FixtureRequest, pg_server: TestServer) -> TestServer:
+    if request.param == "test-server":
+        return pg_server
+    if not EXTERNAL_URL:
+        pytest.skip("external-database profile off: ORQUESTADOR_EXTERNAL_DATABASE_URL is not set")
+    return TestServer(sqlalchemy_url(EXTERNAL_URL))
+
+
+@pytest.fixture
+def empty_database(server: TestServer) -> Iterator[tuple[TestServer, str]]:
+    ensure_runtime_role(server)
+    name = create_database(server, "orquestador_migration")
+    try:
+        yield server, name
+    finally:
+        drop_database(server, name)
+
+
+def _engine(url: object):
+    return create_engine(url, poolclass=pool.NullPool)
+
+
+def _step(server: TestServer, name: str, revision: str, *, down: bool = False) -> None:
+    config = migrate.alembic_config(
+        url=server.url(name).render_as_string(hide_password=False), runtime_role=RUNTIME_ROLE
+    )
+    (migrate.downgrade if down else migrate.upgrade)(config, revision)
+
+
+def _tables(connection: Connection) -> set[str]:
+    return set(inspect(connection).get_table_names()) - {"alembic_version"}
+
+
+def test_upgrade_with_data_in_place_then_downgrade_to_base(
+    empty_database: tuple[TestServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, name = empty_database
+    engine = _engine(server.url(name))
+    flows = {trigger: uuid.uuid4() for trigger in ("provisioned", "reinstalled", "manual")}
+    plans = {trigger: uuid.uuid4() for trigger in (*flows, "none")}
+    execution_id = uuid.uuid4()
+
+    _step(server, name, "0001")
+    with engine.begin() as connection:
+        for trigger, flow_id in flows.items():
+            connection.execute(
+                text(
+                    "INSERT INTO flow (id, org_id, key, version, trigger, definition, data_schema,"
+                    " created_by) VALUES (:id, 'acme', :key, 1, :trigger, '{}', '{}', 'ana')"
+                ),
+                {"id": flow_id, "key": f"on-{trigger}", "trigger": trigger},
+            )
+        for trigger, plan_id in plans.items():
+            connection.execute(
+                text(
+                    "INSERT INTO hosting_plan (id, org_id, name, automation_flow_id)"
+                    " VALUES (:id, 'acme', :name, :flow)"
+                ),
+                {"id": plan_id, "name": f"plan {trigger}", "flow": flows.get(trigger)},
+            )
+        request_id = connection.execute(
+            text(
+                "INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by)"
+                " VALUES ('acme', 'ana', :flow, 'new', '{}', 'ana') RETURNING id"
+            ),
+            {"flow": flows["manual"]},
+        ).scalar_one()
+        connection.execute(
+            text(
+                "INSERT INTO execution (id, request_id, org_id, flow_id, transition_id,"
+                " accepted_revision, accepted_state, actor_snapshot)"
+                " VALUES (:id, :request, 'acme', :flow, 'go', 1, 'new', '{}')"
+            ),
+            {"id": execution_id, "request": request_id, "flow": flows["manual"]},
+        )
+
+    _step(server, name, "0002")
+    with engine.begin() as connection:
+        for action_id in ("charge", "notify"):
+            connection.execute(
+                text(
+                    "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+                    " fencing_token, input_hash, external_key, capability, adapter_version)"
+                    " VALUES (:execution, :action, 'SUCCEEDED', 1, 1, 'h', :key, 'acme.x', 1)"
+                ),
+                {
+                    "execution": execution_id,
+                    "action": action_id,
+                    "key": f"{execution_id}:{action_id}",
+                },
+            )
+
+    _step(server, name, "0003")
+    with engine.connect() as connection:
+        effects = connection.execute(text("SELECT DISTINCT effect FROM action_execution")).scalars()
+        assert list(effects) == ["NON_IDEMPOTENT_WRITE"]
+        column = next(
+            c for c in inspect(connection).get_columns("action_execution") if c["name"] == "effect"
+        )
+        assert column["nullable"] is False
+
+    with caplog.at_level(logging.INFO, logger="orquestador.migrations"):
+        _step(server, name, "0004")
+    with engine.connect() as connection:
+        bindings = set(
+            connection.execute(text("SELECT plan_id, moment, flow_id FROM plan_flow_binding")).all()
+        )
+        legacy = [c["name"] for c in inspect(connection).get_columns("hosting_plan")]
+    assert bindings == {
+        (plans["provisioned"], "provisioned", flows["provisioned"]),
+        (plans["reinstalled"], "reinstalled", flows["reinstalled"]),
+    }
+    assert "automation_flow_id" not in legacy
+    reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(reports) == 1
+    assert str(plans["manual"]) in reports[0] and "'manual'" in reports[0]
+
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, metadata) == []
+
+    _step(server, name, "0003", down=True)
+    with engine.connect() as connection:
+        restored = dict(
+            connection.execute(text("SELECT id, automation_flow_id FROM hosting_plan")).all()
+        )
+    assert restored[plans["provisioned"]] == flows["provisioned"]
+    assert restored[plans["reinstalled"]] == flows["reinstalled"]
+    assert restored[plans["none"]] is None
+
+    _step(server, name, "base", down=True)
+    with engine.connect() as connection:
+        assert _tables(connection) == set()
+    engine.dispose()
+
+
+def test_binding_schema_rejects_a_flow_whose_trigger_is_not_the_moment(
+    empty_database: tuple[TestServer, str],
+) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    engine = _engine(server.url(name, runtime=True))
+    with engine.begin() as connection:
+        flow_id = connection.execute(
+            text(
+                "INSERT INTO flow (org_id, key, version, trigger, definition, data_schema,"
+                " created_by) VALUES ('acme', 'gone', 1, 'deleted', '{}', '{}', 'ana') RETURNING id"
+            )
+        ).scalar_one()
+        plan_id = connection.execute(
+            text("INSERT INTO hosting_plan (org_id, name) VALUES ('acme', 'p') RETURNING id")
+        ).scalar_one()
+    insert = text("INSERT INTO plan_flow_binding (plan_id, moment, flow_id) VALUES (:p, :m, :f)")
+    for moment in ("provisioned", "manual"):
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            connection.execute(insert, {"p": plan_id, "m": moment, "f": flow_id})
+    with engine.begin() as connection:
+        connection.execute(insert, {"p": plan_id, "m": "deleted", "f": flow_id})
+    with pytest.raises(IntegrityError), engine.begin() as connection:
+        connection.execute(insert, {"p": plan_id, "m": "deleted", "f": flow_id})
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "CREATE TABLE intruder (id int)",
+        "UPDATE audit_event SET kind = 'REWRITTEN'",
+        "DELETE FROM audit_event",
+        "TRUNCATE audit_event",
+        "UPDATE flow SET definition = '{}'",
+        "ALTER TABLE request ADD COLUMN intruder int",
+        "DROP TABLE execution",
+    ],
+)
+def test_runtime_role_cannot_run_ddl_or_rewrite_audit(
+    empty_database: tuple[TestServer, str], statement: str
+) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    engine = _engine(server.url(name, runtime=True))
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO audit_event (org_id, kind) VALUES ('acme', 'TRANSITION_ACCEPTED')")
+        )
+    with pytest.raises(ProgrammingError) as raised, engine.begin() as connection:
+        connection.execute(text(statement))
+    assert getattr(raised.value.orig, "sqlstate", None) in ("42501", "42P01")
+    assert "permission denied" in str(raised.value.orig) or "must be owner" in str(
+        raised.value.orig
+    )
+    engine.dispose()
+
+
+def test_runtime_role_is_the_one_configured(empty_database: tuple[TestServer, str]) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    engine = _engine(server.url(name))
+    with engine.connect() as connection:
+        grants = set(
+            connection.execute(
+                text(
+                    "SELECT table_name, privilege_type FROM information_schema.role_table_grants"
+                    " WHERE grantee = :role"
+                ),
+                {"role": RUNTIME_ROLE},
+            ).all()
+        )
+    engine.dispose()
+    assert ("audit_event", "INSERT") in grants and ("audit_event", "SELECT") in grants
+    assert not {p for t, p in grants if t == "audit_event"} - {"INSERT", "SELECT"}
+    assert ("plan_flow_binding", "DELETE") in grants
+    assert make_url(server.url(name, runtime=True)).username == RUNTIME_ROLE

@@ -1,0 +1,155 @@
+"""Updates write request data through JSON Pointer; the result is checked before it is kept."""
+
+import copy
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orquestador.domain.canonical import canonical_json
+from orquestador.domain.errors import DataValidationError, UpdateError
+from orquestador.domain.mappings import find, pointer_parts
+from orquestador.domain.pointer_updates import apply_updates, validate_request_data
+
+
+def test_sets_keys_and_replaces_existing_array_positions():
+    data = {"power": "on", "disks": [{"size": 1}, {"size": 2}]}
+    updated = apply_updates(data, [("/power", "off"), ("/disks/1/size", 4), ("/disks/0", None)])
+    assert updated == {"power": "off", "disks": [None, {"size": 4}]}
+
+
+def test_missing_object_parents_are_created_as_objects():
+    updated = apply_updates({}, [("/billing/invoice/id", "inv-1")])
+    assert updated == {"billing": {"invoice": {"id": "inv-1"}}}
+
+
+def test_escaped_tokens_name_keys_with_slash_and_tilde():
+    assert apply_updates({}, [("/a~1b/c~0d", 1)]) == {"a/b": {"c~d": 1}}
+
+
+def test_later_writes_win():
+    assert apply_updates({}, [("/x", 1), ("/x", 2)]) == {"x": 2}
+
+
+def test_input_and_written_values_are_not_shared_with_the_result():
+    data = {"list": [1]}
+    value = {"nested": [1]}
+    updated = apply_updates(data, [("/copy", value)])
+    value["nested"].append(2)
+    updated["list"].append(2)
+    assert data == {"list": [1]}
+    assert updated["copy"] == {"nested": [1]}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "",  # would replace the whole document
+        "/disks/2",  # index == len is an append
+        "/disks/7",  # sparse
+        "/disks/-",  # append token
+        "/disks/01",  # leading zero
+        "/disks/x",  # not an index
+        "/disks/-1",
+        "/power/state",  # into a scalar
+        "power",  # not a pointer
+        "/a~2",  # bad escape
+    ],
+)
+def test_rejected_updates(path):
+    data = {"power": "on", "disks": [1, 2]}
+    with pytest.raises(UpdateError) as caught:
+        apply_updates(data, [(path, 1)])
+    assert caught.value.code == "INVALID_UPDATE"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "machineId": {"type": "string"},
+        "cpus": {"type": "integer", "minimum": 1},
+        "owner": {"type": "object", "properties": {"email": {"format": "email"}}},
+    },
+    "required": ["machineId"],
+}
+
+
+def test_valid_data_passes():
+    validate_request_data({"machineId": "m", "cpus": 2}, SCHEMA)
+
+
+def test_every_schema_error_is_listed_with_its_pointer():
+    with pytest.raises(DataValidationError) as caught:
+        validate_request_data({"cpus": 0, "owner": {"email": "nope"}}, SCHEMA)
+    paths = sorted(p.path for p in caught.value.problems)
+    assert paths == ["", "/cpus", "/owner/email"]
+    assert caught.value.code == "DATA_INVALID"
+
+
+def test_size_limit_counts_canonical_bytes():
+    data = {"machineId": "x" * 100}
+    size = len(canonical_json(data))
+    validate_request_data(data, SCHEMA, max_bytes=size)
+    with pytest.raises(DataValidationError) as caught:
+        validate_request_data(data, SCHEMA, max_bytes=size - 1)
+    assert [p.as_dict()["path"] for p in caught.value.problems] == [""]
+    assert str(size) in caught.value.problems[0].message
+
+
+def test_an_invalid_schema_is_a_data_validation_error():
+    with pytest.raises(DataValidationError) as caught:
+        validate_request_data({}, {"type": "objekt"})
+    assert caught.value.problems[0].path == "/dataSchema/type"
+
+
+# --- properties ---------------------------------------------------------------
+
+_TOKENS = st.sampled_from(["a", "b", "0", "1", "01", "-", "~0", "~1", "", "x/y", "~2"])
+_PATHS = st.one_of(
+    st.lists(_TOKENS, max_size=4).map(lambda ts: "".join("/" + t for t in ts)),
+    st.text(max_size=8),
+)
+_SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["a", "b", "0", "1", "~", "/"]), inner, max_size=3),
+    max_leaves=12,
+)
+_DATA = st.dictionaries(st.sampled_from(["a", "b", "0", "1"]), _JSON, max_size=4)
+
+
+@given(_DATA, st.lists(st.tuples(_PATHS, _JSON), max_size=5))
+def test_apply_never_mutates_and_only_raises_update_error(data, updates):
+    before = copy.deepcopy(data)
+    try:
+        apply_updates(data, updates)
+    except UpdateError:
+        pass
+    assert data == before
+
+
+_KEYS = st.sampled_from(["p", "q", "r/s", "t~u"])
+_KEY_PATHS = st.lists(_KEYS, min_size=1, max_size=3).map(tuple)
+
+
+def _prefix_free(paths):
+    return not any(a != b and b[: len(a)] == a for a in paths for b in paths)
+
+
+@given(
+    st.dictionaries(st.sampled_from(["a", "b"]), _JSON, max_size=3),
+    st.lists(st.tuples(_KEY_PATHS, _JSON), min_size=1, max_size=6).filter(
+        lambda ups: _prefix_free({p for p, _ in ups})
+    ),
+)
+def test_reading_back_each_path_gives_the_last_value_written(data, updates):
+    from jsonpointer import JsonPointer
+
+    writes = [(JsonPointer.from_parts(list(parts)).path, value) for parts, value in updates]
+    updated = apply_updates(data, writes)
+    last = dict(writes)
+    for path, value in last.items():
+        assert find(updated, pointer_parts(path)) == (True, value)
+    for key, value in data.items():
+        assert updated[key] == value
