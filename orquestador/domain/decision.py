@@ -454,9 +454,7 @@ def _unlisted_output_warnings(table: Mapping[str, Any], path: str) -> list[Probl
     problems = []
     for r, rule in enumerate(table["rules"]):
         for name, listed in values.items():
-            if name in rule["then"] and not any(
-                same_value(rule["then"][name], v) for v in listed
-            ):
+            if name in rule["then"] and not any(same_value(rule["then"][name], v) for v in listed):
                 problems.append(
                     Problem(
                         f"{path}/rules/{r}/then/{name}",
