@@ -1,0 +1,1 @@
+"""Pure code: flow definitions, decision tables, JSON Pointer updates, canonical hashing."""
