@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import Connection, ColumnElement, Row, and_, func, or_, select, true
+from sqlalchemy import ColumnElement, Connection, Row, and_, func, select
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
 from orquestador.db.schema import action_execution, execution, flow, request
@@ -25,15 +25,12 @@ class ResourceAccess:
     def _sees_request(self) -> ColumnElement[bool]:
         same_org = request.c.org_id == self.caller.org
         if self.caller.has_scope(SCOPE_REQUESTS_READ_ALL):
-            return and_(same_org, true())
+            return same_org
         return and_(same_org, request.c.owner_id == self.caller.sub)
 
     def _sees_execution(self) -> ColumnElement[bool]:
-        return and_(
-            execution.c.org_id == self.caller.org,
-            execution.c.request_id == request.c.id,
-            self._sees_request(),
-        )
+        # Callers must join request on execution.request_id; the owner lives there.
+        return and_(execution.c.org_id == self.caller.org, self._sees_request())
 
     def find_request(self, connection: Connection, request_id: uuid.UUID) -> Row | None:
         """The request with its current execution: the busy one, else the latest."""
@@ -74,18 +71,22 @@ class ResourceAccess:
         return connection.execute(query).one_or_none()
 
     def find_execution(self, connection: Connection, execution_id: uuid.UUID) -> Row | None:
-        query = select(
-            execution.c.id,
-            execution.c.request_id,
-            execution.c.flow_id,
-            execution.c.transition_id,
-            execution.c.status,
-            execution.c.result,
-            execution.c.error_code,
-            execution.c.attempts,
-            execution.c.created_at,
-            execution.c.updated_at,
-        ).where(execution.c.id == execution_id, self._sees_execution())
+        query = (
+            select(
+                execution.c.id,
+                execution.c.request_id,
+                execution.c.flow_id,
+                execution.c.transition_id,
+                execution.c.status,
+                execution.c.result,
+                execution.c.error_code,
+                execution.c.attempts,
+                execution.c.created_at,
+                execution.c.updated_at,
+            )
+            .join(request, request.c.id == execution.c.request_id)
+            .where(execution.c.id == execution_id, self._sees_execution())
+        )
         return connection.execute(query).one_or_none()
 
     def execution_steps(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
@@ -103,8 +104,3 @@ class ResourceAccess:
             .order_by(action_execution.c.started_at, action_execution.c.action_id)
         )
         return list(connection.execute(query))
-
-
-def or_owner(caller: Caller) -> ColumnElement[bool]:
-    """Kept for symmetry with request visibility when a query starts from execution rows."""
-    return or_(request.c.owner_id == caller.sub, true())

@@ -37,7 +37,7 @@ def pointer(parts: Any) -> str:
     return "".join(f"/{_escape(str(part))}" for part in parts)
 
 
-def _unstorable(text: str) -> str | None:
+def unstorable_text(text: str) -> str | None:
     # jsonb refuses NUL characters and unpaired surrogates, which json.loads lets through.
     if "\x00" in text:
         return "text must not contain the NUL character"
@@ -56,12 +56,12 @@ def storage_problems(document: Any) -> list[Problem]:
             problems.append(Problem(pointer(path), f"nesting deeper than {MAX_DEPTH} levels"))
             continue
         if isinstance(value, str):
-            reason = _unstorable(value)
+            reason = unstorable_text(value)
             if reason:
                 problems.append(Problem(pointer(path), reason))
         elif isinstance(value, dict):
             for key, item in value.items():
-                reason = _unstorable(key)
+                reason = unstorable_text(key)
                 if reason:
                     problems.append(Problem(pointer((*path, key)), f"field name: {reason}"))
                 stack.append((item, (*path, key)))
@@ -71,20 +71,20 @@ def storage_problems(document: Any) -> list[Problem]:
 
 
 def read_json_object(schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The body as a JSON object; with a schema, unknown top-level fields and shape errors are 422."""
+    """The body as a JSON object; with a schema, unknown fields and shape errors are 422."""
     if not request.is_json:
         raise ApiProblem(415, "UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
     raw = request.get_data(cache=False)
     try:
-        document = json.loads(
-            raw, parse_constant=_refuse_constant, parse_float=_finite_float
-        )
+        document = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
         # UnicodeDecodeError and JSONDecodeError are both ValueErrors.
         raise ApiProblem(400, "MALFORMED_JSON", "The body is not valid JSON.") from None
     if not isinstance(document, dict):
         raise ApiProblem(
-            422, "BODY_INVALID", "The body must be a JSON object.",
+            422,
+            "BODY_INVALID",
+            "The body must be a JSON object.",
             problems=[Problem("", "expected an object")],
         )
     problems = storage_problems(document)
@@ -94,7 +94,9 @@ def read_json_object(schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
         problems = shape_problems(document, schema)
         if problems:
             raise ApiProblem(
-                422, "BODY_INVALID", "The body does not have the expected fields.",
+                422,
+                "BODY_INVALID",
+                "The body does not have the expected fields.",
                 problems=problems,
             )
     return document

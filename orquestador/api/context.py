@@ -1,4 +1,4 @@
-"""What every view needs from the app: settings, the per-process engine, token checks, capabilities."""
+"""What every view needs from the app: settings, engine, token verifier, capabilities."""
 
 from __future__ import annotations
 

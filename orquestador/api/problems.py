@@ -93,7 +93,7 @@ def problem_response(
 
 
 def not_found() -> ApiProblem:
-    """The single 404: a missing id, a foreign id, a malformed id and an unknown path all look alike."""
+    """The one 404: missing, foreign and malformed ids and unknown paths all look alike."""
     return ApiProblem(404, "NOT_FOUND", "The resource does not exist or is not visible to you.")
 
 
@@ -132,7 +132,9 @@ def _database_error(error: DBAPIError) -> Response:
 def _database_unavailable(error: DatabaseUnavailable) -> Response:
     log.warning("database unavailable: %s", error.message)
     return problem_response(
-        503, error.code, "The database is unavailable; try again shortly.",
+        503,
+        error.code,
+        "The database is unavailable; try again shortly.",
         headers={"Retry-After": "1"},
     )
 

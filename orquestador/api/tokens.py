@@ -39,7 +39,9 @@ def mint_token(
     secret = settings.signing_secret()
     if not secret:
         raise ConfigError(
-            ["JWT_SECRET is not set and no development key exists; set JWT_SECRET or run "
-             "`orquestador dev` once"]
+            [
+                "JWT_SECRET is not set and no development key exists; set JWT_SECRET or run "
+                "`orquestador dev` once"
+            ]
         )
     return jwt.encode(claims, secret, algorithm="HS256")

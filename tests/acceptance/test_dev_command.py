@@ -1,4 +1,4 @@
-"""`orquestador dev` from an empty folder: embedded database, API up, tokens that work, clean stop."""
+"""`orquestador dev` from an empty folder: embedded database, API, working tokens, clean stop."""
 
 from __future__ import annotations
 

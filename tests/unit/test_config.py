@@ -70,7 +70,9 @@ def test_invalid_values_are_refused_with_one_line_each(
 
 def test_all_problems_are_reported_together() -> None:
     with pytest.raises(ConfigError) as raised:
-        Settings.from_env({"WORKER_BATCH": "x", "WORKER_POLL_MS": "-1", "DATABASE_URL": "mysql://a"})
+        Settings.from_env(
+            {"WORKER_BATCH": "x", "WORKER_POLL_MS": "-1", "DATABASE_URL": "mysql://a"}
+        )
     assert len(raised.value.problems) == 3
 
 

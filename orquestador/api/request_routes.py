@@ -1,0 +1,119 @@
+"""Requests: create one on a flow, read it, and ask for a transition."""
+
+from __future__ import annotations
+
+import uuid
+
+from flask import Blueprint, Response, jsonify
+
+from orquestador.api.access import ResourceAccess
+from orquestador.api.auth import (
+    SCOPE_REQUESTS_READ,
+    SCOPE_REQUESTS_WRITE,
+    current_caller,
+    requires_scope,
+)
+from orquestador.api.body import read_json_object
+from orquestador.api.context import api_context, engine
+from orquestador.api.flow_store import find_flow
+from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.schemas import CREATE_REQUEST_BODY, TRANSITION_BODY
+from orquestador.api.transitions import TransitionCommand, accept_transition
+from orquestador.api.views import API_PREFIX, request_view
+from orquestador.db.schema import request
+from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.pointer_updates import validate_request_data
+
+blueprint = Blueprint("requests", __name__, url_prefix=f"{API_PREFIX}/requests")
+
+MAX_DATA_BYTES = 256 * 1024
+
+
+def _unknown_flow() -> ApiProblem:
+    return ApiProblem(
+        422,
+        "FLOW_UNKNOWN",
+        "No such flow in your organization.",
+        problems=[Problem("/flowId", "no such flow in your organization")],
+    )
+
+
+@blueprint.post("")
+@requires_scope(SCOPE_REQUESTS_WRITE)
+def create() -> tuple[Response, int, dict[str, str]]:
+    caller = current_caller()
+    body = read_json_object(CREATE_REQUEST_BODY)
+    try:
+        flow_id = uuid.UUID(body["flowId"])
+    except ValueError:
+        raise _unknown_flow() from None
+    with engine().begin() as connection:
+        flow = find_flow(connection, org=caller.org, flow_id=flow_id)
+        if flow is None:
+            raise _unknown_flow()
+        try:
+            validate_request_data(body["data"], flow.data_schema, max_bytes=MAX_DATA_BYTES)
+        except DataValidationError as exc:
+            # Problem paths point into the body, where the data sits under /data.
+            problems = [Problem(f"/data{p.path}", p.message) for p in exc.problems]
+            raise ApiProblem(
+                422,
+                exc.code,
+                "The data does not satisfy the flow's data schema.",
+                problems=problems,
+            ) from None
+        row = connection.execute(
+            request.insert()
+            .values(
+                org_id=caller.org,
+                owner_id=caller.sub,
+                flow_id=flow.id,
+                state=FlowDefinition.from_json(flow.definition).initial_state,
+                revision=1,
+                data=body["data"],
+                created_by=caller.sub,
+                machine_id=body.get("machineId"),
+            )
+            .returning(
+                request.c.id,
+                request.c.flow_id,
+                request.c.state,
+                request.c.revision,
+                request.c.data,
+                request.c.machine_id,
+            )
+        ).one()
+    return jsonify(request_view(row)), 201, {"Location": f"{API_PREFIX}/requests/{row.id}"}
+
+
+@blueprint.get("/<uuid:request_id>")
+@requires_scope(SCOPE_REQUESTS_READ)
+def read(request_id: uuid.UUID) -> Response:
+    access = ResourceAccess(current_caller())
+    with engine().connect() as connection:
+        row = access.find_request(connection, request_id)
+    if row is None:
+        raise not_found()
+    return jsonify(request_view(row, execution_id=row.execution_id))
+
+
+@blueprint.post("/<uuid:request_id>/transitions")
+@requires_scope(SCOPE_REQUESTS_WRITE)
+def transition(request_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
+    body = read_json_object(TRANSITION_BODY)
+    command = TransitionCommand(
+        request_id=request_id,
+        transition_id=body["transition"],
+        expected_revision=int(body["expectedRevision"]),
+        simulation=body.get("simulation", False),
+    )
+    context = api_context()
+    execution_id = accept_transition(
+        engine(),
+        ResourceAccess(current_caller()),
+        command,
+        max_attempts=context.settings.execution_max_attempts,
+    )
+    location = f"{API_PREFIX}/executions/{execution_id}"
+    return jsonify({"executionId": str(execution_id)}), 202, {"Location": location}
