@@ -79,7 +79,9 @@ def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder:
             if status == 200:
                 break
             time.sleep(0.2)
-        assert status == 200, "orquestador dev did not answer /healthz within 60 s"
+        if status != 200:
+            process.kill()
+            pytest.fail(f"no 200 from /healthz within 60 s:\n{process.communicate()[0]}")
         assert _get(f"{base}/readyz")[0] == 200
 
         minted = subprocess.run(
