@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ActionError(Exception):
     """The action did not complete."""
@@ -21,9 +23,13 @@ class TransientError(ActionError):
 class PermanentError(ActionError):
     """The action failed and its effect did not happen; trying again will not help."""
 
-    def __init__(self, code: str, message: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str | None = None, *, observed: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
+        # What the step saw when it gave up (e.g. the command was "sent"); audited as is.
+        self.observed = dict(observed or {})
 
 
 class UncertainError(ActionError):

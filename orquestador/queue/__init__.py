@@ -1,0 +1,44 @@
+"""The PostgreSQL queue protocol: claims, leases, fenced checkpoints and outcomes."""
+
+from orquestador.queue.checkpoints import (
+    ActionAttempt,
+    CheckpointOutcome,
+    fail_checkpoint,
+    mark_unknown,
+    start_checkpoint,
+    succeed_checkpoint,
+)
+from orquestador.queue.claims import claim_due_executions
+from orquestador.queue.fencing import Claim
+from orquestador.queue.leases import release_lease, renew_leases
+from orquestador.queue.loading import Checkpoint, LoadedExecution, load_execution
+from orquestador.queue.outcomes import (
+    Finish,
+    exit_on_error,
+    fail_execution,
+    finish_execution,
+    require_reconciliation,
+    schedule_retry,
+)
+
+__all__ = [
+    "ActionAttempt",
+    "Checkpoint",
+    "CheckpointOutcome",
+    "Claim",
+    "Finish",
+    "LoadedExecution",
+    "claim_due_executions",
+    "exit_on_error",
+    "fail_checkpoint",
+    "fail_execution",
+    "finish_execution",
+    "load_execution",
+    "mark_unknown",
+    "release_lease",
+    "renew_leases",
+    "require_reconciliation",
+    "schedule_retry",
+    "start_checkpoint",
+    "succeed_checkpoint",
+]

@@ -1,0 +1,1 @@
+"""The durable worker: scheduler, heartbeat, executor and shutdown."""

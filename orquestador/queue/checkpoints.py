@@ -1,0 +1,165 @@
+"""Checkpoint writes: one fenced statement each, so a stale holder's write changes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+
+from orquestador.errors import ContractMismatch
+from orquestador.queue.fencing import FENCE, Claim, refuse_stale, still_holds
+from orquestador.queue.transactions import one_statement
+
+CHECKPOINT_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN")
+
+
+@dataclass(frozen=True)
+class ActionAttempt:
+    """The identity of one attempt of one action, as its RUNNING checkpoint records it."""
+
+    action_id: str
+    attempt: int
+    input_hash: str
+    external_key: str
+    effect: str
+    capability: str
+    adapter_version: int
+
+
+@dataclass(frozen=True)
+class CheckpointOutcome:
+    """How an attempt ended when that is written together with an execution outcome."""
+
+    action_id: str
+    status: str  # FAILED or UNKNOWN
+    error_code: str
+
+    def __post_init__(self) -> None:
+        if self.status not in ("FAILED", "UNKNOWN"):
+            raise ValueError(f"an attempt ends FAILED or UNKNOWN, not {self.status}")
+
+
+# Each statement locks the execution row through the `holder` CTE and checks the
+# lease by clock_timestamp() once the lock is granted; it is the transaction's only
+# statement, so the check at start is also the check just before commit. The row
+# lock keeps a reclaimer (SKIP LOCKED) away until this write has committed.
+_START = text(
+    f"""
+    WITH holder AS (
+        -- The write exists only if this claim still holds the lease.
+        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    )
+    INSERT INTO action_execution AS a (
+        execution_id, action_id, status, attempt, fencing_token, input_hash, external_key,
+        effect, capability, adapter_version, output, error_code, started_at, finished_at)
+    SELECT holder.id, :action_id, 'RUNNING', :attempt, :token, :input_hash, :external_key,
+           :effect, :capability, :adapter_version, NULL, NULL, clock_timestamp(), NULL
+    FROM holder
+    ON CONFLICT (execution_id, action_id) DO UPDATE
+    SET status = 'RUNNING', attempt = EXCLUDED.attempt, fencing_token = EXCLUDED.fencing_token,
+        input_hash = EXCLUDED.input_hash, external_key = EXCLUDED.external_key,
+        effect = EXCLUDED.effect, capability = EXCLUDED.capability,
+        adapter_version = EXCLUDED.adapter_version, output = NULL, error_code = NULL,
+        started_at = EXCLUDED.started_at, finished_at = NULL
+    -- A new attempt may replace a failed one or an interrupted safe one; never a success,
+    -- never a different key, never an interrupted non-idempotent write.
+    WHERE a.status <> 'SUCCEEDED'
+      AND a.external_key = EXCLUDED.external_key
+      AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE' AND a.status IN ('RUNNING', 'UNKNOWN'))
+    RETURNING a.action_id
+    """
+)
+
+_SUCCEED = text(
+    f"""
+    WITH holder AS (
+        -- Lock and check the lease: a late return after a reclaim records nothing.
+        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    )
+    UPDATE action_execution AS a
+    SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp()
+    FROM holder
+    WHERE a.execution_id = holder.id AND a.action_id = :action_id
+      AND a.status = 'RUNNING' AND a.fencing_token = :token
+    RETURNING a.action_id
+    """
+).bindparams(bindparam("output", type_=JSONB))
+
+_FINISH_ATTEMPT = text(
+    f"""
+    WITH holder AS (
+        -- Same fence as every holder write.
+        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    )
+    UPDATE action_execution AS a
+    SET status = :status, error_code = :error_code, finished_at = clock_timestamp()
+    FROM holder
+    WHERE a.execution_id = holder.id AND a.action_id = :action_id
+      AND a.status IN ('RUNNING', 'UNKNOWN', 'FAILED')
+    RETURNING a.action_id
+    """
+)
+
+
+def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> None:
+    """Persist RUNNING before the adapter is called; LeaseLost if the claim is stale."""
+    with one_statement(conn):
+        row = conn.execute(
+            _START,
+            {
+                **claim.params,
+                "action_id": attempt.action_id,
+                "attempt": attempt.attempt,
+                "input_hash": attempt.input_hash,
+                "external_key": attempt.external_key,
+                "effect": attempt.effect,
+                "capability": attempt.capability,
+                "adapter_version": attempt.adapter_version,
+            },
+        ).first()
+        if row is None:
+            if not still_holds(conn, claim):
+                raise refuse_stale(claim, f"start checkpoint {attempt.action_id}")
+            raise ContractMismatch(
+                f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
+                "started again (succeeded, other key, or an interrupted non-idempotent write)"
+            )
+
+
+def succeed_checkpoint(conn: Connection, claim: Claim, action_id: str, output: Any) -> None:
+    """Persist the validated output as SUCCEEDED; LeaseLost if the claim is stale."""
+    with one_statement(conn):
+        row = conn.execute(
+            _SUCCEED, {**claim.params, "action_id": action_id, "output": output}
+        ).first()
+    if row is None:
+        raise refuse_stale(claim, f"succeed checkpoint {action_id}")
+
+
+def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOutcome) -> None:
+    """Inside a caller's transaction: mark an attempt FAILED or UNKNOWN under the fence."""
+    row = conn.execute(
+        _FINISH_ATTEMPT,
+        {
+            **claim.params,
+            "action_id": outcome.action_id,
+            "status": outcome.status,
+            "error_code": outcome.error_code,
+        },
+    ).first()
+    if row is None:
+        raise refuse_stale(claim, f"{outcome.status.lower()} checkpoint {outcome.action_id}")
+
+
+def fail_checkpoint(conn: Connection, claim: Claim, action_id: str, error_code: str) -> None:
+    """Persist FAILED: the attempt ended and its effect did not happen."""
+    with one_statement(conn):
+        write_attempt_outcome(conn, claim, CheckpointOutcome(action_id, "FAILED", error_code))
+
+
+def mark_unknown(conn: Connection, claim: Claim, action_id: str, error_code: str) -> None:
+    """Persist UNKNOWN: the attempt ended and its effect may have happened."""
+    with one_statement(conn):
+        write_attempt_outcome(conn, claim, CheckpointOutcome(action_id, "UNKNOWN", error_code))

@@ -1,0 +1,74 @@
+"""The claim a worker holds, and the fence every holder write checks: owner, token, lease."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from orquestador.errors import LeaseLost
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One execution this worker owns until the lease lapses or the token moves on."""
+
+    execution_id: uuid.UUID
+    token: int
+    owner: str
+    attempts: int
+    max_attempts: int
+    request_id: uuid.UUID
+    lease_expires_at: datetime
+    created_at: datetime
+    claimed_at: datetime
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The bound parameters of the FENCE predicate."""
+        return {"execution_id": self.execution_id, "owner": self.owner, "token": self.token}
+
+    @property
+    def log_extra(self) -> dict[str, Any]:
+        return {"execution_id": str(self.execution_id), "token": self.token}
+
+
+# Every write a holder makes carries this predicate. The token, not the owner name,
+# is what tells a reclaimed execution apart; clock_timestamp() (not now(), frozen at
+# transaction start) is the database's clock at the moment the row is checked.
+FENCE = """
+    e.id = :execution_id
+    AND e.status = 'RUNNING'
+    AND e.lease_owner = :owner
+    AND e.fencing_token = :token
+    AND e.lease_expires_at > clock_timestamp()
+"""
+
+_LOCK_HOLDER = text(f"SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE")
+_HOLDS = text(f"SELECT 1 FROM execution e WHERE {FENCE}")
+
+
+def refuse_stale(claim: Claim, what: str) -> LeaseLost:
+    """Log a refused stale write and build the LeaseLost to raise."""
+    log.warning("stale holder refused: %s", what, extra={**claim.log_extra, "write": what})
+    return LeaseLost(
+        f"lease of execution {claim.execution_id} (token {claim.token}) is no longer "
+        f"held; {what} refused"
+    )
+
+
+def lock_holder(conn: Connection, claim: Claim, what: str) -> None:
+    """Lock the execution row if this claim still holds it by database time; else LeaseLost."""
+    if conn.execute(_LOCK_HOLDER, claim.params).first() is None:
+        raise refuse_stale(claim, what)
+
+
+def still_holds(conn: Connection, claim: Claim) -> bool:
+    """Whether the claim holds the lease now (explains a write that matched nothing)."""
+    return conn.execute(_HOLDS, claim.params).first() is not None

@@ -1,0 +1,128 @@
+"""Loading a claimed execution: accepted snapshot, current request, pinned flow, checkpoints."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from orquestador.queue.fencing import FENCE, Claim, refuse_stale
+from orquestador.queue.transactions import one_statement
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One action_execution row as recovery sees it."""
+
+    action_id: str
+    status: str
+    attempt: int
+    fencing_token: int
+    input_hash: str
+    external_key: str
+    effect: str
+    capability: str
+    adapter_version: int
+    output: Any
+    error_code: str | None
+
+
+@dataclass(frozen=True)
+class LoadedExecution:
+    """What the worker needs to run an execution, read under the fence in one statement."""
+
+    execution_id: uuid.UUID
+    request_id: uuid.UUID
+    org_id: str
+    flow_id: uuid.UUID
+    transition_id: str
+    accepted_state: str
+    accepted_revision: int
+    attempts: int
+    max_attempts: int
+    simulation: bool
+    actor: str | None
+    created_at: datetime
+    request_state: str
+    request_revision: int
+    request_flow_id: uuid.UUID
+    request_busy_execution_id: uuid.UUID | None
+    owner_id: str
+    data: Any
+    flow_version: int
+    definition: dict[str, Any]
+    data_schema: dict[str, Any]
+    checkpoints: dict[str, Checkpoint]
+
+    def request_changed(self) -> str | None:
+        """Why the request no longer is what was accepted, or None when it is unchanged."""
+        if self.request_busy_execution_id != self.execution_id:
+            return "the request is no longer held by this execution"
+        if self.request_flow_id != self.flow_id:
+            return "the request is pinned to another flow version"
+        if self.request_state != self.accepted_state:
+            return f"state is {self.request_state!r}, accepted in {self.accepted_state!r}"
+        if self.request_revision != self.accepted_revision:
+            return f"revision is {self.request_revision}, accepted at {self.accepted_revision}"
+        return None
+
+
+# Read under the fence: a worker whose token moved on cannot even load.
+_LOAD = text(
+    f"""
+    SELECT e.id, e.request_id, e.org_id, e.flow_id, e.transition_id, e.accepted_state,
+           e.accepted_revision, e.attempts, e.max_attempts, e.simulation, e.created_at,
+           e.actor_snapshot ->> 'sub' AS actor,
+           r.state AS request_state, r.revision AS request_revision,
+           r.flow_id AS request_flow_id, r.busy_execution_id, r.owner_id, r.data,
+           f.version AS flow_version, f.definition, f.data_schema,
+           coalesce(
+               (SELECT jsonb_agg(jsonb_build_object(
+                           'action_id', a.action_id, 'status', a.status, 'attempt', a.attempt,
+                           'fencing_token', a.fencing_token, 'input_hash', a.input_hash,
+                           'external_key', a.external_key, 'effect', a.effect,
+                           'capability', a.capability, 'adapter_version', a.adapter_version,
+                           'output', a.output, 'error_code', a.error_code))
+                FROM action_execution a WHERE a.execution_id = e.id),
+               '[]'::jsonb) AS checkpoints
+    FROM execution e
+    JOIN request r ON r.id = e.request_id
+    JOIN flow f ON f.id = e.flow_id
+    WHERE {FENCE}
+    """
+)
+
+
+def load_execution(conn: Connection, claim: Claim) -> LoadedExecution:
+    """Everything needed to run the claim; LeaseLost when the claim no longer holds the lease."""
+    with one_statement(conn):
+        row = conn.execute(_LOAD, claim.params).first()
+    if row is None:
+        raise refuse_stale(claim, "load")
+    return LoadedExecution(
+        execution_id=row.id,
+        request_id=row.request_id,
+        org_id=row.org_id,
+        flow_id=row.flow_id,
+        transition_id=row.transition_id,
+        accepted_state=row.accepted_state,
+        accepted_revision=row.accepted_revision,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        simulation=row.simulation,
+        actor=row.actor,
+        created_at=row.created_at,
+        request_state=row.request_state,
+        request_revision=row.request_revision,
+        request_flow_id=row.request_flow_id,
+        request_busy_execution_id=row.busy_execution_id,
+        owner_id=row.owner_id,
+        data=row.data,
+        flow_version=row.flow_version,
+        definition=row.definition,
+        data_schema=row.data_schema,
+        checkpoints={c["action_id"]: Checkpoint(**c) for c in row.checkpoints},
+    )

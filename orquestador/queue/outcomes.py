@@ -1,0 +1,457 @@
+"""How an execution leaves RUNNING: retry, finish, fail, reconciliation or a step's error exit.
+
+Each function is one fenced transaction. Those that touch the request lock it first,
+then the execution, in that order everywhere, so two writers never deadlock. The
+last statement is the fenced UPDATE of the execution itself: it re-checks owner,
+token and lease by database time just before commit, and when it matches nothing
+the whole transaction rolls back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+
+from orquestador.errors import ContractMismatch, RequestChanged
+from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
+from orquestador.queue.fencing import FENCE, Claim, lock_holder, refuse_stale
+
+log = logging.getLogger(__name__)
+
+WORKER_ACTOR = "system:worker"
+
+_LOCK_REQUEST = text(
+    """
+    SELECT r.state, r.revision, r.flow_id, r.busy_execution_id
+    FROM request r WHERE r.id = :request_id
+    FOR UPDATE
+    """
+)
+
+# The accepted snapshot and the checkpoints, read with the execution row locked.
+_LOCK_EXECUTION = text(
+    f"""
+    SELECT e.org_id, e.request_id, e.flow_id, e.transition_id, e.accepted_state,
+           e.accepted_revision,
+           coalesce((SELECT array_agg(a.action_id) FROM action_execution a
+                     WHERE a.execution_id = e.id AND a.status = 'SUCCEEDED'), '{{}}') AS succeeded
+    FROM execution e
+    WHERE {FENCE}
+    FOR UPDATE
+    """
+)
+
+# "A write happened or may have happened": a checkpoint of a writing action that
+# succeeded, is still RUNNING (interrupted) or ended UNKNOWN.
+_WRITE_EVIDENCE = text(
+    """
+    SELECT EXISTS (
+        SELECT 1 FROM action_execution a
+        WHERE a.execution_id = :execution_id
+          AND a.effect IN ('IDEMPOTENT_WRITE', 'NON_IDEMPOTENT_WRITE')
+          AND a.status IN ('SUCCEEDED', 'RUNNING', 'UNKNOWN')
+    )
+    """
+)
+
+# Pending writes only: a success is a known fact, RUNNING/UNKNOWN is not.
+_UNCERTAIN_WRITES = text(
+    """
+    SELECT coalesce(array_agg(a.action_id), '{}') FROM action_execution a
+    WHERE a.execution_id = :execution_id
+      AND a.effect IN ('IDEMPOTENT_WRITE', 'NON_IDEMPOTENT_WRITE')
+      AND a.status IN ('RUNNING', 'UNKNOWN')
+      AND a.action_id <> :action_id
+    """
+)
+
+# What an operator needs to reconcile: every checkpoint, without inputs or outputs.
+_EVIDENCE = text(
+    """
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'actionId', a.action_id, 'status', a.status, 'effect', a.effect,
+               'attempt', a.attempt, 'externalKey', a.external_key,
+               'capability', a.capability, 'adapterVersion', a.adapter_version,
+               'errorCode', a.error_code) ORDER BY a.started_at), '[]'::jsonb)
+    FROM action_execution a WHERE a.execution_id = :execution_id
+    """
+)
+
+_AUDIT = text(
+    """
+    INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+    SELECT e.org_id, :kind, e.request_id, e.id, :actor, :detail
+    FROM execution e WHERE e.id = :execution_id
+    """
+).bindparams(bindparam("detail", type_=JSONB))
+
+_RELEASE_REQUEST = text(
+    """
+    UPDATE request SET busy_execution_id = NULL, updated_at = clock_timestamp()
+    WHERE id = :request_id AND busy_execution_id = :execution_id
+    """
+)
+
+_MOVE_REQUEST = text(
+    """
+    UPDATE request
+    SET data = coalesce(:data, data), state = :state, revision = revision + 1,
+        busy_execution_id = NULL, updated_at = clock_timestamp()
+    WHERE id = :request_id AND busy_execution_id = :execution_id
+    RETURNING revision
+    """
+).bindparams(bindparam("data", type_=JSONB))
+
+_END_EXECUTION = text(
+    f"""
+    UPDATE execution AS e
+    SET status = :status, result = :result, error_code = :error_code,
+        lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED') THEN clock_timestamp() END,
+        updated_at = clock_timestamp()
+    WHERE {FENCE}
+    RETURNING e.id
+    """
+).bindparams(bindparam("result", type_=JSONB))
+
+# The three writes of a completed transition in one statement, so the fenced UPDATE
+# of the execution (the lease check just before commit) is also the last round trip.
+# Its predicate failing returns no row, and the caller rolls the request write back.
+_COMPLETE = text(
+    f"""
+    WITH moved AS (
+        -- The request takes the decided state and data and is free for its next transition.
+        UPDATE request
+        SET data = :data, state = :state, revision = revision + 1,
+            busy_execution_id = NULL, updated_at = clock_timestamp()
+        WHERE id = :request_id AND busy_execution_id = :execution_id
+        RETURNING revision
+    ), audited AS (
+        -- The audit row explains the decision: transition, actions, hit policy, rules.
+        INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+        SELECT :org_id, 'TRANSITION_COMPLETED', :request_id, :execution_id, :actor,
+               :detail || jsonb_build_object('revision', moved.revision)
+        FROM moved
+    )
+    UPDATE execution AS e
+    SET status = 'SUCCEEDED', result = :result, error_code = NULL,
+        lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE {FENCE}
+    RETURNING e.id, (SELECT revision FROM moved) AS revision
+    """
+).bindparams(
+    bindparam("data", type_=JSONB),
+    bindparam("detail", type_=JSONB),
+    bindparam("result", type_=JSONB),
+)
+
+_WAIT_FOR_RETRY = text(
+    f"""
+    UPDATE execution AS e
+    SET status = 'RETRY_WAIT',
+        next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
+        lease_owner = NULL, lease_expires_at = NULL, error_code = :error_code,
+        updated_at = clock_timestamp()
+    WHERE {FENCE}
+    RETURNING e.next_attempt_at
+    """
+)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A decided transition, ready to commit."""
+
+    to_state: str
+    outcome: Any
+    hit_policy: str | None
+    rule_ids: list[str]
+    action_ids: list[str]
+    data: Any
+
+
+def _audit(conn: Connection, claim: Claim, kind: str, detail: dict[str, Any]) -> None:
+    conn.execute(
+        _AUDIT,
+        {"execution_id": claim.execution_id, "kind": kind, "actor": WORKER_ACTOR, "detail": detail},
+    )
+
+
+def _end(
+    conn: Connection,
+    claim: Claim,
+    status: str,
+    error_code: str | None,
+    result: dict[str, Any] | None,
+    what: str,
+) -> None:
+    row = conn.execute(
+        _END_EXECUTION,
+        {**claim.params, "status": status, "error_code": error_code, "result": result},
+    ).first()
+    if row is None:
+        raise refuse_stale(claim, what)
+
+
+def _lock_request_then_execution(conn: Connection, claim: Claim, what: str) -> tuple[Any, Any]:
+    request = conn.execute(_LOCK_REQUEST, {"request_id": claim.request_id}).first()
+    execution = conn.execute(_LOCK_EXECUTION, claim.params).first()
+    if execution is None or request is None:
+        raise refuse_stale(claim, what)
+    return request, execution
+
+
+def _request_change(request: Any, execution: Any, claim: Claim) -> str | None:
+    if request.busy_execution_id != claim.execution_id:
+        return "the request is no longer held by this execution"
+    if request.flow_id != execution.flow_id:
+        return "the request is pinned to another flow version"
+    if request.state != execution.accepted_state or request.revision != execution.accepted_revision:
+        return (
+            f"request is {request.state!r} at revision {request.revision}, accepted in "
+            f"{execution.accepted_state!r} at {execution.accepted_revision}"
+        )
+    return None
+
+
+def _evidence(conn: Connection, claim: Claim) -> list[dict[str, Any]]:
+    return conn.execute(_EVIDENCE, {"execution_id": claim.execution_id}).scalar_one()
+
+
+def _park(conn: Connection, claim: Claim, reason: str, detail: dict[str, Any], what: str) -> str:
+    _audit(
+        conn,
+        claim,
+        "RECONCILIATION_REQUIRED",
+        {"reason": reason, **detail, "checkpoints": _evidence(conn, claim)},
+    )
+    _end(conn, claim, "RECONCILIATION_REQUIRED", reason, None, what)
+    log.warning(
+        "execution needs reconciliation: %s",
+        reason,
+        extra={**claim.log_extra, "error_code": reason},
+    )
+    return "RECONCILIATION_REQUIRED"
+
+
+def schedule_retry(
+    conn: Connection,
+    claim: Claim,
+    outcome: CheckpointOutcome,
+    delay_seconds: float,
+    attempt: int,
+) -> None:
+    """Attempt checkpoint, RETRY_WAIT with its due time, and RETRY_SCHEDULED audit: together."""
+    with conn.begin():
+        lock_holder(conn, claim, "schedule retry")
+        write_attempt_outcome(conn, claim, outcome)
+        _audit(
+            conn,
+            claim,
+            "RETRY_SCHEDULED",
+            {
+                "actionId": outcome.action_id,
+                "attempt": attempt,
+                "errorCode": outcome.error_code,
+                "delaySeconds": round(delay_seconds, 3),
+            },
+        )
+        row = conn.execute(
+            _WAIT_FOR_RETRY,
+            {
+                **claim.params,
+                "delay_seconds": float(delay_seconds),
+                "error_code": outcome.error_code,
+            },
+        ).first()
+        if row is None:
+            raise refuse_stale(claim, "schedule retry")
+
+
+def finish_execution(
+    conn: Connection,
+    claim: Claim,
+    finish: Finish,
+    before_commit: Callable[[], None] | None = None,
+) -> None:
+    """Commit the transition: request data/state/revision, result, TRANSITION_COMPLETED audit.
+
+    Raises LeaseLost, RequestChanged (state, revision, holder or flow moved since
+    acceptance) or ContractMismatch (an expected checkpoint is not SUCCEEDED); in
+    every case nothing of the finish is kept and the checkpoints stay as they were.
+    """
+    with conn.begin():
+        request, execution = _lock_request_then_execution(conn, claim, "finish")
+        change = _request_change(request, execution, claim)
+        if change:
+            raise RequestChanged(change)
+        missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]
+        if missing:
+            raise ContractMismatch(f"checkpoints not SUCCEEDED at finish: {missing}")
+        detail = {
+            "transitionId": execution.transition_id,
+            "actionIds": finish.action_ids,
+            "hitPolicy": finish.hit_policy,
+            "ruleIds": finish.rule_ids,
+            "fromState": execution.accepted_state,
+            "toState": finish.to_state,
+            "outcome": finish.outcome,
+        }
+        result = {
+            "outcome": finish.outcome,
+            "toState": finish.to_state,
+            "ruleIds": finish.rule_ids,
+            "hitPolicy": finish.hit_policy,
+        }
+        row = conn.execute(
+            _COMPLETE,
+            {
+                **claim.params,
+                "request_id": claim.request_id,
+                "org_id": execution.org_id,
+                "actor": WORKER_ACTOR,
+                "data": finish.data,
+                "state": finish.to_state,
+                "detail": detail,
+                "result": result,
+            },
+        ).first()
+        if row is None:
+            raise refuse_stale(claim, "finish")
+        if row.revision is None:  # cannot happen under the request lock; never write half
+            raise RequestChanged("the request is no longer held by this execution")
+        if before_commit is not None:
+            before_commit()
+            lock_holder(conn, claim, "finish")  # the hook took time: check the lease again
+
+
+def fail_execution(
+    conn: Connection,
+    claim: Claim,
+    error_code: str,
+    *,
+    attempt_outcome: CheckpointOutcome | None = None,
+    detail: dict[str, Any] | None = None,
+) -> str:
+    """End the execution after a failure; return the status it ended in.
+
+    FAILED, with the request released, only when no write happened or may have
+    happened in this execution; otherwise RECONCILIATION_REQUIRED with the request
+    still busy. The rule is read from the checkpoints inside this transaction.
+    """
+    with conn.begin():
+        _lock_request_then_execution(conn, claim, "fail")
+        if attempt_outcome is not None:
+            write_attempt_outcome(conn, claim, attempt_outcome)
+        wrote = conn.execute(_WRITE_EVIDENCE, {"execution_id": claim.execution_id}).scalar_one()
+        if wrote:
+            return _park(conn, claim, error_code, {"failure": error_code, **(detail or {})}, "fail")
+        conn.execute(
+            _RELEASE_REQUEST,
+            {"request_id": claim.request_id, "execution_id": claim.execution_id},
+        )
+        _audit(conn, claim, "EXECUTION_FAILED", {"errorCode": error_code, **(detail or {})})
+        _end(conn, claim, "FAILED", error_code, None, "fail")
+    log.info(
+        "execution failed: %s", error_code, extra={**claim.log_extra, "error_code": error_code}
+    )
+    return "FAILED"
+
+
+def require_reconciliation(
+    conn: Connection,
+    claim: Claim,
+    reason: str,
+    *,
+    attempt_outcome: CheckpointOutcome | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """Park the execution in RECONCILIATION_REQUIRED; the request stays busy for an operator."""
+    with conn.begin():
+        _lock_request_then_execution(conn, claim, "require reconciliation")
+        if attempt_outcome is not None:
+            write_attempt_outcome(conn, claim, attempt_outcome)
+        _park(conn, claim, reason, detail or {}, "require reconciliation")
+
+
+def exit_on_error(
+    conn: Connection,
+    claim: Claim,
+    attempt_outcome: CheckpointOutcome,
+    on_error_state: str,
+    observed: dict[str, Any],
+    action_ids: Sequence[str],
+) -> str:
+    """Take a step's declared error exit: the request moves to `on_error_state`, audited.
+
+    A PermanentError says this action's own effect did not happen, and earlier
+    successes are known facts the audit row lists, so the declared exit is safe
+    with them. Only a pending write elsewhere (RUNNING/UNKNOWN) makes the outcome
+    unknowable; then the execution goes to reconciliation instead. Returns the
+    status the execution ended in.
+    """
+    with conn.begin():
+        request, execution = _lock_request_then_execution(conn, claim, "error exit")
+        change = _request_change(request, execution, claim)
+        if change:
+            raise RequestChanged(change)
+        write_attempt_outcome(conn, claim, attempt_outcome)
+        pending = conn.execute(
+            _UNCERTAIN_WRITES,
+            {
+                "execution_id": claim.execution_id,
+                "action_id": attempt_outcome.action_id,
+            },
+        ).scalar_one()
+        if pending:
+            return _park(
+                conn,
+                claim,
+                attempt_outcome.error_code,
+                {"onError": on_error_state, "pendingWrites": list(pending)},
+                "error exit",
+            )
+        revision = conn.execute(
+            _MOVE_REQUEST,
+            {
+                "request_id": claim.request_id,
+                "execution_id": claim.execution_id,
+                "data": None,
+                "state": on_error_state,
+            },
+        ).scalar_one()
+        _audit(
+            conn,
+            claim,
+            "STEP_ERROR_EXIT",
+            {
+                "transitionId": execution.transition_id,
+                "actionId": attempt_outcome.action_id,
+                "errorCode": attempt_outcome.error_code,
+                "fromState": execution.accepted_state,
+                "toState": on_error_state,
+                "revision": revision,
+                "observed": observed,
+                "actionIds": list(action_ids),
+                "checkpoints": _evidence(conn, claim),
+            },
+        )
+        _end(
+            conn,
+            claim,
+            "FAILED",
+            attempt_outcome.error_code,
+            {
+                "outcome": "STEP_ERROR",
+                "toState": on_error_state,
+                "actionId": attempt_outcome.action_id,
+            },
+            "error exit",
+        )
+    return "FAILED"

@@ -1,0 +1,218 @@
+"""The worker process: scheduler, heartbeat, listener and executor threads, and shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+
+from sqlalchemy import Engine
+
+from orquestador.actions import AdapterRegistry, load_registry
+from orquestador.config import Settings
+from orquestador.db.engine import make_engine
+from orquestador.errors import ConfigError
+from orquestador.queue import Claim
+from orquestador.worker.executor import Executor
+from orquestador.worker.heartbeat import Heartbeat
+from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+from orquestador.worker.leases import HeldLeases
+from orquestador.worker.listener import ReadyListener, libpq_conninfo
+from orquestador.worker.scheduler import Scheduler, Slots
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Worker:
+    """One worker process's machinery; `start()`, then `request_stop()` and `join()`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        registry: AdapterRegistry,
+        *,
+        hooks: WorkerHooks = NO_HOOKS,
+        listen: bool = True,
+    ) -> None:
+        registry.check_timeouts_below(settings.worker_lease_seconds)
+        self.settings = settings
+        self.engine = engine
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.hooks = hooks
+        self.executor = Executor(registry, settings, hooks)
+        self.wake = threading.Event()
+        self.slots = Slots(settings.worker_concurrency, self.wake)
+        self.leases = HeldLeases(settings.worker_lease_seconds)
+        self.pool = ThreadPoolExecutor(
+            max_workers=settings.worker_concurrency, thread_name_prefix="orquestador-job"
+        )
+        self.scheduler = Scheduler(
+            engine,
+            self.worker_id,
+            batch=settings.worker_batch,
+            poll_seconds=settings.worker_poll_ms / 1000,
+            lease_seconds=settings.worker_lease_seconds,
+            slots=self.slots,
+            submit=self._submit,
+            wake=self.wake,
+            hooks=hooks,
+        )
+        self.heartbeat = Heartbeat(
+            engine,
+            self.worker_id,
+            self.leases,
+            settings.worker_lease_seconds,
+            settings.worker_renew_seconds,
+        )
+        self.listener = ReadyListener(libpq_conninfo(engine.url), self.wake) if listen else None
+        self._stop_requested = threading.Event()
+        self._stopped = threading.Event()
+        self._drained_cleanly = False
+        self._stopper: threading.Thread | None = None
+
+    # --- running jobs -----------------------------------------------------------
+
+    def _submit(self, claim: Claim) -> None:
+        held = self.leases.add(claim)
+        try:
+            self.pool.submit(self._run_job, claim, held.stop)
+        except RuntimeError:  # the pool is shutting down: give the claim back at once
+            self._job_done(claim, "ABANDONED")
+            raise
+
+    def _run_job(self, claim: Claim, stop: threading.Event) -> None:
+        status = "ERROR"
+        try:
+            with self.engine.connect() as conn:
+                status = self.executor.run(conn, claim, stop)
+        except Exception as exc:
+            # A database failure mid-run: RUNNING and the checkpoints stay for recovery.
+            log.warning(
+                "job ended by %s; left for lease recovery",
+                type(exc).__name__,
+                extra=claim.log_extra,
+            )
+        finally:
+            self._job_done(claim, status)
+
+    def _job_done(self, claim: Claim, status: str) -> None:
+        self.leases.remove(claim)
+        self.slots.give_back()
+        if self.hooks.after_job:
+            self.hooks.after_job(claim, status)
+
+    # --- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        log.info("worker starting", extra={"worker_id": self.worker_id})
+        self.heartbeat.start()
+        if self.listener is not None:
+            self.listener.start()
+        self.scheduler.start()
+
+    def request_stop(self) -> None:
+        """Warm stop: claim nothing more now; let jobs finish within the drain time."""
+        if self._stop_requested.is_set():
+            return
+        self._stop_requested.set()
+        self.scheduler.stopped.set()
+        self.wake.set()
+        if self.listener is not None:
+            self.listener.stopped.set()
+        self._stopper = threading.Thread(target=self._drain, name="orquestador-drain", daemon=True)
+        self._stopper.start()
+
+    def _drain(self) -> None:
+        self.scheduler.join()
+        deadline = time.monotonic() + self.settings.worker_drain_seconds
+        # Leases keep being renewed while jobs finish on their own.
+        self._drained_cleanly = self.slots.wait_idle(max(0.0, deadline - time.monotonic()))
+        if not self._drained_cleanly:
+            count = self.leases.signal_all()
+            log.warning("drain time over; stopping %d job(s), leases left to expire", count)
+        self.heartbeat.stopped.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        log.info("worker stopped", extra={"worker_id": self.worker_id})
+        self._stopped.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the drain is over; True when stopped. Does not wait for hung adapters."""
+        return self._stopped.wait(timeout)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        self.request_stop()
+        return self.join(timeout)
+
+    @property
+    def drained_cleanly(self) -> bool:
+        return self._drained_cleanly
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+
+def _configure_logging(level: str) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+            stream=sys.stderr,
+        )
+
+
+def run_worker(settings: Settings) -> int:
+    """The `orquestador worker` daemon; returns the process exit status."""
+    _configure_logging(settings.log_level)
+    if not settings.worker_enabled:
+        print("worker: WORKER_ENABLED is not true; nothing to do", file=sys.stderr)
+        return 2
+    if not settings.database_url:
+        print("worker: DATABASE_URL is required", file=sys.stderr)
+        return 2
+    try:
+        registry = load_registry(settings)
+        engine = make_engine(
+            settings.database_url,
+            pool_size=settings.worker_concurrency + 2,
+            application_name="orquestador-worker",
+            hide_parameters=True,  # errors in logs never carry inputs or outputs
+        )
+        worker = Worker(settings, engine, registry)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"worker: {problem}", file=sys.stderr)
+        return 2
+
+    signals = 0
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.info("signal %s: warm stop", signal.Signals(signum).name)
+            worker.request_stop()
+        else:
+            log.warning("second signal: exiting at once")
+            os._exit(130)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    worker.start()
+    # A short wait in a loop keeps the main thread ready to run signal handlers.
+    while not worker.join(0.5):
+        pass
+    engine.dispose()
+    return 0 if worker.drained_cleanly else 1

@@ -1,0 +1,424 @@
+"""Runs one claimed execution: load, the recovery rules per action, the adapter call, finish."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from sqlalchemy import Connection
+
+from orquestador.actions import (
+    ActionContext,
+    Adapter,
+    AdapterRegistry,
+    Effect,
+    Identity,
+    PermanentError,
+    TransientError,
+)
+from orquestador.config import Settings
+from orquestador.domain.canonical import input_hash
+from orquestador.domain.errors import DataValidationError, DomainError, MappingError
+from orquestador.domain.flow_definition import (
+    ActionSpec,
+    FlowDefinition,
+    compute_updates,
+    decide_destination,
+)
+from orquestador.domain.mappings import build_context, resolve_inputs
+from orquestador.domain.pointer_updates import apply_updates, validate_request_data
+from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost, RequestChanged
+from orquestador.queue import (
+    ActionAttempt,
+    Checkpoint,
+    CheckpointOutcome,
+    Claim,
+    Finish,
+    LoadedExecution,
+    exit_on_error,
+    fail_execution,
+    finish_execution,
+    load_execution,
+    release_lease,
+    require_reconciliation,
+    schedule_retry,
+    start_checkpoint,
+    succeed_checkpoint,
+)
+from orquestador.worker.backoff import RetryPolicy
+from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+
+log = logging.getLogger(__name__)
+
+# What run() reports besides the execution statuses it can end in.
+ABANDONED = "ABANDONED"  # stop signal between actions: lease given back for recovery
+LEASE_LOST = "LEASE_LOST"  # another worker owns it now; nothing of ours was kept
+LEFT_RUNNING = "LEFT_RUNNING"  # a write failed; RUNNING and checkpoints wait for lease recovery
+
+
+class ExecutionEnded(Exception):
+    """The execution reached an outcome (or was handed back); unwinds the action loop."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def external_key(execution_id: uuid.UUID, action_id: str) -> str:
+    return f"{execution_id}:{action_id}"
+
+
+def _interrupted_status(effect: Effect) -> str:
+    # An attempt whose outcome we never saw: a read cannot have changed anything,
+    # a write may have.
+    return "FAILED" if effect is Effect.READ_ONLY else "UNKNOWN"
+
+
+class FlowCache:
+    """Parsed flow definitions by id; safe because a published flow row never changes."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._flows: OrderedDict[uuid.UUID, FlowDefinition] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, flow_id: uuid.UUID, definition: dict[str, Any]) -> FlowDefinition:
+        with self._lock:
+            flow = self._flows.get(flow_id)
+            if flow is not None:
+                self._flows.move_to_end(flow_id)
+                return flow
+        flow = FlowDefinition.from_json(definition)
+        with self._lock:
+            self._flows[flow_id] = flow
+            while len(self._flows) > self._size:
+                self._flows.popitem(last=False)
+        return flow
+
+
+class SchemaCache:
+    """Compiled input/output validators per adapter."""
+
+    def __init__(self) -> None:
+        self._validators: dict[tuple[str, int, str], Draft202012Validator] = {}
+        self._lock = threading.Lock()
+
+    def validator(self, adapter: Adapter, which: str) -> Draft202012Validator:
+        key = (adapter.capability, adapter.version, which)
+        with self._lock:
+            found = self._validators.get(key)
+        if found is None:
+            schema = adapter.input_schema if which == "input" else adapter.output_schema
+            found = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+            with self._lock:
+                self._validators[key] = found
+        return found
+
+    def problems(self, adapter: Adapter, which: str, value: Any) -> list[str]:
+        """Where `value` breaks the schema, as JSON Pointers only: values may be secret."""
+        errors = self.validator(adapter, which).iter_errors(value)
+        return sorted({"/" + "/".join(str(p) for p in error.absolute_path) for error in errors})
+
+
+class Executor:
+    """Stateless per execution; one instance serves every job of a worker."""
+
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        settings: Settings,
+        hooks: WorkerHooks = NO_HOOKS,
+    ) -> None:
+        self.registry = registry
+        self.lease_seconds = settings.worker_lease_seconds
+        self.retry = RetryPolicy.from_settings(settings)
+        self.hooks = hooks
+        self.flows = FlowCache()
+        self.schemas = SchemaCache()
+
+    def run(self, conn: Connection, claim: Claim, stop: threading.Event | None = None) -> str:
+        """Run the claim to an outcome; return the status it ended in (or ABANDONED, ...)."""
+        run = _ExecutionRun(self, conn, claim, stop or threading.Event())
+        try:
+            return run.run()
+        except ExecutionEnded as ended:
+            return ended.status
+        except LeaseLost:
+            return LEASE_LOST
+
+
+class _ExecutionRun:
+    """The state of one attempt at one execution."""
+
+    def __init__(
+        self, executor: Executor, conn: Connection, claim: Claim, stop: threading.Event
+    ) -> None:
+        self.x = executor
+        self.conn = conn
+        self.claim = claim
+        self.stop = stop
+        self.outputs: dict[str, Any] = {}
+        self.loaded: LoadedExecution | None = None
+
+    # --- outcomes -----------------------------------------------------------
+
+    def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
+        status = fail_execution(self.conn, self.claim, code, attempt_outcome=outcome, detail=detail)
+        raise ExecutionEnded(status)
+
+    def reconcile(
+        self, reason: str, outcome: CheckpointOutcome | None = None, **detail: Any
+    ) -> None:
+        require_reconciliation(
+            self.conn, self.claim, reason, attempt_outcome=outcome, detail=detail
+        )
+        raise ExecutionEnded("RECONCILIATION_REQUIRED")
+
+    # --- the run ------------------------------------------------------------
+
+    def run(self) -> str:
+        claim = self.claim
+        loaded = self.loaded = load_execution(self.conn, claim)
+        if claim.attempts > loaded.max_attempts:
+            self.fail("ATTEMPTS_EXHAUSTED", attempts=claim.attempts)
+        change = loaded.request_changed()
+        if change:
+            # Checked before any adapter runs. Nothing but this execution may write a busy
+            # request, so a change means an operator or a bug did; the accepted snapshot
+            # no longer describes the request and acting on it would be wrong.
+            log.warning("request changed since acceptance", extra=claim.log_extra)
+            self.fail("REQUEST_CHANGED")
+        flow = self.x.flows.get(loaded.flow_id, loaded.definition)
+        transition = flow.transitions.get(loaded.transition_id)
+        if transition is None:
+            self.fail("TRANSITION_UNKNOWN", transitionId=loaded.transition_id)
+        assert transition is not None
+        for spec in transition.actions:
+            if self.stop.is_set():
+                release_lease(self.conn, claim)
+                log.info("stopping between actions; lease released", extra=claim.log_extra)
+                return ABANDONED
+            self.outputs[spec.id] = self.run_action(spec, [a.id for a in transition.actions])
+
+        context = build_context(loaded.data, self.outputs, loaded.request_id, loaded.accepted_state)
+        try:
+            decided = decide_destination(transition, context)
+            if decided.to not in flow.states:
+                self.fail("UNKNOWN_STATE", toState=decided.to)
+            updates = compute_updates(transition, context, decided)
+            data = apply_updates(loaded.data, updates)
+            validate_request_data(data, loaded.data_schema)
+        except DataValidationError as exc:
+            self.fail(exc.code, problems=[p.path for p in exc.problems])
+        except DomainError as exc:
+            self.fail(exc.code)
+        finish = Finish(
+            to_state=decided.to,
+            outcome=decided.outcome,
+            hit_policy=decided.hit_policy,
+            rule_ids=list(decided.rule_ids),
+            action_ids=[a.id for a in transition.actions],
+            data=data,
+        )
+        hook = self.x.hooks.before_finish_commit
+        try:
+            finish_execution(
+                self.conn, claim, finish, before_commit=(lambda: hook(claim)) if hook else None
+            )
+        except RequestChanged:
+            self.fail("REQUEST_CHANGED")
+        except ContractMismatch:
+            self.reconcile("CONTRACT_MISMATCH")
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            # Everything of the finish rolled back; the checkpoints and RUNNING stay,
+            # and the next holder of the lease finishes from them without re-invoking.
+            log.warning(
+                "finish failed, left for lease recovery: %s",
+                type(exc).__name__,
+                extra=claim.log_extra,
+            )
+            return LEFT_RUNNING
+        log.info("execution succeeded", extra=claim.log_extra)
+        return "SUCCEEDED"
+
+    def run_action(self, spec: ActionSpec, action_ids: list[str]) -> Any:
+        loaded = self.loaded
+        assert loaded is not None
+        claim = self.claim
+        extra = {**claim.log_extra, "action_id": spec.id}
+        try:
+            adapter = self.x.registry.get(spec.capability, spec.version)
+        except IntegrationUnavailable:
+            self.fail(
+                IntegrationUnavailable.code,
+                actionId=spec.id,
+                capability=spec.capability,
+                version=spec.version,
+            )
+        if not adapter.timeout_seconds < self.x.lease_seconds:
+            self.fail(
+                IntegrationUnavailable.code, actionId=spec.id, reason="timeout not below lease"
+            )
+        if adapter.simulation_only and not loaded.simulation:
+            self.fail("SIMULATION_ONLY", actionId=spec.id, capability=spec.capability)
+
+        context = build_context(loaded.data, self.outputs, loaded.request_id, loaded.accepted_state)
+        try:
+            inputs = resolve_inputs(spec.input, context)
+        except MappingError as exc:
+            self.fail(exc.code, actionId=spec.id)
+        problems = self.x.schemas.problems(adapter, "input", inputs)
+        if problems:
+            self.fail("INPUT_INVALID", actionId=spec.id, paths=problems)
+
+        key = external_key(loaded.execution_id, spec.id)
+        attempt = ActionAttempt(
+            action_id=spec.id,
+            attempt=1,
+            input_hash=input_hash(inputs),
+            external_key=key,
+            effect=adapter.effect.value,
+            capability=adapter.capability,
+            adapter_version=adapter.version,
+        )
+        found = loaded.checkpoints.get(spec.id)
+        if found is not None:
+            recovered = self.recover(found, attempt, adapter)
+            if recovered is not None:
+                return recovered[0]
+            attempt = ActionAttempt(**{**attempt.__dict__, "attempt": found.attempt + 1})
+
+        start_checkpoint(self.conn, claim, attempt)
+        if self.x.hooks.before_adapter:
+            self.x.hooks.before_adapter(claim, spec.id)
+        ctx = ActionContext(
+            inputs=inputs,
+            external_key=key,
+            attempt=attempt.attempt,
+            deadline=time.monotonic() + adapter.timeout_seconds,
+            identity=Identity(
+                loaded.org_id, str(loaded.request_id), str(loaded.execution_id), loaded.actor
+            ),
+            simulation=loaded.simulation,
+            stop_event=self.stop,
+        )
+        # No transaction is open here: the RUNNING checkpoint committed above.
+        try:
+            output = adapter.invoke(ctx)
+        except TransientError as exc:
+            log.info("action failed transiently", extra=extra)
+            self.retry_or_fail(
+                spec.id, "FAILED", "TRANSIENT", attempt.attempt, adapter, exc.retry_after
+            )
+        except PermanentError as exc:
+            log.info("action failed permanently: %s", exc.code, extra=extra)
+            self.permanent(spec, exc, action_ids)
+        except Exception as exc:  # UncertainError and anything unexpected: may have happened
+            log.warning("action outcome uncertain: %s", type(exc).__name__, extra=extra)
+            self.uncertain(spec.id, attempt.attempt, adapter)
+        if self.x.hooks.after_adapter:
+            self.x.hooks.after_adapter(claim, spec.id)
+
+        problems = (
+            ["/"]
+            if not isinstance(output, dict)
+            else self.x.schemas.problems(adapter, "output", output)
+        )
+        if problems:
+            outcome = CheckpointOutcome(
+                spec.id, _interrupted_status(adapter.effect), "OUTPUT_INVALID"
+            )
+            if adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+                self.reconcile("OUTPUT_INVALID", outcome, actionId=spec.id, paths=problems)
+            self.fail("OUTPUT_INVALID", outcome, actionId=spec.id, paths=problems)
+        succeed_checkpoint(self.conn, claim, spec.id, output)
+        return output
+
+    def recover(
+        self, found: Checkpoint, attempt: ActionAttempt, adapter: Adapter
+    ) -> tuple[Any] | None:
+        """Apply the recovery rules to an existing checkpoint: (output,) to reuse, None to run."""
+        mismatched = [
+            name
+            for name, mine, theirs in (
+                ("inputHash", attempt.input_hash, found.input_hash),
+                ("externalKey", attempt.external_key, found.external_key),
+                ("effect", attempt.effect, found.effect),
+                ("capability", attempt.capability, found.capability),
+                ("adapterVersion", attempt.adapter_version, found.adapter_version),
+            )
+            if mine != theirs
+        ]
+        if mismatched:
+            # Never reuse (or overwrite) a result recorded for something else.
+            self.reconcile(ContractMismatch.code, actionId=found.action_id, mismatched=mismatched)
+        if found.status == "SUCCEEDED":
+            return (found.output,)
+        interrupted = found.status in ("RUNNING", "UNKNOWN")
+        if interrupted and adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+            self.reconcile(
+                "INTERRUPTED_NON_IDEMPOTENT_WRITE",
+                CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED"),
+                actionId=found.action_id,
+            )
+        if found.attempt >= adapter.max_attempts:
+            outcome = None
+            if found.status == "RUNNING":
+                outcome = CheckpointOutcome(
+                    found.action_id, _interrupted_status(adapter.effect), "INTERRUPTED"
+                )
+            self.fail("RETRIES_EXHAUSTED", outcome, actionId=found.action_id)
+        return None
+
+    def retry_or_fail(
+        self,
+        action_id: str,
+        status: str,
+        code: str,
+        attempt: int,
+        adapter: Adapter,
+        retry_after: float | None = None,
+    ) -> None:
+        outcome = CheckpointOutcome(action_id, status, code)
+        if attempt < adapter.max_attempts and self.claim.attempts < self.claim.max_attempts:
+            delay = self.x.retry.delay(attempt, retry_after)
+            schedule_retry(self.conn, self.claim, outcome, delay, attempt)
+            log.info(
+                "retry scheduled in %.3fs",
+                delay,
+                extra={**self.claim.log_extra, "action_id": action_id},
+            )
+            raise ExecutionEnded("RETRY_WAIT")
+        self.fail("RETRIES_EXHAUSTED", outcome, actionId=action_id)
+
+    def uncertain(self, action_id: str, attempt: int, adapter: Adapter) -> None:
+        if adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+            self.reconcile(
+                "UNCERTAIN_OUTCOME",
+                CheckpointOutcome(action_id, "UNKNOWN", "UNCERTAIN"),
+                actionId=action_id,
+            )
+        # Safe to repeat with the same external key; the provider deduplicates writes.
+        self.retry_or_fail(
+            action_id, _interrupted_status(adapter.effect), "UNCERTAIN", attempt, adapter
+        )
+
+    def permanent(self, spec: ActionSpec, exc: PermanentError, action_ids: list[str]) -> None:
+        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code)
+        if spec.on_error:
+            observed = {"errorCode": exc.code, "message": str(exc), **exc.observed}
+            try:
+                status = exit_on_error(
+                    self.conn, self.claim, outcome, spec.on_error, observed, action_ids
+                )
+            except RequestChanged:
+                self.fail("REQUEST_CHANGED", outcome, actionId=spec.id)
+            raise ExecutionEnded(status)
+        self.fail(exc.code, outcome, actionId=spec.id)

@@ -1,0 +1,119 @@
+"""The scheduler thread: claims only as many executions as there are free executor slots."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from orquestador.queue import Claim, claim_due_executions
+from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+
+log = logging.getLogger(__name__)
+
+
+class Slots:
+    """Free executor capacity; a slot is taken at claim time and given back when the job ends."""
+
+    def __init__(self, capacity: int, wake: threading.Event) -> None:
+        self.capacity = capacity
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._wake = wake
+        self._idle = threading.Condition(self._lock)
+
+    @property
+    def free(self) -> int:
+        with self._lock:
+            return self.capacity - self._busy
+
+    @property
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def take(self, count: int) -> None:
+        with self._lock:
+            if self._busy + count > self.capacity:
+                raise RuntimeError("claimed more executions than free slots")
+            self._busy += count
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._idle.notify_all()
+        self._wake.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job runs or `timeout` passes; True when idle."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout)
+
+
+def jittered(seconds: float) -> float:
+    # +-20% so that many idle workers do not poll in lockstep.
+    return seconds * random.uniform(0.8, 1.2)
+
+
+class Scheduler(threading.Thread):
+    """Claim, commit, hand each claim to a thread; sleep (interruptibly) when nothing is due."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        owner: str,
+        *,
+        batch: int,
+        poll_seconds: float,
+        lease_seconds: float,
+        slots: Slots,
+        submit: Callable[[Claim], None],
+        wake: threading.Event,
+        hooks: WorkerHooks = NO_HOOKS,
+    ) -> None:
+        super().__init__(name="orquestador-scheduler", daemon=True)
+        self._engine = engine
+        self._owner = owner
+        self._batch = batch
+        self._poll_seconds = poll_seconds
+        self._lease_seconds = lease_seconds
+        self._slots = slots
+        self._submit = submit
+        self._wake = wake
+        self._hooks = hooks
+        self.stopped = threading.Event()  # set: claim nothing more
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            # Cleared before claiming: a notification that lands during the claim sets it
+            # again, so the next wait returns at once instead of missing the work.
+            self._wake.clear()
+            wanted = min(self._batch, self._slots.free)
+            if wanted <= 0:
+                self._wake.wait(self._poll_seconds)
+                continue
+            try:
+                claimed = self.claim_once(wanted)
+            except Exception as exc:
+                log.warning("claim failed: %s", type(exc).__name__)
+                self.stopped.wait(jittered(self._poll_seconds))
+                continue
+            if len(claimed) < wanted:
+                self._wake.wait(jittered(self._poll_seconds))
+
+    def claim_once(self, wanted: int) -> list[Claim]:
+        with self._engine.connect() as conn:
+            claims = claim_due_executions(conn, self._owner, wanted, self._lease_seconds)
+        if not claims:
+            return claims
+        # The slots are taken before anything else can fail, and every claim goes
+        # straight to a thread: nothing claimed waits in a local queue.
+        self._slots.take(len(claims))
+        if self._hooks.after_claim:
+            self._hooks.after_claim(claims)
+        for claim in claims:
+            self._submit(claim)
+        return claims

@@ -1,0 +1,159 @@
+"""Two real worker processes; one is killed with SIGKILL mid-action; the other recovers all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from tests.integration.worker_support import (
+    accept_transition,
+    action,
+    create_request,
+    flow_definition,
+    publish_flow,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = ("SUCCEEDED", "FAILED", "RECONCILIATION_REQUIRED")
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def _spawn(database, ledger: Path, role: str, concurrency: int) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WORKER_ENABLED": "true",
+        "DATABASE_URL": database.runtime_dsn,
+        "WORKER_LEASE_SECONDS": "3",
+        "WORKER_RENEW_SECONDS": "1",
+        "WORKER_CONCURRENCY": str(concurrency),
+        "WORKER_BATCH": str(concurrency),
+        "WORKER_POLL_MS": "100",
+        "WORKER_DRAIN_SECONDS": "5",
+        "ADAPTER_MODULES": "tests.acceptance.crash_adapters",
+        "CRASH_LEDGER": str(ledger),
+        "CRASH_ROLE": role,
+        "LOG_LEVEL": "WARNING",
+    }
+    return subprocess.Popen([sys.executable, "-m", "orquestador.worker"], cwd=ROOT, env=env)
+
+
+def _ledger(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def _statuses(engine) -> dict:
+    with engine.connect() as conn:
+        return dict(conn.execute(text("SELECT id, status FROM execution")).all())
+
+
+def test_sigkill_mid_action_is_recovered_without_repeating_work(
+    database, runtime_engine, processes, tmp_path
+):
+    ledger = tmp_path / "ledger.jsonl"
+    hold_flow = publish_flow(
+        runtime_engine,
+        flow_definition(
+            [action("w1", "crash.write"), action("hold", "crash.hold"), action("w2", "crash.write")]
+        ),
+    )
+    charge_flow = publish_flow(runtime_engine, flow_definition([action("charge", "crash.charge")]))
+    plain_flow = publish_flow(runtime_engine, flow_definition([action("w", "crash.write")]))
+    # The victim claims first and fills its two slots with the two blocking kinds.
+    charged = accept_transition(runtime_engine, create_request(runtime_engine, charge_flow))
+    held = accept_transition(runtime_engine, create_request(runtime_engine, hold_flow))
+    victim = _spawn(database, ledger, "victim", concurrency=2)
+    processes.append(victim)
+    wait_until(
+        lambda: (
+            sum(
+                1
+                for e in _ledger(ledger)
+                if e["role"] == "victim"
+                and e["capability"] != "crash.write"
+                and e["event"] == "start"
+            )
+            == 2
+        ),
+        timeout=60,
+        what="the victim blocked in both actions",
+    )
+
+    others = [
+        accept_transition(runtime_engine, create_request(runtime_engine, flow))
+        for flow in [hold_flow, charge_flow, plain_flow] * 8
+    ]
+    survivor = _spawn(database, ledger, "survivor", concurrency=6)
+    processes.append(survivor)
+    wait_until(
+        lambda: all(_statuses(runtime_engine)[e] in TERMINAL for e in others),
+        timeout=60,
+        what="the survivor ran the rest",
+    )
+
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    wait_until(
+        lambda: all(s in TERMINAL for s in _statuses(runtime_engine).values()),
+        timeout=60,
+        what="recovery of the victim's executions",
+    )
+
+    statuses = _statuses(runtime_engine)
+    assert statuses[held] == "SUCCEEDED"
+    assert statuses[charged] == "RECONCILIATION_REQUIRED"
+    expected_parked = {charged} | {e for e in others if statuses[e] == "RECONCILIATION_REQUIRED"}
+    assert expected_parked == {charged}, "only the interrupted non-idempotent write is parked"
+
+    entries = _ledger(ledger)
+    starts = Counter(e["key"] for e in entries if e["event"] == "start")
+    ends = Counter(e["key"] for e in entries if e["event"] == "end")
+    assert all(count == 1 for count in ends.values()), "an action succeeded twice"
+    for key in starts:
+        if ends[key]:
+            # once it succeeded it never ran again; an interrupted safe write ran at most twice
+            first_end = next(
+                i for i, e in enumerate(entries) if e["key"] == key and e["event"] == "end"
+            )
+            assert not any(
+                e["key"] == key and e["event"] == "start" for e in entries[first_end:]
+            ), key
+    charges = [e for e in entries if e["capability"] == "crash.charge" and e["event"] == "start"]
+    assert Counter(e["key"] for e in charges).most_common(1)[0][1] == 1, "a charge ran twice"
+    assert starts[f"{held}:hold"] == 2 and starts[f"{held}:w1"] == 1
+    with runtime_engine.connect() as conn:
+        busy = conn.execute(
+            text(
+                "SELECT busy_execution_id FROM request r JOIN execution e "
+                "ON e.request_id = r.id WHERE e.id = :id"
+            ),
+            {"id": charged},
+        ).scalar()
+        tokens = conn.execute(
+            text("SELECT fencing_token FROM execution WHERE id = :id"), {"id": held}
+        ).scalar()
+    assert busy == charged and tokens == 2
+
+    survivor.send_signal(signal.SIGTERM)
+    assert survivor.wait(30) == 0

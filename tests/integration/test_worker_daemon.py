@@ -1,0 +1,249 @@
+"""The worker's threads together: capacity-bounded claims, wake-up, heartbeats and shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from orquestador.actions import Effect
+from orquestador.worker.daemon import Worker
+from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+from tests.integration.worker_support import RecordingAdapter as Double
+from tests.integration.worker_support import (
+    accept_transition,
+    action,
+    checkpoints,
+    claim_one,
+    create_request,
+    execution,
+    expire_lease,
+    flow_definition,
+    publish_flow,
+    registry_of,
+    settings,
+    start_execution,
+    status_is,
+    wait_until,
+)
+
+
+@pytest.fixture
+def workers(runtime_engine) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.stop(timeout=30)
+
+
+def _worker(engine, started, doubles, hooks=NO_HOOKS, **overrides) -> Worker:
+    worker = Worker(settings(**overrides), engine, registry_of(*doubles), hooks=hooks)
+    worker.start()
+    started.append(worker)
+    return worker
+
+
+def _statuses(engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT status, count(*) FROM execution GROUP BY status"))
+        return dict(rows.all())
+
+
+def test_a_worker_runs_everything_accepted(runtime_engine, workers):
+    write = Double("test.write")
+    _worker(runtime_engine, workers, [write])
+    flow_id = publish_flow(runtime_engine, flow_definition([action("w", "test.write")]))
+    for _ in range(25):
+        accept_transition(runtime_engine, create_request(runtime_engine, flow_id))
+    wait_until(lambda: _statuses(runtime_engine) == {"SUCCEEDED": 25}, what="all succeeded")
+    assert len(write.calls) == 25
+
+
+def test_the_scheduler_never_claims_more_than_its_free_slots(runtime_engine, workers):
+    gate = threading.Event()
+    both_running = threading.Barrier(3)
+    write = Double(
+        "test.write",
+        output=lambda ctx: (
+            both_running.wait(10) if ctx.attempt == 1 else None,
+            gate.wait(20),
+            {"ok": 1},
+        )[-1],
+    )
+    seen: list[tuple[int, int]] = []
+    worker = None
+
+    def after_claim(claims):
+        seen.append((len(claims), worker.slots.busy if worker else -1))
+
+    flow_id = publish_flow(runtime_engine, flow_definition([action("w", "test.write")]))
+    for _ in range(6):
+        accept_transition(runtime_engine, create_request(runtime_engine, flow_id))
+    worker = _worker(
+        runtime_engine,
+        workers,
+        [write],
+        WorkerHooks(after_claim=after_claim),
+        worker_concurrency=2,
+        worker_batch=10,
+    )
+    both_running.wait(10)
+    # An observation window: the scheduler polls every 50 ms and must keep claiming nothing.
+    deadline = time.monotonic() + 0.4
+    while time.monotonic() < deadline:
+        assert _statuses(runtime_engine) == {"RUNNING": 2, "PENDING": 4}
+    gate.set()
+    wait_until(lambda: _statuses(runtime_engine) == {"SUCCEEDED": 6}, what="all succeeded")
+    assert all(busy <= 2 for _, busy in seen) and all(n <= 2 for n, _ in seen)
+
+
+def test_an_idle_worker_wakes_on_notify_long_before_its_poll(runtime_engine, workers):
+    write = Double("test.write")
+    worker = _worker(runtime_engine, workers, [write], worker_poll_ms=30_000)
+    wait_until(lambda: worker.listener and worker.scheduler.is_alive(), what="started")
+    time.sleep(0.3)  # let the first (empty) claim happen and the scheduler go idle
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), timeout=5, what="woken by notify")
+
+
+def test_renewal_keeps_a_long_action_alive_past_the_original_lease(runtime_engine, workers):
+    first_lease = {}
+
+    def long_action(ctx):
+        eid = ctx.identity.execution_id
+        # Runs until the heartbeat has pushed the lease well past where it started.
+        wait_until(
+            lambda: (
+                execution(runtime_engine, eid).lease_expires_at > first_lease["at"] + _seconds(3)
+            ),
+            timeout=20,
+            what="two renewals",
+        )
+        return {"ok": 1}
+
+    write = Double("test.write", timeout_seconds=2, output=long_action)
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+
+    def after_claim(claims):
+        first_lease["at"] = claims[0].lease_expires_at
+
+    _worker(
+        runtime_engine,
+        workers,
+        [write],
+        WorkerHooks(after_claim=after_claim),
+        worker_lease_seconds=3,
+        worker_renew_seconds=1,
+    )
+    _worker(runtime_engine, workers, [write], worker_lease_seconds=3, worker_renew_seconds=1)
+    wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), timeout=30)
+    row = execution(runtime_engine, eid)
+    assert row.attempts == 1 and row.fencing_token == 1 and len(write.calls) == 1
+
+
+def _seconds(n: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=n)
+
+
+def test_a_lost_lease_sets_the_jobs_stop_signal(runtime_engine, workers):
+    saw_stop = threading.Event()
+
+    def until_stopped(ctx):
+        if wait_until(ctx.should_stop, timeout=20, what="stop signal"):
+            saw_stop.set()
+        return {"ok": 1}
+
+    write = Double("test.write", timeout_seconds=2, output=until_stopped)
+    claimed = threading.Event()
+    _worker(
+        runtime_engine,
+        workers,
+        [write],
+        WorkerHooks(after_claim=lambda c: claimed.set()),
+        worker_lease_seconds=3,
+        worker_renew_seconds=1,
+    )
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    assert claimed.wait(10)
+    wait_until(lambda: write.calls, what="adapter running")
+    expire_lease(runtime_engine, eid)
+    thief = claim_one(runtime_engine, "thief")
+    assert saw_stop.wait(10)
+    row = execution(runtime_engine, eid)
+    assert (row.lease_owner, row.fencing_token, row.status) == ("thief", thief.token, "RUNNING")
+    assert checkpoints(runtime_engine, eid)["w"].status == "RUNNING"
+
+
+def test_warm_stop_finishes_running_work_and_claims_nothing_more(runtime_engine, workers):
+    gate = threading.Event()
+    write = Double("test.write", output=lambda ctx: (gate.wait(20), {"ok": 1})[1])
+    worker = _worker(runtime_engine, workers, [write], worker_drain_seconds=20)
+    running = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    wait_until(lambda: write.calls, what="adapter running")
+    worker.request_stop()
+    worker.scheduler.join(5)
+    later = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    assert not worker.join(0.2), "stopped before its job finished"
+    gate.set()
+    assert worker.join(20) and worker.drained_cleanly
+    assert execution(runtime_engine, running).status == "SUCCEEDED"
+    assert execution(runtime_engine, later).status == "PENDING"
+
+
+def test_drain_timeout_stops_jobs_and_another_worker_recovers(runtime_engine, workers):
+    def until_stopped(ctx):
+        wait_until(ctx.should_stop, timeout=20, what="stop signal")
+        return {"value": 7}
+
+    slow = Double("test.slow", Effect.IDEMPOTENT_WRITE, output=until_stopped)
+    worker = _worker(runtime_engine, workers, [slow], worker_drain_seconds=1)
+    eid = start_execution(
+        runtime_engine,
+        flow_definition(
+            [
+                action("slow", "test.slow"),
+                action("next", "test.next", input={"v": {"from": "/actions/slow/value"}}),
+            ]
+        ),
+    )
+    wait_until(lambda: slow.calls, what="adapter running")
+    worker.request_stop()
+    assert worker.join(10) and not worker.drained_cleanly
+    # Between actions the job saw the stop signal and gave the lease back.
+    wait_until(
+        lambda: (
+            execution(runtime_engine, eid).lease_owner
+            and checkpoints(runtime_engine, eid).get("slow") is not None
+            and checkpoints(runtime_engine, eid)["slow"].status == "SUCCEEDED"
+        ),
+        what="checkpoint",
+    )
+
+    nxt = Double("test.next", Effect.READ_ONLY, output=lambda ctx: {"got": ctx.inputs["v"]})
+    _worker(runtime_engine, workers, [Double("test.slow"), nxt])
+    wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), timeout=20, what="recovered")
+    assert len(slow.calls) == 1 and [c.inputs for c in nxt.calls] == [{"v": 7}]
+    assert execution(runtime_engine, eid).attempts == 2
+
+
+def test_worker_refuses_an_adapter_whose_timeout_is_not_below_the_lease(runtime_engine):
+    from orquestador.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not below"):
+        Worker(
+            settings(worker_lease_seconds=10, worker_renew_seconds=2),
+            runtime_engine,
+            registry_of(Double("test.slow", timeout_seconds=10)),
+        )
+
+
+def test_expire_lease_helper_matches_database_time(runtime_engine):
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    claim_one(runtime_engine)
+    expire_lease(runtime_engine, eid)
+    assert claim_one(runtime_engine, "w2").token == 2

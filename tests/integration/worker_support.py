@@ -1,0 +1,283 @@
+"""Arranging flows, requests and accepted executions with plain SQL, as the API would."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
+from orquestador.config import Settings
+from orquestador.db.schema import EXECUTION_READY_CHANNEL
+from orquestador.queue import Claim, claim_due_executions
+
+ORG = "org-test"
+OWNER = "user-1"
+
+
+def settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "worker_concurrency": 4,
+        "worker_batch": 4,
+        "worker_poll_ms": 50,
+        "worker_lease_seconds": 30,
+        "worker_renew_seconds": 5,
+        "worker_drain_seconds": 5,
+        "retry_base_seconds": 1.0,
+        "retry_cap_seconds": 8.0,
+    }
+    values.update(overrides)
+    return Settings.from_env({}, **values)
+
+
+def flow_definition(
+    actions: list[dict[str, Any]],
+    *,
+    to: str | None = "done",
+    decision: dict[str, Any] | None = None,
+    updates: list[dict[str, Any]] | None = None,
+    data_schema: dict[str, Any] | None = None,
+    states: tuple[str, ...] = ("new", "done", "attention", "other"),
+    transition_id: str = "go",
+) -> dict[str, Any]:
+    transition: dict[str, Any] = {"id": transition_id, "from": ["new"], "actions": actions}
+    if decision is not None:
+        transition["decision"] = decision
+    else:
+        transition["to"] = to
+    if updates:
+        transition["updates"] = updates
+    return {
+        "key": f"flow-{uuid.uuid4().hex[:8]}",
+        "trigger": "manual",
+        "dataSchema": data_schema or {"type": "object"},
+        "initialState": "new",
+        "states": list(states),
+        "transitions": [transition],
+    }
+
+
+def action(action_id: str, capability: str, version: int = 1, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": action_id,
+        "capability": capability,
+        "version": version,
+        "input": extra.pop("input", {}),
+        **extra,
+    }
+
+
+def publish_flow(engine: Engine, definition: dict[str, Any]) -> uuid.UUID:
+    with engine.begin() as conn:
+        return conn.execute(
+            text("""INSERT INTO flow (org_id, key, version, trigger, definition, data_schema,
+                                      created_by)
+                    VALUES (:org, :key, 1, :trigger, CAST(:definition AS jsonb),
+                            CAST(:schema AS jsonb), 'tester')
+                    RETURNING id"""),
+            {
+                "org": ORG,
+                "key": definition["key"],
+                "trigger": definition["trigger"],
+                "definition": json.dumps(definition),
+                "schema": json.dumps(definition["dataSchema"]),
+            },
+        ).scalar_one()
+
+
+def create_request(
+    engine: Engine, flow_id: uuid.UUID, data: dict[str, Any] | None = None, state: str = "new"
+) -> uuid.UUID:
+    with engine.begin() as conn:
+        return conn.execute(
+            text("""INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by)
+                    VALUES (:org, :owner, :flow, :state, CAST(:data AS jsonb), :owner)
+                    RETURNING id"""),
+            {
+                "org": ORG,
+                "owner": OWNER,
+                "flow": flow_id,
+                "state": state,
+                "data": json.dumps(data or {}),
+            },
+        ).scalar_one()
+
+
+def accept_transition(
+    engine: Engine,
+    request_id: uuid.UUID,
+    transition_id: str = "go",
+    *,
+    simulation: bool = False,
+    max_attempts: int = 10,
+) -> uuid.UUID:
+    """What the API does when it accepts a transition, in one transaction."""
+    with engine.begin() as conn:
+        req = conn.execute(
+            text("SELECT org_id, flow_id, state, revision FROM request WHERE id = :id FOR UPDATE"),
+            {"id": request_id},
+        ).one()
+        execution_id = conn.execute(
+            text("""INSERT INTO execution (request_id, org_id, flow_id, transition_id,
+                        accepted_revision, accepted_state, max_attempts, simulation,
+                        actor_snapshot)
+                    VALUES (:rid, :org, :flow, :tid, :rev, :state, :max, :sim,
+                            CAST(:actor AS jsonb))
+                    RETURNING id"""),
+            {
+                "rid": request_id,
+                "org": req.org_id,
+                "flow": req.flow_id,
+                "tid": transition_id,
+                "rev": req.revision + 1,
+                "state": req.state,
+                "max": max_attempts,
+                "sim": simulation,
+                "actor": json.dumps({"sub": OWNER}),
+            },
+        ).scalar_one()
+        conn.execute(
+            text("""UPDATE request SET busy_execution_id = :eid, revision = revision + 1
+                    WHERE id = :rid"""),
+            {"eid": execution_id, "rid": request_id},
+        )
+        conn.execute(
+            text("""INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+                    VALUES (:org, 'TRANSITION_ACCEPTED', :rid, :eid, :actor,
+                            CAST(:detail AS jsonb))"""),
+            {
+                "org": req.org_id,
+                "rid": request_id,
+                "eid": execution_id,
+                "actor": OWNER,
+                "detail": json.dumps({"transitionId": transition_id}),
+            },
+        )
+        conn.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": EXECUTION_READY_CHANNEL, "payload": str(execution_id)},
+        )
+    return execution_id
+
+
+def start_execution(
+    engine: Engine, definition: dict[str, Any], data: dict[str, Any] | None = None, **kwargs: Any
+) -> uuid.UUID:
+    flow_id = publish_flow(engine, definition)
+    request_id = create_request(engine, flow_id, data)
+    return accept_transition(engine, request_id, **kwargs)
+
+
+def claim_one(engine: Engine, owner: str = "w1", lease_seconds: float = 30) -> Claim:
+    with engine.connect() as conn:
+        claims = claim_due_executions(conn, owner, 1, lease_seconds)
+    assert len(claims) == 1, claims
+    return claims[0]
+
+
+def execution(engine: Engine, execution_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT * FROM execution WHERE id = :id"), {"id": execution_id}
+        ).one()
+
+
+def request_row(engine: Engine, request_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT * FROM request WHERE id = :id"), {"id": request_id}).one()
+
+
+def checkpoints(engine: Engine, execution_id: uuid.UUID) -> dict[str, Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT * FROM action_execution WHERE execution_id = :id"), {"id": execution_id}
+        ).all()
+    return {row.action_id: row for row in rows}
+
+
+def audit(engine: Engine, execution_id: uuid.UUID, kind: str | None = None) -> list[Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT * FROM audit_event WHERE execution_id = :id ORDER BY id"),
+            {"id": execution_id},
+        ).all()
+    return [row for row in rows if kind is None or row.kind == kind]
+
+
+def expire_lease(engine: Engine, execution_id: uuid.UUID) -> None:
+    """What the passing of time does to a lease whose holder died."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("""UPDATE execution SET lease_expires_at = clock_timestamp() - interval '1 s'
+                    WHERE id = :id AND status = 'RUNNING'"""),
+            {"id": execution_id},
+        )
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    """Poll `condition` until it is truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.02)
+
+
+def status_is(engine: Engine, execution_id: uuid.UUID, *statuses: str) -> Callable[[], bool]:
+    return lambda: execution(engine, execution_id).status in statuses
+
+
+@dataclass
+class RecordingAdapter:
+    """An adapter double that records every call and behaves as a test script says."""
+
+    capability: str
+    effect: Effect = Effect.IDEMPOTENT_WRITE
+    version: int = 1
+    timeout_seconds: float = 5
+    max_attempts: int = 3
+    output: Callable[[ActionContext], dict[str, Any]] | dict[str, Any] = field(
+        default_factory=lambda: {"ok": True}
+    )
+    input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    output_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    calls: list[ActionContext] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def invoke(self, ctx: ActionContext) -> dict[str, Any]:
+        with self._lock:
+            self.calls.append(ctx)
+        if callable(self.output):
+            return self.output(ctx)
+        return dict(self.output)
+
+    def adapter(self) -> Adapter:
+        return Adapter(
+            capability=self.capability,
+            version=self.version,
+            effect=self.effect,
+            input_schema=self.input_schema,
+            output_schema=self.output_schema,
+            timeout_seconds=self.timeout_seconds,
+            max_attempts=self.max_attempts,
+            invoke=self.invoke,
+        )
+
+
+def registry_of(*doubles: RecordingAdapter) -> AdapterRegistry:
+    registry = AdapterRegistry()
+    from orquestador.actions.builtin import register_builtins
+
+    register_builtins(registry)
+    for double in doubles:
+        registry.add(double.adapter())
+    return registry
