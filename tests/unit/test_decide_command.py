@@ -18,8 +18,9 @@ TABLE = {
 
 
 def _decide(tmp_path: Path, table: object, context: object) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "t.json").write_text(json.dumps(table))
-    (tmp_path / "c.json").write_text(json.dumps(context))
+    for name, content in (("t.json", table), ("c.json", context)):
+        text = content if isinstance(content, str) else json.dumps(content)
+        (tmp_path / name).write_text(text)
     return subprocess.run(
         [
             sys.executable,
@@ -70,24 +71,7 @@ def test_hit_policy_violation_exits_1(tmp_path: Path) -> None:
 
 
 def test_unreadable_input_is_a_usage_error_not_a_traceback(tmp_path: Path) -> None:
-    (tmp_path / "t.json").write_text("{not json")
-    (tmp_path / "c.json").write_text("{}")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orquestador.cli",
-            "decide",
-            "--table",
-            "t.json",
-            "--context",
-            "c.json",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _decide(tmp_path, "{not json", {})
     assert result.returncode == 2
     assert "--table: t.json is not valid JSON" in result.stderr
     assert "Traceback" not in result.stderr
