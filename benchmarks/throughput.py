@@ -360,8 +360,14 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=20_000, help="executions per run")
     parser.add_argument("--actions", default="1,3")
     parser.add_argument("--processes", default="1,2")
-    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=10, help="WORKER_CONCURRENCY")
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument(
+        "--baseline-clients",
+        type=int,
+        default=10,
+        help="pgbench clients; kept apart from --concurrency so the ceiling stays comparable",
+    )
     parser.add_argument("--baseline-seconds", type=int, default=10)
     parser.add_argument("--baseline-runs", type=int, default=3)
     parser.add_argument("--idle-count", type=int, default=200)
@@ -391,18 +397,19 @@ def main() -> int:
             dsn,
             args.baseline_seconds,
             args.baseline_runs,
-            args.concurrency,
+            args.baseline_clients,
             HERE / "baseline_protocol.pgb",
             HERE / "baseline_schema.sql",
         )
-        print(f"baseline (pure SQL, full protocol, {args.concurrency} clients): {base:.0f} jobs/s")
+        clients = args.baseline_clients
+        print(f"baseline (pure SQL, full protocol, {clients} clients): {base:.0f} jobs/s")
         if args.reference_dir:
             ref = Path(args.reference_dir)
             other = baseline(
                 dsn,
                 args.baseline_seconds,
                 args.baseline_runs,
-                args.concurrency,
+                args.baseline_clients,
                 ref / "queue_full_protocol.pgb",
                 ref / "queue_schema.sql",
             )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from orquestador.config import sqlalchemy_url
 
@@ -16,17 +18,48 @@ _RETRIABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
 
 
 def make_engine(
-    url: str, *, pool_size: int = 5, application_name: str = "orquestador", **kwargs: Any
+    url: str,
+    *,
+    pool_size: int = 5,
+    application_name: str = "orquestador",
+    ping_after_idle_seconds: float | None = None,
+    **kwargs: Any,
 ) -> Engine:
-    """An engine on psycopg 3 with a bounded pool; build it after any fork."""
-    return create_engine(
+    """An engine on psycopg 3 with a bounded pool; build it after any fork.
+
+    By default every checkout pings the connection first. With
+    `ping_after_idle_seconds`, only a connection that sat in the pool at least that
+    long is pinged: a busy process checks out connections many times a second, and
+    one that was just used is as alive as a ping would show.
+    """
+    engine = create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=kwargs.pop("max_overflow", 2),
-        pool_pre_ping=True,
+        pool_pre_ping=ping_after_idle_seconds is None,
         connect_args={"application_name": application_name, "connect_timeout": 10},
         **kwargs,
     )
+    if ping_after_idle_seconds is not None:
+        _ping_after_idle(engine, ping_after_idle_seconds)
+    return engine
+
+
+def _ping_after_idle(engine: Engine, idle_seconds: float) -> None:
+    @event.listens_for(engine.pool, "checkin")
+    def _checked_in(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _checked_out(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+        idle_since = record.info.pop("idle_since", None)
+        if idle_since is None or time.monotonic() - idle_since < idle_seconds:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            # The pool discards this connection and checks out (or opens) another.
+            raise DisconnectionError(f"connection idle for {idle_seconds}s is gone") from exc
 
 
 def is_retriable(error: BaseException) -> bool:

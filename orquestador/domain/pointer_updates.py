@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -83,10 +85,15 @@ def apply_updates(data: dict[str, Any], updates: Iterable[tuple[str, Any]]) -> d
     return result
 
 
+@functools.cache
+def _meta_validator() -> Draft202012Validator:
+    # Building a validator resolves the meta-schema's vocabularies; do it once.
+    return Draft202012Validator(Draft202012Validator.META_SCHEMA)
+
+
 def schema_problems(schema: Any, prefix: str = "") -> list[Problem]:
     """Every reason ``schema`` is not a valid draft 2020-12 JSON Schema."""
-    meta = Draft202012Validator(Draft202012Validator.META_SCHEMA)
-    errors = sorted(meta.iter_errors(schema), key=_error_order)
+    errors = sorted(_meta_validator().iter_errors(schema), key=_error_order)
     return [
         Problem(prefix + _json_pointer(e.absolute_path), f"invalid JSON Schema: {e.message}")
         for e in errors
@@ -97,20 +104,52 @@ def _error_order(error: ValidationError) -> tuple[str, str]:
     return _json_pointer(error.absolute_path), error.message
 
 
+_CheckedSchema = tuple[tuple[Problem, ...], Draft202012Validator | None]
+
+
+def _check_and_compile(schema: Any) -> _CheckedSchema:
+    """The schema's meta-schema problems, or its compiled validator when it has none."""
+    problems = schema_problems(schema, "/dataSchema")
+    if problems:
+        return tuple(problems), None
+    # Formats are checked too: an operator who writes "format": "email"
+    # expects it to hold, although 2020-12 only annotates by default.
+    return (), Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_from_json(schema_json: str) -> _CheckedSchema:
+    # Built from its own parsed copy, so a caller mutating its dict later cannot
+    # change what is cached.
+    return _check_and_compile(json.loads(schema_json))
+
+
+def _checked(schema: Any) -> _CheckedSchema:
+    """Checked and compiled once per distinct schema: a published flow's dataSchema never
+    changes, and the meta-schema check used to dominate the cost of every validation."""
+    try:
+        # Key order is kept (not sorted) so that messages quoting parts of the schema
+        # read exactly as they would for the caller's own document.
+        key = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return _check_and_compile(schema)  # not JSON: nothing sound to cache it under
+    if json.loads(key) != schema:
+        return _check_and_compile(schema)  # e.g. non-string keys: the text is not the schema
+    return _checked_from_json(key)
+
+
 def validate_request_data(
     data: Any, schema: dict[str, Any], max_bytes: int = MAX_DATA_BYTES
 ) -> None:
     """Raise ``DataValidationError`` listing every way ``data`` breaks the schema or size limit."""
-    problems = schema_problems(schema, "/dataSchema")
-    if problems:
-        raise DataValidationError(problems)
+    schema_errors, validator = _checked(schema)
+    if schema_errors:
+        raise DataValidationError(list(schema_errors))
+    assert validator is not None
     try:
         size = len(canonical_json(data))
     except (TypeError, ValueError) as exc:
         raise DataValidationError([Problem("", f"data is not JSON: {exc}")]) from None
-    # Formats are checked too: an operator who writes "format": "email"
-    # expects it to hold, although 2020-12 only annotates by default.
-    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     try:
         errors = sorted(validator.iter_errors(data), key=_error_order)
     except Unresolvable as exc:

@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from orquestador.errors import ContractMismatch
 from orquestador.queue.fencing import FENCE, Claim, refuse_stale, still_holds
+from orquestador.queue.prepared import run_alone
 from orquestador.queue.transactions import one_statement
 
 CHECKPOINT_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN")
@@ -105,35 +106,36 @@ _FINISH_ATTEMPT = text(
 
 def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> None:
     """Persist RUNNING before the adapter is called; LeaseLost if the claim is stale."""
-    with one_statement(conn):
-        row = conn.execute(
-            _START,
-            {
-                **claim.params,
-                "action_id": attempt.action_id,
-                "attempt": attempt.attempt,
-                "input_hash": attempt.input_hash,
-                "external_key": attempt.external_key,
-                "effect": attempt.effect,
-                "capability": attempt.capability,
-                "adapter_version": attempt.adapter_version,
-            },
-        ).first()
-        if row is None:
-            if not still_holds(conn, claim):
-                raise refuse_stale(claim, f"start checkpoint {attempt.action_id}")
-            raise ContractMismatch(
-                f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
-                "started again (succeeded, other key, or an interrupted non-idempotent write)"
-            )
+    row = run_alone(
+        conn,
+        _START,
+        {
+            **claim.params,
+            "action_id": attempt.action_id,
+            "attempt": attempt.attempt,
+            "input_hash": attempt.input_hash,
+            "external_key": attempt.external_key,
+            "effect": attempt.effect,
+            "capability": attempt.capability,
+            "adapter_version": attempt.adapter_version,
+        },
+    ).fetchone()
+    if row is None:
+        with one_statement(conn):
+            held = still_holds(conn, claim)
+        if not held:
+            raise refuse_stale(claim, f"start checkpoint {attempt.action_id}")
+        raise ContractMismatch(
+            f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
+            "started again (succeeded, other key, or an interrupted non-idempotent write)"
+        )
 
 
 def succeed_checkpoint(conn: Connection, claim: Claim, action_id: str, output: Any) -> None:
     """Persist the validated output as SUCCEEDED; LeaseLost if the claim is stale."""
-    with one_statement(conn):
-        row = conn.execute(
-            _SUCCEED, {**claim.params, "action_id": action_id, "output": output}
-        ).first()
+    row = run_alone(
+        conn, _SUCCEED, {**claim.params, "action_id": action_id, "output": output}
+    ).fetchone()
     if row is None:
         raise refuse_stale(claim, f"succeed checkpoint {action_id}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, text
 
 from orquestador.queue.fencing import Claim
-from orquestador.queue.transactions import one_statement
+from orquestador.queue.prepared import run_alone
 
 # Two sources of work, each read through its own partial index and locked with
 # SKIP LOCKED so that concurrent claimers split the rows instead of queueing on
@@ -60,10 +60,9 @@ def claim_due_executions(
     """Claim up to `limit` due executions for `owner` and commit before returning them."""
     if limit <= 0:
         return []
-    with one_statement(conn):
-        rows = conn.execute(
-            _CLAIM, {"limit": limit, "owner": owner, "lease_seconds": float(lease_seconds)}
-        ).all()
+    rows = run_alone(
+        conn, _CLAIM, {"limit": limit, "owner": owner, "lease_seconds": float(lease_seconds)}
+    ).fetchall()
     # RETURNING gives no order; hand the claims out in the order they were chosen.
     rows.sort(key=lambda row: (row.next_attempt_at, row.created_at, row.id))
     return [

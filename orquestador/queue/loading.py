@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from orquestador.queue.fencing import FENCE, Claim, refuse_stale
-from orquestador.queue.transactions import one_statement
+from orquestador.queue.prepared import run_alone
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,7 @@ _LOAD = text(
 
 def load_execution(conn: Connection, claim: Claim) -> LoadedExecution:
     """Everything needed to run the claim; LeaseLost when the claim no longer holds the lease."""
-    with one_statement(conn):
-        row = conn.execute(_LOAD, claim.params).first()
+    row = run_alone(conn, _LOAD, claim.params).fetchone()
     if row is None:
         raise refuse_stale(claim, "load")
     return LoadedExecution(

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
 from orquestador.queue.fencing import FENCE, Claim, lock_holder, refuse_stale
+from orquestador.queue.prepared import run
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,8 @@ def _end(
 
 
 def _lock_request_then_execution(conn: Connection, claim: Claim, what: str) -> tuple[Any, Any]:
-    request = conn.execute(_LOCK_REQUEST, {"request_id": claim.request_id}).first()
-    execution = conn.execute(_LOCK_EXECUTION, claim.params).first()
+    request = run(conn, _LOCK_REQUEST, {"request_id": claim.request_id}).fetchone()
+    execution = run(conn, _LOCK_EXECUTION, claim.params).fetchone()
     if execution is None or request is None:
         raise refuse_stale(claim, what)
     return request, execution
@@ -309,7 +310,8 @@ def finish_execution(
             "ruleIds": finish.rule_ids,
             "hitPolicy": finish.hit_policy,
         }
-        row = conn.execute(
+        row = run(
+            conn,
             _COMPLETE,
             {
                 **claim.params,
@@ -321,7 +323,7 @@ def finish_execution(
                 "detail": detail,
                 "result": result,
             },
-        ).first()
+        ).fetchone()
         if row is None:
             raise refuse_stale(claim, "finish")
         if row.revision is None:  # cannot happen under the request lock; never write half

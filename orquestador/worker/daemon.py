@@ -29,6 +29,10 @@ from orquestador.worker.scheduler import Scheduler, Slots
 
 log = logging.getLogger(__name__)
 
+# Job threads check out a connection per execution, many times a second under load;
+# a connection is pinged before use only after sitting idle this long.
+PING_AFTER_IDLE_SECONDS = 5.0
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -188,6 +192,7 @@ def run_worker(settings: Settings) -> int:
             settings.database_url,
             pool_size=settings.worker_concurrency + 2,
             application_name="orquestador-worker",
+            ping_after_idle_seconds=PING_AFTER_IDLE_SECONDS,
             hide_parameters=True,  # errors in logs never carry inputs or outputs
         )
         worker = Worker(settings, engine, registry)

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from orquestador.actions import Effect
+from orquestador.db.engine import make_engine
 from orquestador.worker.daemon import Worker
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from tests.integration.worker_support import RecordingAdapter as Double
@@ -247,3 +248,22 @@ def test_expire_lease_helper_matches_database_time(runtime_engine):
     claim_one(runtime_engine)
     expire_lease(runtime_engine, eid)
     assert claim_one(runtime_engine, "w2").token == 2
+
+
+def test_a_connection_that_died_while_idle_is_replaced_before_use(database):
+    # The worker's engine pings only connections that sat idle; one that the server
+    # dropped in the meantime must never reach a job.
+    engine = make_engine(
+        database.runtime_dsn, pool_size=1, max_overflow=0, ping_after_idle_seconds=0
+    )
+    killer = make_engine(database.runtime_dsn)
+    try:
+        with engine.connect() as conn:
+            dead = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with killer.connect() as conn:
+            assert conn.execute(text("SELECT pg_terminate_backend(:p, 5000)"), {"p": dead}).scalar()
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != dead
+    finally:
+        engine.dispose()
+        killer.dispose()

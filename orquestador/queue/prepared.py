@@ -1,0 +1,108 @@
+"""The hot statements of the protocol, run on the driver connection as prepared statements.
+
+A worker runs a handful of statements per execution, thousands of times a second,
+and its process is CPU-bound: SQLAlchemy's per-statement work (execution context,
+parameter processing, result metadata) used to cost about as much as psycopg's.
+These statements skip that layer. The SQL stays a module-level `text()` construct
+next to the code that uses it; it is compiled to psycopg's placeholders the first
+time it runs, and psycopg prepares it on the server the first time each
+connection runs it.
+
+Transactions are unchanged: `run` executes on the same DBAPI connection, so inside
+`conn.begin()` the statement is part of the caller's transaction. `run_alone` is
+`one_statement` for these statements: the same autocommit shape, without
+SQLAlchemy's isolation-level bookkeeping around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from sqlalchemy import Connection, TextClause
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.types import JSON
+
+_DIALECT = psycopg_dialect()
+
+
+class _Compiled:
+    """A `text()` statement in psycopg's `%(name)s` form."""
+
+    def __init__(self, clause: TextClause) -> None:
+        compiled = clause.compile(dialect=_DIALECT)
+        self.sql = str(compiled)
+        # Parameters bound as JSON/JSONB are sent as jsonb, as SQLAlchemy sends them
+        # (None included, which becomes the JSON null).
+        self.json_params = frozenset(
+            name for name, bind in compiled.binds.items() if isinstance(bind.type, JSON)
+        )
+
+
+# Keyed by the module-level constructs themselves; a race only compiles one twice.
+_COMPILED: dict[TextClause, _Compiled] = {}
+
+
+def _compiled(clause: TextClause) -> _Compiled:
+    found = _COMPILED.get(clause)
+    if found is None:
+        found = _COMPILED[clause] = _Compiled(clause)
+    return found
+
+
+def run(conn: Connection, clause: TextClause, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    """Execute on `conn`'s driver connection; rows are named tuples, like SQLAlchemy rows.
+
+    A database error is raised as SQLAlchemy would raise it (an `OperationalError`,
+    `IntegrityError`, ... wrapping psycopg's), and a connection the error left broken
+    is invalidated so that the pool never hands it out again.
+    """
+    statement = _compiled(clause)
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    values = {
+        name: Jsonb(value) if name in statement.json_params else value
+        for name, value in params.items()
+    }
+    cursor = driver.cursor(row_factory=namedtuple_row)
+    try:
+        cursor.execute(statement.sql, values, prepare=True)
+    except psycopg.Error as exc:
+        broken = driver.broken or driver.closed
+        if broken:
+            conn.invalidate(exc)
+        # No parameters in the error: inputs and outputs may be secret.
+        raise DBAPIError.instance(
+            statement.sql,
+            None,
+            exc,
+            psycopg.Error,
+            hide_parameters=True,
+            connection_invalidated=bool(broken),
+            dialect=conn.dialect,
+        ) from exc
+    return cursor
+
+
+def run_alone(
+    conn: Connection, clause: TextClause, params: Mapping[str, Any]
+) -> psycopg.Cursor[Any]:
+    """Run one statement in autocommit: atomic on its own, committed as it ends.
+
+    See `one_statement` for why that is enough. psycopg refuses to switch to
+    autocommit inside an open transaction, so this can never commit someone
+    else's work by accident.
+    """
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    before = driver.autocommit
+    driver.autocommit = True
+    try:
+        return run(conn, clause, params)
+    finally:
+        if not (driver.closed or driver.broken):
+            driver.autocommit = before
