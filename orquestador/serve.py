@@ -23,6 +23,10 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         self.cfg.set("threads", 4)
         self.cfg.set("graceful_timeout", 20)
         self.cfg.set("accesslog", "-")
+        # Newer gunicorn opens a control socket under $HOME; a service needs none, and
+        # a hardened unit (ProtectHome) would refuse it.
+        if "control_socket_disable" in self.cfg.settings:
+            self.cfg.set("control_socket_disable", True)
 
     def load(self) -> Any:
         # Each gunicorn worker builds its own app (and so its own engine) after the fork.
