@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orquestador.config import Settings
+from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.errors import ConfigError, OrquestadorError
 
 log = logging.getLogger("orquestador")
@@ -41,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.status
     except OrquestadorError as error:
         print(f"orquestador: {error.message}", file=sys.stderr)
+        return 1
+    except EmbeddedPostgresError as error:
+        print(f"orquestador: embedded PostgreSQL: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

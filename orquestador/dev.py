@@ -81,6 +81,9 @@ def _serve(settings: Settings) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
 
+    # Bind first: a busy port ends here, before any work is claimed (the server
+    # explains which port and exits 1).
+    server, _ = serve_in_thread(create_app(settings), settings.api_host, settings.api_port)
     worker = None
     if settings.worker_enabled:
         from orquestador.actions.registry import load_registry
@@ -89,7 +92,6 @@ def _serve(settings: Settings) -> int:
 
         worker = Worker(settings, make_engine(settings.database_url), load_registry(settings))
         worker.start()
-    server, _ = serve_in_thread(create_app(settings), settings.api_host, settings.api_port)
     token = mint_token(
         settings, sub=DEV_SUBJECT, org=DEV_ORG, scopes=DEV_SCOPES, ttl_seconds=7 * 24 * 3600
     )
