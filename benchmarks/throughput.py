@@ -1,6 +1,12 @@
-"""Worker throughput against the pure-SQL ceiling of the same protocol, on the same server.
+"""Worker throughput against pure-SQL ceilings, on the same server, in the same run.
 
     python benchmarks/throughput.py --dsn postgresql://postgres@127.0.0.1:5432/postgres -n 20000
+
+Two ceilings, both run with pgbench: the same-protocol baseline (the worker's own
+statements, generated from orquestador/queue by protocol_script.py, on the migrated
+schema filled by baseline_setup.sql) and the reference queue baseline (the reference
+scripts in benchmarks/reference, or --reference-dir). The worker's rate is printed as
+a fraction of each. See docs/PERFORMANCE.md.
 
 The DSN is a superuser (or CREATEDB) connection; scratch databases are created and
 dropped. Without --dsn an embedded PostgreSQL (fsync on) is started in a temporary folder.
@@ -33,6 +39,9 @@ from orquestador.db import migrate  # noqa: E402
 from orquestador.db.schema import EXECUTION_READY_CHANNEL  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import protocol_script  # noqa: E402
 
 
 def admin(dsn: str, sql: str) -> None:
@@ -89,41 +98,83 @@ def find_pgbench() -> str:
     return str(_wheel_package() / "pginstall" / "bin" / "pgbench")
 
 
-def baseline(dsn: str, seconds: int, runs: int, clients: int, script: Path, schema: Path) -> float:
-    """Median jobs/s of pgbench running the full protocol (one transaction = one job)."""
-    name = f"bench_baseline_{uuid.uuid4().hex[:8]}"
+def pgbench_rate(target: str, seconds: int, clients: int, script: Path, extra: list[str]) -> float:
+    """One pgbench run; jobs/s (one script pass = one job). Fails if a client aborted."""
+    done = subprocess.run(
+        [
+            find_pgbench(),
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            str(clients),
+            "-j",
+            "2",
+            "-T",
+            str(seconds),
+            *extra,
+            "-f",
+            str(script),
+            target,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:  # 2: a client aborted (an error, or the claim found nothing)
+        raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr[-2000:]}")
+    return float(re.search(r"tps = ([0-9.]+)", done.stdout).group(1))
+
+
+def psql_file(target: str, sql_file: Path, **variables: str) -> None:
+    psql = shutil.which("psql") or str(Path(find_pgbench()).with_name("psql"))
+    options = [arg for name, value in variables.items() for arg in ("-v", f"{name}={value}")]
+    subprocess.run(
+        [psql, "-q", "-v", "ON_ERROR_STOP=1", *options, "-d", target, "-f", str(sql_file)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def same_protocol_baseline(dsn: str, seconds: int, runs: int, clients: int, rows: int) -> float:
+    """Median jobs/s of pgbench running our statements, generated from orquestador/queue,
+    on our migrated schema (see protocol_script.py and baseline_setup.sql)."""
+    name = f"bench_protocol_{uuid.uuid4().hex[:8]}"
+    admin(dsn, f'CREATE DATABASE "{name}"')
+    url = with_database(dsn, name)
+    target = libpq(url)
+    rates = []
+    try:
+        migrate.upgrade(migrate.alembic_config(url=url, runtime_role=None))
+        with tempfile.TemporaryDirectory() as folder:
+            script = Path(folder) / "protocol.pgb"
+            script.write_text(protocol_script.script())  # from the statements as they are now
+            definition = json.dumps(protocol_script.flow_definition())
+            for _ in range(runs):
+                psql_file(
+                    target, HERE / "baseline_setup.sql", nrows=str(rows), definition=definition
+                )
+                rates.append(
+                    pgbench_rate(
+                        target, seconds, clients, script, protocol_script.pgbench_defines()
+                    )
+                )
+    finally:
+        admin(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return statistics.median(rates)
+
+
+def reference_baseline(dsn: str, seconds: int, runs: int, clients: int, folder: Path) -> float:
+    """Median jobs/s of the reference queue script (jobs + checkpoints tables of its own)."""
+    name = f"bench_reference_{uuid.uuid4().hex[:8]}"
     admin(dsn, f'CREATE DATABASE "{name}"')
     target = libpq(with_database(dsn, name))
-    psql = shutil.which("psql") or str(Path(find_pgbench()).with_name("psql"))
     rates = []
     try:
         for _ in range(runs):
-            subprocess.run(
-                [psql, "-q", "-d", target, "-v", "nrows=200000", "-f", str(schema)],
-                check=True,
-                capture_output=True,
+            psql_file(target, folder / "queue_schema.sql", nrows="200000")
+            rates.append(
+                pgbench_rate(target, seconds, clients, folder / "queue_full_protocol.pgb", [])
             )
-            out = subprocess.run(
-                [
-                    find_pgbench(),
-                    "-n",
-                    "-M",
-                    "prepared",
-                    "-c",
-                    str(clients),
-                    "-j",
-                    "2",
-                    "-T",
-                    str(seconds),
-                    "-f",
-                    str(script),
-                    target,
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            rates.append(float(re.search(r"tps = ([0-9.]+)", out).group(1)))
     finally:
         admin(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return statistics.median(rates)
@@ -230,6 +281,28 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_seconds() -> float:
+    """CPU time of every live PostgreSQL process on this machine (the server is local)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text_ = stat.read_text()
+        except OSError:
+            continue
+        if text_[text_.index("(") + 1 : text_.rindex(")")] == "postgres":
+            total += cpu_seconds(int(stat.parent.name))
+    return total
+
+
 def stop_workers(processes) -> list[float]:
     peaks = [peak_rss_mb(p.pid) for p in processes]
     for p in processes:
@@ -278,6 +351,7 @@ def run_backlog(
                 {"key": definition["key"], "d": json.dumps(definition)},
             ).scalar_one()
         accept_backlog(engine, flow_id, n)
+        server_before = server_cpu_seconds()
         workers = spawn_workers(target, processes, concurrency, batch)
         deadline = time.monotonic() + max(120, n / 50)
         done = 0
@@ -289,6 +363,8 @@ def run_backlog(
             if done >= n:
                 break
             time.sleep(0.5)
+        worker_cpu = sum(cpu_seconds(p.pid) for p in workers)
+        server_cpu = server_cpu_seconds() - server_before
         peaks = stop_workers(workers)
         with engine.connect() as conn:
             first, last, failed = conn.execute(
@@ -310,6 +386,10 @@ def run_backlog(
             "p50_ms": round(percentile(lat, 0.5), 1),
             "p99_ms": round(percentile(lat, 0.99), 1),
             "peak_rss_mb": [round(p, 1) for p in peaks],
+            # Includes start-up (imports, pool) and the drain; the server figure counts
+            # every PostgreSQL process alive at the end, so other load on it shows up too.
+            "worker_cpu_s": round(worker_cpu, 2),
+            "server_cpu_ms_per_execution": round(1000 * server_cpu / max(done, 1), 3),
         }
     finally:
         engine.dispose()
@@ -370,13 +450,21 @@ def main() -> int:
     )
     parser.add_argument("--baseline-seconds", type=int, default=10)
     parser.add_argument("--baseline-runs", type=int, default=3)
-    parser.add_argument("--idle-count", type=int, default=200)
+    parser.add_argument(
+        "--baseline-rows",
+        type=int,
+        default=60_000,
+        help="accepted executions set up for each same-protocol pgbench run",
+    )
+    parser.add_argument("--idle-count", type=int, default=200, help="0 skips the idle run")
     parser.add_argument(
         "--reference-dir",
-        default="",
-        help="folder with another queue_full_protocol.pgb/queue_schema.sql "
-        "to check the project's baseline script against",
+        default=str(HERE / "reference"),
+        help="folder with the reference queue_full_protocol.pgb and queue_schema.sql "
+        "(default: the copy in benchmarks/reference); empty to skip",
     )
+    parser.add_argument("--skip-same-protocol", action="store_true")
+    parser.add_argument("--only-baselines", action="store_true")
     args = parser.parse_args()
 
     server = None
@@ -393,33 +481,33 @@ def main() -> int:
     try:
         info = machine_info(dsn)
         print("machine:", json.dumps(info))
-        base = baseline(
-            dsn,
-            args.baseline_seconds,
-            args.baseline_runs,
-            args.baseline_clients,
-            HERE / "baseline_protocol.pgb",
-            HERE / "baseline_schema.sql",
-        )
         clients = args.baseline_clients
-        print(f"baseline (pure SQL, full protocol, {clients} clients): {base:.0f} jobs/s")
-        if args.reference_dir:
-            ref = Path(args.reference_dir)
-            other = baseline(
-                dsn,
-                args.baseline_seconds,
-                args.baseline_runs,
-                args.baseline_clients,
-                ref / "queue_full_protocol.pgb",
-                ref / "queue_schema.sql",
+        timing = (args.baseline_seconds, args.baseline_runs, clients)
+        baselines = {}
+        if not args.skip_same_protocol:
+            baselines["same_protocol"] = same_protocol_baseline(dsn, *timing, args.baseline_rows)
+            print(
+                "same-protocol baseline (our statements on our schema, pgbench, "
+                f"{clients} clients): {baselines['same_protocol']:.0f} executions/s",
+                flush=True,
             )
-            print(f"reference script: {other:.0f} jobs/s")
-        idle = run_idle_latency(dsn, args.idle_count, 0.05)
-        print("idle acceptance-to-start:", json.dumps(idle))
+        if args.reference_dir:
+            baselines["reference"] = reference_baseline(dsn, *timing, Path(args.reference_dir))
+            print(
+                f"reference queue baseline (shared/bench, pgbench, {clients} clients): "
+                f"{baselines['reference']:.0f} jobs/s",
+                flush=True,
+            )
+        if args.only_baselines:
+            return 0
+        if args.idle_count > 0:
+            idle = run_idle_latency(dsn, args.idle_count, 0.05)
+            print("idle acceptance-to-start:", json.dumps(idle), flush=True)
         for actions in (int(a) for a in args.actions.split(",")):
             for processes in (int(p) for p in args.processes.split(",")):
                 result = run_backlog(dsn, args.n, actions, processes, args.concurrency, args.batch)
-                result["fraction_of_baseline"] = round(result["rate"] / base, 3)
+                for which, rate in baselines.items():
+                    result[f"fraction_of_{which}"] = round(result["rate"] / rate, 3)
                 print("backlog:", json.dumps(result), flush=True)
     finally:
         if server is not None:

@@ -82,7 +82,9 @@ _SUCCEED = text(
     UPDATE action_execution AS a
     SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp()
     FROM holder
-    WHERE a.execution_id = holder.id AND a.action_id = :action_id
+    -- Both key columns by value, so that any plan finds the row by its primary key.
+    WHERE a.execution_id = :execution_id AND a.action_id = :action_id
+      AND a.execution_id = holder.id
       AND a.status = 'RUNNING' AND a.fencing_token = :token
     RETURNING a.action_id
     """

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, text
 
 from orquestador.queue.fencing import Claim
+from orquestador.queue.loading import LoadedExecution
 from orquestador.queue.prepared import run_alone
 
 # Two sources of work, each read through its own partial index and locked with
@@ -45,19 +48,71 @@ _CLAIM = text(
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
         started_at = coalesce(e.started_at, clock_timestamp()),
         updated_at = clock_timestamp()
-    FROM chosen
-    WHERE e.id = chosen.id
+    FROM request AS r, flow AS f
+    -- An array, not a join with `chosen`: a cached generic plan cannot know how few
+    -- rows `chosen` has and would hash-join it with a scan of the whole table.
+    WHERE e.id = ANY (ARRAY(SELECT id FROM chosen))
+      AND r.id = e.request_id AND f.id = e.flow_id
     RETURNING e.id, e.fencing_token, e.attempts, e.max_attempts, e.request_id,
               e.lease_expires_at, e.next_attempt_at, e.created_at,
-              clock_timestamp() AS claimed_at
+              clock_timestamp() AS claimed_at,
+              -- What the load reads, used only for a first holder (see _snapshot).
+              e.org_id, e.flow_id, e.transition_id, e.accepted_state, e.accepted_revision,
+              e.simulation, e.actor_snapshot ->> 'sub' AS actor,
+              r.state AS request_state, r.revision AS request_revision,
+              r.flow_id AS request_flow_id, r.busy_execution_id, r.owner_id, r.data,
+              f.version AS flow_version, f.definition, f.data_schema
     """
 )
+
+
+def _snapshot(row: Any) -> LoadedExecution | None:
+    """The loaded execution, read by the claim itself, when this is its first holder.
+
+    Token 1 means no one held the execution before this claim, so no checkpoint can
+    exist and there is nothing that a separate load, reading after the claim
+    committed, could see and this statement not. A later holder (a retry or a
+    recovery) loads separately under the fence, after its claim committed: the
+    previous holder's last checkpoint may have committed while this statement ran.
+    The request read here is the one the load would read; nothing but this
+    execution writes a busy request, and the finish checks it again anyway.
+    """
+    if row.fencing_token != 1:
+        return None
+    return LoadedExecution(
+        execution_id=row.id,
+        request_id=row.request_id,
+        org_id=row.org_id,
+        flow_id=row.flow_id,
+        transition_id=row.transition_id,
+        accepted_state=row.accepted_state,
+        accepted_revision=row.accepted_revision,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        simulation=row.simulation,
+        actor=row.actor,
+        created_at=row.created_at,
+        request_state=row.request_state,
+        request_revision=row.request_revision,
+        request_flow_id=row.request_flow_id,
+        request_busy_execution_id=row.busy_execution_id,
+        owner_id=row.owner_id,
+        data=row.data,
+        flow_version=row.flow_version,
+        definition=row.definition,
+        data_schema=row.data_schema,
+        checkpoints={},
+    )
 
 
 def claim_due_executions(
     conn: Connection, owner: str, limit: int, lease_seconds: float
 ) -> list[Claim]:
-    """Claim up to `limit` due executions for `owner` and commit before returning them."""
+    """Claim up to `limit` due executions for `owner` and commit before returning them.
+
+    A first holder's claim carries its loaded execution (`Claim.snapshot`), which
+    saves the worker the separate load.
+    """
     if limit <= 0:
         return []
     rows = run_alone(
@@ -76,6 +131,7 @@ def claim_due_executions(
             lease_expires_at=row.lease_expires_at,
             created_at=row.created_at,
             claimed_at=row.claimed_at,
+            snapshot=_snapshot(row),
         )
         for row in rows
     ]

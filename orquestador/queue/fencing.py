@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, text
 
 from orquestador.errors import LeaseLost
+
+if TYPE_CHECKING:
+    from orquestador.queue.loading import LoadedExecution
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,9 @@ class Claim:
     lease_expires_at: datetime
     created_at: datetime
     claimed_at: datetime
+    # The loaded execution, when the claim statement could read it (a first holder);
+    # otherwise the worker loads under the fence. Not part of the claim's identity.
+    snapshot: LoadedExecution | None = field(default=None, compare=False, repr=False)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
 from orquestador.queue.fencing import FENCE, Claim, lock_holder, refuse_stale
-from orquestador.queue.prepared import run
+from orquestador.queue.prepared import pipelined, run
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +135,12 @@ _COMPLETE = text(
     ), audited AS (
         -- The audit row explains the decision: transition, actions, hit policy, rules.
         INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
-        SELECT :org_id, 'TRANSITION_COMPLETED', :request_id, :execution_id, :actor,
-               :detail || jsonb_build_object('revision', moved.revision)
-        FROM moved
+        SELECT x.org_id, 'TRANSITION_COMPLETED', :request_id, :execution_id, :actor,
+               :detail || jsonb_build_object('revision', moved.revision,
+                                             'transitionId', x.transition_id,
+                                             'fromState', x.accepted_state)
+        FROM moved, execution AS x
+        WHERE x.id = :execution_id
     )
     UPDATE execution AS e
     SET status = 'SUCCEEDED', result = :result, error_code = NULL,
@@ -287,43 +290,50 @@ def finish_execution(
     acceptance) or ContractMismatch (an expected checkpoint is not SUCCEEDED); in
     every case nothing of the finish is kept and the checkpoints stay as they were.
     """
+    # The transition id and the state it left come from the execution row, in SQL.
+    detail = {
+        "actionIds": finish.action_ids,
+        "hitPolicy": finish.hit_policy,
+        "ruleIds": finish.rule_ids,
+        "toState": finish.to_state,
+        "outcome": finish.outcome,
+    }
+    result = {
+        "outcome": finish.outcome,
+        "toState": finish.to_state,
+        "ruleIds": finish.rule_ids,
+        "hitPolicy": finish.hit_policy,
+    }
     with conn.begin():
-        request, execution = _lock_request_then_execution(conn, claim, "finish")
+        # BEGIN, both locks (request first, then execution) and the write go in one
+        # round trip; the server runs them in that order. The checks below read what
+        # the locks returned, and any refusal rolls the write back with the rest.
+        with pipelined(conn):
+            locked_request = run(conn, _LOCK_REQUEST, {"request_id": claim.request_id})
+            locked_execution = run(conn, _LOCK_EXECUTION, claim.params)
+            completed = run(
+                conn,
+                _COMPLETE,
+                {
+                    **claim.params,
+                    "request_id": claim.request_id,
+                    "actor": WORKER_ACTOR,
+                    "data": finish.data,
+                    "state": finish.to_state,
+                    "detail": detail,
+                    "result": result,
+                },
+            )
+        request, execution = locked_request.fetchone(), locked_execution.fetchone()
+        row = completed.fetchone()
+        if execution is None or request is None:
+            raise refuse_stale(claim, "finish")
         change = _request_change(request, execution, claim)
         if change:
             raise RequestChanged(change)
         missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]
         if missing:
             raise ContractMismatch(f"checkpoints not SUCCEEDED at finish: {missing}")
-        detail = {
-            "transitionId": execution.transition_id,
-            "actionIds": finish.action_ids,
-            "hitPolicy": finish.hit_policy,
-            "ruleIds": finish.rule_ids,
-            "fromState": execution.accepted_state,
-            "toState": finish.to_state,
-            "outcome": finish.outcome,
-        }
-        result = {
-            "outcome": finish.outcome,
-            "toState": finish.to_state,
-            "ruleIds": finish.rule_ids,
-            "hitPolicy": finish.hit_policy,
-        }
-        row = run(
-            conn,
-            _COMPLETE,
-            {
-                **claim.params,
-                "request_id": claim.request_id,
-                "org_id": execution.org_id,
-                "actor": WORKER_ACTOR,
-                "data": finish.data,
-                "state": finish.to_state,
-                "detail": detail,
-                "result": result,
-            },
-        ).fetchone()
         if row is None:
             raise refuse_stale(claim, "finish")
         if row.revision is None:  # cannot happen under the request lock; never write half

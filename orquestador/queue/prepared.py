@@ -16,7 +16,8 @@ SQLAlchemy's isolation-level bookkeeping around it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -72,20 +73,44 @@ def run(conn: Connection, clause: TextClause, params: Mapping[str, Any]) -> psyc
     try:
         cursor.execute(statement.sql, values, prepare=True)
     except psycopg.Error as exc:
-        broken = driver.broken or driver.closed
-        if broken:
-            conn.invalidate(exc)
-        # No parameters in the error: inputs and outputs may be secret.
-        raise DBAPIError.instance(
-            statement.sql,
-            None,
-            exc,
-            psycopg.Error,
-            hide_parameters=True,
-            connection_invalidated=bool(broken),
-            dialect=conn.dialect,
-        ) from exc
+        raise _translated(conn, driver, exc, statement.sql) from exc
     return cursor
+
+
+def _translated(
+    conn: Connection, driver: psycopg.Connection[Any], exc: psycopg.Error, sql: str
+) -> DBAPIError:
+    broken = driver.broken or driver.closed
+    if broken:
+        conn.invalidate(exc)
+    # No parameters in the error: inputs and outputs may be secret.
+    return DBAPIError.instance(
+        sql,
+        None,
+        exc,
+        psycopg.Error,
+        hide_parameters=True,
+        connection_invalidated=bool(broken),
+        dialect=conn.dialect,
+    )
+
+
+@contextmanager
+def pipelined(conn: Connection) -> Iterator[None]:
+    """Send the `run` statements of the block in one round trip (psycopg pipeline mode).
+
+    The server still runs them one after another, in order, in the caller's
+    transaction; their rows can be read once the block has ended. If one fails, the
+    ones after it are skipped and the error is raised as `run` raises it, at the
+    end of the block at the latest.
+    """
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    try:
+        with driver.pipeline():
+            yield
+    except psycopg.Error as exc:
+        raise _translated(conn, driver, exc, "(pipeline)") from exc
 
 
 def run_alone(

@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 # a connection is pinged before use only after sitting idle this long.
 PING_AFTER_IDLE_SECONDS = 5.0
 
+# A heartbeat round or a listener wait that is under way when the worker stops is
+# waited for this long at most (the listener wakes every 0.5 s; a renewal is one
+# statement).
+THREAD_JOIN_SECONDS = 10.0
+
+
+def _join_started(thread: threading.Thread) -> None:
+    if thread.ident is not None:  # a worker stopped before start() has nothing to join
+        thread.join(THREAD_JOIN_SECONDS)
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -148,11 +158,21 @@ class Worker:
             log.warning("drain time over; stopping %d job(s), leases left to expire", count)
         self.heartbeat.stopped.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        # The background threads end before "stopped" is reported, so that whoever
+        # stops the database next (`orquestador dev`) never sees them fail on it.
+        _join_started(self.heartbeat)
+        if self.listener is not None:
+            self.listener.stopped.set()
+            _join_started(self.listener)
         log.info("worker stopped", extra={"worker_id": self.worker_id})
         self._stopped.set()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until the drain is over; True when stopped. Does not wait for hung adapters."""
+        """Wait until the drain is over; True when stopped. Does not wait for hung adapters.
+
+        Once it returns True, the scheduler, heartbeat and listener threads have ended
+        (a thread stuck in a database call past THREAD_JOIN_SECONDS is left behind).
+        """
         return self._stopped.wait(timeout)
 
     def stop(self, timeout: float | None = None) -> bool:

@@ -183,7 +183,9 @@ class _ExecutionRun:
 
     def run(self) -> str:
         claim = self.claim
-        loaded = self.loaded = load_execution(self.conn, claim)
+        # A first holder's claim read the execution already (it committed a moment ago,
+        # and every write from here on is fenced); any later holder loads under the fence.
+        loaded = self.loaded = claim.snapshot or load_execution(self.conn, claim)
         if claim.attempts > loaded.max_attempts:
             self.fail("ATTEMPTS_EXHAUSTED", attempts=claim.attempts)
         change = loaded.request_changed()

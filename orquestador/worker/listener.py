@@ -43,5 +43,7 @@ class ReadyListener(threading.Thread):
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self._wake.set()
             except Exception as exc:
+                if self.stopped.is_set():
+                    return  # stopping: the connection may go with the database
                 log.warning("ready listener disconnected: %s", type(exc).__name__)
                 self.stopped.wait(self._reconnect_seconds)

@@ -47,10 +47,20 @@ class Slots:
             self._idle.notify_all()
         self._wake.set()
 
+    def wait_free(self, count: int, timeout: float) -> int:
+        """Block until `count` slots are free or `timeout` passes; return the free slots."""
+        with self._lock:
+            self._idle.wait_for(lambda: self.capacity - self._busy >= count, timeout)
+            return self.capacity - self._busy
+
     def wait_idle(self, timeout: float) -> bool:
         """Block until no job runs or `timeout` passes; True when idle."""
         with self._lock:
             return self._idle.wait_for(lambda: self._busy == 0, timeout)
+
+
+# The longest the scheduler waits for more free slots before claiming under a backlog.
+GATHER_SECONDS = 0.005
 
 
 def jittered(seconds: float) -> float:
@@ -85,13 +95,22 @@ class Scheduler(threading.Thread):
         self._wake = wake
         self._hooks = hooks
         self.stopped = threading.Event()  # set: claim nothing more
+        # Under a backlog, claim once this many slots are free (or GATHER_SECONDS passed).
+        self._gather = max(1, min(batch, slots.capacity) // 2)
 
     def run(self) -> None:
+        backlog = False  # the last claim got all it asked for: more is probably due
         while not self.stopped.is_set():
             # Cleared before claiming: a notification that lands during the claim sets it
             # again, so the next wait returns at once instead of missing the work.
             self._wake.clear()
-            wanted = min(self._batch, self._slots.free)
+            free = self._slots.free
+            if backlog and 0 < free < self._gather:
+                # Under a backlog, slots free up one job at a time; claiming each alone
+                # costs a commit apiece. A few milliseconds' wait lets a batch gather.
+                # Nothing is claimed until then, so no claimed work waits for a thread.
+                free = self._slots.wait_free(self._gather, GATHER_SECONDS)
+            wanted = min(self._batch, free)
             if wanted <= 0:
                 self._wake.wait(self._poll_seconds)
                 continue
@@ -99,9 +118,11 @@ class Scheduler(threading.Thread):
                 claimed = self.claim_once(wanted)
             except Exception as exc:
                 log.warning("claim failed: %s", type(exc).__name__)
+                backlog = False
                 self.stopped.wait(jittered(self._poll_seconds))
                 continue
-            if len(claimed) < wanted:
+            backlog = len(claimed) == wanted
+            if not backlog:
                 self._wake.wait(jittered(self._poll_seconds))
 
     def claim_once(self, wanted: int) -> list[Claim]:

@@ -140,3 +140,17 @@ def test_claim_never_takes_more_than_the_limit(runtime_engine, limit):
     _accept_many(runtime_engine, 5)
     with runtime_engine.connect() as conn:
         assert len(claim_due_executions(conn, "w1", limit, 30)) == limit
+
+
+def test_a_first_claim_carries_what_the_load_reads_and_a_reclaim_does_not(runtime_engine):
+    from orquestador.queue import load_execution
+
+    (eid,) = _accept_many(runtime_engine, 1)
+    first = claim_one(runtime_engine, "w1")
+    assert first.snapshot is not None
+    with runtime_engine.connect() as conn:
+        assert first.snapshot == load_execution(conn, first)
+    expire_lease(runtime_engine, eid)
+    again = claim_one(runtime_engine, "w2")
+    # A later holder may find checkpoints committed while its claim ran: it loads apart.
+    assert again.token == 2 and again.snapshot is None

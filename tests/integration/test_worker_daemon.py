@@ -196,6 +196,26 @@ def test_warm_stop_finishes_running_work_and_claims_nothing_more(runtime_engine,
     assert execution(runtime_engine, later).status == "PENDING"
 
 
+def test_join_returns_only_after_the_background_threads_have_ended(runtime_engine, workers, caplog):
+    # `orquestador dev` stops the database right after join(): a listener or heartbeat
+    # still running then would fail on it and log a disconnection at every shutdown.
+    write = Double("test.write")
+    worker = _worker(runtime_engine, workers, [write], worker_renew_seconds=1)
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), what="job done")
+    assert worker.listener is not None
+    wait_until(worker.listener.is_alive, what="listener started")
+    with caplog.at_level("INFO", logger="orquestador.worker"):
+        assert worker.stop(timeout=20)
+    threads = {
+        "scheduler": worker.scheduler,
+        "heartbeat": worker.heartbeat,
+        "listener": worker.listener,
+    }
+    assert [name for name, thread in threads.items() if thread.is_alive()] == []
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_drain_timeout_stops_jobs_and_another_worker_recovers(runtime_engine, workers):
     def until_stopped(ctx):
         wait_until(ctx.should_stop, timeout=20, what="stop signal")
