@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orquestador.db.schema import EXECUTION_STATUSES
+
 _UUID = {"type": "string", "format": "uuid"}
 _TIMESTAMP = {"type": "string", "format": "date-time"}
 _PROBLEM_LIST = {
@@ -111,17 +113,7 @@ EXECUTION: dict[str, Any] = {
         "requestId": _UUID,
         "flowId": _UUID,
         "transitionId": {"type": "string"},
-        "status": {
-            "enum": [
-                "PENDING",
-                "RUNNING",
-                "RETRY_WAIT",
-                "SUCCEEDED",
-                "FAILED",
-                "RECONCILIATION_REQUIRED",
-                "CANCELLED",
-            ]
-        },
+        "status": {"enum": list(EXECUTION_STATUSES)},
         "outcome": {"description": "The business outcome the decision table chose."},
         "toState": {"type": "string"},
         "errorCode": {"type": "string"},

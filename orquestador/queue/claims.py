@@ -79,30 +79,7 @@ def _snapshot(row: Any) -> LoadedExecution | None:
     """
     if row.fencing_token != 1:
         return None
-    return LoadedExecution(
-        execution_id=row.id,
-        request_id=row.request_id,
-        org_id=row.org_id,
-        flow_id=row.flow_id,
-        transition_id=row.transition_id,
-        accepted_state=row.accepted_state,
-        accepted_revision=row.accepted_revision,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        simulation=row.simulation,
-        actor=row.actor,
-        created_at=row.created_at,
-        request_state=row.request_state,
-        request_revision=row.request_revision,
-        request_flow_id=row.request_flow_id,
-        request_busy_execution_id=row.busy_execution_id,
-        owner_id=row.owner_id,
-        data=row.data,
-        flow_version=row.flow_version,
-        definition=row.definition,
-        data_schema=row.data_schema,
-        checkpoints={},
-    )
+    return LoadedExecution.from_row(row, checkpoints={})
 
 
 def claim_due_executions(

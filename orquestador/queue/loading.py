@@ -57,6 +57,34 @@ class LoadedExecution:
     data_schema: dict[str, Any]
     checkpoints: dict[str, Checkpoint]
 
+    @classmethod
+    def from_row(cls, row: Any, checkpoints: dict[str, Checkpoint]) -> LoadedExecution:
+        """Built from a row carrying the load's columns (the load's, or a first claim's)."""
+        return cls(
+            execution_id=row.id,
+            request_id=row.request_id,
+            org_id=row.org_id,
+            flow_id=row.flow_id,
+            transition_id=row.transition_id,
+            accepted_state=row.accepted_state,
+            accepted_revision=row.accepted_revision,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            simulation=row.simulation,
+            actor=row.actor,
+            created_at=row.created_at,
+            request_state=row.request_state,
+            request_revision=row.request_revision,
+            request_flow_id=row.request_flow_id,
+            request_busy_execution_id=row.busy_execution_id,
+            owner_id=row.owner_id,
+            data=row.data,
+            flow_version=row.flow_version,
+            definition=row.definition,
+            data_schema=row.data_schema,
+            checkpoints=checkpoints,
+        )
+
     def request_changed(self) -> str | None:
         """Why the request no longer is what was accepted, or None when it is unchanged."""
         if self.request_busy_execution_id != self.execution_id:
@@ -101,27 +129,5 @@ def load_execution(conn: Connection, claim: Claim) -> LoadedExecution:
     row = run_alone(conn, _LOAD, claim.params).fetchone()
     if row is None:
         raise refuse_stale(claim, "load")
-    return LoadedExecution(
-        execution_id=row.id,
-        request_id=row.request_id,
-        org_id=row.org_id,
-        flow_id=row.flow_id,
-        transition_id=row.transition_id,
-        accepted_state=row.accepted_state,
-        accepted_revision=row.accepted_revision,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        simulation=row.simulation,
-        actor=row.actor,
-        created_at=row.created_at,
-        request_state=row.request_state,
-        request_revision=row.request_revision,
-        request_flow_id=row.request_flow_id,
-        request_busy_execution_id=row.busy_execution_id,
-        owner_id=row.owner_id,
-        data=row.data,
-        flow_version=row.flow_version,
-        definition=row.definition,
-        data_schema=row.data_schema,
-        checkpoints={c["action_id"]: Checkpoint(**c) for c in row.checkpoints},
-    )
+    checkpoints = {c["action_id"]: Checkpoint(**c) for c in row.checkpoints}
+    return LoadedExecution.from_row(row, checkpoints)
