@@ -86,11 +86,9 @@ def _serve(settings: Settings) -> int:
     server, _ = serve_in_thread(create_app(settings), settings.api_host, settings.api_port)
     worker = None
     if settings.worker_enabled:
-        from orquestador.actions.registry import load_registry
-        from orquestador.db.engine import make_engine
-        from orquestador.worker.daemon import Worker
+        from orquestador.worker.daemon import build_worker
 
-        worker = Worker(settings, make_engine(settings.database_url), load_registry(settings))
+        worker = build_worker(settings)
         worker.start()
     token = mint_token(
         settings, sub=DEV_SUBJECT, org=DEV_ORG, scopes=DEV_SCOPES, ttl_seconds=7 * 24 * 3600
@@ -111,4 +109,5 @@ def _serve(settings: Settings) -> int:
     if worker is not None:
         worker.request_stop()
         worker.join(settings.worker_drain_seconds + 10)
+        worker.engine.dispose()
     return 0

@@ -1,23 +1,10 @@
-"""`python -m orquestador.worker`: the worker daemon with settings from the environment."""
+"""`python -m orquestador.worker`: the same as `orquestador worker`."""
 
 from __future__ import annotations
 
 import sys
 
-from orquestador.config import Settings
-from orquestador.errors import ConfigError
-from orquestador.worker.daemon import run_worker
-
-
-def main() -> int:
-    try:
-        settings = Settings.from_env()
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"worker: {problem}", file=sys.stderr)
-        return 2
-    return run_worker(settings)
-
+from orquestador.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["worker"]))

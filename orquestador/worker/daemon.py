@@ -7,7 +7,6 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,6 @@ from sqlalchemy import Engine
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.config import Settings
 from orquestador.db.engine import make_engine
-from orquestador.errors import ConfigError
 from orquestador.queue import Claim
 from orquestador.worker.executor import Executor
 from orquestador.worker.heartbeat import Heartbeat
@@ -188,39 +186,22 @@ class Worker:
         return self._stop_requested.is_set()
 
 
-def _configure_logging(level: str) -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-            stream=sys.stderr,
-        )
+def build_worker(settings: Settings) -> Worker:
+    """A worker with the registry of ADAPTER_MODULES and an engine sized for its threads."""
+    registry = load_registry(settings)
+    engine = make_engine(
+        settings.database_url,
+        pool_size=settings.worker_concurrency + 2,
+        application_name="orquestador-worker",
+        ping_after_idle_seconds=PING_AFTER_IDLE_SECONDS,
+        hide_parameters=True,  # errors in logs never carry inputs or outputs
+    )
+    return Worker(settings, engine, registry)
 
 
 def run_worker(settings: Settings) -> int:
-    """The `orquestador worker` daemon; returns the process exit status."""
-    _configure_logging(settings.log_level)
-    if not settings.worker_enabled:
-        print("worker: WORKER_ENABLED is not true; nothing to do", file=sys.stderr)
-        return 2
-    if not settings.database_url:
-        print("worker: DATABASE_URL is required", file=sys.stderr)
-        return 2
-    try:
-        registry = load_registry(settings)
-        engine = make_engine(
-            settings.database_url,
-            pool_size=settings.worker_concurrency + 2,
-            application_name="orquestador-worker",
-            ping_after_idle_seconds=PING_AFTER_IDLE_SECONDS,
-            hide_parameters=True,  # errors in logs never carry inputs or outputs
-        )
-        worker = Worker(settings, engine, registry)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"worker: {problem}", file=sys.stderr)
-        return 2
-
+    """The `orquestador worker` daemon (settings already checked); the exit status."""
+    worker = build_worker(settings)
     signals = 0
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -239,5 +220,5 @@ def run_worker(settings: Settings) -> int:
     # A short wait in a loop keeps the main thread ready to run signal handlers.
     while not worker.join(0.5):
         pass
-    engine.dispose()
+    worker.engine.dispose()
     return 0 if worker.drained_cleanly else 1
