@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from orquestador.config import Settings
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.errors import ConfigError, OrquestadorError
@@ -45,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except EmbeddedPostgresError as error:
         print(f"orquestador: embedded PostgreSQL: {error}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as error:
+        print(f"orquestador: database error: {_one_line(error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -136,10 +141,6 @@ def _migrate(args: argparse.Namespace) -> int:
             migrate.downgrade(config, args.revision)
         print(f"database at revision {migrate.current_revision(url) or 'base'}")
         return 0
-    except Exception as error:
-        if isinstance(error, CommandFailed):
-            raise
-        raise CommandFailed(f"migration failed: {_one_line(error)}") from error
     finally:
         if local is not None:
             local.server.stop()

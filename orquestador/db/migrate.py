@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -11,8 +13,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, pool
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from orquestador.config import sqlalchemy_url
+from orquestador.errors import OrquestadorError
+
+
+class MigrationFailed(OrquestadorError):
+    """The migration failed; nothing of it was applied."""
+
+    code = "MIGRATION_FAILED"
 
 
 def migrations_path() -> Path:
@@ -46,11 +56,24 @@ def runtime_role_for(database_url: str, configured_role: str = "") -> str | None
 
 
 def upgrade(config: Config, revision: str = "head") -> None:
-    command.upgrade(config, revision)
+    with _one_line_errors():
+        command.upgrade(config, revision)
 
 
 def downgrade(config: Config, revision: str) -> None:
-    command.downgrade(config, revision)
+    with _one_line_errors():
+        command.downgrade(config, revision)
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    # The whole run is one transaction, so a failure leaves the schema as it was;
+    # the operator needs the database's reason, not a traceback.
+    try:
+        yield
+    except SQLAlchemyError as error:
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()
+        raise MigrationFailed(f"migration failed: {reason[0] if reason else error}") from error
 
 
 def head_revision() -> str:

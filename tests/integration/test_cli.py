@@ -112,3 +112,10 @@ def test_token_is_signed_with_the_configured_secret(tmp_path: Path) -> None:
     )
     assert (claims["sub"], claims["org"], claims["iss"]) == ("ana", "acme", "orquestador")
     assert claims["scope"] == "requests:read requests:write"
+
+
+def test_dev_on_an_unreachable_database_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    result = _run(["dev"], {"DATABASE_URL": "postgresql://x@127.0.0.1:1/db"}, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("orquestador: migration failed:")
+    assert "Traceback" not in result.stderr
