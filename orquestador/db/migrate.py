@@ -10,7 +10,6 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, pool
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -74,13 +73,6 @@ def _one_line_errors() -> Iterator[None]:
     except SQLAlchemyError as error:
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()
         raise MigrationFailed(f"migration failed: {reason[0] if reason else error}") from error
-
-
-def head_revision() -> str:
-    script = ScriptDirectory.from_config(alembic_config(runtime_role=None))
-    head = script.get_current_head()
-    assert head is not None
-    return head
 
 
 def current_revision(url: str) -> str | None:

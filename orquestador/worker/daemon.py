@@ -181,10 +181,6 @@ class Worker:
     def drained_cleanly(self) -> bool:
         return self._drained_cleanly
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop_requested.is_set()
-
 
 def build_worker(settings: Settings) -> Worker:
     """A worker with the registry of ADAPTER_MODULES and an engine sized for its threads."""
