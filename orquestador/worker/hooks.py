@@ -18,6 +18,8 @@ class WorkerHooks:
     # Inside the finish transaction, after its writes and before the fenced final update.
     before_finish_commit: Callable[[Claim], None] | None = None
     after_job: Callable[[Claim, str], None] | None = None
+    # The scheduler found nothing (or less than it asked for) and is about to sleep.
+    before_idle_wait: Callable[[], None] | None = None
 
 
 NO_HOOKS = WorkerHooks()

@@ -29,6 +29,7 @@ class ReadyListener(threading.Thread):
         self._wake = wake
         self._reconnect_seconds = reconnect_seconds
         self.stopped = threading.Event()
+        self.listening = threading.Event()  # set while LISTEN is in effect
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -37,12 +38,14 @@ class ReadyListener(threading.Thread):
                     self._conninfo, autocommit=True, application_name="orquestador-listener"
                 ) as conn:
                     conn.execute(f"LISTEN {EXECUTION_READY_CHANNEL}")
+                    self.listening.set()
                     # Anything accepted while we were not listening is found by this claim.
                     self._wake.set()
                     while not self.stopped.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self._wake.set()
             except Exception as exc:
+                self.listening.clear()
                 if self.stopped.is_set():
                     return  # stopping: the connection may go with the database
                 log.warning("ready listener disconnected: %s", type(exc).__name__)

@@ -123,6 +123,8 @@ class Scheduler(threading.Thread):
                 continue
             backlog = len(claimed) == wanted
             if not backlog:
+                if self._hooks.before_idle_wait:
+                    self._hooks.before_idle_wait()
                 self._wake.wait(jittered(self._poll_seconds))
 
     def claim_once(self, wanted: int) -> list[Claim]:

@@ -103,9 +103,22 @@ def test_the_scheduler_never_claims_more_than_its_free_slots(runtime_engine, wor
 
 def test_an_idle_worker_wakes_on_notify_long_before_its_poll(runtime_engine, workers):
     write = Double("test.write")
-    worker = _worker(runtime_engine, workers, [write], worker_poll_ms=30_000)
-    wait_until(lambda: worker.listener and worker.scheduler.is_alive(), what="started")
-    time.sleep(0.3)  # let the first (empty) claim happen and the scheduler go idle
+    idle_while_listening = threading.Event()
+    worker = Worker(
+        settings(worker_poll_ms=30_000),
+        runtime_engine,
+        registry_of(write),
+        hooks=WorkerHooks(
+            before_idle_wait=lambda: (
+                worker.listener.listening.is_set() and idle_while_listening.set()
+            )
+        ),
+    )
+    worker.start()
+    workers.append(worker)
+    # LISTEN wakes the scheduler once; its claim finds nothing and it goes to sleep for
+    # 30 s with the listener in place: only a notification can wake it in time now.
+    assert idle_while_listening.wait(10)
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), timeout=5, what="woken by notify")
 
