@@ -69,10 +69,10 @@ CONSTANTS: dict[str, object] = {
 _BIND = re.compile(r"(?<![:\w]):(\w+)")
 
 
-def flow_definition() -> dict[str, object]:
-    """The flow `baseline_setup.sql` publishes: one no-op action, as the product run uses."""
+def flow_definition(actions: int = 1) -> dict[str, object]:
+    """The benchmark flow: `actions` no-op actions a0, a1, ...; one for `baseline_setup.sql`."""
     return {
-        "key": "bench",
+        "key": f"bench-{actions}",
         "trigger": "manual",
         "dataSchema": {"type": "object"},
         "initialState": "new",
@@ -84,11 +84,12 @@ def flow_definition() -> dict[str, object]:
                 "to": "done",
                 "actions": [
                     {
-                        "id": ACTION_ID,
+                        "id": f"a{i}",
                         "capability": "bench.noop",
                         "version": 1,
-                        "input": {"n": {"const": 0}},
+                        "input": {"n": {"const": i}},
                     }
+                    for i in range(actions)
                 ],
             }
         ],

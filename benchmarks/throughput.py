@@ -183,32 +183,6 @@ def reference_baseline(dsn: str, seconds: int, runs: int, clients: int, folder: 
 # --- the product ----------------------------------------------------------------
 
 
-def flow(actions: int) -> dict:
-    return {
-        "key": f"bench-{actions}",
-        "trigger": "manual",
-        "dataSchema": {"type": "object"},
-        "initialState": "new",
-        "states": ["new", "done"],
-        "transitions": [
-            {
-                "id": "go",
-                "from": ["new"],
-                "to": "done",
-                "actions": [
-                    {
-                        "id": f"a{i}",
-                        "capability": "bench.noop",
-                        "version": 1,
-                        "input": {"n": {"const": i}},
-                    }
-                    for i in range(actions)
-                ],
-            }
-        ],
-    }
-
-
 def accept_backlog(engine, flow_id, n: int) -> None:
     """N accepted executions at once, as the API would leave them (PENDING, request busy)."""
     with engine.begin() as conn:
@@ -339,7 +313,7 @@ def run_backlog(
     engine = create_engine(sqlalchemy_url(target), poolclass=pool.NullPool)
     try:
         migrate.upgrade(migrate.alembic_config(url=target, runtime_role=None))
-        definition = flow(actions)
+        definition = protocol_script.flow_definition(actions)
         with engine.begin() as conn:
             flow_id = conn.execute(
                 text(
@@ -404,7 +378,7 @@ def run_idle_latency(dsn: str, count: int, gap: float) -> dict:
     engine = create_engine(sqlalchemy_url(target), poolclass=pool.NullPool)
     try:
         migrate.upgrade(migrate.alembic_config(url=target, runtime_role=None))
-        definition = flow(1)
+        definition = protocol_script.flow_definition(1)
         with engine.begin() as conn:
             flow_id = conn.execute(
                 text(

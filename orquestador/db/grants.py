@@ -18,7 +18,13 @@ def grant_runtime(table: str, privileges: tuple[str, ...]) -> None:
     """Give the runtime role exactly these privileges on one table (DML only, never DDL)."""
     role = runtime_role()
     if role is None:
-        log.warning("no runtime role configured: %s gets no grants", table)
+        attributes = op.get_context().config.attributes
+        if not attributes.get("warned_no_runtime_role"):
+            attributes["warned_no_runtime_role"] = True
+            log.warning(
+                "no runtime role (RUNTIME_DATABASE_ROLE, or the user in DATABASE_URL):"
+                " no table gets runtime grants"
+            )
         return
     quoted = op.get_bind().dialect.identifier_preparer.quote(role)
     op.execute(text(f"GRANT {', '.join(privileges)} ON TABLE {table} TO {quoted}"))
