@@ -2,7 +2,8 @@
 
 from orquestador.actions.contracts import ActionContext, Adapter, Effect, Identity
 from orquestador.actions.errors import PermanentError, TransientError, UncertainError
-from orquestador.actions.registry import AdapterRegistry, load_registry
+from orquestador.actions.loading import load_registry
+from orquestador.actions.registry import AdapterRegistry
 
 __all__ = [
     "ActionContext",

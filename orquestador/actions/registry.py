@@ -1,15 +1,9 @@
-"""The trusted adapter catalog: built-ins plus operator modules named in ADAPTER_MODULES."""
+"""The trusted adapter catalog: adapters by capability and version."""
 
 from __future__ import annotations
 
-import importlib
-import logging
-
 from orquestador.actions.contracts import Adapter
-from orquestador.config import Settings
 from orquestador.errors import ConfigError, IntegrationUnavailable
-
-log = logging.getLogger(__name__)
 
 
 class AdapterRegistry:
@@ -48,25 +42,3 @@ class AdapterRegistry:
         ]
         if problems:
             raise ConfigError(problems)
-
-
-def load_registry(settings: Settings) -> AdapterRegistry:
-    """Register the built-in adapters, then call `register(registry)` of each operator module."""
-    from orquestador.actions.builtin import register_builtins
-
-    registry = AdapterRegistry()
-    register_builtins(registry)
-    for name in settings.adapter_module_names:
-        try:
-            module = importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError([f"ADAPTER_MODULES: cannot import {name!r}: {exc}"]) from exc
-        register = getattr(module, "register", None)
-        if not callable(register):
-            raise ConfigError([f"ADAPTER_MODULES: module {name!r} has no register(registry)"])
-        try:
-            register(registry)
-        except Exception as exc:
-            raise ConfigError([f"ADAPTER_MODULES: {name}.register failed: {exc}"]) from exc
-        log.info("adapter module loaded", extra={"adapter_module": name})
-    return registry

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from flask import g, request
 
 from orquestador.api.body import unstorable_text
-from orquestador.api.context import api_context
+from orquestador.api.context import BearerVerifier, api_context
 from orquestador.api.problems import ApiProblem
 from orquestador.config import Settings
 from orquestador.errors import ConfigError
@@ -132,7 +132,7 @@ def _unauthenticated(detail: str, *, invalid: bool) -> ApiProblem:
     return ApiProblem(401, "UNAUTHENTICATED", detail, headers={"WWW-Authenticate": challenge})
 
 
-def authenticate(verifier: TokenVerifier) -> Caller:
+def authenticate(verifier: BearerVerifier) -> Caller:
     token = _bearer_token()
     if token is None:
         raise _unauthenticated("A bearer token is required.", invalid=False)

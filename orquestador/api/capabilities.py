@@ -32,7 +32,7 @@ def capability_checker(
     """
     if registry is None:
         try:
-            from orquestador.actions.registry import load_registry
+            from orquestador.actions import load_registry
 
             registry = load_registry(settings)
         except ModuleNotFoundError as exc:

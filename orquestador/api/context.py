@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from flask import current_app
 from sqlalchemy import Engine
@@ -14,9 +14,6 @@ from sqlalchemy import Engine
 from orquestador.config import Settings
 from orquestador.db.engine import make_engine
 from orquestador.errors import DatabaseUnavailable
-
-if TYPE_CHECKING:
-    from orquestador.api.auth import TokenVerifier
 
 EXTENSION_KEY = "orquestador"
 
@@ -62,11 +59,21 @@ class LazyEngine:
                 self._engine = None
 
 
+class BearerVerifier(Protocol):
+    """What the scope decorator asks of a verifier: the caller a token names, or a refusal.
+
+    The API's is `auth.TokenVerifier`; it is described here rather than imported
+    because auth reads this context, and the context need not know auth.
+    """
+
+    def verify(self, token: str) -> Any: ...
+
+
 @dataclass(frozen=True)
 class ApiContext:
     settings: Settings
     engine: LazyEngine
-    verifier: TokenVerifier
+    verifier: BearerVerifier
     capability_known: Callable[[str, int], bool]
 
 

@@ -1,0 +1,33 @@
+"""Building the adapter registry a process runs with: built-ins, then operator modules."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from orquestador.actions.builtin import register_builtins
+from orquestador.actions.registry import AdapterRegistry
+from orquestador.config import Settings
+from orquestador.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def load_registry(settings: Settings) -> AdapterRegistry:
+    """Register the built-in adapters, then call `register(registry)` of each operator module."""
+    registry = AdapterRegistry()
+    register_builtins(registry)
+    for name in settings.adapter_module_names:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError([f"ADAPTER_MODULES: cannot import {name!r}: {exc}"]) from exc
+        register = getattr(module, "register", None)
+        if not callable(register):
+            raise ConfigError([f"ADAPTER_MODULES: module {name!r} has no register(registry)"])
+        try:
+            register(registry)
+        except Exception as exc:
+            raise ConfigError([f"ADAPTER_MODULES: {name}.register failed: {exc}"]) from exc
+        log.info("adapter module loaded", extra={"adapter_module": name})
+    return registry
