@@ -17,7 +17,7 @@ def publish_flow(
     key: str,
     trigger: str,
     definition: dict[str, Any],
-    data_schema: Any,
+    data_schema: dict[str, Any],
     created_by: str,
 ) -> Row:
     """Insert the next version of (org, key); call inside a transaction."""

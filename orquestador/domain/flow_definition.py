@@ -101,6 +101,11 @@ def _update_path_problem(path: str) -> str | None:
 
 @dataclass
 class _Report:
+    """The problems found so far, and which parts of the definition the schema accepted."""
+
+    schema_errors: list[Problem]
+    states: set[str] | None
+    capability_known: CapabilityKnown | None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
 
@@ -108,40 +113,67 @@ class _Report:
         if message is not None:
             self.errors.append(Problem(path, message))
 
+    def shaped(self, path: str) -> bool:
+        """Whether the schema found nothing wrong at or under ``path``.
 
-def _check_actions(
-    transition: Mapping[str, Any],
-    here: str,
-    states: set[str],
-    capability_known: CapabilityKnown | None,
-    report: _Report,
-) -> None:
+        A semantic check runs on each part that has the shape it assumes, so a
+        problem in one part never hides a problem in another.
+        """
+        return not any(e.path == path or e.path.startswith(path + "/") for e in self.schema_errors)
+
+    def unknown_state(self, path: str, state: Any) -> None:
+        # Without a usable list of states no name can be called unknown.
+        if self.states is not None and isinstance(state, str) and state not in self.states:
+            self.error(path, f"unknown state {state!r}")
+
+
+def _items(container: Mapping[str, Any], name: str) -> list[tuple[int, Any]]:
+    """The entries of an optional array field (none when absent or not an array)."""
+    value = container.get(name, [])
+    return list(enumerate(value)) if isinstance(value, list) else []
+
+
+def _check_action(action: Mapping[str, Any], at: str, seen: list[str], report: _Report) -> None:
+    if report.shaped(f"{at}/id") and action.get("id") in seen:
+        report.error(f"{at}/id", f"duplicate action id {action['id']!r} in this transition")
+    if report.shaped(f"{at}/onError"):
+        report.unknown_state(f"{at}/onError", action.get("onError"))
+    capability, version = action.get("capability"), action.get("version")
+    if (
+        report.capability_known is not None
+        and "capability" in action
+        and "version" in action
+        and report.shaped(f"{at}/capability")
+        and report.shaped(f"{at}/version")
+        and not report.capability_known(capability, version)
+    ):
+        report.error(f"{at}/capability", f"unknown capability {capability} version {version}")
+    if action.get("email") is True and capability != "notify":
+        report.warnings.append(Problem(f"{at}/email", "email only applies to notify actions"))
+    inputs = action.get("input")
+    for name, source in inputs.items() if isinstance(inputs, Mapping) else ():
+        where = f"{at}/input/{_pointer([name])[1:]}"
+        if report.shaped(where) and "from" in source:
+            problem = _read_problem(source["from"], seen, decision=False, earlier_only=True)
+            report.error(f"{where}/from", problem)
+
+
+def _check_actions(transition: Mapping[str, Any], here: str, report: _Report) -> list[str]:
+    """Check each action; the ids of the transition's actions, in order."""
     seen: list[str] = []
-    for a, action in enumerate(transition["actions"]):
-        at = f"{here}/actions/{a}"
-        if action["id"] in seen:
-            report.error(f"{at}/id", f"duplicate action id {action['id']!r} in this transition")
-        if "onError" in action and action["onError"] not in states:
-            report.error(f"{at}/onError", f"unknown state {action['onError']!r}")
-        capability, version = action["capability"], action["version"]
-        if capability_known is not None and not capability_known(capability, version):
-            report.error(f"{at}/capability", f"unknown capability {capability} version {version}")
-        if action.get("email") and capability != "notify":
-            report.warnings.append(Problem(f"{at}/email", "email only applies to notify actions"))
-        for name, source in action["input"].items():
-            if "from" in source:
-                where = f"{at}/input/{_pointer([name])[1:]}/from"
-                problem = _read_problem(source["from"], seen, decision=False, earlier_only=True)
-                report.error(where, problem)
-        seen.append(action["id"])
+    for a, action in _items(transition, "actions"):
+        if not isinstance(action, Mapping):
+            continue
+        _check_action(action, f"{here}/actions/{a}", seen, report)
+        # A well-formed id is readable by later actions even if its action has
+        # other problems: calling those reads unknown would be a false report.
+        if report.shaped(f"{here}/actions/{a}/id") and "id" in action:
+            seen.append(action["id"])
+    return seen
 
 
 def _check_decision(
-    decision: Mapping[str, Any],
-    here: str,
-    states: set[str],
-    action_ids: list[str],
-    report: _Report,
+    decision: Mapping[str, Any], here: str, action_ids: list[str], report: _Report
 ) -> None:
     errors, warnings = check_table(decision, here)
     report.errors.extend(errors)
@@ -149,54 +181,63 @@ def _check_decision(
     for i, pointer in enumerate(decision["inputs"]):
         report.error(f"{here}/inputs/{i}", _read_problem(pointer, action_ids, decision=False))
     for r, rule in enumerate(decision["rules"]):
-        if rule["then"]["to"] not in states:
-            report.error(f"{here}/rules/{r}/then/to", f"unknown state {rule['then']['to']!r}")
+        report.unknown_state(f"{here}/rules/{r}/then/to", rule["then"]["to"])
 
 
-def _check_transition(
-    transition: Mapping[str, Any],
-    here: str,
-    states: set[str],
-    capability_known: CapabilityKnown | None,
-    report: _Report,
-) -> None:
-    for k, state in enumerate(transition["from"]):
-        if state not in states:
-            report.error(f"{here}/from/{k}", f"unknown state {state!r}")
-    if "to" in transition and transition["to"] not in states:
-        report.error(f"{here}/to", f"unknown state {transition['to']!r}")
-    _check_actions(transition, here, states, capability_known, report)
-    action_ids = [action["id"] for action in transition["actions"]]
+def _check_transition(transition: Mapping[str, Any], here: str, report: _Report) -> None:
+    for k, state in _items(transition, "from"):
+        report.unknown_state(f"{here}/from/{k}", state)
+    if report.shaped(f"{here}/to"):
+        report.unknown_state(f"{here}/to", transition.get("to"))
+    action_ids = _check_actions(transition, here, report)
     decision = transition.get("decision")
-    if decision is not None:
-        _check_decision(decision, f"{here}/decision", states, action_ids, report)
-    for u, update in enumerate(transition.get("updates", [])):
-        report.error(f"{here}/updates/{u}/path", _update_path_problem(update["path"]))
+    if decision is not None and report.shaped(f"{here}/decision"):
+        _check_decision(decision, f"{here}/decision", action_ids, report)
+    for u, update in _items(transition, "updates"):
+        at = f"{here}/updates/{u}"
+        if not report.shaped(at):
+            continue
+        report.error(f"{at}/path", _update_path_problem(update["path"]))
         if "from" in update:
             problem = _read_problem(update["from"], action_ids, decision=decision is not None)
-            report.error(f"{here}/updates/{u}/from", problem)
+            report.error(f"{at}/from", problem)
 
 
 def validate_definition(
     definition: Any, capability_known: CapabilityKnown | None = None
 ) -> tuple[list[Problem], list[Problem]]:
-    """Every problem that stops ``definition`` from being published, then warnings."""
+    """Every problem that stops ``definition`` from being published, then warnings.
+
+    Schema problems come first, then the semantic ones (unknown states, reads,
+    duplicate ids, decision tables, capabilities), each with its JSON path. A
+    semantic check runs on every part the schema accepted, so a missing field
+    does not hide an unknown ``initialState``.
+    """
     schema_errors = _schema_errors(definition)
-    if schema_errors:
-        # Semantic checks assume the shape the schema guarantees.
+    if not isinstance(definition, Mapping):
         return schema_errors, []
-    report = _Report()
-    report.errors.extend(schema_problems(definition["dataSchema"], "/dataSchema"))
-    states = set(definition["states"])
-    if definition["initialState"] not in states:
-        report.error("/initialState", f"unknown state {definition['initialState']!r}")
+    states = definition.get("states")
+    report = _Report(
+        schema_errors=schema_errors,
+        # A malformed entry is reported by the schema; the other names are still states.
+        states={s for s in states if isinstance(s, str)} if isinstance(states, list) else None,
+        capability_known=capability_known,
+        errors=list(schema_errors),
+    )
+    if "dataSchema" in definition and report.shaped("/dataSchema"):
+        report.errors.extend(schema_problems(definition["dataSchema"], "/dataSchema"))
+    if report.shaped("/initialState"):
+        report.unknown_state("/initialState", definition.get("initialState"))
     seen: set[str] = set()
-    for t, transition in enumerate(definition["transitions"]):
+    for t, transition in _items(definition, "transitions"):
+        if not isinstance(transition, Mapping):
+            continue
         here = f"/transitions/{t}"
-        if transition["id"] in seen:
-            report.error(f"{here}/id", f"duplicate transition id {transition['id']!r}")
-        seen.add(transition["id"])
-        _check_transition(transition, here, states, capability_known, report)
+        if report.shaped(f"{here}/id") and "id" in transition:
+            if transition["id"] in seen:
+                report.error(f"{here}/id", f"duplicate transition id {transition['id']!r}")
+            seen.add(transition["id"])
+        _check_transition(transition, here, report)
     return report.errors, report.warnings
 
 
@@ -245,7 +286,7 @@ class Transition:
         return cls(
             id=raw["id"],
             from_states=tuple(raw["from"]),
-            actions=[ActionSpec.from_json(action) for action in raw["actions"]],
+            actions=[ActionSpec.from_json(action) for action in raw.get("actions", [])],
             to=raw.get("to"),
             decision=raw.get("decision"),
             updates=list(raw.get("updates", [])),
@@ -277,7 +318,8 @@ class FlowDefinition:
         return cls(
             key=definition["key"],
             trigger=definition["trigger"],
-            data_schema=definition["dataSchema"],
+            # A flow that gives no data schema accepts any object as its data.
+            data_schema=definition.get("dataSchema", {"type": "object"}),
             initial_state=definition["initialState"],
             states=tuple(definition["states"]),
             transitions={t["id"]: Transition.from_json(t) for t in definition["transitions"]},

@@ -101,6 +101,49 @@ def test_invalid_definition_lists_every_problem_with_its_path(api: Api) -> None:
     assert all(p["message"] for p in body["problems"])
 
 
+def test_schema_and_semantic_problems_come_back_together(api: Api) -> None:
+    definition = decommission(initialState="nowhere")
+    del definition["trigger"]
+    definition["transitions"][0]["actions"][0]["capability"] = "acme.unknown"
+
+    response = api.post("/flows", definition)
+
+    assert response.status_code == 422
+    assert problem(response)["problems"] == [
+        {"path": "", "message": "'trigger' is a required property"},
+        {"path": "/initialState", "message": "unknown state 'nowhere'"},
+        {
+            "path": "/transitions/0/actions/0/capability",
+            "message": "unknown capability acme.unknown version 1",
+        },
+    ]
+
+
+def test_a_flow_without_data_schema_or_actions_publishes_and_takes_any_object(
+    api: Api, runtime_engine: Engine
+) -> None:
+    definition = {
+        "key": "bare",
+        "trigger": "manual",
+        "initialState": "open",
+        "states": ["open", "closed"],
+        "transitions": [{"id": "close", "from": ["open"], "to": "closed"}],
+    }
+
+    response = api.post("/flows", definition)
+
+    assert response.status_code == 201, response.get_data(as_text=True)
+    flow_id = response.get_json()["id"]
+    with runtime_engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT definition, data_schema FROM flow WHERE id = :id"), {"id": flow_id}
+        ).one()
+    assert row.definition == definition
+    assert row.data_schema == {"type": "object"}
+    created = api.create_request(flow_id, {"anything": [1, "two", {"three": None}]})
+    assert api.transition(created["id"], "close", 1).status_code == 202
+
+
 def test_definition_shape_errors_and_unknown_fields_are_422(api: Api) -> None:
     response = api.post("/flows", {"key": "x", "surprise": 1})
 

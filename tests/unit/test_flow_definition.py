@@ -269,6 +269,63 @@ def test_a_non_object_definition_is_one_schema_error():
     assert error_paths(["not", "a", "flow"]) == [""]
 
 
+def test_a_transition_may_omit_actions(flow):
+    transition = flow["transitions"][0]
+    del transition["actions"], transition["decision"], transition["updates"]
+    transition["to"] = "off"
+    assert validate_definition(flow) == ([], [])
+    assert FlowDefinition.from_json(flow).transitions["power-off"].actions == []
+
+
+def test_a_flow_may_omit_its_data_schema_and_then_accepts_any_object(flow):
+    del flow["dataSchema"]
+    assert validate_definition(flow) == ([], [])
+    assert FlowDefinition.from_json(flow).data_schema == {"type": "object"}
+
+
+def test_a_missing_field_does_not_hide_an_unknown_initial_state(flow):
+    del flow["trigger"]
+    flow["initialState"] = "fresh"
+    errors, _ = validate_definition(flow)
+    assert [p.as_dict() for p in errors] == [
+        {"path": "", "message": "'trigger' is a required property"},
+        {"path": "/initialState", "message": "unknown state 'fresh'"},
+    ]
+
+
+def test_schema_and_semantic_problems_are_reported_together_each_at_its_path(flow):
+    transition = flow["transitions"][0]
+    transition["actions"][0]["version"] = 0  # schema
+    transition["actions"][0]["onError"] = "panic"  # semantic, same action
+    transition["actions"][1]["onError"] = "limbo"  # semantic, next action
+    transition["from"] = ["new", 7, "gone"]  # schema at /from/1, semantic at /from/2
+    transition["decision"]["rules"][0]["then"] = {}  # schema: the table is not checked
+    flow["transitions"].append({"id": "back", "from": ["off"], "to": "nowhere"})
+    flow["dataSchema"] = {"type": "object", "properties": {"x": {"type": "text"}}}
+    assert error_paths(flow) == [
+        "/dataSchema/properties/x/type",
+        "/transitions/0/actions/0/onError",
+        "/transitions/0/actions/0/version",
+        "/transitions/0/actions/1/onError",
+        "/transitions/0/decision/rules/0/then",
+        "/transitions/0/from/1",
+        "/transitions/0/from/2",
+        "/transitions/1/to",
+    ]
+
+
+def test_a_malformed_action_with_a_good_id_stays_readable_by_later_actions(flow):
+    # Reading /actions/send/... is right; only the version of "send" is wrong.
+    flow["transitions"][0]["actions"][0]["version"] = "one"
+    assert error_paths(flow) == ["/transitions/0/actions/0/version"]
+
+
+def test_states_that_are_not_a_list_leave_state_names_unjudged(flow):
+    flow["states"] = "new"
+    flow["initialState"] = "fresh"
+    assert error_paths(flow) == ["/states"]
+
+
 # --- typed access and running ---------------------------------------------------------
 
 
