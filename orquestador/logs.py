@@ -1,0 +1,97 @@
+"""Log lines: what every process writes, in one format, swappable in one place."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from typing import Any, TextIO
+
+# Everything a LogRecord carries on its own; any other attribute came in through `extra`.
+_RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+# CSI sequences (colours, cursor moves) that libraries such as werkzeug add to their lines.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+# An exception message may be long or span lines (SQLAlchemy appends the statement and its
+# parameters after the first line): keep the first line, cut to this length.
+_EXCEPTION_MESSAGE_LIMIT = 500
+_BARE_VALUE = re.compile(r"[^\s\"'=\\]+")
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`: the record's `extra`, then its exception.
+
+    The exception is named by class and first message line on the same line, so a line
+    stays greppable by execution_id; the traceback follows only for ERROR and above
+    (unexpected failures), not for the expected ones logged as warnings.
+    """
+
+    def __init__(self, *, colour: bool = False, tracebacks_from: int = logging.ERROR) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.colour = colour
+        self.tracebacks_from = tracebacks_from
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        parts = [self.formatMessage(record)]
+        parts += [
+            f"{key}={logfmt_value(value)}"
+            for key, value in record.__dict__.items()
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_")
+        ]
+        exc_type, exc, _tb = record.exc_info or (None, None, None)
+        if exc_type is not None:
+            parts.append(f"exception={exc_type.__name__}")
+            message = exception_message(exc)
+            if message:
+                parts.append(f"exception_message={logfmt_value(message)}")
+        line = " ".join(parts)
+        if exc_type is not None and record.levelno >= self.tracebacks_from:
+            line += "\n" + self.formatException(record.exc_info)  # type: ignore[arg-type]
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line if self.colour else _ANSI_ESCAPE.sub("", line)
+
+
+def logfmt_value(value: Any) -> str:
+    text = value if isinstance(value, str) else str(value)
+    if _BARE_VALUE.fullmatch(text):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def exception_message(exc: BaseException | None) -> str:
+    """The first line of an exception's message (a database error's own, not the SQL)."""
+    if exc is None:
+        return ""
+    origin = getattr(exc, "orig", None) or exc
+    lines = str(origin).strip().splitlines()
+    return lines[0][:_EXCEPTION_MESSAGE_LIMIT] if lines else ""
+
+
+def configure(level: str, stream: TextIO | None = None) -> None:
+    """Send every logger's lines to STREAM (stderr) once; colours only on a terminal."""
+    stream = sys.stderr if stream is None else stream
+    handler = logging.StreamHandler(stream)
+    level_number = logging.getLevelName(level.upper())
+    handler.setFormatter(
+        TextFormatter(
+            colour=_is_terminal(stream),
+            tracebacks_from=logging.DEBUG if level_number == logging.DEBUG else logging.ERROR,
+        )
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    # Alembic announces each of its plugins at INFO; nobody needs that on every start.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
