@@ -1,4 +1,4 @@
-"""The one command line: dev, migrate, worker, api, token, check, decide."""
+"""The one command line: dev, migrate, worker, api, token, check, health, decide."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import argparse
 import json
 import logging
 import sys
+import textwrap
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from orquestador.config import Settings
+from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.errors import ConfigError, OrquestadorError
 
@@ -57,52 +59,168 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="orquestador", description="Durable workflow orchestrator on PostgreSQL."
+        prog="orquestador",
+        description="Durable workflow orchestrator on PostgreSQL.",
+        epilog="Every setting comes from the environment; .env.example lists each one with "
+        "its default. 'orquestador COMMAND --help' names the ones a command reads.",
     )
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
-    dev = commands.add_parser(
-        "dev", help="embedded database, migrations, worker and API in one process"
+    def command(name: str, summary: str, reads: Sequence[str]) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog=_settings_epilog(reads),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    dev = command(
+        "dev",
+        "embedded database, migrations, worker and API in one process",
+        ALL_SETTINGS,
     )
     dev.set_defaults(handler=_dev)
 
-    migrate = commands.add_parser("migrate", help="apply or inspect database migrations")
+    migrate = command(
+        "migrate",
+        "apply or inspect database migrations; grant the runtime role its privileges",
+        MIGRATE_SETTINGS,
+    )
     migrate.add_argument(
-        "action", nargs="?", default="upgrade", choices=("upgrade", "downgrade", "current")
+        "action",
+        nargs="?",
+        default="upgrade",
+        choices=("upgrade", "downgrade", "current", "grant"),
+        help="upgrade (default; re-grants at head), downgrade REV, current, or grant: "
+        "re-apply the runtime role's grants (idempotent)",
     )
     migrate.add_argument("revision", nargs="?", help="target revision (upgrade: default head)")
+    migrate.add_argument(
+        "--no-runtime-grants",
+        action="store_true",
+        help="upgrade without granting anything to a runtime role (grant later with "
+        "'orquestador migrate grant')",
+    )
     migrate.set_defaults(handler=_migrate)
 
-    worker = commands.add_parser("worker", help="run the worker daemon (WORKER_ENABLED=true)")
+    worker = command("worker", "run the worker daemon (WORKER_ENABLED=true)", WORKER_SETTINGS)
     worker.set_defaults(handler=_worker)
 
-    api = commands.add_parser("api", help="serve the HTTP API with gunicorn")
+    api = command("api", "serve the HTTP API with gunicorn", API_SETTINGS)
     api.set_defaults(handler=_api)
 
-    token = commands.add_parser("token", help="mint a JWT with the configured signing key")
+    token = command("token", "mint a JWT with the configured signing key", TOKEN_SETTINGS)
     token.add_argument("--sub", required=True, help="subject (the caller's user id)")
     token.add_argument("--org", required=True, help="organization id")
     token.add_argument("--scope", default="", help='space separated, e.g. "requests:read"')
-    token.add_argument("--ttl", type=int, default=3600, help="seconds until expiry")
+    token.add_argument(
+        "--ttl",
+        "--lifetime",
+        dest="ttl",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="lifetime of the token in seconds (default: %(default)s)",
+    )
     token.set_defaults(handler=_token)
 
-    check = commands.add_parser("check", help="validate configuration and database reachability")
+    check = command(
+        "check",
+        "validate every setting, database reachability and the runtime role's privileges",
+        ALL_SETTINGS,
+    )
     check.set_defaults(handler=_check)
 
-    decide = commands.add_parser("decide", help="evaluate a decision table against a context")
+    health = command(
+        "health",
+        "probe what this host runs (container health checks): the API when an API switch is "
+        "on, the worker's database when WORKER_ENABLED is",
+        HEALTH_SETTINGS,
+    )
+    health.set_defaults(handler=_health)
+
+    decide = command("decide", "evaluate a decision table against a context", ())
     decide.add_argument("--table", required=True, type=Path, help="the table (JSON)")
     decide.add_argument("--context", required=True, type=Path, help='{"data": ...} (JSON)')
     decide.set_defaults(handler=_decide)
     return parser
 
 
+# The settings each command reads (besides validating all of them, as every command does).
+ALL_SETTINGS: tuple[str, ...] = tuple(
+    name for names in environment_sections().values() for name in names
+)
+_ADAPTERS_AND_LOGS = ("ADAPTER_MODULES", "LOG_LEVEL")
+MIGRATE_SETTINGS = (
+    "MIGRATION_DATABASE_URL",
+    "RUNTIME_DATABASE_ROLE",
+    "DATABASE_URL",
+    "ORQUESTADOR_HOME",
+    "LOG_LEVEL",
+)
+WORKER_SETTINGS = (
+    "DATABASE_URL",
+    "WORKER_ENABLED",
+    *environment_sections()["worker"],
+    *environment_sections()["retries"],
+    *_ADAPTERS_AND_LOGS,
+)
+API_SETTINGS = (
+    "DATABASE_URL",
+    "ORQUESTADOR_HOME",
+    "REQUEST_API_ENABLED",
+    "FLOW_ADMIN_ENABLED",
+    *[name for name in environment_sections()["tokens"] if name != "JWT_PRIVATE_KEY_FILE"],
+    *environment_sections()["api"],
+    *_ADAPTERS_AND_LOGS,
+)
+TOKEN_SETTINGS = (
+    "JWT_SECRET",
+    "JWT_PRIVATE_KEY_FILE",
+    "ORQUESTADOR_HOME",
+    "JWT_ISSUER",
+    "JWT_AUDIENCE",
+)
+HEALTH_SETTINGS = (
+    "REQUEST_API_ENABLED",
+    "FLOW_ADMIN_ENABLED",
+    "API_HOST",
+    "API_PORT",
+    "WORKER_ENABLED",
+    "DATABASE_URL",
+)
+
+
+def _settings_epilog(names: Sequence[str]) -> str:
+    if not names:
+        return "Reads no setting."
+    known = {
+        name: section for section, all_names in environment_sections().items() for name in all_names
+    }
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"not settings: {unknown}")
+    by_section: dict[str, list[str]] = {}
+    for name in names:
+        by_section.setdefault(known[name], []).append(name)
+    lines = [
+        textwrap.fill(
+            ", ".join(section_names),
+            width=79,
+            initial_indent=f"  {section}: ",
+            subsequent_indent=" " * (4 + len(section)),
+            break_on_hyphens=False,
+        )
+        for section, section_names in by_section.items()
+    ]
+    return "settings read (environment variables; .env.example has defaults):\n" + "\n".join(lines)
+
+
 def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # Alembic announces each of its plugins at INFO; nobody needs that on every start.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    from orquestador.logs import configure
+
+    configure(settings.log_level)
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -118,8 +236,18 @@ def _migrate(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     configure_logging(settings)
+    if args.action in ("current", "downgrade", "grant") and args.no_runtime_grants:
+        raise CommandFailed(f"--no-runtime-grants applies to upgrade, not {args.action}", 2)
+    if args.action == "downgrade" and not args.revision:
+        raise CommandFailed("downgrade needs a target revision, e.g. 'base' or '0003'", 2)
     url = settings.migration_database_url
     role = migrate.runtime_role_for(settings.database_url, settings.runtime_database_role)
+    if url and not role and args.action in ("upgrade", "grant") and not args.no_runtime_grants:
+        raise CommandFailed(
+            "no runtime role to grant: set RUNTIME_DATABASE_ROLE (or DATABASE_URL, whose user "
+            "is the runtime role), or pass --no-runtime-grants to migrate without grants",
+            2,
+        )
     local = None
     if not url:
         if settings.database_url:
@@ -129,21 +257,50 @@ def _migrate(args: argparse.Namespace) -> int:
         local = start_local_database(settings.home_path)
         url, role = local.migration_url, local.runtime_role
     try:
+        if args.no_runtime_grants:
+            role = None
+        elif role and args.action in ("upgrade", "grant") and not migrate.role_exists(url, role):
+            raise CommandFailed(
+                f"runtime role {role!r} does not exist: create it first "
+                "(docs/deploy/create-runtime-role.sql) or set RUNTIME_DATABASE_ROLE",
+                2,
+            )
         if args.action == "current":
             print(migrate.current_revision(url) or "base")
             return 0
-        if args.action == "downgrade" and not args.revision:
-            raise CommandFailed("downgrade needs a target revision, e.g. 'base' or '0003'", 2)
+        if args.action == "grant":
+            return _grant(migrate, url, role)
         config = migrate.alembic_config(url=url, runtime_role=role)
         if args.action == "upgrade":
             migrate.upgrade(config, args.revision or "head")
         else:
             migrate.downgrade(config, args.revision)
-        print(f"database at revision {migrate.current_revision(url) or 'base'}")
+        revision = migrate.current_revision(url)
+        print(f"database at revision {revision or 'base'}")
+        if args.action == "upgrade" and role and revision == migrate.head_revision():
+            # The migrations grant as they create; this repairs a database migrated before
+            # the role existed or without it, so a second `migrate` fixes what the first missed.
+            tables = migrate.grant_runtime_role(url, role)
+            print(f"runtime role {role!r}: grants in place on {len(tables)} tables")
+        elif args.action == "upgrade" and not role:
+            print("runtime grants skipped: grant them with 'orquestador migrate grant'")
         return 0
     finally:
         if local is not None:
             local.server.stop()
+
+
+def _grant(migrate: Any, url: str, role: str | None) -> int:
+    assert role, "checked by _migrate"
+    revision, head = migrate.current_revision(url), migrate.head_revision()
+    if revision != head:
+        raise CommandFailed(
+            f"database at revision {revision or 'base'}, not {head}: run "
+            "'orquestador migrate upgrade' (it grants as it goes)"
+        )
+    tables = migrate.grant_runtime_role(url, role)
+    print(f"runtime role {role!r}: grants in place on {len(tables)} tables")
+    return 0
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -172,14 +329,16 @@ def _token(args: argparse.Namespace) -> int:
     from orquestador.api.tokens import mint_token
 
     settings = Settings.from_env()
-    if not settings.signing_secret() and not settings.jwt_private_key_file:
-        raise CommandFailed(
-            "no signing key: set JWT_SECRET (or JWT_PRIVATE_KEY_FILE), or run "
-            "'orquestador dev' once in this folder to create a development key",
-            2,
-        )
     if args.ttl <= 0:
         raise CommandFailed("--ttl must be greater than zero", 2)
+    if not settings.signing_secret() and not settings.jwt_private_key_file:
+        raise CommandFailed(
+            f"no signing key: JWT_SECRET is not set and there is no development key at "
+            f"{settings.dev_secret_path.resolve()} (ORQUESTADOR_HOME={settings.home}); set "
+            "JWT_SECRET (or JWT_PRIVATE_KEY_FILE), or ORQUESTADOR_HOME to the .orquestador "
+            "folder of the project where 'orquestador dev' ran",
+            2,
+        )
     print(
         mint_token(
             settings, sub=args.sub, org=args.org, scopes=args.scope.split(), ttl_seconds=args.ttl
@@ -189,10 +348,12 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from orquestador.db.health import unreachable_databases
+    from orquestador.db.health import runtime_privilege_problems, unreachable_databases
 
     settings = Settings.from_env()
     problems = unreachable_databases(settings)
+    if settings.database_url and not any(p.startswith("DATABASE_URL:") for p in problems):
+        problems += runtime_privilege_problems(settings)
     for problem in problems:
         print(f"orquestador: {problem}", file=sys.stderr)
     if problems:
@@ -200,12 +361,45 @@ def _check(args: argparse.Namespace) -> int:
     print(
         "configuration is valid"
         + (
-            ""
+            "; the runtime role holds every privilege the worker and the API use"
             if settings.database_url
             else "; no DATABASE_URL: 'orquestador dev' embeds PostgreSQL"
         )
     )
     return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    from orquestador.db.health import connection_problem
+
+    settings = Settings.from_env()
+    probed = []
+    if settings.request_api_enabled or settings.flow_admin_enabled:
+        url = f"http://{_local_address(settings.api_host)}:{settings.api_port}/api/v1/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=4) as response:
+                response.read()
+        except (OSError, ValueError) as error:
+            raise CommandFailed(f"API: no answer from {url}: {_one_line(error)}") from None
+        probed.append("API")
+    if settings.worker_enabled:
+        if not settings.database_url:
+            raise CommandFailed("worker: DATABASE_URL is not set", 2)
+        problem = connection_problem(settings.database_url)
+        if problem:
+            raise CommandFailed(f"worker: DATABASE_URL: {problem}")
+        probed.append("worker database")
+    print(f"healthy: {', '.join(probed)}" if probed else "nothing to probe: no switch is on")
+    return 0
+
+
+def _local_address(host: str) -> str:
+    # A server bound to every address answers on loopback.
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def _decide(args: argparse.Namespace) -> int:

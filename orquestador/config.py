@@ -18,53 +18,53 @@ _FALSE = {"0", "false", "no", "off", ""}
 _JWT_ALGORITHMS = {"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "EdDSA"}
 
 
-def _env(name: str, default: str) -> Any:
+def _env(name: str, default: str, section: str) -> Any:
     # The default is the raw environment text; from_env converts it like any value.
-    return field(default=default, metadata={"env": name})
+    return field(default=default, metadata={"env": name, "section": section})
 
 
 @dataclass(frozen=True)
 class Settings:
     """Every setting of the product; `.env.example` lists the same names and defaults."""
 
-    database_url: str = _env("DATABASE_URL", "")
-    migration_database_url: str = _env("MIGRATION_DATABASE_URL", "")
-    runtime_database_role: str = _env("RUNTIME_DATABASE_ROLE", "")
-    home: str = _env("ORQUESTADOR_HOME", ".orquestador")
+    database_url: str = _env("DATABASE_URL", "", "database")
+    migration_database_url: str = _env("MIGRATION_DATABASE_URL", "", "database")
+    runtime_database_role: str = _env("RUNTIME_DATABASE_ROLE", "", "database")
+    home: str = _env("ORQUESTADOR_HOME", ".orquestador", "local state")
 
-    worker_enabled: bool = _env("WORKER_ENABLED", "false")
-    request_api_enabled: bool = _env("REQUEST_API_ENABLED", "false")
-    flow_admin_enabled: bool = _env("FLOW_ADMIN_ENABLED", "false")
+    worker_enabled: bool = _env("WORKER_ENABLED", "false", "switches")
+    request_api_enabled: bool = _env("REQUEST_API_ENABLED", "false", "switches")
+    flow_admin_enabled: bool = _env("FLOW_ADMIN_ENABLED", "false", "switches")
 
-    worker_concurrency: int = _env("WORKER_CONCURRENCY", "10")
-    worker_batch: int = _env("WORKER_BATCH", "10")
-    worker_poll_ms: int = _env("WORKER_POLL_MS", "500")
-    worker_lease_seconds: int = _env("WORKER_LEASE_SECONDS", "60")
-    worker_renew_seconds: int = _env("WORKER_RENEW_SECONDS", "15")
-    worker_drain_seconds: int = _env("WORKER_DRAIN_SECONDS", "20")
-    worker_id: str = _env("WORKER_ID", "")
-    execution_max_attempts: int = _env("EXECUTION_MAX_ATTEMPTS", "10")
+    worker_concurrency: int = _env("WORKER_CONCURRENCY", "10", "worker")
+    worker_batch: int = _env("WORKER_BATCH", "10", "worker")
+    worker_poll_ms: int = _env("WORKER_POLL_MS", "500", "worker")
+    worker_lease_seconds: int = _env("WORKER_LEASE_SECONDS", "60", "worker")
+    worker_renew_seconds: int = _env("WORKER_RENEW_SECONDS", "15", "worker")
+    worker_drain_seconds: int = _env("WORKER_DRAIN_SECONDS", "20", "worker")
+    worker_id: str = _env("WORKER_ID", "", "worker")
+    execution_max_attempts: int = _env("EXECUTION_MAX_ATTEMPTS", "10", "worker")
 
-    retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1")
-    retry_cap_seconds: float = _env("RETRY_CAP_SECONDS", "300")
-    retry_after_min_seconds: float = _env("RETRY_AFTER_MIN_SECONDS", "1")
-    retry_after_max_seconds: float = _env("RETRY_AFTER_MAX_SECONDS", "600")
+    retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
+    retry_cap_seconds: float = _env("RETRY_CAP_SECONDS", "300", "retries")
+    retry_after_min_seconds: float = _env("RETRY_AFTER_MIN_SECONDS", "1", "retries")
+    retry_after_max_seconds: float = _env("RETRY_AFTER_MAX_SECONDS", "600", "retries")
 
-    jwt_algorithms: str = _env("JWT_ALGORITHMS", "HS256")
-    jwt_secret: str = _env("JWT_SECRET", "")
-    jwt_public_key_file: str = _env("JWT_PUBLIC_KEY_FILE", "")
-    jwt_private_key_file: str = _env("JWT_PRIVATE_KEY_FILE", "")
-    jwt_issuer: str = _env("JWT_ISSUER", "orquestador")
-    jwt_audience: str = _env("JWT_AUDIENCE", "orquestador-api")
-    jwt_leeway_seconds: int = _env("JWT_LEEWAY_SECONDS", "30")
+    jwt_algorithms: str = _env("JWT_ALGORITHMS", "HS256", "tokens")
+    jwt_secret: str = _env("JWT_SECRET", "", "tokens")
+    jwt_public_key_file: str = _env("JWT_PUBLIC_KEY_FILE", "", "tokens")
+    jwt_private_key_file: str = _env("JWT_PRIVATE_KEY_FILE", "", "tokens")
+    jwt_issuer: str = _env("JWT_ISSUER", "orquestador", "tokens")
+    jwt_audience: str = _env("JWT_AUDIENCE", "orquestador-api", "tokens")
+    jwt_leeway_seconds: int = _env("JWT_LEEWAY_SECONDS", "30", "tokens")
 
-    api_host: str = _env("API_HOST", "127.0.0.1")
-    api_port: int = _env("API_PORT", "8080")
-    api_workers: int = _env("API_WORKERS", "2")
-    api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576")
+    api_host: str = _env("API_HOST", "127.0.0.1", "api")
+    api_port: int = _env("API_PORT", "8080", "api")
+    api_workers: int = _env("API_WORKERS", "2", "api")
+    api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
 
-    adapter_modules: str = _env("ADAPTER_MODULES", "")
-    log_level: str = _env("LOG_LEVEL", "INFO")
+    adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
+    log_level: str = _env("LOG_LEVEL", "INFO", "logs")
 
     @property
     def home_path(self) -> Path:
@@ -180,6 +180,14 @@ class Settings:
 
 def _env_name(attribute: str) -> str:
     return next(f.metadata["env"] for f in fields(Settings) if f.name == attribute)
+
+
+def environment_sections() -> dict[str, list[str]]:
+    """Every environment variable read, by section, in the order `.env.example` lists them."""
+    sections: dict[str, list[str]] = {}
+    for f in fields(Settings):
+        sections.setdefault(f.metadata["section"], []).append(f.metadata["env"])
+    return sections
 
 
 def _convert(raw: str, kind: Any) -> Any:

@@ -1,10 +1,22 @@
-"""Database reachability, for `orquestador check`."""
+"""Database checks for `orquestador check` and `orquestador health`."""
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, pool, text
+from sqlalchemy import Connection, Engine, create_engine, pool, text
 
 from orquestador.config import Settings, sqlalchemy_url
+from orquestador.db.grants import serial_sequences
+from orquestador.db.schema import RUNTIME_GRANTS
+
+# Every (table, privilege) the worker and the API use, as the connected role sees it.
+# to_regclass is NULL for a table that is missing or in a schema the role may not use.
+_TABLE_PRIVILEGES = text(
+    """
+    SELECT g.table_name, g.privilege, to_regclass(g.table_name) IS NOT NULL AS visible,
+           coalesce(has_table_privilege(to_regclass(g.table_name), g.privilege), false) AS held
+    FROM unnest(CAST(:tables AS text[]), CAST(:privileges AS text[])) AS g(table_name, privilege)
+    """
+)
 
 
 def unreachable_databases(settings: Settings) -> list[str]:
@@ -14,17 +26,81 @@ def unreachable_databases(settings: Settings) -> list[str]:
         ("DATABASE_URL", settings.database_url),
         ("MIGRATION_DATABASE_URL", settings.migration_database_url),
     ):
-        if not url:
-            continue
-        engine = create_engine(
-            sqlalchemy_url(url), poolclass=pool.NullPool, connect_args={"connect_timeout": 5}
-        )
-        try:
-            with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-        except Exception as error:
-            reason = str(getattr(error, "orig", error)).strip().splitlines()
-            problems.append(f"{name}: cannot connect: {reason[0] if reason else error}")
-        finally:
-            engine.dispose()
+        if url:
+            problem = connection_problem(url)
+            if problem:
+                problems.append(f"{name}: {problem}")
     return problems
+
+
+def runtime_privilege_problems(settings: Settings) -> list[str]:
+    """What the role in DATABASE_URL lacks for the worker and the API, one line per table.
+
+    Without these the worker's every claim fails with a permission error: `check` is
+    where an operator finds out before starting it.
+    """
+    engine = _engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            return _privilege_problems(connection)
+    finally:
+        engine.dispose()
+
+
+def _privilege_problems(connection: Connection) -> list[str]:
+    role = connection.execute(text("SELECT current_user")).scalar_one()
+    pairs = [(table, p) for table, privileges in RUNTIME_GRANTS.items() for p in privileges]
+    rows = connection.execute(
+        _TABLE_PRIVILEGES,
+        {"tables": [t for t, _ in pairs], "privileges": [p for _, p in pairs]},
+    ).all()
+    invisible = sorted({row.table_name for row in rows if not row.visible})
+    lacking: dict[str, list[str]] = {}
+    for row in rows:
+        if row.visible and not row.held:
+            lacking.setdefault(row.table_name, []).append(row.privilege)
+    problems: list[str] = []
+    if invisible:
+        problems.append(
+            f"DATABASE_URL: role {role!r} sees no table {', '.join(invisible)} (not migrated, "
+            "or no USAGE on their schema): run 'orquestador migrate' as the owner"
+        )
+    for table, privileges in lacking.items():
+        problems.append(
+            f"DATABASE_URL: role {role!r} lacks {', '.join(privileges)} on table {table}"
+        )
+    visible = [t for t in RUNTIME_GRANTS if t not in invisible]
+    sequences = [
+        sequence
+        for sequence in serial_sequences(connection, visible)
+        if not connection.execute(
+            text("SELECT has_sequence_privilege(CAST(:s AS regclass), 'USAGE')"), {"s": sequence}
+        ).scalar()
+    ]
+    for sequence in sequences:
+        problems.append(f"DATABASE_URL: role {role!r} lacks USAGE on sequence {sequence}")
+    if lacking or sequences:
+        problems.append(
+            f"grant them as the owner: RUNTIME_DATABASE_ROLE={role} orquestador migrate grant"
+        )
+    return problems
+
+
+def connection_problem(url: str) -> str | None:
+    """Why URL does not answer `SELECT 1`, or None."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as error:
+        reason = str(getattr(error, "orig", error)).strip().splitlines()
+        return f"cannot connect: {reason[0] if reason else error}"
+    finally:
+        engine.dispose()
+    return None
+
+
+def _engine(url: str) -> Engine:
+    return create_engine(
+        sqlalchemy_url(url), poolclass=pool.NullPool, connect_args={"connect_timeout": 5}
+    )

@@ -10,11 +10,13 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, create_engine, pool
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, create_engine, pool, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from orquestador.config import sqlalchemy_url
+from orquestador.db.grants import apply_runtime_grants
 from orquestador.errors import OrquestadorError
 
 
@@ -65,14 +67,14 @@ def downgrade(config: Config, revision: str) -> None:
 
 
 @contextmanager
-def _one_line_errors() -> Iterator[None]:
+def _one_line_errors(failure: str = "migration failed") -> Iterator[None]:
     # The whole run is one transaction, so a failure leaves the schema as it was;
     # the operator needs the database's reason, not a traceback.
     try:
         yield
     except SQLAlchemyError as error:
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()
-        raise MigrationFailed(f"migration failed: {reason[0] if reason else error}") from error
+        raise MigrationFailed(f"{failure}: {reason[0] if reason else error}") from error
 
 
 def current_revision(url: str) -> str | None:
@@ -80,5 +82,33 @@ def current_revision(url: str) -> str | None:
     try:
         with engine.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str | None:
+    """The newest revision this code knows."""
+    config = alembic_config(runtime_role=None)
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+def role_exists(url: str, role: str) -> bool:
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with _one_line_errors(), engine.connect() as connection:
+            found = connection.execute(
+                text("SELECT 1 FROM pg_roles WHERE rolname = :role"), {"role": role}
+            ).first()
+            return found is not None
+    finally:
+        engine.dispose()
+
+
+def grant_runtime_role(url: str, role: str) -> list[str]:
+    """Re-apply every runtime grant to ROLE in one transaction; return the tables granted."""
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with _one_line_errors("grant failed"), engine.begin() as connection:
+            return apply_runtime_grants(connection, role)
     finally:
         engine.dispose()
