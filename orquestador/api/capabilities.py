@@ -2,42 +2,40 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.config import Settings
 
-log = logging.getLogger(__name__)
-
-CapabilityKnown = Callable[[str, int], bool]
+# Why a published flow may not name (capability, version), or None when it may.
+CapabilityProblem = Callable[[str, int], str | None]
 
 
 class KnowsCapabilities(Protocol):
     def knows(self, capability: str, version: int) -> bool: ...
 
 
-def _accept_any(capability: str, version: int) -> bool:
-    return True
-
-
 def capability_checker(
     settings: Settings, registry: KnowsCapabilities | None = None
-) -> CapabilityKnown:
-    """The registry's `knows`; with no registry given, the one ADAPTER_MODULES configures.
+) -> CapabilityProblem:
+    """The publishing check of each action's capability; with no registry, the configured one.
 
-    While the adapter package is incomplete (a module of it cannot be imported),
-    publishing accepts any capability and the worker reports the missing adapter
-    as INTEGRATION_UNAVAILABLE when it runs.
+    A capability the registry does not know is refused. So is an adapter that runs
+    only in dry runs (NO_OP): dry runs are not available yet, so a published flow
+    naming it could only fail SIMULATION_ONLY at run time. A stand-in registry that
+    only answers `knows` has no adapters, hence none that runs only in dry runs.
     """
-    if registry is None:
-        try:
-            from orquestador.actions import load_registry
+    known = registry if registry is not None else load_registry(settings)
 
-            registry = load_registry(settings)
-        except ModuleNotFoundError as exc:
-            if not (exc.name or "").startswith("orquestador.actions"):
-                raise
-            log.warning("adapter registry unavailable (%s); any capability is accepted", exc.name)
-            return _accept_any
-    return registry.knows
+    def problem(capability: str, version: int) -> str | None:
+        if not known.knows(capability, version):
+            return f"unknown capability {capability} version {version}"
+        if isinstance(known, AdapterRegistry) and known.get(capability, version).simulation_only:
+            return (
+                f"{capability} version {version} runs only in dry runs, which are not "
+                "available yet; a published flow cannot use it"
+            )
+        return None
+
+    return problem

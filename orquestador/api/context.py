@@ -74,7 +74,9 @@ class ApiContext:
     settings: Settings
     engine: LazyEngine
     verifier: BearerVerifier
-    capability_known: Callable[[str, int], bool]
+    # Why a published flow may not name (capability, version), or None when it may:
+    # `api.capabilities.capability_checker`. The name predates the reason it now gives.
+    capability_known: Callable[[str, int], str | None]
 
 
 def api_context() -> ApiContext:

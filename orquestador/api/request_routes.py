@@ -102,11 +102,20 @@ def read(request_id: uuid.UUID) -> Response:
 @requires_scope(SCOPE_REQUESTS_WRITE)
 def transition(request_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
     body = read_json_object(TRANSITION_BODY)
+    if body.get("simulation", False):
+        # Refused before the request is looked up: nothing moves, and the answer
+        # says nothing about whether the request exists.
+        raise ApiProblem(
+            422,
+            "SIMULATION_NOT_AVAILABLE",
+            'Dry runs are not available yet; leave out "simulation" to run the '
+            "transition for real.",
+            problems=[Problem("/simulation", "dry runs are not available yet")],
+        )
     command = TransitionCommand(
         request_id=request_id,
         transition_id=body["transition"],
         expected_revision=int(body["expectedRevision"]),
-        simulation=body.get("simulation", False),
     )
     context = api_context()
     execution_id = accept_transition(

@@ -40,7 +40,10 @@ TRANSITION_BODY: dict[str, Any] = {
         "expectedRevision": {"type": "integer", "minimum": 1, "maximum": 2147483647},
         "simulation": {
             "type": "boolean",
-            "description": "A dry run: adapters that write are simulated.",
+            "description": (
+                "Reserved for dry runs, which are not available yet: true is refused "
+                "with 422 SIMULATION_NOT_AVAILABLE; false runs the transition."
+            ),
         },
     },
 }

@@ -22,7 +22,6 @@ class TransitionCommand:
     request_id: uuid.UUID
     transition_id: str
     expected_revision: int
-    simulation: bool
 
 
 def accept_transition(
@@ -75,7 +74,8 @@ def accept_transition(
                 accepted_revision=accepted_revision,
                 accepted_state=row.state,
                 max_attempts=max_attempts,
-                simulation=command.simulation,
+                # Dry runs are refused before this point until they exist.
+                simulation=False,
                 actor_snapshot=caller.snapshot(),
             )
             .returning(execution.c.id)

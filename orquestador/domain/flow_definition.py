@@ -19,7 +19,9 @@ from orquestador.domain.errors import DecisionError, MappingError, Problem
 from orquestador.domain.mappings import pointer_parts, resolve_source, with_decision
 from orquestador.domain.pointer_updates import schema_problems
 
-CapabilityKnown = Callable[[str, int], bool]
+# Why a flow may not name (capability, version), or None when it may: the adapter
+# registry's answer, which this pure module receives instead of importing.
+CapabilityProblem = Callable[[str, int], str | None]
 
 
 @functools.cache
@@ -105,7 +107,7 @@ class _Report:
 
     schema_errors: list[Problem]
     states: set[str] | None
-    capability_known: CapabilityKnown | None
+    capability_problem: CapabilityProblem | None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
 
@@ -140,14 +142,13 @@ def _check_action(action: Mapping[str, Any], at: str, seen: list[str], report: _
         report.unknown_state(f"{at}/onError", action.get("onError"))
     capability, version = action.get("capability"), action.get("version")
     if (
-        report.capability_known is not None
+        report.capability_problem is not None
         and "capability" in action
         and "version" in action
         and report.shaped(f"{at}/capability")
         and report.shaped(f"{at}/version")
-        and not report.capability_known(capability, version)
     ):
-        report.error(f"{at}/capability", f"unknown capability {capability} version {version}")
+        report.error(f"{at}/capability", report.capability_problem(capability, version))
     if action.get("email") is True and capability != "notify":
         report.warnings.append(Problem(f"{at}/email", "email only applies to notify actions"))
     inputs = action.get("input")
@@ -204,14 +205,15 @@ def _check_transition(transition: Mapping[str, Any], here: str, report: _Report)
 
 
 def validate_definition(
-    definition: Any, capability_known: CapabilityKnown | None = None
+    definition: Any, capability_problem: CapabilityProblem | None = None
 ) -> tuple[list[Problem], list[Problem]]:
     """Every problem that stops ``definition`` from being published, then warnings.
 
     Schema problems come first, then the semantic ones (unknown states, reads,
     duplicate ids, decision tables, capabilities), each with its JSON path. A
     semantic check runs on every part the schema accepted, so a missing field
-    does not hide an unknown ``initialState``.
+    does not hide an unknown ``initialState``. Capabilities are judged only when
+    ``capability_problem`` is given.
     """
     schema_errors = _schema_errors(definition)
     if not isinstance(definition, Mapping):
@@ -221,7 +223,7 @@ def validate_definition(
         schema_errors=schema_errors,
         # A malformed entry is reported by the schema; the other names are still states.
         states={s for s in states if isinstance(s, str)} if isinstance(states, list) else None,
-        capability_known=capability_known,
+        capability_problem=capability_problem,
         errors=list(schema_errors),
     )
     if "dataSchema" in definition and report.shaped("/dataSchema"):

@@ -144,6 +144,37 @@ def test_a_flow_without_data_schema_or_actions_publishes_and_takes_any_object(
     assert api.transition(created["id"], "close", 1).status_code == 202
 
 
+def test_a_flow_naming_a_dry_run_only_adapter_is_refused_at_its_path(database) -> None:
+    definition = {
+        "key": "noop-flow",
+        "trigger": "manual",
+        "initialState": "open",
+        "states": ["open", "closed"],
+        "transitions": [
+            {
+                "id": "close",
+                "from": ["open"],
+                "actions": [{"id": "n", "capability": "noop", "version": 1, "input": {}}],
+                "to": "closed",
+            }
+        ],
+    }
+    # The registry this API is configured with: the built-ins, NO_OP among them.
+    with running_api(database.runtime_dsn, registry=None) as api:
+        response = api.post("/flows", definition)
+
+    assert response.status_code == 422
+    body = problem(response)
+    assert body["code"] == "FLOW_INVALID"
+    assert body["problems"] == [
+        {
+            "path": "/transitions/0/actions/0/capability",
+            "message": "noop version 1 runs only in dry runs, which are not available yet; "
+            "a published flow cannot use it",
+        }
+    ]
+
+
 def test_definition_shape_errors_and_unknown_fields_are_422(api: Api) -> None:
     response = api.post("/flows", {"key": "x", "surprise": 1})
 

@@ -89,16 +89,42 @@ def test_the_execution_pins_the_requests_flow_version(
     assert str(execution.flow_id) == pinned
 
 
-def test_simulation_is_recorded_when_asked_for(
+def test_a_dry_run_is_refused_until_dry_runs_exist_and_nothing_moves(
     api: Api, request_id: str, runtime_engine: Engine
 ) -> None:
     body = {"transition": "power-off", "expectedRevision": 1, "simulation": True}
 
     response = api.post(f"/requests/{request_id}/transitions", body)
 
-    assert response.status_code == 202
+    assert response.status_code == 422
+    refused = problem(response)
+    assert refused["code"] == "SIMULATION_NOT_AVAILABLE"
+    assert "not available yet" in refused["detail"]
+    assert refused["problems"] == [
+        {"path": "/simulation", "message": "dry runs are not available yet"}
+    ]
+    assert _executions(runtime_engine, request_id) == []
+    after = api.get(f"/requests/{request_id}").get_json()
+    assert (after["state"], after["revision"]) == ("new", 1)
+    assert "executionId" not in after
+
+
+def test_a_dry_run_of_a_missing_request_is_the_same_refusal(api: Api) -> None:
+    body = {"transition": "power-off", "expectedRevision": 1, "simulation": True}
+
+    response = api.post(f"/requests/{uuid.uuid4()}/transitions", body)
+
+    assert (response.status_code, problem(response)["code"]) == (422, "SIMULATION_NOT_AVAILABLE")
+
+
+def test_simulation_false_runs_the_transition_for_real(
+    api: Api, request_id: str, runtime_engine: Engine
+) -> None:
+    body = {"transition": "power-off", "expectedRevision": 1, "simulation": False}
+
+    assert api.post(f"/requests/{request_id}/transitions", body).status_code == 202
     [execution] = _executions(runtime_engine, request_id)
-    assert execution.simulation is True
+    assert execution.simulation is False
 
 
 def test_accepting_notifies_waiting_workers(api: Api, request_id: str, database) -> None:

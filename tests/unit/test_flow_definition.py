@@ -247,14 +247,13 @@ def test_decision_table_problems_are_located_under_the_transition(flow):
     assert [p.path for p in warnings] == ["/transitions/0/decision/rules/2"]
 
 
-def test_unknown_capabilities_are_errors_when_the_registry_is_consulted(flow):
-    known = {("machine.command", 1)}
-    errors, _ = validate_definition(flow, capability_known=lambda c, v: (c, v) in known)
+def test_capability_problems_are_errors_at_the_action_when_the_registry_is_consulted(flow):
+    def problem(capability, version):
+        return None if (capability, version) == ("machine.command", 1) else f"no {capability}"
+
+    errors, _ = validate_definition(flow, capability_problem=problem)
     assert [p.as_dict() for p in errors] == [
-        {
-            "path": "/transitions/0/actions/1/capability",
-            "message": "unknown capability machine.wait version 1",
-        }
+        {"path": "/transitions/0/actions/1/capability", "message": "no machine.wait"}
     ]
 
 
