@@ -45,8 +45,12 @@ class ActionContext:
     stop_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def should_stop(self) -> bool:
-        """True once the worker lost the lease or is shutting down: wrap up, do not start more."""
-        return self.stop_event.is_set()
+        """True once the deadline passed, the lease was lost or the worker is stopping.
+
+        Past the deadline nobody waits for the answer any more: the engine recorded the
+        outcome as uncertain. Wrap up; do not start anything new.
+        """
+        return self.stop_event.is_set() or time.monotonic() >= self.deadline
 
     def seconds_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

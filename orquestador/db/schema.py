@@ -35,6 +35,11 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+# Every JSONB column and parameter maps Python None to SQL NULL. SQLAlchemy's default
+# turns None into the JSON value `null`: a nullable column would hold a "value", and
+# `coalesce(:data, data)` would keep the null instead of the data.
+JSONB_VALUE = JSONB(none_as_null=True)
+
 TRIGGERS = ("manual", "webhook", "provisioned", "reinstalled", "deleted")
 MOMENTS = ("provisioned", "reinstalled", "deleted")
 EXECUTION_STATUSES = (
@@ -47,6 +52,11 @@ EXECUTION_STATUSES = (
     "CANCELLED",
 )
 CHECKPOINT_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN")
+# How an attempt ended; an attempt interrupted before anyone saw its end is recorded
+# FAILED (a read) or UNKNOWN (a write) with error code INTERRUPTED.
+ATTEMPT_STATUSES = ("SUCCEEDED", "FAILED", "UNKNOWN")
+# The safe message kept per attempt is at most this many characters.
+ATTEMPT_MESSAGE_MAX = 1024
 EFFECTS = ("READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE")
 COMMAND_STATUSES = ("pending", "sent", "running", "succeeded", "failed", "timed_out")
 
@@ -75,8 +85,8 @@ flow = Table(
     Column("key", Text, nullable=False),
     Column("version", Integer, nullable=False),
     Column("trigger", Text, nullable=False),
-    Column("definition", JSONB, nullable=False),
-    Column("data_schema", JSONB, nullable=False),
+    Column("definition", JSONB_VALUE, nullable=False),
+    Column("data_schema", JSONB_VALUE, nullable=False),
     Column("created_by", Text, nullable=False),
     _created_at(),
     UniqueConstraint("org_id", "key", "version"),
@@ -95,9 +105,9 @@ request = Table(
     Column("flow_id", UUID(as_uuid=True), ForeignKey("flow.id"), nullable=False),
     Column("state", Text, nullable=False),
     Column("revision", Integer, nullable=False, server_default=text("1")),
-    Column("data", JSONB, nullable=False),
+    Column("data", JSONB_VALUE, nullable=False),
     Column("created_by", Text, nullable=False),
-    Column("acl", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("acl", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
     Column("machine_id", Text),
     Column(
         "busy_execution_id",
@@ -129,9 +139,11 @@ execution = Table(
         "next_attempt_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
     ),
     Column("simulation", Boolean, nullable=False, server_default=text("false")),
-    Column("actor_snapshot", JSONB, nullable=False),
-    Column("result", JSONB),
+    Column("actor_snapshot", JSONB_VALUE, nullable=False),
+    Column("result", JSONB_VALUE),
     Column("error_code", Text),
+    # Where the failure was (action, pointer, schema paths): never values.
+    Column("error_detail", JSONB_VALUE),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -176,7 +188,7 @@ action_execution = Table(
     Column("effect", Text, nullable=False),
     Column("capability", Text, nullable=False),
     Column("adapter_version", Integer, nullable=False),
-    Column("output", JSONB),
+    Column("output", JSONB_VALUE),
     Column("error_code", Text),
     Column(
         "started_at",
@@ -191,6 +203,31 @@ action_execution = Table(
     CheckConstraint(_in("effect", EFFECTS), name="effect"),
 )
 
+# One row per ended attempt of an action, never updated: the checkpoint keeps only the
+# latest attempt, and the write rule must still see an earlier attempt whose write may
+# have happened. Written in the same statement as the checkpoint's own change.
+action_attempt = Table(
+    "action_attempt",
+    metadata,
+    Column("execution_id", UUID(as_uuid=True), nullable=False),
+    Column("action_id", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("error_code", Text),
+    Column("message", Text),
+    Column("started_at", TIMESTAMP(timezone=True), nullable=False),
+    # NULL when the attempt was interrupted: nobody saw it end.
+    Column("finished_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("execution_id", "action_id", "attempt"),
+    ForeignKeyConstraint(
+        ["execution_id", "action_id"],
+        ["action_execution.execution_id", "action_execution.action_id"],
+    ),
+    CheckConstraint(_in("status", ATTEMPT_STATUSES), name="status"),
+    CheckConstraint(f"length(message) <= {ATTEMPT_MESSAGE_MAX}", name="message_length"),
+)
+
 audit_event = Table(
     "audit_event",
     metadata,
@@ -200,7 +237,7 @@ audit_event = Table(
     Column("request_id", UUID(as_uuid=True)),
     Column("execution_id", UUID(as_uuid=True)),
     Column("actor", Text),
-    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("detail", JSONB_VALUE, nullable=False, server_default=text("'{}'::jsonb")),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -220,7 +257,7 @@ machine_command = Table(
     Column("command", Text, nullable=False),
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("external_key", Text, nullable=False),
-    Column("result", JSONB),
+    Column("result", JSONB_VALUE),
     Column("simulation", Boolean, nullable=False, server_default=text("false")),
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
@@ -288,6 +325,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "request": ("SELECT", "INSERT", "UPDATE"),
     "execution": ("SELECT", "INSERT", "UPDATE"),
     "action_execution": ("SELECT", "INSERT", "UPDATE"),
+    "action_attempt": ("SELECT", "INSERT"),
     "audit_event": ("SELECT", "INSERT"),
     "machine_command": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "hosting_plan": ("SELECT", "INSERT", "UPDATE", "DELETE"),

@@ -51,8 +51,18 @@ class MappingError(DomainError):
 
     code = "MAPPING_FAILED"
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(
+        self, message: str | None = None, *, pointer: str | None = None, field: str | None = None
+    ) -> None:
         super().__init__(None, message)
+        self.pointer = pointer  # the source pointer that did not resolve, when known
+        self.field = field  # the input field whose source failed, when known
+
+    @property
+    def location(self) -> dict[str, str]:
+        """Where it failed, for an error detail: names and pointers only, never values."""
+        found = {"pointer": self.pointer, "field": self.field}
+        return {key: value for key, value in found.items() if value is not None}
 
 
 class DataValidationError(DomainError):

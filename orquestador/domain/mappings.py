@@ -78,7 +78,9 @@ def resolve_source(source: Mapping[str, Any], context: Mapping[str, Any]) -> Any
             raise MappingError(str(exc)) from None
         found, value = find(context, parts)
         if not found:
-            raise MappingError(f"pointer {pointer} does not resolve in the evaluation context")
+            raise MappingError(
+                f"pointer {pointer} does not resolve in the evaluation context", pointer=pointer
+            )
         # Copies keep an adapter that edits its input from changing the
         # accepted snapshot or an earlier action's recorded output.
         return copy.deepcopy(value)
@@ -96,7 +98,9 @@ def resolve_inputs(
         try:
             resolved[field] = resolve_source(source, context)
         except MappingError as exc:
-            raise MappingError(f"input {field!r}: {exc.message}") from None
+            raise MappingError(
+                f"input {field!r}: {exc.message}", pointer=exc.pointer, field=field
+            ) from None
     return resolved
 
 

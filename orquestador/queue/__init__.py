@@ -3,10 +3,9 @@
 from orquestador.queue.checkpoints import (
     ActionAttempt,
     CheckpointOutcome,
-    fail_checkpoint,
-    mark_unknown,
     start_checkpoint,
     succeed_checkpoint,
+    write_attempt_outcome,
 )
 from orquestador.queue.claims import claim_due_executions
 from orquestador.queue.fencing import Claim
@@ -30,15 +29,14 @@ __all__ = [
     "LoadedExecution",
     "claim_due_executions",
     "exit_on_error",
-    "fail_checkpoint",
     "fail_execution",
     "finish_execution",
     "load_execution",
-    "mark_unknown",
     "release_lease",
     "renew_leases",
     "require_reconciliation",
     "schedule_retry",
     "start_checkpoint",
     "succeed_checkpoint",
+    "write_attempt_outcome",
 ]

@@ -6,14 +6,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
-from sqlalchemy.dialects.postgresql import JSONB
 
+from orquestador.db.schema import JSONB_VALUE
 from orquestador.errors import ContractMismatch
 from orquestador.queue.fencing import FENCE, Claim, refuse_stale, still_holds
 from orquestador.queue.prepared import run_alone
 from orquestador.queue.transactions import one_statement
-
-CHECKPOINT_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN")
 
 
 @dataclass(frozen=True)
@@ -31,11 +29,12 @@ class ActionAttempt:
 
 @dataclass(frozen=True)
 class CheckpointOutcome:
-    """How an attempt ended when that is written together with an execution outcome."""
+    """How a RUNNING attempt ended, written together with what the execution does next."""
 
     action_id: str
     status: str  # FAILED or UNKNOWN
     error_code: str
+    message: str | None = None  # safe and bounded (see attempt_message); never inputs
 
     def __post_init__(self) -> None:
         if self.status not in ("FAILED", "UNKNOWN"):
@@ -51,6 +50,20 @@ _START = text(
     WITH holder AS (
         -- The write exists only if this claim still holds the lease.
         SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    ), interrupted AS (
+        -- The attempt being replaced never reported its end (a crash, a lost lease):
+        -- the history keeps it, as a write that may have happened unless it was a read.
+        -- Same conditions as the replacement below, so both happen or neither does.
+        INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
+                                    error_code, message, started_at, finished_at)
+        SELECT a.execution_id, a.action_id, a.attempt, a.fencing_token,
+               CASE WHEN a.effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END,
+               'INTERRUPTED', NULL, a.started_at, NULL
+        FROM action_execution a, holder
+        WHERE a.execution_id = holder.id AND a.action_id = :action_id
+          AND a.status = 'RUNNING' AND a.external_key = :external_key
+          AND a.effect <> 'NON_IDEMPOTENT_WRITE'
+        ON CONFLICT DO NOTHING
     )
     INSERT INTO action_execution AS a (
         execution_id, action_id, status, attempt, fencing_token, input_hash, external_key,
@@ -78,30 +91,49 @@ _SUCCEED = text(
     WITH holder AS (
         -- Lock and check the lease: a late return after a reclaim records nothing.
         SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    ), succeeded AS (
+        UPDATE action_execution AS a
+        SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp()
+        FROM holder
+        -- Both key columns by value, so that any plan finds the row by its primary key.
+        WHERE a.execution_id = :execution_id AND a.action_id = :action_id
+          AND a.execution_id = holder.id
+          AND a.status = 'RUNNING' AND a.fencing_token = :token
+        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
+                  a.finished_at
     )
-    UPDATE action_execution AS a
-    SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp()
-    FROM holder
-    -- Both key columns by value, so that any plan finds the row by its primary key.
-    WHERE a.execution_id = :execution_id AND a.action_id = :action_id
-      AND a.execution_id = holder.id
-      AND a.status = 'RUNNING' AND a.fencing_token = :token
-    RETURNING a.action_id
+    -- The attempt's line in the history, in the same statement as the checkpoint.
+    INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
+                                error_code, message, started_at, finished_at)
+    SELECT execution_id, action_id, attempt, fencing_token, 'SUCCEEDED', NULL, NULL,
+           started_at, finished_at
+    FROM succeeded
+    RETURNING action_id
     """
-).bindparams(bindparam("output", type_=JSONB))
+).bindparams(bindparam("output", type_=JSONB_VALUE))
 
-_FINISH_ATTEMPT = text(
+_END_ATTEMPT = text(
     f"""
     WITH holder AS (
         -- Same fence as every holder write.
         SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    ), ended AS (
+        -- Only a RUNNING attempt ends: an ended one is history already.
+        UPDATE action_execution AS a
+        SET status = :status, error_code = :error_code, finished_at = clock_timestamp()
+        FROM holder
+        WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'
+        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
+                  a.finished_at
     )
-    UPDATE action_execution AS a
-    SET status = :status, error_code = :error_code, finished_at = clock_timestamp()
-    FROM holder
-    WHERE a.execution_id = holder.id AND a.action_id = :action_id
-      AND a.status IN ('RUNNING', 'UNKNOWN', 'FAILED')
-    RETURNING a.action_id
+    INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
+                                error_code, message, started_at, finished_at)
+    SELECT execution_id, action_id, attempt, fencing_token, :status, :error_code, :message,
+           started_at,
+           -- An interrupted attempt was found, not seen ending.
+           CASE WHEN :error_code = 'INTERRUPTED' THEN NULL ELSE finished_at END
+    FROM ended
+    RETURNING action_id
     """
 )
 
@@ -143,27 +175,21 @@ def succeed_checkpoint(conn: Connection, claim: Claim, action_id: str, output: A
 
 
 def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOutcome) -> None:
-    """Inside a caller's transaction: mark an attempt FAILED or UNKNOWN under the fence."""
+    """Inside a caller's transaction: end the RUNNING attempt FAILED or UNKNOWN, with history."""
     row = conn.execute(
-        _FINISH_ATTEMPT,
+        _END_ATTEMPT,
         {
             **claim.params,
             "action_id": outcome.action_id,
             "status": outcome.status,
             "error_code": outcome.error_code,
+            "message": outcome.message,
         },
     ).first()
     if row is None:
+        if still_holds(conn, claim):
+            raise ContractMismatch(
+                f"checkpoint {outcome.action_id} of execution {claim.execution_id} is not "
+                "RUNNING; its attempt cannot end again"
+            )
         raise refuse_stale(claim, f"{outcome.status.lower()} checkpoint {outcome.action_id}")
-
-
-def fail_checkpoint(conn: Connection, claim: Claim, action_id: str, error_code: str) -> None:
-    """Persist FAILED: the attempt ended and its effect did not happen."""
-    with one_statement(conn):
-        write_attempt_outcome(conn, claim, CheckpointOutcome(action_id, "FAILED", error_code))
-
-
-def mark_unknown(conn: Connection, claim: Claim, action_id: str, error_code: str) -> None:
-    """Persist UNKNOWN: the attempt ended and its effect may have happened."""
-    with one_statement(conn):
-        write_attempt_outcome(conn, claim, CheckpointOutcome(action_id, "UNKNOWN", error_code))

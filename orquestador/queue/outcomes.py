@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
-from sqlalchemy.dialects.postgresql import JSONB
 
+from orquestador.db.schema import JSONB_VALUE
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
 from orquestador.queue.fencing import FENCE, Claim, lock_holder, refuse_stale
@@ -47,38 +47,45 @@ _LOCK_EXECUTION = text(
     """
 )
 
-# "A write happened or may have happened": a checkpoint of a writing action that
-# succeeded, is still RUNNING (interrupted) or ended UNKNOWN.
-_WRITE_EVIDENCE = text(
+# The write rule's facts, per writing action of the execution: its write is known to
+# have happened (SUCCEEDED), or it may have happened and nobody knows (in doubt): the
+# action has not succeeded and its latest attempt is RUNNING or UNKNOWN, or an earlier
+# attempt in the history ended UNKNOWN (uncertain, or interrupted mid-call). A later
+# attempt's FAILED does not undo an earlier attempt's write.
+_WRITES = text(
     """
-    SELECT EXISTS (
-        SELECT 1 FROM action_execution a
-        WHERE a.execution_id = :execution_id
-          AND a.effect IN ('IDEMPOTENT_WRITE', 'NON_IDEMPOTENT_WRITE')
-          AND a.status IN ('SUCCEEDED', 'RUNNING', 'UNKNOWN')
-    )
-    """
-)
-
-# Pending writes only: a success is a known fact, RUNNING/UNKNOWN is not.
-_UNCERTAIN_WRITES = text(
-    """
-    SELECT coalesce(array_agg(a.action_id), '{}') FROM action_execution a
-    WHERE a.execution_id = :execution_id
-      AND a.effect IN ('IDEMPOTENT_WRITE', 'NON_IDEMPOTENT_WRITE')
-      AND a.status IN ('RUNNING', 'UNKNOWN')
-      AND a.action_id <> :action_id
+    SELECT
+        coalesce(array_agg(a.action_id ORDER BY a.action_id)
+                 FILTER (WHERE a.status = 'SUCCEEDED'), '{}') AS succeeded,
+        coalesce(array_agg(a.action_id ORDER BY a.action_id)
+                 FILTER (WHERE a.status <> 'SUCCEEDED' AND (
+                     a.status IN ('RUNNING', 'UNKNOWN')
+                     OR EXISTS (SELECT 1 FROM action_attempt t
+                                WHERE t.execution_id = a.execution_id
+                                  AND t.action_id = a.action_id
+                                  AND t.status = 'UNKNOWN'))), '{}') AS in_doubt
+    FROM action_execution a
+    WHERE a.execution_id = :execution_id AND a.effect <> 'READ_ONLY'
     """
 )
 
-# What an operator needs to reconcile: every checkpoint, without inputs or outputs.
+# What an operator needs to reconcile: every checkpoint and its attempts, without
+# inputs or outputs.
 _EVIDENCE = text(
     """
     SELECT coalesce(jsonb_agg(jsonb_build_object(
                'actionId', a.action_id, 'status', a.status, 'effect', a.effect,
                'attempt', a.attempt, 'externalKey', a.external_key,
                'capability', a.capability, 'adapterVersion', a.adapter_version,
-               'errorCode', a.error_code) ORDER BY a.started_at), '[]'::jsonb)
+               'errorCode', a.error_code,
+               'attempts', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                'attempt', t.attempt, 'status', t.status,
+                                'errorCode', t.error_code, 'message', t.message)
+                                ORDER BY t.attempt), '[]'::jsonb)
+                            FROM action_attempt t
+                            WHERE t.execution_id = a.execution_id
+                              AND t.action_id = a.action_id))
+               ORDER BY a.started_at), '[]'::jsonb)
     FROM action_execution a WHERE a.execution_id = :execution_id
     """
 )
@@ -89,7 +96,7 @@ _AUDIT = text(
     SELECT e.org_id, :kind, e.request_id, e.id, :actor, :detail
     FROM execution e WHERE e.id = :execution_id
     """
-).bindparams(bindparam("detail", type_=JSONB))
+).bindparams(bindparam("detail", type_=JSONB_VALUE))
 
 _RELEASE_REQUEST = text(
     """
@@ -98,27 +105,28 @@ _RELEASE_REQUEST = text(
     """
 )
 
+# An error exit moves the request and leaves its data exactly as it was.
 _MOVE_REQUEST = text(
     """
     UPDATE request
-    SET data = coalesce(:data, data), state = :state, revision = revision + 1,
+    SET state = :state, revision = revision + 1,
         busy_execution_id = NULL, updated_at = clock_timestamp()
     WHERE id = :request_id AND busy_execution_id = :execution_id
     RETURNING revision
     """
-).bindparams(bindparam("data", type_=JSONB))
+)
 
 _END_EXECUTION = text(
     f"""
     UPDATE execution AS e
     SET status = :status, result = :result, error_code = :error_code,
-        lease_owner = NULL, lease_expires_at = NULL,
+        error_detail = :error_detail, lease_owner = NULL, lease_expires_at = NULL,
         finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED') THEN clock_timestamp() END,
         updated_at = clock_timestamp()
     WHERE {FENCE}
     RETURNING e.id
     """
-).bindparams(bindparam("result", type_=JSONB))
+).bindparams(bindparam("result", type_=JSONB_VALUE), bindparam("error_detail", type_=JSONB_VALUE))
 
 # The three writes of a completed transition in one statement, so the fenced UPDATE
 # of the execution (the lease check just before commit) is also the last round trip.
@@ -143,16 +151,16 @@ _COMPLETE = text(
         WHERE x.id = :execution_id
     )
     UPDATE execution AS e
-    SET status = 'SUCCEEDED', result = :result, error_code = NULL,
+    SET status = 'SUCCEEDED', result = :result, error_code = NULL, error_detail = NULL,
         lease_owner = NULL, lease_expires_at = NULL,
         finished_at = clock_timestamp(), updated_at = clock_timestamp()
     WHERE {FENCE}
     RETURNING e.id, (SELECT revision FROM moved) AS revision
     """
 ).bindparams(
-    bindparam("data", type_=JSONB),
-    bindparam("detail", type_=JSONB),
-    bindparam("result", type_=JSONB),
+    bindparam("data", type_=JSONB_VALUE),
+    bindparam("detail", type_=JSONB_VALUE),
+    bindparam("result", type_=JSONB_VALUE),
 )
 
 _WAIT_FOR_RETRY = text(
@@ -194,13 +202,33 @@ def _end(
     error_code: str | None,
     result: dict[str, Any] | None,
     what: str,
+    error_detail: dict[str, Any] | None = None,
 ) -> None:
     row = conn.execute(
         _END_EXECUTION,
-        {**claim.params, "status": status, "error_code": error_code, "result": result},
+        {
+            **claim.params,
+            "status": status,
+            "error_code": error_code,
+            "result": result,
+            "error_detail": error_detail or None,
+        },
     ).first()
     if row is None:
         raise refuse_stale(claim, what)
+
+
+@dataclass(frozen=True)
+class Writes:
+    """The write rule's facts about one execution (see _WRITES)."""
+
+    succeeded: list[str]
+    in_doubt: list[str]
+
+
+def _writes(conn: Connection, claim: Claim) -> Writes:
+    row = conn.execute(_WRITES, {"execution_id": claim.execution_id}).one()
+    return Writes(list(row.succeeded), list(row.in_doubt))
 
 
 def _lock_request_then_execution(conn: Connection, claim: Claim, what: str) -> tuple[Any, Any]:
@@ -235,13 +263,18 @@ def _park(conn: Connection, claim: Claim, reason: str, detail: dict[str, Any], w
         "RECONCILIATION_REQUIRED",
         {"reason": reason, **detail, "checkpoints": _evidence(conn, claim)},
     )
-    _end(conn, claim, "RECONCILIATION_REQUIRED", reason, None, what)
+    _end(conn, claim, "RECONCILIATION_REQUIRED", reason, None, what, detail)
     log.warning(
         "execution needs reconciliation: %s",
         reason,
-        extra={**claim.log_extra, "error_code": reason},
+        extra={**claim.log_extra, "error_code": reason, **_log_detail(detail)},
     )
     return "RECONCILIATION_REQUIRED"
+
+
+def _log_detail(detail: dict[str, Any]) -> dict[str, Any]:
+    # The stable ids an operator greps for; the detail holds no values, only names.
+    return {"action_id": detail["actionId"]} if "actionId" in detail else {}
 
 
 def schedule_retry(
@@ -354,24 +387,39 @@ def fail_execution(
     """End the execution after a failure; return the status it ended in.
 
     FAILED, with the request released, only when no write happened or may have
-    happened in this execution; otherwise RECONCILIATION_REQUIRED with the request
-    still busy. The rule is read from the checkpoints inside this transaction.
+    happened in this execution (the write rule, read from the checkpoints and the
+    attempt history inside this transaction); otherwise RECONCILIATION_REQUIRED with
+    the request still busy.
     """
+    detail = detail or {}
     with conn.begin():
         _lock_request_then_execution(conn, claim, "fail")
         if attempt_outcome is not None:
             write_attempt_outcome(conn, claim, attempt_outcome)
-        wrote = conn.execute(_WRITE_EVIDENCE, {"execution_id": claim.execution_id}).scalar_one()
-        if wrote:
-            return _park(conn, claim, error_code, {"failure": error_code, **(detail or {})}, "fail")
+        writes = _writes(conn, claim)
+        if writes.succeeded or writes.in_doubt:
+            return _park(
+                conn,
+                claim,
+                error_code,
+                {
+                    "failure": error_code,
+                    **detail,
+                    "writesSucceeded": writes.succeeded,
+                    "writesInDoubt": writes.in_doubt,
+                },
+                "fail",
+            )
         conn.execute(
             _RELEASE_REQUEST,
             {"request_id": claim.request_id, "execution_id": claim.execution_id},
         )
-        _audit(conn, claim, "EXECUTION_FAILED", {"errorCode": error_code, **(detail or {})})
-        _end(conn, claim, "FAILED", error_code, None, "fail")
+        _audit(conn, claim, "EXECUTION_FAILED", {"errorCode": error_code, **detail})
+        _end(conn, claim, "FAILED", error_code, None, "fail", detail)
     log.info(
-        "execution failed: %s", error_code, extra={**claim.log_extra, "error_code": error_code}
+        "execution failed: %s",
+        error_code,
+        extra={**claim.log_extra, "error_code": error_code, **_log_detail(detail)},
     )
     return "FAILED"
 
@@ -402,31 +450,32 @@ def exit_on_error(
 ) -> str:
     """Take a step's declared error exit: the request moves to `on_error_state`, audited.
 
-    A PermanentError says this action's own effect did not happen, and earlier
-    successes are known facts the audit row lists, so the declared exit is safe
-    with them. Only a pending write elsewhere (RUNNING/UNKNOWN) makes the outcome
-    unknowable; then the execution goes to reconciliation instead. Returns the
-    status the execution ended in.
+    A PermanentError says this attempt's own effect did not happen, and earlier
+    successes are known facts the audit row lists, so the declared exit is safe with
+    them. A write in doubt anywhere in the execution, this action's earlier attempts
+    included, makes the outcome unknowable: then the execution goes to reconciliation
+    instead and the request stays where it was. The request's data is never touched.
+    Returns the status the execution ended in.
     """
+    action_id = attempt_outcome.action_id
     with conn.begin():
         request, execution = _lock_request_then_execution(conn, claim, "error exit")
         change = _request_change(request, execution, claim)
         if change:
             raise RequestChanged(change)
         write_attempt_outcome(conn, claim, attempt_outcome)
-        pending = conn.execute(
-            _UNCERTAIN_WRITES,
-            {
-                "execution_id": claim.execution_id,
-                "action_id": attempt_outcome.action_id,
-            },
-        ).scalar_one()
-        if pending:
+        writes = _writes(conn, claim)
+        if writes.in_doubt:
             return _park(
                 conn,
                 claim,
                 attempt_outcome.error_code,
-                {"onError": on_error_state, "pendingWrites": list(pending)},
+                {
+                    "actionId": action_id,
+                    "onError": on_error_state,
+                    "writesSucceeded": writes.succeeded,
+                    "writesInDoubt": writes.in_doubt,
+                },
                 "error exit",
             )
         revision = conn.execute(
@@ -434,7 +483,6 @@ def exit_on_error(
             {
                 "request_id": claim.request_id,
                 "execution_id": claim.execution_id,
-                "data": None,
                 "state": on_error_state,
             },
         ).scalar_one()
@@ -444,7 +492,7 @@ def exit_on_error(
             "STEP_ERROR_EXIT",
             {
                 "transitionId": execution.transition_id,
-                "actionId": attempt_outcome.action_id,
+                "actionId": action_id,
                 "errorCode": attempt_outcome.error_code,
                 "fromState": execution.accepted_state,
                 "toState": on_error_state,
@@ -459,11 +507,14 @@ def exit_on_error(
             claim,
             "FAILED",
             attempt_outcome.error_code,
-            {
-                "outcome": "STEP_ERROR",
-                "toState": on_error_state,
-                "actionId": attempt_outcome.action_id,
-            },
+            {"outcome": "STEP_ERROR", "toState": on_error_state, "actionId": action_id},
             "error exit",
+            {"actionId": action_id, "onError": on_error_state},
         )
+    log.info(
+        "step error exit to %s: %s",
+        on_error_state,
+        attempt_outcome.error_code,
+        extra={**claim.log_extra, "action_id": action_id, "error_code": attempt_outcome.error_code},
+    )
     return "FAILED"

@@ -37,8 +37,8 @@ class _Compiled:
     def __init__(self, clause: TextClause) -> None:
         compiled = clause.compile(dialect=_DIALECT)
         self.sql = str(compiled)
-        # Parameters bound as JSON/JSONB are sent as jsonb, as SQLAlchemy sends them
-        # (None included, which becomes the JSON null).
+        # Parameters bound as JSON/JSONB are sent as jsonb; None is SQL NULL, never
+        # the JSON value null (see JSONB_VALUE in db/schema.py).
         self.json_params = frozenset(
             name for name, bind in compiled.binds.items() if isinstance(bind.type, JSON)
         )
@@ -66,7 +66,7 @@ def run(conn: Connection, clause: TextClause, params: Mapping[str, Any]) -> psyc
     driver = conn.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     values = {
-        name: Jsonb(value) if name in statement.json_params else value
+        name: Jsonb(value) if value is not None and name in statement.json_params else value
         for name, value in params.items()
     }
     cursor = driver.cursor(row_factory=namedtuple_row)

@@ -23,6 +23,7 @@ from orquestador.worker.heartbeat import Heartbeat
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.leases import HeldLeases
 from orquestador.worker.listener import ReadyListener, libpq_conninfo
+from orquestador.worker.messages import error_line
 from orquestador.worker.scheduler import Scheduler, Slots
 
 log = logging.getLogger(__name__)
@@ -99,25 +100,25 @@ class Worker:
     def _submit(self, claim: Claim) -> None:
         held = self.leases.add(claim)
         try:
-            self.pool.submit(self._run_job, claim, held.stop)
+            future = self.pool.submit(self._run_job, claim, held.stop)
         except RuntimeError:  # the pool is shutting down: give the claim back at once
             self._job_done(claim, "ABANDONED")
             raise
+        # The slot is given back once the job's function has returned, hooks included:
+        # counting it free any earlier would let the scheduler claim work for a thread
+        # that is still busy.
+        future.add_done_callback(lambda done: self._job_done(claim, done.result()))
 
-    def _run_job(self, claim: Claim, stop: threading.Event) -> None:
-        status = "ERROR"
+    def _run_job(self, claim: Claim, stop: threading.Event) -> str:
         try:
             with self.engine.connect() as conn:
-                status = self.executor.run(conn, claim, stop)
+                return self.executor.run(conn, claim, stop)
         except Exception as exc:
             # A database failure mid-run: RUNNING and the checkpoints stay for recovery.
             log.warning(
-                "job ended by %s; left for lease recovery",
-                type(exc).__name__,
-                extra=claim.log_extra,
+                "job ended by %s; left for lease recovery", error_line(exc), extra=claim.log_extra
             )
-        finally:
-            self._job_done(claim, status)
+            return "ERROR"
 
     def _job_done(self, claim: Claim, status: str) -> None:
         self.leases.remove(claim)
@@ -155,7 +156,10 @@ class Worker:
             count = self.leases.signal_all()
             log.warning("drain time over; stopping %d job(s), leases left to expire", count)
         self.heartbeat.stopped.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        # Nothing submitted is cancelled: a claim handed to the pool always runs, finds
+        # its stop signal set, and gives its lease back at once instead of holding it.
+        self.pool.shutdown(wait=False)
+        self.executor.close()
         # The background threads end before "stopped" is reported, so that whoever
         # stops the database next (`orquestador dev`) never sees them fail on it.
         _join_started(self.heartbeat)

@@ -51,7 +51,9 @@ from orquestador.queue import (
     succeed_checkpoint,
 )
 from orquestador.worker.backoff import RetryPolicy
+from orquestador.worker.calls import AdapterCalls, CallTimedOut
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+from orquestador.worker.messages import attempt_message
 
 log = logging.getLogger(__name__)
 
@@ -140,16 +142,29 @@ class Executor:
         self.hooks = hooks
         self.flows = FlowCache()
         self.schemas = SchemaCache()
+        self.calls = AdapterCalls(keep_idle=settings.worker_concurrency)
 
     def run(self, conn: Connection, claim: Claim, stop: threading.Event | None = None) -> str:
         """Run the claim to an outcome; return the status it ended in (or ABANDONED, ...)."""
         run = _ExecutionRun(self, conn, claim, stop or threading.Event())
         try:
-            return run.run()
+            try:
+                return run.run()
+            except ContractMismatch as exc:
+                # A checkpoint is not what this run expected (written by someone else,
+                # or for something else): never overwrite or reuse it; an operator decides.
+                require_reconciliation(
+                    conn, claim, ContractMismatch.code, detail={"why": exc.message}
+                )
+                return "RECONCILIATION_REQUIRED"
         except ExecutionEnded as ended:
             return ended.status
         except LeaseLost:
             return LEASE_LOST
+
+    def close(self) -> None:
+        """End the idle adapter-call threads (a call still running keeps its own)."""
+        self.calls.close()
 
 
 class _ExecutionRun:
@@ -217,6 +232,8 @@ class _ExecutionRun:
             validate_request_data(data, loaded.data_schema)
         except DataValidationError as exc:
             self.fail(exc.code, problems=[p.path for p in exc.problems])
+        except MappingError as exc:
+            self.fail(exc.code, **exc.location)
         except DomainError as exc:
             self.fail(exc.code)
         finish = Finish(
@@ -254,7 +271,11 @@ class _ExecutionRun:
         loaded = self.loaded
         assert loaded is not None
         claim = self.claim
-        extra = {**claim.log_extra, "action_id": spec.id}
+        extra = {
+            **claim.log_extra,
+            "action_id": spec.id,
+            "capability": f"{spec.capability}@{spec.version}",
+        }
         try:
             adapter = self.x.registry.get(spec.capability, spec.version)
         except IntegrationUnavailable:
@@ -275,7 +296,7 @@ class _ExecutionRun:
         try:
             inputs = resolve_inputs(spec.input, context)
         except MappingError as exc:
-            self.fail(exc.code, actionId=spec.id)
+            self.fail(exc.code, actionId=spec.id, **exc.location)
         problems = self.x.schemas.problems(adapter, "input", inputs)
         if problems:
             self.fail("INPUT_INVALID", actionId=spec.id, paths=problems)
@@ -297,7 +318,10 @@ class _ExecutionRun:
                 return recovered[0]
             attempt = ActionAttempt(**{**attempt.__dict__, "attempt": found.attempt + 1})
 
-        start_checkpoint(self.conn, claim, attempt)
+        try:
+            start_checkpoint(self.conn, claim, attempt)
+        except ContractMismatch as exc:
+            self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
         if self.x.hooks.before_adapter:
             self.x.hooks.before_adapter(claim, spec.id)
         ctx = ActionContext(
@@ -311,20 +335,39 @@ class _ExecutionRun:
             simulation=loaded.simulation,
             stop_event=self.stop,
         )
-        # No transaction is open here: the RUNNING checkpoint committed above.
+        # No transaction is open here: the RUNNING checkpoint committed above. The call
+        # runs on its own thread; at the deadline this job stops waiting for it.
         try:
-            output = adapter.invoke(ctx)
+            output = self.x.calls.call(adapter.invoke, ctx, adapter.timeout_seconds, extra)
+        except CallTimedOut:
+            self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
+            message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
+            log.warning("adapter timed out, outcome uncertain: %s", message, extra=extra)
+            self.uncertain(spec.id, attempt.attempt, adapter, "ADAPTER_TIMEOUT", message)
         except TransientError as exc:
-            log.info("action failed transiently", extra=extra)
+            message = attempt_message(exc, inputs)
+            log.info(
+                "action failed transiently: %s", message, extra={**extra, "error": "TransientError"}
+            )
             self.retry_or_fail(
-                spec.id, "FAILED", "TRANSIENT", attempt.attempt, adapter, exc.retry_after
+                spec.id, "FAILED", "TRANSIENT", attempt.attempt, adapter, exc.retry_after, message
             )
         except PermanentError as exc:
-            log.info("action failed permanently: %s", exc.code, extra=extra)
-            self.permanent(spec, exc, action_ids)
+            message = attempt_message(exc, inputs)
+            log.info(
+                "action failed permanently: %s",
+                message,
+                extra={**extra, "error": "PermanentError", "error_code": exc.code},
+            )
+            self.permanent(spec, exc, action_ids, message)
         except Exception as exc:  # UncertainError and anything unexpected: may have happened
-            log.warning("action outcome uncertain: %s", type(exc).__name__, extra=extra)
-            self.uncertain(spec.id, attempt.attempt, adapter)
+            message = attempt_message(exc, inputs)
+            log.warning(
+                "action outcome uncertain: %s",
+                message,
+                extra={**extra, "error": type(exc).__name__},
+            )
+            self.uncertain(spec.id, attempt.attempt, adapter, "UNCERTAIN", message)
         if self.x.hooks.after_adapter:
             self.x.hooks.after_adapter(claim, spec.id)
 
@@ -367,7 +410,11 @@ class _ExecutionRun:
         if interrupted and adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
             self.reconcile(
                 "INTERRUPTED_NON_IDEMPOTENT_WRITE",
-                CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED"),
+                # An UNKNOWN attempt already ended (and is in the history); a RUNNING
+                # one ends here, as found.
+                CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED")
+                if found.status == "RUNNING"
+                else None,
                 actionId=found.action_id,
             )
         if found.attempt >= adapter.max_attempts:
@@ -387,8 +434,9 @@ class _ExecutionRun:
         attempt: int,
         adapter: Adapter,
         retry_after: float | None = None,
+        message: str | None = None,
     ) -> None:
-        outcome = CheckpointOutcome(action_id, status, code)
+        outcome = CheckpointOutcome(action_id, status, code, message)
         if attempt < adapter.max_attempts and self.claim.attempts < self.claim.max_attempts:
             delay = self.x.retry.delay(attempt, retry_after)
             schedule_retry(self.conn, self.claim, outcome, delay, attempt)
@@ -400,22 +448,31 @@ class _ExecutionRun:
             raise ExecutionEnded("RETRY_WAIT")
         self.fail("RETRIES_EXHAUSTED", outcome, actionId=action_id)
 
-    def uncertain(self, action_id: str, attempt: int, adapter: Adapter) -> None:
+    def uncertain(
+        self, action_id: str, attempt: int, adapter: Adapter, code: str, message: str
+    ) -> None:
         if adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
             self.reconcile(
                 "UNCERTAIN_OUTCOME",
-                CheckpointOutcome(action_id, "UNKNOWN", "UNCERTAIN"),
+                CheckpointOutcome(action_id, "UNKNOWN", code, message),
                 actionId=action_id,
             )
         # Safe to repeat with the same external key; the provider deduplicates writes.
         self.retry_or_fail(
-            action_id, _interrupted_status(adapter.effect), "UNCERTAIN", attempt, adapter
+            action_id,
+            _interrupted_status(adapter.effect),
+            code,
+            attempt,
+            adapter,
+            message=message,
         )
 
-    def permanent(self, spec: ActionSpec, exc: PermanentError, action_ids: list[str]) -> None:
-        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code)
+    def permanent(
+        self, spec: ActionSpec, exc: PermanentError, action_ids: list[str], message: str
+    ) -> None:
+        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code, message)
         if spec.on_error:
-            observed = {"errorCode": exc.code, "message": str(exc), **exc.observed}
+            observed = {"errorCode": exc.code, "message": message, **exc.observed}
             try:
                 status = exit_on_error(
                     self.conn, self.claim, outcome, spec.on_error, observed, action_ids

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from orquestador.queue import Claim, claim_due_executions
+from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,11 @@ class Slots:
             return self._idle.wait_for(lambda: self._busy == 0, timeout)
 
 
+# Claims failing in a row wait at most this long between tries.
+CLAIM_BACKOFF_CAP_SECONDS = 30.0
+# SQLSTATE of a missing privilege.
+INSUFFICIENT_PRIVILEGE = "42501"
+
 # The longest the scheduler waits for more free slots before claiming under a backlog.
 GATHER_SECONDS = 0.005
 
@@ -97,9 +104,13 @@ class Scheduler(threading.Thread):
         self.stopped = threading.Event()  # set: claim nothing more
         # Under a backlog, claim once this many slots are free (or GATHER_SECONDS passed).
         self._gather = max(1, min(batch, slots.capacity) // 2)
+        # A claim that keeps failing (database away, a grant missing) is retried ever
+        # more slowly, so that the log holds a line per try, not two a second.
+        self._backoff = RetryPolicy(poll_seconds, CLAIM_BACKOFF_CAP_SECONDS, 0.0, 0.0)
 
     def run(self) -> None:
         backlog = False  # the last claim got all it asked for: more is probably due
+        failures = 0  # claims failed in a row
         while not self.stopped.is_set():
             # Cleared before claiming: a notification that lands during the claim sets it
             # again, so the next wait returns at once instead of missing the work.
@@ -117,15 +128,30 @@ class Scheduler(threading.Thread):
             try:
                 claimed = self.claim_once(wanted)
             except Exception as exc:
-                log.warning("claim failed: %s", type(exc).__name__)
+                failures += 1
                 backlog = False
-                self.stopped.wait(jittered(self._poll_seconds))
+                self.stopped.wait(self._after_failure(exc, failures))
                 continue
+            if failures:
+                log.info("claiming again after %d failed attempt(s)", failures)
+                failures = 0
             backlog = len(claimed) == wanted
             if not backlog:
                 if self._hooks.before_idle_wait:
                     self._hooks.before_idle_wait()
                 self._wake.wait(jittered(self._poll_seconds))
+
+    def _after_failure(self, exc: Exception, failures: int) -> float:
+        """Log one line about a failed claim; return how long to wait before the next one."""
+        wait = jittered(self._backoff.ceiling(failures))
+        hint = ""
+        if getattr(getattr(exc, "orig", None), "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
+            hint = (
+                " (the runtime role lacks a grant: `orquestador migrate grant` applies them,"
+                " `orquestador check` names what is missing)"
+            )
+        log.warning("claim failed: %s%s; next try in %.1f s", error_line(exc), hint, wait)
+        return wait
 
     def claim_once(self, wanted: int) -> list[Claim]:
         with self._engine.connect() as conn:

@@ -14,12 +14,12 @@ from orquestador.queue import (
     fail_execution,
     finish_execution,
     load_execution,
-    mark_unknown,
     release_lease,
     require_reconciliation,
     schedule_retry,
     start_checkpoint,
     succeed_checkpoint,
+    write_attempt_outcome,
 )
 from tests.integration.worker_support import (
     action,
@@ -63,11 +63,18 @@ def reclaimed(runtime_engine):
     return old, new
 
 
+def _in_transaction(conn, write):
+    with conn.begin():
+        write()
+
+
 STALE_WRITES = {
     "load": lambda conn, c: load_execution(conn, c),
     "start_checkpoint": lambda conn, c: start_checkpoint(conn, c, _attempt(c, attempt=2)),
     "succeed_checkpoint": lambda conn, c: succeed_checkpoint(conn, c, "a", {"late": True}),
-    "mark_unknown": lambda conn, c: mark_unknown(conn, c, "a", "UNCERTAIN"),
+    "write_attempt_outcome": lambda conn, c: _in_transaction(
+        conn, lambda: write_attempt_outcome(conn, c, CheckpointOutcome("a", "UNKNOWN", "X"))
+    ),
     "schedule_retry": lambda conn, c: schedule_retry(
         conn, c, CheckpointOutcome("a", "FAILED", "TRANSIENT"), 1.0, 1
     ),

@@ -123,23 +123,40 @@ def test_an_idle_worker_wakes_on_notify_long_before_its_poll(runtime_engine, wor
     wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), timeout=5, what="woken by notify")
 
 
-def test_renewal_keeps_a_long_action_alive_past_the_original_lease(runtime_engine, workers):
+def test_renewal_keeps_a_long_execution_alive_past_the_original_lease(runtime_engine, workers):
+    # Each action stays below its timeout (and so below the lease); together they run
+    # past the lease the claim took, which only renewal makes possible.
     first_lease = {}
+
+    def db_now():
+        with runtime_engine.connect() as conn:
+            return conn.execute(text("SELECT clock_timestamp()")).scalar_one()
 
     def long_action(ctx):
         eid = ctx.identity.execution_id
-        # Runs until the heartbeat has pushed the lease well past where it started.
-        wait_until(
-            lambda: (
-                execution(runtime_engine, eid).lease_expires_at > first_lease["at"] + _seconds(3)
-            ),
-            timeout=20,
-            what="two renewals",
-        )
+        if ctx.inputs["step"] == 1:
+            wait_until(
+                lambda: (
+                    execution(runtime_engine, eid).lease_expires_at
+                    > first_lease["at"] + _seconds(1.5)
+                ),
+                timeout=20,
+                what="a renewal",
+            )
+        else:
+            wait_until(lambda: db_now() > first_lease["at"], timeout=20, what="the first lease")
         return {"ok": 1}
 
-    write = Double("test.write", timeout_seconds=2, output=long_action)
-    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    write = Double("test.write", timeout_seconds=2.9, output=long_action)
+    eid = start_execution(
+        runtime_engine,
+        flow_definition(
+            [
+                action("a", "test.write", input={"step": {"const": 1}}),
+                action("b", "test.write", input={"step": {"const": 2}}),
+            ]
+        ),
+    )
 
     def after_claim(claims):
         first_lease["at"] = claims[0].lease_expires_at
@@ -155,7 +172,7 @@ def test_renewal_keeps_a_long_action_alive_past_the_original_lease(runtime_engin
     _worker(runtime_engine, workers, [write], worker_lease_seconds=3, worker_renew_seconds=1)
     wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), timeout=30)
     row = execution(runtime_engine, eid)
-    assert row.attempts == 1 and row.fencing_token == 1 and len(write.calls) == 1
+    assert row.attempts == 1 and row.fencing_token == 1 and len(write.calls) == 2
 
 
 def _seconds(n: float):

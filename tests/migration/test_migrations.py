@@ -145,6 +145,27 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     assert len(reports) == 1
     assert str(plans["manual"]) in reports[0] and "'manual'" in reports[0]
 
+    with engine.begin() as connection:
+        # What the error-exit bug left behind: the JSON value null where NULL was meant.
+        connection.execute(
+            text("UPDATE execution SET result = 'null'::jsonb WHERE id = :id"),
+            {"id": execution_id},
+        )
+    _step(server, name, "0005")
+    with engine.connect() as connection:
+        # Checkpoints that had ended seed the attempt history with their latest attempt.
+        history = connection.execute(
+            text("SELECT action_id, attempt, status FROM action_attempt ORDER BY action_id")
+        ).all()
+        result = connection.execute(
+            text("SELECT result IS NULL FROM execution WHERE id = :id"), {"id": execution_id}
+        ).scalar_one()
+    assert [tuple(row) for row in history] == [
+        ("charge", 1, "SUCCEEDED"),
+        ("notify", 1, "SUCCEEDED"),
+    ]
+    assert result is True
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []

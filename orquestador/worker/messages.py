@@ -1,0 +1,54 @@
+"""The safe, bounded message kept per attempt and written to logs when an adapter fails.
+
+An adapter's own errors (TransientError, PermanentError, UncertainError) carry words
+its author chose for operators; anything else it raised is reported with its class.
+Either way every input string of the call is blanked out of the text before it is
+kept, and the text is cut to ATTEMPT_MESSAGE_MAX characters: inputs may be secret,
+and a message is not a place for a provider's whole answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from orquestador.actions.errors import ActionError
+from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
+
+# Shorter strings are too common to blank out without destroying the message.
+_MIN_BLANKED = 4
+_BLANK = "[input]"
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def attempt_message(exc: BaseException, inputs: Any) -> str:
+    """What may be stored and logged about `exc`, a failure of a call that got `inputs`."""
+    text = str(exc) if isinstance(exc, ActionError) else f"{type(exc).__name__}: {exc}"
+    # Longest first, so that a value containing another is blanked whole.
+    for value in sorted(set(_strings(inputs)), key=len, reverse=True):
+        if len(value) >= _MIN_BLANKED:
+            text = text.replace(value, _BLANK)
+    if len(text) > ATTEMPT_MESSAGE_MAX:
+        text = text[: ATTEMPT_MESSAGE_MAX - 1] + "…"
+    return text
+
+
+def error_line(exc: BaseException) -> str:
+    """`Class: first line` of an infrastructure error (a database error's own words).
+
+    SQLAlchemy's message repeats the whole statement; the driver's first line says
+    what went wrong. Parameters are never part of either (engines hide them).
+    """
+    cause = getattr(exc, "orig", None) or exc
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
