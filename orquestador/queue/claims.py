@@ -12,33 +12,32 @@ from orquestador.queue.prepared import run_alone
 
 # Two sources of work, each read through its own partial index and locked with
 # SKIP LOCKED so that concurrent claimers split the rows instead of queueing on
-# each other. now() (this transaction's start) serves the index conditions; the
-# claim is the transaction's first statement, so it differs from clock_timestamp()
-# by microseconds and only ever in the conservative direction.
+# each other. Each source locks only what it takes, so the statement never holds
+# more than :limit rows that another claimer must then skip. now() (this
+# transaction's start) serves the index conditions; the claim is the transaction's
+# first statement, so it differs from clock_timestamp() by microseconds and only ever
+# in the conservative direction.
 _CLAIM = text(
     """
-    WITH waiting AS (
-        -- New work and retries whose backoff has elapsed, oldest due first.
-        SELECT id, next_attempt_at, created_at
-        FROM execution
-        WHERE status IN ('PENDING', 'RETRY_WAIT') AND next_attempt_at <= now()
-        ORDER BY next_attempt_at, created_at, id
-        LIMIT :limit
-        FOR UPDATE SKIP LOCKED
-    ), abandoned AS (
+    WITH abandoned AS (
         -- RUNNING rows whose holder let the lease lapse (crashed, hung or partitioned):
-        -- taking them bumps the token, which fences the old holder out for good.
-        SELECT id, next_attempt_at, created_at
+        -- taking them bumps the token, which fences the old holder out for good. They
+        -- go first: each keeps its request busy, and it was due before anything else.
+        SELECT id
         FROM execution
         WHERE status = 'RUNNING' AND lease_expires_at <= now()
         ORDER BY next_attempt_at, created_at, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
-    ), chosen AS (
-        -- One order across both sources; at most :limit rows (the free executor slots).
-        SELECT id FROM (SELECT * FROM waiting UNION ALL SELECT * FROM abandoned) AS due
+    ), waiting AS (
+        -- New work and retries whose backoff has elapsed, oldest due first, up to
+        -- what the abandoned rows left of :limit (the free executor slots).
+        SELECT id
+        FROM execution
+        WHERE status IN ('PENDING', 'RETRY_WAIT') AND next_attempt_at <= now()
         ORDER BY next_attempt_at, created_at, id
-        LIMIT :limit
+        LIMIT (SELECT :limit - count(*) FROM abandoned)
+        FOR UPDATE SKIP LOCKED
     )
     UPDATE execution AS e
     SET status = 'RUNNING',
@@ -49,9 +48,9 @@ _CLAIM = text(
         started_at = coalesce(e.started_at, clock_timestamp()),
         updated_at = clock_timestamp()
     FROM request AS r, flow AS f
-    -- An array, not a join with `chosen`: a cached generic plan cannot know how few
-    -- rows `chosen` has and would hash-join it with a scan of the whole table.
-    WHERE e.id = ANY (ARRAY(SELECT id FROM chosen))
+    -- An array, not a join with the sources: a cached generic plan cannot know how few
+    -- rows they hold and would hash-join them with a scan of the whole table.
+    WHERE e.id = ANY (ARRAY(SELECT id FROM abandoned UNION ALL SELECT id FROM waiting))
       AND r.id = e.request_id AND f.id = e.flow_id
     RETURNING e.id, e.fencing_token, e.attempts, e.max_attempts, e.request_id,
               e.lease_expires_at, e.next_attempt_at, e.created_at,

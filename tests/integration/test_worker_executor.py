@@ -13,6 +13,7 @@ from orquestador.worker.executor import LEASE_LOST, LEFT_RUNNING, Executor
 from orquestador.worker.hooks import WorkerHooks
 from tests.integration.worker_support import RecordingAdapter as Double
 from tests.integration.worker_support import (
+    SimulatedCrash,
     action,
     audit,
     checkpoints,
@@ -20,29 +21,13 @@ from tests.integration.worker_support import (
     execution,
     expire_lease,
     flow_definition,
+    make_due,
     registry_of,
     request_row,
+    run_once,
     settings,
     start_execution,
 )
-
-
-class SimulatedCrash(Exception):
-    """Stands for the process dying at a hook: nothing after it runs."""
-
-
-def _run(engine, executor: Executor, owner: str = "w1") -> str:
-    claim = claim_one(engine, owner)
-    with engine.connect() as conn:
-        return executor.run(conn, claim)
-
-
-def _make_due(engine, execution_id) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            text("UPDATE execution SET next_attempt_at = now() - interval '1 s' WHERE id = :id"),
-            {"id": execution_id},
-        )
 
 
 def _decision_flow(**kwargs):
@@ -78,7 +63,7 @@ def test_happy_path_writes_checkpoints_request_result_and_audit(runtime_engine):
     first, second = _doubles()
     executor = Executor(registry_of(first, second), settings())
     eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
-    assert _run(runtime_engine, executor) == "SUCCEEDED"
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
 
     row = execution(runtime_engine, eid)
     assert row.status == "SUCCEEDED" and row.lease_owner is None and row.finished_at
@@ -116,13 +101,13 @@ def test_recovery_reuses_succeeded_outputs_and_keeps_the_external_key(runtime_en
     )
     eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
     with pytest.raises(SimulatedCrash):
-        _run(runtime_engine, crashing, "crashed")
+        run_once(runtime_engine, crashing, "crashed")
     cps = checkpoints(runtime_engine, eid)
     assert (cps["first"].status, cps["second"].status) == ("SUCCEEDED", "RUNNING")
 
     expire_lease(runtime_engine, eid)
     recovering = Executor(registry_of(first, second), settings())
-    assert _run(runtime_engine, recovering, "recovered") == "SUCCEEDED"
+    assert run_once(runtime_engine, recovering, "recovered") == "SUCCEEDED"
     assert len(first.calls) == 1, "a SUCCEEDED action ran again"
     assert [c.external_key for c in second.calls] == [f"{eid}:second"]
     assert [c.inputs for c in second.calls] == [{"value": 20}], "not from the recovered output"
@@ -147,11 +132,11 @@ def test_external_key_is_stable_across_retried_attempts(runtime_engine):
         registry_of(write), settings(retry_base_seconds=0.001, retry_cap_seconds=0.001)
     )
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
-    assert _run(runtime_engine, executor) == "RETRY_WAIT"
+    assert run_once(runtime_engine, executor) == "RETRY_WAIT"
     assert checkpoints(runtime_engine, eid)["w"].status == "UNKNOWN"
     for expected in ("RETRY_WAIT", "SUCCEEDED"):
-        _make_due(runtime_engine, eid)
-        assert _run(runtime_engine, executor) == expected
+        make_due(runtime_engine, eid)
+        assert run_once(runtime_engine, executor) == expected
     assert [c.external_key for c in write.calls] == [f"{eid}:w"] * 3
     assert [c.attempt for c in write.calls] == [1, 2, 3]
 
@@ -165,9 +150,9 @@ def test_interrupted_non_idempotent_write_requires_reconciliation(runtime_engine
     )
     eid = start_execution(runtime_engine, flow_definition([action("charge", "test.charge")]))
     with pytest.raises(SimulatedCrash):
-        _run(runtime_engine, crashing)
+        run_once(runtime_engine, crashing)
     expire_lease(runtime_engine, eid)
-    assert _run(runtime_engine, Executor(registry_of(charge), settings())) == (
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == (
         "RECONCILIATION_REQUIRED"
     )
     assert len(charge.calls) == 1, "a non-idempotent write was repeated"
@@ -187,7 +172,7 @@ def test_uncertain_non_idempotent_write_is_parked_not_retried(runtime_engine):
         output=lambda ctx: (_ for _ in ()).throw(TimeoutError()),
     )
     eid = start_execution(runtime_engine, flow_definition([action("charge", "test.charge")]))
-    assert _run(runtime_engine, Executor(registry_of(charge), settings())) == (
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == (
         "RECONCILIATION_REQUIRED"
     )
     assert checkpoints(runtime_engine, eid)["charge"].status == "UNKNOWN"
@@ -202,7 +187,7 @@ def test_updates_violating_the_data_schema_roll_back_and_keep_checkpoints(runtim
         data_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
     )
     eid = start_execution(runtime_engine, definition, {"n": 1})
-    assert _run(runtime_engine, Executor(registry_of(read), settings())) == "FAILED"
+    assert run_once(runtime_engine, Executor(registry_of(read), settings())) == "FAILED"
     row = execution(runtime_engine, eid)
     assert row.error_code == "DATA_INVALID"
     req = request_row(runtime_engine, row.request_id)
@@ -219,7 +204,7 @@ def test_a_failed_finish_after_a_write_is_parked_for_reconciliation(runtime_engi
         data_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
     )
     eid = start_execution(runtime_engine, definition, {"n": 1})
-    assert _run(runtime_engine, Executor(registry_of(write), settings())) == (
+    assert run_once(runtime_engine, Executor(registry_of(write), settings())) == (
         "RECONCILIATION_REQUIRED"
     )
     row = execution(runtime_engine, eid)
@@ -236,7 +221,7 @@ def test_failure_inside_the_finish_transaction_rolls_back_and_recovery_finishes(
         registry_of(first, second), settings(), WorkerHooks(before_finish_commit=explode)
     )
     eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
-    assert _run(runtime_engine, failing) == LEFT_RUNNING
+    assert run_once(runtime_engine, failing) == LEFT_RUNNING
     row = execution(runtime_engine, eid)
     assert row.status == "RUNNING" and row.result is None
     req = request_row(runtime_engine, row.request_id)
@@ -245,7 +230,7 @@ def test_failure_inside_the_finish_transaction_rolls_back_and_recovery_finishes(
     assert not audit(runtime_engine, eid, "TRANSITION_COMPLETED")
 
     expire_lease(runtime_engine, eid)
-    assert _run(runtime_engine, Executor(registry_of(first, second), settings())) == "SUCCEEDED"
+    assert run_once(runtime_engine, Executor(registry_of(first, second), settings())) == "SUCCEEDED"
     assert (len(first.calls), len(second.calls)) == (1, 1)
 
 
@@ -254,7 +239,7 @@ def test_a_request_modified_since_acceptance_is_rejected_before_any_adapter(runt
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     with runtime_engine.begin() as conn:
         conn.execute(text("UPDATE request SET revision = revision + 1, state = 'other'"))
-    assert _run(runtime_engine, Executor(registry_of(write), settings())) == "FAILED"
+    assert run_once(runtime_engine, Executor(registry_of(write), settings())) == "FAILED"
     assert write.calls == []
     row = execution(runtime_engine, eid)
     assert row.error_code == "REQUEST_CHANGED"
@@ -292,7 +277,7 @@ def test_retry_after_is_honoured_within_bounds(runtime_engine):
     )
     executor = Executor(registry_of(read), settings(retry_after_max_seconds=120))
     eid = start_execution(runtime_engine, flow_definition([action("r", "test.read")]))
-    assert _run(runtime_engine, executor) == "RETRY_WAIT"
+    assert run_once(runtime_engine, executor) == "RETRY_WAIT"
     (scheduled,) = audit(runtime_engine, eid, "RETRY_SCHEDULED")
     assert scheduled.detail["delaySeconds"] == 120
 
@@ -318,9 +303,9 @@ def test_exhaustion_fails_only_when_no_write_happened(runtime_engine, earlier_ef
     eid = start_execution(
         runtime_engine, flow_definition([action("e", "test.earlier"), action("r", "test.read")])
     )
-    assert _run(runtime_engine, executor) == "RETRY_WAIT"
-    _make_due(runtime_engine, eid)
-    assert _run(runtime_engine, executor) == expected
+    assert run_once(runtime_engine, executor) == "RETRY_WAIT"
+    make_due(runtime_engine, eid)
+    assert run_once(runtime_engine, executor) == expected
     assert len(flaky.calls) == 2 and len(earlier.calls) == 1
     row = execution(runtime_engine, eid)
     busy = request_row(runtime_engine, row.request_id).busy_execution_id
@@ -341,7 +326,7 @@ def test_permanent_error_takes_the_steps_error_exit(runtime_engine):
             [action("send", "test.write"), action("wait", "test.wait", onError="attention")]
         ),
     )
-    assert _run(runtime_engine, Executor(registry_of(earlier, wait), settings())) == "FAILED"
+    assert run_once(runtime_engine, Executor(registry_of(earlier, wait), settings())) == "FAILED"
     row = execution(runtime_engine, eid)
     assert row.error_code == "DEADLINE"
     assert row.result["toState"] == "attention"
@@ -360,7 +345,7 @@ def test_permanent_error_without_error_exit_fails_and_releases(runtime_engine):
         output=lambda ctx: (_ for _ in ()).throw(PermanentError("NOT_FOUND")),
     )
     eid = start_execution(runtime_engine, flow_definition([action("r", "test.read")]))
-    assert _run(runtime_engine, Executor(registry_of(read), settings())) == "FAILED"
+    assert run_once(runtime_engine, Executor(registry_of(read), settings())) == "FAILED"
     row = execution(runtime_engine, eid)
     assert row.error_code == "NOT_FOUND"
     assert request_row(runtime_engine, row.request_id).busy_execution_id is None
@@ -369,17 +354,17 @@ def test_permanent_error_without_error_exit_fails_and_releases(runtime_engine):
 def test_noop_refuses_outside_simulation_and_runs_in_one(runtime_engine):
     executor = Executor(registry_of(), settings())
     real = start_execution(runtime_engine, flow_definition([action("n", "noop")]))
-    assert _run(runtime_engine, executor) == "FAILED"
+    assert run_once(runtime_engine, executor) == "FAILED"
     assert execution(runtime_engine, real).error_code == "SIMULATION_ONLY"
     assert checkpoints(runtime_engine, real) == {}
     dry = start_execution(runtime_engine, flow_definition([action("n", "noop")]), simulation=True)
-    assert _run(runtime_engine, executor) == "SUCCEEDED"
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
     assert execution(runtime_engine, dry).status == "SUCCEEDED"
 
 
 def test_unknown_capability_is_integration_unavailable(runtime_engine):
     eid = start_execution(runtime_engine, flow_definition([action("x", "acme.missing")]))
-    assert _run(runtime_engine, Executor(registry_of(), settings())) == "FAILED"
+    assert run_once(runtime_engine, Executor(registry_of(), settings())) == "FAILED"
     assert execution(runtime_engine, eid).error_code == "INTEGRATION_UNAVAILABLE"
 
 
@@ -392,7 +377,7 @@ def test_a_recovered_checkpoint_that_does_not_match_blocks_with_contract_mismatc
 
     eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
     with pytest.raises(SimulatedCrash):
-        _run(
+        run_once(
             runtime_engine,
             Executor(registry_of(first, second), settings(), WorkerHooks(before_adapter=crash)),
         )
@@ -403,7 +388,7 @@ def test_a_recovered_checkpoint_that_does_not_match_blocks_with_contract_mismatc
             )
         )
     expire_lease(runtime_engine, eid)
-    assert _run(runtime_engine, Executor(registry_of(first, second), settings())) == (
+    assert run_once(runtime_engine, Executor(registry_of(first, second), settings())) == (
         "RECONCILIATION_REQUIRED"
     )
     assert len(first.calls) == 1
@@ -439,7 +424,9 @@ def test_a_stale_worker_returning_late_cannot_overwrite_the_new_result(runtime_e
     thread.start()
     assert started.wait(20)
     expire_lease(runtime_engine, eid)
-    assert _run(runtime_engine, Executor(registry_of(write), settings()), "fresh") == "SUCCEEDED"
+    assert (
+        run_once(runtime_engine, Executor(registry_of(write), settings()), "fresh") == "SUCCEEDED"
+    )
     release.set()
     thread.join(20)
     assert outcome["stale"] == LEASE_LOST

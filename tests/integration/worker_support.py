@@ -174,6 +174,39 @@ def start_execution(
     return accept_transition(engine, request_id, **kwargs)
 
 
+class SimulatedCrash(Exception):
+    """Stands for the process dying at a hook: nothing after it runs."""
+
+
+def crash_at_hook(*args: Any) -> None:
+    raise SimulatedCrash
+
+
+def run_once(engine: Engine, executor: Any, owner: str = "w1") -> str:
+    """Claim the one due execution and run it through `executor`; its end status."""
+    claim = claim_one(engine, owner)
+    with engine.connect() as conn:
+        return executor.run(conn, claim)
+
+
+def make_due(engine: Engine, execution_id: uuid.UUID) -> None:
+    """What the passing of time does to a retry's backoff."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE execution SET next_attempt_at = now() - interval '1 s' WHERE id = :id"),
+            {"id": execution_id},
+        )
+
+
+def attempt_history(engine: Engine, execution_id: uuid.UUID, action_id: str) -> list[Any]:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("""SELECT * FROM action_attempt
+                    WHERE execution_id = :id AND action_id = :action ORDER BY attempt"""),
+            {"id": execution_id, "action": action_id},
+        ).all()
+
+
 def claim_one(engine: Engine, owner: str = "w1", lease_seconds: float = 30) -> Claim:
     with engine.connect() as conn:
         claims = claim_due_executions(conn, owner, 1, lease_seconds)
