@@ -1,0 +1,401 @@
+"""Every example in README.md and docs/ works as printed, or says in the document why it is not run.
+
+The roles a block can have are listed in `tests/acceptance/docs_examples.py`. Shell
+examples run against a real `orquestador dev` on the test database, with curl
+wrapped by a recorder so that the answers a document shows can be compared with
+the answers the server gave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from orquestador.actions import load_registry
+from orquestador.config import Settings
+from orquestador.db.engine import make_engine
+from orquestador.domain.decision import evaluate, result_as_json
+from tests.acceptance.docs_examples import (
+    ROOT,
+    Block,
+    Matcher,
+    Response,
+    documents,
+    parse_json,
+    read_blocks,
+    unaccounted,
+)
+from tests.db_support import TestDatabase
+
+ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
+BLOCKS = {document: read_blocks(document) for document in documents()}
+ALL_BLOCKS = [block for blocks in BLOCKS.values() for block in blocks]
+
+# Behaves as curl and keeps each answer: the headers (-D) and what curl printed.
+CURL_RECORDER = """#!/usr/bin/env bash
+set -u
+calls="$DOCS_TEST_RECORD/calls/$DOCS_TEST_BLOCK"
+mkdir -p "$calls"
+n=$(( $(find "$calls" -name '*.headers' | wc -l) + 1 ))
+"$DOCS_TEST_CURL" -D "$calls/$n.headers" "$@" | tee "$calls/$n.body"
+exit "${PIPESTATUS[0]}"
+"""
+
+
+def _with_role(*kinds: tuple[str, str | None]) -> list[Block]:
+    return [block for block in ALL_BLOCKS if block.runs and block.kind in kinds]
+
+
+def _ids(blocks: list[Block]) -> list[str]:
+    return [block.where for block in blocks]
+
+
+# --- the convention itself -------------------------------------------------------------
+
+
+def test_every_block_is_run_or_says_why_not() -> None:
+    problems = [problem for block in ALL_BLOCKS if (problem := unaccounted(block))]
+    assert not problems, "\n".join(problems)
+
+
+def test_an_unmarked_block_is_reported_and_a_marked_one_is_not() -> None:
+    document = ROOT / "docs" / "EXAMPLE.md"
+    blocks = read_blocks(
+        document,
+        "```json\n{}\n```\n\n<!-- not run: needs a machine -->\n\n```json\n{}\n```\n"
+        "```json output\n{}\n```\n````text\n```\n````\n",
+    )
+
+    assert [(b.line, b.not_run) for b in blocks] == [
+        (1, None),
+        (7, "needs a machine"),
+        (10, None),
+        (13, None),
+    ]
+    assert [unaccounted(b) is None for b in blocks] == [False, True, True, True]
+    assert blocks[3].text == "```\n"
+
+
+def test_the_matcher_binds_elided_ids_and_accepts_any_timestamp() -> None:
+    matcher = Matcher()
+    sample = {"id": "0b6c…", "at": "2030-01-01T00:00:00Z", "items": [1]}
+    actual = {"id": "f-1", "at": "2026-12-01T00:21:54.07Z", "items": [1], "more": 0}
+
+    assert matcher.value(sample, actual, "") is None
+    assert matcher.value("/api/v1/flows/0b6c…", "/api/v1/flows/f-1", "") is None
+    assert matcher.value("/api/v1/flows/0b6c…", "/api/v1/flows/f-2", "") is not None
+    assert matcher.value({"items": [1]}, {"items": [1, 2]}, "") is not None
+    assert matcher.value(1, True, "") is not None
+
+
+# --- blocks that need no server ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in ALL_BLOCKS if b.language == "json"],
+    ids=_ids([b for b in ALL_BLOCKS if b.language == "json"]),
+)
+def test_json_blocks_parse(block: Block) -> None:
+    parse_json(block)
+
+
+@dataclass
+class DecisionExample:
+    table: Block
+    context: Block
+    result: Block | None
+
+
+def _decision_examples() -> list[DecisionExample]:
+    examples = []
+    for blocks in BLOCKS.values():
+        context = None
+        for position, block in enumerate(blocks):
+            if not block.runs:
+                continue
+            if block.role == "context":
+                context = block
+            elif block.role == "decision":
+                assert context is not None, f"{block.where}: no json context block before it"
+                after = [b for b in blocks[position + 1 :] if b.runs]
+                result = after[0] if after and after[0].role == "result" else None
+                examples.append(DecisionExample(block, context, result))
+    return examples
+
+
+@pytest.mark.parametrize(
+    "example",
+    _decision_examples(),
+    ids=[example.table.where for example in _decision_examples()],
+)
+def test_decision_tables_give_the_results_printed(example: DecisionExample) -> None:
+    result = result_as_json(evaluate(parse_json(example.table), parse_json(example.context)))
+
+    if example.result is not None:
+        assert result == parse_json(example.result), example.result.where
+
+
+@pytest.mark.parametrize(
+    "block", _with_role(("python", "adapter")), ids=_ids(_with_role(("python", "adapter")))
+)
+def test_adapter_modules_load(block: Block, tmp_path: Path, monkeypatch) -> None:
+    name = f"docs_adapter_{block.line}"
+    (tmp_path / f"{name}.py").write_text(block.text, "utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    built_in = len(load_registry(Settings.from_env({})).adapters())
+    try:
+        registry = load_registry(Settings.from_env({}, adapter_modules=name))
+    finally:
+        sys.modules.pop(name, None)
+
+    assert len(registry.adapters()) > built_in
+
+
+@pytest.mark.parametrize(
+    "block", _with_role(("sql", "query")), ids=_ids(_with_role(("sql", "query")))
+)
+def test_sql_queries_run_as_the_owner(block: Block, database: TestDatabase) -> None:
+    engine = make_engine(database.owner_dsn)
+    try:
+        with engine.connect() as connection:
+            for statement in filter(str.strip, re.split(r";\s*(?:\n|$)", block.text)):
+                names = set(re.findall(r"(?<![:\w]):([A-Za-z_]\w*)", statement))
+                connection.execute(text(statement), {name: uuid.uuid4() for name in names})
+    finally:
+        engine.dispose()
+
+
+# --- shell examples against a running `orquestador dev` ---------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _base_environment() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "TMPDIR", "ORQUESTADOR_EMBEDDED_PG_USER")
+    env = {name: os.environ[name] for name in keep if name in os.environ}
+    # `orquestador` as a reader has it: the console script next to this interpreter.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+@dataclass
+class DevServer:
+    folder: Path
+    api: str
+    token: str
+    output: list[str]
+
+
+@pytest.fixture
+def dev_server(database: TestDatabase, tmp_path: Path) -> Iterator[DevServer]:
+    """`orquestador dev` on the test database, in its own folder; API and token from its banner."""
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    env = _base_environment()
+    env.update(
+        DATABASE_URL=database.runtime_dsn,
+        MIGRATION_DATABASE_URL=database.owner_dsn,
+        API_PORT=str(_free_port()),
+    )
+    process = subprocess.Popen(
+        [*ORQUESTADOR, "dev"],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output: list[str] = []
+    banner: dict[str, str] = {}
+    ready = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            found = re.match(r"^\s+(API|token):\s+(\S+)\s*$", line)
+            if found:
+                banner[found[1]] = found[2]
+            if "API" in banner and "token" in banner:
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        ready.wait(90)
+        if "API" not in banner or "token" not in banner:
+            pytest.fail("orquestador dev printed no API and token lines:\n" + "".join(output))
+        yield DevServer(folder, banner["API"], banner["token"], output)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        reader.join(10)
+    assert process.returncode == 0, "".join(output)
+
+
+def _write_files(folder: Path) -> None:
+    for block in ALL_BLOCKS:
+        if "file" in block.attributes:
+            (folder / block.attributes["file"]).write_text(block.text, "utf-8")
+
+
+def _post_json(url: str, token: str, body: object) -> tuple[int, object]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _server_documents() -> list[Path]:
+    return [
+        document
+        for document, blocks in BLOCKS.items()
+        if any(b.runs and b.kind in {("sh", None), ("json", "flow")} for b in blocks)
+    ]
+
+
+@pytest.mark.parametrize(
+    "document", _server_documents(), ids=[str(d.relative_to(ROOT)) for d in _server_documents()]
+)
+def test_examples_run_against_a_dev_server(document: Path, dev_server: DevServer) -> None:
+    _write_files(dev_server.folder)
+    blocks = [block for block in BLOCKS[document] if block.runs]
+    _publish_flows(blocks, dev_server)
+    shell = [block for block in blocks if block.kind == ("sh", None)]
+    if not shell:
+        return
+    record = dev_server.folder.parent / f"record-{document.stem}"
+    _run_shell(shell, dev_server, record)
+    problems = _compare_answers(blocks, shell, record)
+    assert not problems, "\n".join(problems)
+
+
+def _publish_flows(blocks: list[Block], server: DevServer) -> None:
+    flows = [block for block in blocks if block.kind == ("json", "flow")]
+    if not flows:
+        return
+    # A caller of its own, so that what the shell examples publish starts at version 1.
+    minted = subprocess.run(
+        [*ORQUESTADOR, "token", "--sub", "docs", "--org", "docs-flows", "--scope", "flows:admin"],
+        cwd=server.folder,
+        env=_base_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert minted.returncode == 0, minted.stderr
+    for block in flows:
+        status, body = _post_json(f"{server.api}/flows", minted.stdout.strip(), parse_json(block))
+        assert status == 201, f"{block.where}: publishing answered {status}: {body}"
+        assert isinstance(body, dict) and "warnings" not in body, f"{block.where}: {body}"
+
+
+def _run_shell(shell: list[Block], server: DevServer, record: Path) -> None:
+    real_curl, jq = shutil.which("curl"), shutil.which("jq")
+    assert real_curl and jq, "the shell examples use curl and jq; install both"
+    (record / "bin").mkdir(parents=True)
+    recorder = record / "bin" / "curl"
+    recorder.write_text(CURL_RECORDER)
+    recorder.chmod(0o755)
+    lines = ["set -euo pipefail"]
+    for index, block in enumerate(shell):
+        lines += [
+            f"export DOCS_TEST_BLOCK={index}",
+            f"echo '== {block.where}' >&2",
+            "{",
+            block.text.rstrip("\n"),
+            f'}} > "$DOCS_TEST_RECORD/{index}.out"',
+        ]
+    env = _base_environment()
+    env.update(
+        PATH=os.pathsep.join([str(record / "bin"), env["PATH"]]),
+        API=server.api,
+        TOKEN=server.token,
+        DOCS_TEST_RECORD=str(record),
+        DOCS_TEST_CURL=real_curl,
+    )
+    try:
+        ran = subprocess.run(
+            ["bash", "-c", "\n".join(lines) + "\n"],
+            cwd=server.folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the shell examples did not end within 180 s:\n{expired.stderr}")
+    if ran.returncode != 0:
+        failed = ran.stderr.rsplit("== ", 1)[-1]
+        pytest.fail(f"a shell example failed (exit {ran.returncode}) at {failed}")
+
+
+def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> list[str]:
+    matcher = Matcher()
+    problems = []
+    last_shell = None
+    for block in blocks:
+        if block.kind == ("sh", None):
+            last_shell = shell.index(block)
+            continue
+        if block.kind not in {("http", None), ("json", "output")}:
+            continue
+        if last_shell is None:
+            problems.append(f"{block.where}: an answer with no shell block before it")
+            continue
+        if block.kind == ("json", "output"):
+            printed = (record / f"{last_shell}.out").read_text()
+            try:
+                actual = json.loads(printed)
+            except ValueError:
+                problems.append(f"{block.where}: the shell block printed no JSON: {printed!r}")
+                continue
+            problem = matcher.value(parse_json(block), actual, "output")
+        else:
+            calls = sorted(
+                (record / "calls" / str(last_shell)).glob("*.headers"),
+                key=lambda path: int(path.stem),
+            )
+            if not calls:
+                problems.append(f"{block.where}: the shell block before it made no curl call")
+                continue
+            actual_response = Response.from_curl(
+                calls[-1].read_text(), calls[-1].with_suffix(".body").read_text()
+            )
+            problem = matcher.response(Response.from_sample(block.text), actual_response)
+        if problem:
+            problems.append(f"{block.where}: {problem}")
+    return problems
