@@ -7,6 +7,7 @@ import os
 import secrets
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 
 from orquestador.config import Settings
@@ -14,8 +15,9 @@ from orquestador.db import migrate
 
 log = logging.getLogger(__name__)
 
-DEV_SUBJECT = "dev"
-DEV_ORG = "dev"
+# The same caller as the token examples in docs/API.md, so what one publishes the other sees.
+DEV_SUBJECT = "alice"
+DEV_ORG = "acme"
 DEV_SCOPES = ["flows:admin", "requests:read", "requests:write", "requests:read-all"]
 _SWITCHES = ("WORKER_ENABLED", "REQUEST_API_ENABLED", "FLOW_ADMIN_ENABLED")
 
@@ -25,6 +27,7 @@ def run_dev(settings: Settings) -> int:
     home = settings.home_path
     home.mkdir(parents=True, exist_ok=True)
     local = None
+    data_dir = None
     if settings.database_url:
         migration_url = settings.migration_database_url or settings.database_url
         runtime_url = settings.database_url
@@ -38,10 +41,13 @@ def run_dev(settings: Settings) -> int:
             local.runtime_url,
             local.runtime_role,
         )
+        data_dir = local.server.data_dir
     try:
         migrate.upgrade(migrate.alembic_config(url=migration_url, runtime_role=runtime_role))
+        if runtime_role:
+            migrate.grant_runtime_role(migration_url, runtime_role)
         settings = _dev_settings(settings, runtime_url, migration_url)
-        return _serve(settings)
+        return _serve(settings, data_dir)
     finally:
         if local is not None:
             local.server.stop()
@@ -68,7 +74,7 @@ def _ensure_dev_secret(settings: Settings) -> None:
     path.write_text(secrets.token_urlsafe(32) + "\n")
 
 
-def _serve(settings: Settings) -> int:
+def _serve(settings: Settings, data_dir: Path | None) -> int:
     from orquestador.api.app import create_app
     from orquestador.api.tokens import mint_token
     from orquestador.serve import serve_in_thread
@@ -97,8 +103,12 @@ def _serve(settings: Settings) -> int:
         "orquestador dev is running\n"
         f"  API:          http://{settings.api_host}:{server.server_port}/api/v1\n"
         f"  DATABASE_URL: {settings.database_url}\n"
-        f"  worker:       {'on' if worker else 'off'}\n"
+        + (f"  data:         {data_dir}\n" if data_dir else "")
+        + f"  worker:       {'on' if worker else 'off'}\n"
         f"  token:        {token}\n"
+        f"  token holder: sub {DEV_SUBJECT}, org {DEV_ORG}, scopes {' '.join(DEV_SCOPES)}\n"
+        f"  more tokens:  ORQUESTADOR_HOME={settings.home_path.resolve()} orquestador token "
+        f'--sub {DEV_SUBJECT} --org {DEV_ORG} --scope "requests:read"\n'
         "Join more workers with: WORKER_ENABLED=true DATABASE_URL=<the URL above> "
         "orquestador worker\nStop with Ctrl-C.",
         flush=True,

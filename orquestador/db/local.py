@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import create_engine, pool, text
 
 from orquestador.config import sqlalchemy_url
-from orquestador.db.embedded import EmbeddedPostgres
+from orquestador.db.embedded import (
+    EmbeddedPostgres,
+    check_private_dir,
+    first_unreachable,
+    server_account,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +37,44 @@ class LocalDatabase:
     runtime_role: str = RUNTIME_ROLE
 
 
+def data_dir_for(home: Path) -> Path:
+    """HOME/pgdata, unless the server's account cannot reach HOME.
+
+    Under root the server runs as an unprivileged account; a project folder only root may
+    enter (under /root, say) is out of its reach. The data then lives in a folder of that
+    account under /var/tmp (kept across reboots), one per HOME so it persists between runs.
+    """
+    home = home.resolve()
+    account = server_account()
+    if account is None or first_unreachable(home, account) is None:
+        return home / "pgdata"
+    digest = hashlib.sha256(os.fsencode(home)).hexdigest()[:16]
+    folder = _persistent_temp_dir() / f"orquestador-dev-{digest}"
+    try:
+        folder.mkdir(mode=0o700)
+        os.chown(folder, *account)
+    except FileExistsError:
+        pass
+    check_private_dir(folder, account[0])
+    return folder / "pgdata"
+
+
+def _persistent_temp_dir() -> Path:
+    # /var/tmp survives reboots where /tmp often does not; both are sticky and world-writable.
+    var_tmp = Path("/var/tmp")
+    try:
+        mode = var_tmp.stat().st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISDIR(mode) and mode & stat.S_ISVTX and mode & stat.S_IWOTH:
+        return var_tmp
+    return Path(tempfile.gettempdir())
+
+
 def start_local_database(home: Path) -> LocalDatabase:
-    """Start (or reuse) the server under HOME/pgdata and make sure the database and roles exist."""
-    server = EmbeddedPostgres(home.resolve() / "pgdata", superuser=OWNER_ROLE)
+    """Start (or reuse) the server on data_dir_for(HOME); make sure the database and roles exist."""
+    home.mkdir(parents=True, exist_ok=True)
+    server = EmbeddedPostgres(data_dir_for(home), superuser=OWNER_ROLE)
     server.start()
     admin = create_engine(
         sqlalchemy_url(server.url("postgres", user=OWNER_ROLE)),

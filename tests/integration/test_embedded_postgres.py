@@ -13,7 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from orquestador.db.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from orquestador.db.embedded import EmbeddedPostgres, EmbeddedPostgresError, server_account
+from orquestador.db.local import data_dir_for
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the server to another user")
 
@@ -168,3 +169,45 @@ def test_binaries_out_of_reach_are_copied(make_server, base_dir, monkeypatch) ->
         assert conn.execute("select 1").fetchone() == (1,)
     copy = next(base_dir.glob("orquestador-postgres-*"))
     assert copy.stat().st_mode & 0o777 == 0o755
+
+
+def test_local_data_stays_in_a_reachable_home(base_dir: Path) -> None:
+    home = base_dir / "project" / ".orquestador"
+    home.mkdir(parents=True)
+    assert data_dir_for(home) == home.resolve() / "pgdata"
+
+
+@as_root
+def test_local_data_of_a_private_home_lives_in_a_folder_of_the_server_account(
+    base_dir: Path,
+) -> None:
+    private = base_dir / "private"
+    private.mkdir(mode=0o700)
+    home = private / ".orquestador"
+    home.mkdir()
+    first = data_dir_for(home)
+    try:
+        assert not first.is_relative_to(private)
+        assert data_dir_for(home) == first, "stable per project folder: data persists"
+        holder = first.parent.stat()
+        account = server_account()
+        assert account is not None
+        assert (holder.st_uid, holder.st_mode & 0o777) == (account[0], 0o700)
+        other = base_dir / "other-private"
+        other.mkdir(mode=0o700)
+        assert data_dir_for(other) != first, "one folder per project"
+        shutil.rmtree(data_dir_for(other).parent)
+    finally:
+        shutil.rmtree(first.parent, ignore_errors=True)
+
+
+@as_root
+def test_a_planted_data_folder_is_refused(base_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr("orquestador.db.local._persistent_temp_dir", lambda: base_dir)
+    private = base_dir / "private"
+    private.mkdir(mode=0o700)
+    first = data_dir_for(private)
+    # Someone else (root here, not the server account) made it first.
+    os.chown(first.parent, 0, 0)
+    with pytest.raises(EmbeddedPostgresError, match="remove it"):
+        data_dir_for(private)
