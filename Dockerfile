@@ -6,13 +6,16 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY orquestador ./orquestador
 COPY migrations ./migrations
+# No [embedded] extra: a deployment connects to its own PostgreSQL (DATABASE_URL).
 RUN pip install --no-cache-dir .
 
 USER orquestador
-ENV ORQUESTADOR_HOME=/app/.orquestador \
-    API_HOST=0.0.0.0 \
+ENV API_HOST=0.0.0.0 \
     API_PORT=8080
 EXPOSE 8080
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:8080/api/v1/healthz', timeout=4)" || exit 1
+# Probes what this container runs, from its switches: the API when REQUEST_API_ENABLED or
+# FLOW_ADMIN_ENABLED is true, the worker's database when WORKER_ENABLED is; a one-shot
+# container (migrate) has nothing to probe.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=10s CMD ["orquestador", "health"]
 ENTRYPOINT ["orquestador"]
 CMD ["api"]

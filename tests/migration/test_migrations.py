@@ -243,11 +243,7 @@ def test_runtime_role_cannot_run_ddl_or_rewrite_audit(
     engine.dispose()
 
 
-def test_runtime_role_gets_exactly_the_declared_grants(
-    empty_database: tuple[TestServer, str],
-) -> None:
-    server, name = empty_database
-    _step(server, name, "head")
+def _runtime_grants(server: TestServer, name: str) -> dict[str, set[str]]:
     engine = _engine(server.url(name))
     with engine.connect() as connection:
         rows = connection.execute(
@@ -261,4 +257,26 @@ def test_runtime_role_gets_exactly_the_declared_grants(
     granted: dict[str, set[str]] = {}
     for table, privilege in rows:
         granted.setdefault(table, set()).add(privilege)
+    return granted
+
+
+def test_runtime_role_gets_exactly_the_declared_grants(
+    empty_database: tuple[TestServer, str],
+) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    granted = _runtime_grants(server, name)
     assert granted == {table: set(privileges) for table, privileges in RUNTIME_GRANTS.items()}
+
+
+def test_granting_again_repairs_a_database_migrated_without_the_role(
+    empty_database: tuple[TestServer, str],
+) -> None:
+    server, name = empty_database
+    url = server.url(name).render_as_string(hide_password=False)
+    migrate.upgrade(migrate.alembic_config(url=url, runtime_role=None))
+    assert _runtime_grants(server, name) == {}
+    for _ in range(2):  # idempotent
+        migrate.grant_runtime_role(url, RUNTIME_ROLE)
+        granted = _runtime_grants(server, name)
+        assert granted == {t: set(p) for t, p in RUNTIME_GRANTS.items()}
