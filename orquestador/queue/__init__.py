@@ -10,7 +10,7 @@ from orquestador.queue.checkpoints import (
 from orquestador.queue.claims import claim_due_executions
 from orquestador.queue.fencing import Claim
 from orquestador.queue.leases import release_lease, renew_leases
-from orquestador.queue.loading import Checkpoint, LoadedExecution, load_execution
+from orquestador.queue.loading import load_execution
 from orquestador.queue.outcomes import (
     Finish,
     exit_on_error,
@@ -19,6 +19,7 @@ from orquestador.queue.outcomes import (
     require_reconciliation,
     schedule_retry,
 )
+from orquestador.queue.snapshots import Checkpoint, LoadedExecution
 
 __all__ = [
     "ActionAttempt",

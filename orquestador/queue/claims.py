@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from orquestador.queue.fencing import Claim
-from orquestador.queue.loading import LoadedExecution
 from orquestador.queue.prepared import run_alone
+from orquestador.queue.snapshots import LoadedExecution
 
 # Two sources of work, each read through its own partial index and locked with
 # SKIP LOCKED so that concurrent claimers split the rows instead of queueing on

@@ -6,14 +6,12 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, text
 
 from orquestador.errors import LeaseLost
-
-if TYPE_CHECKING:
-    from orquestador.queue.loading import LoadedExecution
+from orquestador.queue.snapshots import LoadedExecution
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orquestador"
 
-# Pairs still waiting for their direction to be chosen. Each entry must still be
-# a cycle, so that breaking one also removes it from here.
-_NOT_YET_BROKEN = {frozenset({"orquestador.queue.fencing", "orquestador.queue.loading"})}
-
 
 def _module_names() -> dict[str, Path]:
     names = {}
@@ -55,9 +51,7 @@ def _mutual_pairs() -> set[frozenset[str]]:
 
 
 def test_no_two_modules_import_each_other() -> None:
-    pairs = _mutual_pairs()
-    assert sorted(sorted(pair) for pair in pairs - _NOT_YET_BROKEN) == []
-    assert pairs >= _NOT_YET_BROKEN, "a listed pair is broken now: remove it from the list"
+    assert sorted(sorted(pair) for pair in _mutual_pairs()) == []
 
 
 def test_the_check_sees_type_checking_and_function_level_imports(tmp_path: Path) -> None:

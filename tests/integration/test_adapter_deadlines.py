@@ -1,0 +1,88 @@
+"""Adapter timeouts are enforced: at the deadline the job stops waiting and records the
+outcome as uncertain; the call's stop signal is set; a late return writes nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from orquestador.actions import Effect
+from orquestador.worker.executor import Executor
+from tests.integration.worker_support import RecordingAdapter as Double
+from tests.integration.worker_support import (
+    action,
+    attempt_history,
+    checkpoints,
+    execution,
+    flow_definition,
+    registry_of,
+    run_once,
+    settings,
+    start_execution,
+)
+
+# What each effect's overrun becomes: a read is simply retried, an idempotent write is
+# retried with the same key, a non-idempotent write goes to an operator.
+OVERRUN = {
+    Effect.READ_ONLY: ("RETRY_WAIT", "FAILED"),
+    Effect.IDEMPOTENT_WRITE: ("RETRY_WAIT", "UNKNOWN"),
+    Effect.NON_IDEMPOTENT_WRITE: ("RECONCILIATION_REQUIRED", "UNKNOWN"),
+}
+
+
+@pytest.mark.parametrize("effect", list(OVERRUN), ids=lambda e: e.value)
+def test_an_overrunning_adapter_is_abandoned_at_its_deadline(runtime_engine, effect):
+    release = threading.Event()
+    returned = threading.Event()
+    seen = {}
+
+    def ignores_its_deadline(ctx):
+        # A non-cooperative adapter: it only returns when the test lets it.
+        release.wait(30)
+        seen["should_stop"] = ctx.should_stop()
+        returned.set()
+        return {"late": True}
+
+    slow = Double("test.slow", effect, timeout_seconds=0.3, output=ignores_its_deadline)
+    eid = start_execution(runtime_engine, flow_definition([action("s", "test.slow")]))
+
+    status = run_once(runtime_engine, Executor(registry_of(slow), settings()))
+
+    # The run ended while the call was still blocked: the job did not wait for it.
+    assert not returned.is_set()
+    expected_status, checkpoint_status = OVERRUN[effect]
+    assert status == expected_status
+    assert execution(runtime_engine, eid).status == expected_status
+
+    release.set()
+    assert returned.wait(10)
+    assert seen["should_stop"] is True  # the call's stop signal was set
+    # The late answer changed nothing.
+    checkpoint = checkpoints(runtime_engine, eid)["s"]
+    assert (checkpoint.status, checkpoint.error_code, checkpoint.output) == (
+        checkpoint_status,
+        "ADAPTER_TIMEOUT",
+        None,
+    )
+    (attempt,) = attempt_history(runtime_engine, eid, "s")
+    assert (attempt.status, attempt.error_code) == (checkpoint_status, "ADAPTER_TIMEOUT")
+    assert execution(runtime_engine, eid).status == expected_status
+
+
+def test_a_cooperative_adapter_sees_its_deadline_through_should_stop(runtime_engine):
+    stopped = threading.Event()
+
+    def polls_should_stop(ctx):
+        while not ctx.should_stop():
+            ctx.stop_event.wait(0.01)
+        stopped.set()
+        return {"partial": True}
+
+    slow = Double(
+        "test.slow", Effect.READ_ONLY, timeout_seconds=0.2, max_attempts=1, output=polls_should_stop
+    )
+    eid = start_execution(runtime_engine, flow_definition([action("s", "test.slow")]))
+    assert run_once(runtime_engine, Executor(registry_of(slow), settings())) == "FAILED"
+    assert stopped.wait(10)
+    assert execution(runtime_engine, eid).error_code == "RETRIES_EXHAUSTED"
