@@ -2,7 +2,7 @@
 
 A block says what it is in its info string (the words after the opening fence):
 
-    sh                every command runs, in document order, in one bash per document
+    sh run            every command runs, in document order, in one bash per document
                       (`set -euo pipefail`), in a folder where `orquestador dev` runs,
                       with API and TOKEN set as the dev banner prints them
     http              the answer to the last curl of the shell block before it: the status,
@@ -20,7 +20,9 @@ A block says what it is in its info string (the words after the opening fence):
 `file=NAME` among the words also saves the block, run or not, as NAME in the
 folder the shell blocks run in. Any other block needs `<!-- not run: why -->` on
 the line above it (blank lines between are allowed), so nothing is skipped without
-a reason in the document itself.
+a reason in the document itself. A shell block runs only when it says `run`: a
+plain `sh` block (an install, a database administrator's command) is never run by
+accident, and fails the check until it says one or the other.
 
 In an answer shown in a document, a string with an elided id (`0b6c…`,
 `/api/v1/flows/0b6c…`) stands for any id, the same one wherever that token repeats
@@ -39,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 RUN_ROLES = {
-    ("sh", None),
+    ("sh", "run"),
     ("http", None),
     ("json", "output"),
     ("json", "flow"),
@@ -139,7 +141,8 @@ def unaccounted(block: Block) -> str | None:
         return None
     info = " ".join([block.language, *([block.role] if block.role else [])]) or "(none)"
     return (
-        f"{block.where}: info string {info!r} is not a role the docs test runs; give it one, "
+        f"{block.where}: info string {info!r} is none of the roles listed in "
+        "tests/acceptance/docs_examples.py (a shell block runs as `sh run`); give it one, "
         "or write <!-- not run: why --> on the line above it"
     )
 

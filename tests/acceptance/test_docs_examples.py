@@ -79,7 +79,8 @@ def test_an_unmarked_block_is_reported_and_a_marked_one_is_not() -> None:
     blocks = read_blocks(
         document,
         "```json\n{}\n```\n\n<!-- not run: needs a machine -->\n\n```json\n{}\n```\n"
-        "```json output\n{}\n```\n````text\n```\n````\n",
+        "```json output\n{}\n```\n````text\n```\n````\n"
+        '```sh\npip install .\n```\n```sh run\ncurl "$API/readyz"\n```\n',
     )
 
     assert [(b.line, b.not_run) for b in blocks] == [
@@ -87,9 +88,12 @@ def test_an_unmarked_block_is_reported_and_a_marked_one_is_not() -> None:
         (7, "needs a machine"),
         (10, None),
         (13, None),
+        (16, None),
+        (19, None),
     ]
-    assert [unaccounted(b) is None for b in blocks] == [False, True, True, True]
+    assert [unaccounted(b) is None for b in blocks] == [False, True, True, True, False, True]
     assert blocks[3].text == "```\n"
+    assert [b.runs for b in blocks[4:]] == [False, True]
 
 
 def test_the_matcher_binds_elided_ids_and_accepts_any_timestamp() -> None:
@@ -283,7 +287,7 @@ def _server_documents() -> list[Path]:
     return [
         document
         for document, blocks in BLOCKS.items()
-        if any(b.runs and b.kind in {("sh", None), ("json", "flow")} for b in blocks)
+        if any(b.runs and b.kind in {("sh", "run"), ("json", "flow")} for b in blocks)
     ]
 
 
@@ -294,7 +298,7 @@ def test_examples_run_against_a_dev_server(document: Path, dev_server: DevServer
     _write_files(dev_server.folder)
     blocks = [block for block in BLOCKS[document] if block.runs]
     _publish_flows(blocks, dev_server)
-    shell = [block for block in blocks if block.kind == ("sh", None)]
+    shell = [block for block in blocks if block.kind == ("sh", "run")]
     if not shell:
         return
     record = dev_server.folder.parent / f"record-{document.stem}"
@@ -339,8 +343,12 @@ def _run_shell(shell: list[Block], server: DevServer, record: Path) -> None:
             block.text.rstrip("\n"),
             f'}} > "$DOCS_TEST_RECORD/{index}.out"',
         ]
+    (record / "home").mkdir()
     env = _base_environment()
     env.update(
+        # A home of their own, and no database server reachable by default.
+        HOME=str(record / "home"),
+        PGHOST=str(record / "no-database-server-here"),
         PATH=os.pathsep.join([str(record / "bin"), env["PATH"]]),
         API=server.api,
         TOKEN=server.token,
@@ -368,7 +376,7 @@ def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> l
     problems = []
     last_shell = None
     for block in blocks:
-        if block.kind == ("sh", None):
+        if block.kind == ("sh", "run"):
             last_shell = shell.index(block)
             continue
         if block.kind not in {("http", None), ("json", "output")}:
