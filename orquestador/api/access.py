@@ -13,7 +13,7 @@ import uuid
 from sqlalchemy import ColumnElement, Connection, Row, and_, func, select
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
-from orquestador.db.schema import action_execution, execution, flow, request
+from orquestador.db.schema import action_attempt, action_execution, execution, flow, request
 
 
 class ResourceAccess:
@@ -80,6 +80,8 @@ class ResourceAccess:
                 execution.c.status,
                 execution.c.result,
                 execution.c.error_code,
+                execution.c.error_detail,
+                execution.c.next_attempt_at,
                 execution.c.attempts,
                 execution.c.created_at,
                 execution.c.updated_at,
@@ -95,6 +97,8 @@ class ResourceAccess:
             select(
                 action_execution.c.action_id,
                 action_execution.c.status,
+                action_execution.c.attempt,
+                action_execution.c.error_code,
                 action_execution.c.started_at,
                 action_execution.c.finished_at,
             )
@@ -102,5 +106,24 @@ class ResourceAccess:
             .join(request, request.c.id == execution.c.request_id)
             .where(action_execution.c.execution_id == execution_id, self._sees_execution())
             .order_by(action_execution.c.started_at, action_execution.c.action_id)
+        )
+        return list(connection.execute(query))
+
+    def execution_attempts(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
+        """Every ended attempt of a visible execution's actions, oldest first."""
+        query = (
+            select(
+                action_attempt.c.action_id,
+                action_attempt.c.attempt,
+                action_attempt.c.status,
+                action_attempt.c.error_code,
+                action_attempt.c.message,
+                action_attempt.c.started_at,
+                action_attempt.c.finished_at,
+            )
+            .join(execution, execution.c.id == action_attempt.c.execution_id)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(action_attempt.c.execution_id == execution_id, self._sees_execution())
+            .order_by(action_attempt.c.action_id, action_attempt.c.attempt)
         )
         return list(connection.execute(query))

@@ -24,7 +24,8 @@ def read(execution_id: uuid.UUID) -> Response:
         connection.execution_options(isolation_level="REPEATABLE READ")
         with connection.begin():
             row = access.find_execution(connection, execution_id)
-            steps = [] if row is None else access.execution_steps(connection, execution_id)
-    if row is None:
-        raise not_found()
-    return jsonify(execution_view(row, steps))
+            if row is None:
+                raise not_found()
+            steps = access.execution_steps(connection, execution_id)
+            attempts = access.execution_attempts(connection, execution_id)
+    return jsonify(execution_view(row, steps, attempts))

@@ -120,18 +120,63 @@ EXECUTION: dict[str, Any] = {
         "outcome": {"description": "The business outcome the decision table chose."},
         "toState": {"type": "string"},
         "errorCode": {"type": "string"},
+        "errorDetail": {
+            "type": "object",
+            "description": (
+                "Where the failure was: the action (`actionId`), the JSON Pointer that did not"
+                " resolve (`pointer`, `field`), the schema paths that failed (`paths`,"
+                " `problems`), the writes succeeded or in doubt. Names and paths, never values."
+            ),
+        },
+        "nextAttemptAt": {
+            **_TIMESTAMP,
+            "description": "When a RETRY_WAIT execution becomes due again.",
+        },
         "attempts": {"type": "integer", "minimum": 0},
         "steps": {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["actionId", "status"],
+                "required": ["actionId", "status", "attempts"],
                 "additionalProperties": False,
                 "properties": {
                     "actionId": {"type": "string"},
                     "status": {"enum": ["RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN"]},
                     "startedAt": _TIMESTAMP,
                     "finishedAt": _TIMESTAMP,
+                    "errorCode": {"type": "string"},
+                    "nextAttemptAt": _TIMESTAMP,
+                    "attempts": {
+                        "type": "array",
+                        "description": "Every attempt of the step, oldest first.",
+                        "items": {
+                            "type": "object",
+                            "required": ["attempt", "status", "startedAt"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "attempt": {"type": "integer", "minimum": 1},
+                                "status": {
+                                    "enum": ["RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN"],
+                                    "description": (
+                                        "UNKNOWN: the effect may have happened. An attempt"
+                                        " interrupted mid-call ends FAILED (a read) or"
+                                        " UNKNOWN (a write) with errorCode INTERRUPTED."
+                                    ),
+                                },
+                                "errorCode": {"type": "string"},
+                                "message": {
+                                    "type": "string",
+                                    "maxLength": 1024,
+                                    "description": (
+                                        "The adapter's own words, cut to 1 KiB, with the"
+                                        " call's input strings blanked out."
+                                    ),
+                                },
+                                "startedAt": _TIMESTAMP,
+                                "finishedAt": _TIMESTAMP,
+                            },
+                        },
+                    },
                 },
             },
         },

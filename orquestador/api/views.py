@@ -61,7 +61,7 @@ def request_view(row: Row, *, execution_id: Any = None) -> dict[str, Any]:
     return body
 
 
-def execution_view(row: Row, steps: Iterable[Row]) -> dict[str, Any]:
+def execution_view(row: Row, steps: Iterable[Row], attempts: Iterable[Row]) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(row.id),
         "requestId": str(row.request_id),
@@ -75,17 +75,56 @@ def execution_view(row: Row, steps: Iterable[Row]) -> dict[str, Any]:
             body[target] = result[source]
     if row.error_code is not None:
         body["errorCode"] = row.error_code
+    if row.error_detail:
+        # Where it failed (action, pointer, schema paths); the worker stores no values.
+        body["errorDetail"] = row.error_detail
+    waiting = row.status == "RETRY_WAIT"
+    if waiting:
+        body["nextAttemptAt"] = timestamp(row.next_attempt_at)
     body["attempts"] = row.attempts
-    body["steps"] = [_step_view(step) for step in steps]
+    by_action: dict[str, list[Row]] = {}
+    for attempt in attempts:
+        by_action.setdefault(attempt.action_id, []).append(attempt)
+    body["steps"] = [
+        _step_view(
+            step, by_action.get(step.action_id, []), row.next_attempt_at if waiting else None
+        )
+        for step in steps
+    ]
     body["createdAt"] = timestamp(row.created_at)
     body["updatedAt"] = timestamp(row.updated_at)
     return body
 
 
-def _step_view(step: Row) -> dict[str, Any]:
+def _step_view(step: Row, ended: list[Row], next_attempt_at: datetime | None) -> dict[str, Any]:
     body: dict[str, Any] = {"actionId": step.action_id, "status": step.status}
     if step.started_at is not None:
         body["startedAt"] = timestamp(step.started_at)
     if step.finished_at is not None:
         body["finishedAt"] = timestamp(step.finished_at)
+    if step.error_code is not None:
+        body["errorCode"] = step.error_code
+    history = [_attempt_view(a) for a in ended]
+    if step.status == "RUNNING":  # the attempt under way has not ended: not in the history
+        history.append(
+            {"attempt": step.attempt, "status": "RUNNING", "startedAt": timestamp(step.started_at)}
+        )
+    body["attempts"] = history
+    if next_attempt_at is not None and step.status in ("FAILED", "UNKNOWN"):
+        body["nextAttemptAt"] = timestamp(next_attempt_at)
+    return body
+
+
+def _attempt_view(attempt: Row) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "attempt": attempt.attempt,
+        "status": attempt.status,
+        "startedAt": timestamp(attempt.started_at),
+    }
+    if attempt.finished_at is not None:
+        body["finishedAt"] = timestamp(attempt.finished_at)
+    if attempt.error_code is not None:
+        body["errorCode"] = attempt.error_code
+    if attempt.message is not None:
+        body["message"] = attempt.message
     return body

@@ -5,10 +5,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 import pytest
 from api_support import OTHER_ORG, Api, running_api
 from sqlalchemy import Engine, text
+
+from orquestador.actions import TransientError
+from orquestador.worker.executor import Executor
+from tests.integration import worker_support
 
 BASE_KEYS = {
     "id",
@@ -110,12 +115,14 @@ def test_a_finished_execution_shows_outcome_steps_and_error_code_only(
             "status": "SUCCEEDED",
             "startedAt": "2030-01-01T00:00:01Z",
             "finishedAt": "2030-01-01T00:00:02Z",
+            "attempts": [],
         },
         {
             "actionId": "wait",
             "status": "FAILED",
             "startedAt": "2030-01-01T00:00:02Z",
             "finishedAt": "2030-01-01T00:00:03Z",
+            "attempts": [],
         },
     ]
     text_body = api.get(f"/executions/{accepted['executionId']}").get_data(as_text=True)
@@ -149,3 +156,59 @@ def test_read_all_sees_executions_of_other_owners_in_the_organization(
 
     assert response.status_code == 200
     assert response.get_json()["id"] == accepted["executionId"]
+
+
+def _worker_caller() -> dict[str, str]:
+    return {"org": worker_support.ORG, "sub": worker_support.OWNER}
+
+
+def test_a_retrying_execution_shows_each_attempt_and_when_it_runs_again(
+    api: Api, runtime_engine: Engine
+) -> None:
+    def busy(ctx: Any) -> dict[str, Any]:
+        raise TransientError("provider busy, try later")
+
+    write = worker_support.RecordingAdapter("test.write", max_attempts=3, output=busy)
+    eid = worker_support.start_execution(
+        runtime_engine, worker_support.flow_definition([worker_support.action("w", "test.write")])
+    )
+    executor = Executor(worker_support.registry_of(write), worker_support.settings())
+    assert worker_support.run_once(runtime_engine, executor) == "RETRY_WAIT"
+
+    body = api.get(f"/executions/{eid}", **_worker_caller()).get_json()
+
+    assert body["status"] == "RETRY_WAIT" and body["errorCode"] == "TRANSIENT"
+    (step,) = body["steps"]
+    assert (step["status"], step["errorCode"]) == ("FAILED", "TRANSIENT")
+    assert step["nextAttemptAt"] == body["nextAttemptAt"]
+    assert body["nextAttemptAt"] > step["finishedAt"]
+    (attempt,) = step["attempts"]
+    assert (attempt["attempt"], attempt["status"], attempt["errorCode"], attempt["message"]) == (
+        1,
+        "FAILED",
+        "TRANSIENT",
+        "provider busy, try later",
+    )
+    assert attempt["finishedAt"] == step["finishedAt"]
+
+
+def test_a_mapping_failure_names_the_action_field_and_pointer(
+    api: Api, runtime_engine: Engine
+) -> None:
+    write = worker_support.RecordingAdapter("test.write")
+    definition = worker_support.flow_definition(
+        [worker_support.action("w", "test.write", input={"machine": {"from": "/data/machineId"}})]
+    )
+    eid = worker_support.start_execution(runtime_engine, definition)
+    executor = Executor(worker_support.registry_of(write), worker_support.settings())
+    assert worker_support.run_once(runtime_engine, executor) == "FAILED"
+
+    body = api.get(f"/executions/{eid}", **_worker_caller()).get_json()
+
+    assert body["errorCode"] == "MAPPING_FAILED"
+    assert body["errorDetail"] == {
+        "actionId": "w",
+        "field": "machine",
+        "pointer": "/data/machineId",
+    }
+    assert body["steps"] == []
