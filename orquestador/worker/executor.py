@@ -22,7 +22,7 @@ from orquestador.actions import (
     TransientError,
 )
 from orquestador.config import Settings
-from orquestador.domain.canonical import input_hash
+from orquestador.domain.canonical import canonical_json, input_hash
 from orquestador.domain.errors import DataValidationError, DomainError, MappingError
 from orquestador.domain.flow_definition import (
     ActionSpec,
@@ -53,7 +53,7 @@ from orquestador.queue import (
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.calls import AdapterCalls, CallTimedOut
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
-from orquestador.worker.messages import attempt_message
+from orquestador.worker.messages import attempt_message, error_line
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,18 @@ def _interrupted_status(effect: Effect) -> str:
     # An attempt whose outcome we never saw: a read cannot have changed anything,
     # a write may have.
     return "FAILED" if effect is Effect.READ_ONLY else "UNKNOWN"
+
+
+def _is_json_object(output: Any) -> bool:
+    # What the checkpoint can store and later inputs can hash: a JSON object with no
+    # NaN, no infinity, nothing JSON cannot say (sets, dates, bytes).
+    if not isinstance(output, dict):
+        return False
+    try:
+        canonical_json(output)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class FlowCache:
@@ -259,9 +271,7 @@ class _ExecutionRun:
             # Everything of the finish rolled back; the checkpoints and RUNNING stay,
             # and the next holder of the lease finishes from them without re-invoking.
             log.warning(
-                "finish failed, left for lease recovery: %s",
-                type(exc).__name__,
-                extra=claim.log_extra,
+                "finish failed, left for lease recovery: %s", error_line(exc), extra=claim.log_extra
             )
             return LEFT_RUNNING
         log.info("execution succeeded", extra=claim.log_extra)
@@ -373,7 +383,7 @@ class _ExecutionRun:
 
         problems = (
             ["/"]
-            if not isinstance(output, dict)
+            if not _is_json_object(output)
             else self.x.schemas.problems(adapter, "output", output)
         )
         if problems:

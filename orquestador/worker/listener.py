@@ -9,6 +9,7 @@ import psycopg
 from sqlalchemy.engine import URL
 
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
+from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 
@@ -48,5 +49,5 @@ class ReadyListener(threading.Thread):
                 self.listening.clear()
                 if self.stopped.is_set():
                     return  # stopping: the connection may go with the database
-                log.warning("ready listener disconnected: %s", type(exc).__name__)
+                log.warning("ready listener disconnected: %s", error_line(exc))
                 self.stopped.wait(self._reconnect_seconds)

@@ -133,7 +133,11 @@ class Scheduler(threading.Thread):
                 self.stopped.wait(self._after_failure(exc, failures))
                 continue
             if failures:
-                log.info("claiming again after %d failed attempt(s)", failures)
+                log.info(
+                    "claiming again after %d failed attempt(s)",
+                    failures,
+                    extra={"worker_id": self._owner},
+                )
                 failures = 0
             backlog = len(claimed) == wanted
             if not backlog:
@@ -150,7 +154,13 @@ class Scheduler(threading.Thread):
                 " (the runtime role lacks a grant: `orquestador migrate grant` applies them,"
                 " `orquestador check` names what is missing)"
             )
-        log.warning("claim failed: %s%s; next try in %.1f s", error_line(exc), hint, wait)
+        log.warning(
+            "claim failed: %s%s; next try in %.1f s",
+            error_line(exc),
+            hint,
+            wait,
+            extra={"worker_id": self._owner},
+        )
         return wait
 
     def claim_once(self, wanted: int) -> list[Claim]:
