@@ -27,7 +27,9 @@ class TextFormatter(logging.Formatter):
 
     The exception is named by class and first message line on the same line, so a line
     stays greppable by execution_id; the traceback follows only for ERROR and above
-    (unexpected failures), not for the expected ones logged as warnings.
+    (unexpected failures), not for the expected ones logged as warnings. The message is
+    printed as raised: code whose exceptions may quote inputs (an adapter's) logs a safe
+    message of its own in `extra` instead of passing exc_info.
     """
 
     def __init__(self, *, colour: bool = False, tracebacks_from: int = logging.ERROR) -> None:
