@@ -88,6 +88,7 @@ class Worker:
             self.leases,
             settings.worker_lease_seconds,
             settings.worker_renew_seconds,
+            hooks=hooks,
         )
         self.listener = ReadyListener(libpq_conninfo(engine.url), self.wake) if listen else None
         self._stop_requested = threading.Event()

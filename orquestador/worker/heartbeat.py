@@ -9,6 +9,7 @@ import time
 from sqlalchemy import Engine
 
 from orquestador.queue import renew_leases
+from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.leases import HeldLeases
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ class Heartbeat(threading.Thread):
         leases: HeldLeases,
         lease_seconds: float,
         renew_seconds: float,
+        hooks: WorkerHooks = NO_HOOKS,
     ) -> None:
         super().__init__(name="orquestador-heartbeat", daemon=True)
         self._engine = engine
@@ -31,6 +33,7 @@ class Heartbeat(threading.Thread):
         self._leases = leases
         self._lease_seconds = lease_seconds
         self._renew_seconds = renew_seconds
+        self._hooks = hooks
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -42,6 +45,8 @@ class Heartbeat(threading.Thread):
         held = self._leases.keys()
         if not held:
             return
+        if self._hooks.before_renew:
+            self._hooks.before_renew(held)
         started = time.monotonic()
         try:
             with self._engine.connect() as conn:

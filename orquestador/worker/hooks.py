@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orquestador.queue import Claim
+from orquestador.worker.leases import LeaseKey
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class WorkerHooks:
     after_job: Callable[[Claim, str], None] | None = None
     # The scheduler found nothing (or less than it asked for) and is about to sleep.
     before_idle_wait: Callable[[], None] | None = None
+    # A heartbeat round took its snapshot of held leases and is about to renew them.
+    before_renew: Callable[[list[LeaseKey]], None] | None = None
 
 
 NO_HOOKS = WorkerHooks()
