@@ -42,7 +42,7 @@ def create_app(
         settings=settings,
         engine=LazyEngine(settings.database_url, engine),
         verifier=TokenVerifier(settings),
-        capability_known=capability_checker(settings, registry),
+        capability_problem=capability_checker(settings, registry),
     )
     register_error_handlers(app)
     app.register_blueprint(health_routes.blueprint)

@@ -75,8 +75,8 @@ class ApiContext:
     engine: LazyEngine
     verifier: BearerVerifier
     # Why a published flow may not name (capability, version), or None when it may:
-    # `api.capabilities.capability_checker`. The name predates the reason it now gives.
-    capability_known: Callable[[str, int], str | None]
+    # `api.capabilities.capability_checker`.
+    capability_problem: Callable[[str, int], str | None]
 
 
 def api_context() -> ApiContext:

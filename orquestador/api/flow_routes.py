@@ -23,7 +23,7 @@ def publish() -> tuple[Response, int, dict[str, str]]:
     caller = current_caller()
     # The definition's own JSON Schema owns its shape, unknown fields included.
     definition = read_json_object()
-    errors, warnings = validate_definition(definition, api_context().capability_known)
+    errors, warnings = validate_definition(definition, api_context().capability_problem)
     if errors:
         raise ApiProblem(
             422, "FLOW_INVALID", "The flow definition cannot be published.", problems=errors

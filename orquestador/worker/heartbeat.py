@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from orquestador.queue import renew_leases
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.leases import HeldLeases
+from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,9 @@ class Heartbeat(threading.Thread):
             with self._engine.connect() as conn:
                 renewed = renew_leases(conn, self._owner, held, self._lease_seconds)
         except Exception as exc:
-            log.warning("lease renewal failed: %s", type(exc).__name__)
+            log.warning(
+                "lease renewal failed: %s", error_line(exc), extra={"worker_id": self._owner}
+            )
             for claim in self._leases.lose_overdue(time.monotonic()):
                 log.warning("lease presumed lost", extra=claim.log_extra)
             return
