@@ -17,7 +17,6 @@ from tests.db_support import TestServer
 from tests.migration.deploy_support import RUNTIME_ROLE_SCRIPT, psql_binary
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
-EXTERNAL_URL = os.environ.get("ORQUESTADOR_EXTERNAL_DATABASE_URL")
 
 
 @dataclass(frozen=True)
@@ -25,17 +24,6 @@ class Install:
     owner_url: URL
     runtime_url: URL
     runtime_role: str
-
-
-@pytest.fixture(params=["test-server", "external"])
-def server(request: pytest.FixtureRequest, pg_server: TestServer) -> TestServer:
-    if request.param == "test-server":
-        return pg_server
-    if not EXTERNAL_URL:
-        pytest.skip("external-database profile off: ORQUESTADOR_EXTERNAL_DATABASE_URL is not set")
-    from orquestador.config import sqlalchemy_url
-
-    return TestServer(sqlalchemy_url(EXTERNAL_URL))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Iterator
 
@@ -13,7 +12,6 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, create_engine, inspect, pool, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
 from orquestador.db.schema import RUNTIME_GRANTS, metadata
 from tests.db_support import (
@@ -23,17 +21,6 @@ from tests.db_support import (
     drop_database,
     ensure_runtime_role,
 )
-
-EXTERNAL_URL = os.environ.get("ORQUESTADOR_EXTERNAL_DATABASE_URL")
-
-
-@pytest.fixture(params=["test-server", "external"])
-def server(request: pytest.FixtureRequest, pg_server: TestServer) -> TestServer:
-    if request.param == "test-server":
-        return pg_server
-    if not EXTERNAL_URL:
-        pytest.skip("external-database profile off: ORQUESTADOR_EXTERNAL_DATABASE_URL is not set")
-    return TestServer(sqlalchemy_url(EXTERNAL_URL))
 
 
 @pytest.fixture
