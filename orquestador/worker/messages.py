@@ -14,6 +14,7 @@ from typing import Any
 
 from orquestador.actions.errors import ActionError
 from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
+from orquestador.logs import exception_message
 
 # Shorter strings are too common to blank out without destroying the message.
 _MIN_BLANKED = 4
@@ -50,5 +51,5 @@ def error_line(exc: BaseException) -> str:
     what went wrong. Parameters are never part of either (engines hide them).
     """
     cause = getattr(exc, "orig", None) or exc
-    first = (str(cause).strip().splitlines() or [""])[0]
+    first = exception_message(exc)
     return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
