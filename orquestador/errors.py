@@ -54,3 +54,26 @@ class IntegrationUnavailable(OrquestadorError):
     """No adapter is configured for this capability and version."""
 
     code = "INTEGRATION_UNAVAILABLE"
+
+
+class NotReconcilable(OrquestadorError):
+    """The execution is not waiting for this decision on this step."""
+
+    code = "NOT_RECONCILABLE"
+
+
+class NotCancellable(OrquestadorError):
+    """Only an execution that has not started (or is waiting) can be cancelled."""
+
+    code = "NOT_CANCELLABLE"
+
+
+class DecisionInvalid(OrquestadorError):
+    """The decision's content is invalid (an output that breaks the schema, an unknown state)."""
+
+    code = "DECISION_INVALID"
+
+    def __init__(self, code: str, message: str, paths: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.paths = list(paths or [])

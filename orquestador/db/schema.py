@@ -190,6 +190,8 @@ action_execution = Table(
     Column("adapter_version", Integer, nullable=False),
     Column("output", JSONB_VALUE),
     Column("error_code", Text),
+    # An operator's approved retry restarts the attempt budget after this attempt.
+    Column("attempt_base", Integer, nullable=False, server_default=text("0")),
     Column(
         "started_at",
         TIMESTAMP(timezone=True),

@@ -19,15 +19,25 @@ from orquestador.queue.outcomes import (
     require_reconciliation,
     schedule_retry,
 )
+from orquestador.queue.reconciliation import (
+    RETRY_APPROVED,
+    Resolution,
+    cancel,
+    resolve,
+    step_in_doubt,
+)
 from orquestador.queue.snapshots import Checkpoint, LoadedExecution
 
 __all__ = [
+    "RETRY_APPROVED",
     "ActionAttempt",
     "Checkpoint",
     "CheckpointOutcome",
     "Claim",
     "Finish",
     "LoadedExecution",
+    "Resolution",
+    "cancel",
     "claim_due_executions",
     "exit_on_error",
     "fail_execution",
@@ -36,8 +46,10 @@ __all__ = [
     "release_lease",
     "renew_leases",
     "require_reconciliation",
+    "resolve",
     "schedule_retry",
     "start_checkpoint",
+    "step_in_doubt",
     "succeed_checkpoint",
     "write_attempt_outcome",
 ]

@@ -23,7 +23,8 @@ _LOAD = text(
                            'fencing_token', a.fencing_token, 'input_hash', a.input_hash,
                            'external_key', a.external_key, 'effect', a.effect,
                            'capability', a.capability, 'adapter_version', a.adapter_version,
-                           'output', a.output, 'error_code', a.error_code))
+                           'output', a.output, 'error_code', a.error_code,
+                           'attempt_base', a.attempt_base))
                 FROM action_execution a WHERE a.execution_id = e.id),
                '[]'::jsonb) AS checkpoints
     FROM execution e

@@ -63,6 +63,9 @@ _WRITES = text(
                      OR EXISTS (SELECT 1 FROM action_attempt t
                                 WHERE t.execution_id = a.execution_id
                                   AND t.action_id = a.action_id
+                                  -- Attempts an operator settled (approving a retry
+                                  -- because the effect did not happen) no longer count.
+                                  AND t.attempt > a.attempt_base
                                   AND t.status = 'UNKNOWN'))), '{}') AS in_doubt
     FROM action_execution a
     WHERE a.execution_id = :execution_id AND a.effect <> 'READ_ONLY'

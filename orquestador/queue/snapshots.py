@@ -23,6 +23,11 @@ class Checkpoint:
     adapter_version: int
     output: Any
     error_code: str | None
+    attempt_base: int = 0  # an approved retry's budget counts attempts after this one
+
+    @property
+    def attempts_in_budget(self) -> int:
+        return self.attempt - self.attempt_base
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from orquestador.domain.mappings import build_context, resolve_inputs
 from orquestador.domain.pointer_updates import apply_updates, validate_request_data
 from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost, RequestChanged
 from orquestador.queue import (
+    RETRY_APPROVED,
     ActionAttempt,
     Checkpoint,
     CheckpointOutcome,
@@ -322,11 +323,13 @@ class _ExecutionRun:
             adapter_version=adapter.version,
         )
         found = loaded.checkpoints.get(spec.id)
+        base = 0  # attempts before the budget: an operator's approved retry moves it
         if found is not None:
             recovered = self.recover(found, attempt, adapter)
             if recovered is not None:
                 return recovered[0]
             attempt = ActionAttempt(**{**attempt.__dict__, "attempt": found.attempt + 1})
+            base = found.attempt_base
 
         try:
             start_checkpoint(self.conn, claim, attempt)
@@ -353,14 +356,20 @@ class _ExecutionRun:
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
             message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
             log.warning("adapter timed out, outcome uncertain: %s", message, extra=extra)
-            self.uncertain(spec.id, attempt.attempt, adapter, "ADAPTER_TIMEOUT", message)
+            self.uncertain(spec.id, attempt.attempt - base, adapter, "ADAPTER_TIMEOUT", message)
         except TransientError as exc:
             message = attempt_message(exc, inputs)
             log.info(
                 "action failed transiently: %s", message, extra={**extra, "error": "TransientError"}
             )
             self.retry_or_fail(
-                spec.id, "FAILED", "TRANSIENT", attempt.attempt, adapter, exc.retry_after, message
+                spec.id,
+                "FAILED",
+                "TRANSIENT",
+                attempt.attempt - base,
+                adapter,
+                exc.retry_after,
+                message,
             )
         except PermanentError as exc:
             message = attempt_message(exc, inputs)
@@ -377,7 +386,7 @@ class _ExecutionRun:
                 message,
                 extra={**extra, "error": type(exc).__name__},
             )
-            self.uncertain(spec.id, attempt.attempt, adapter, "UNCERTAIN", message)
+            self.uncertain(spec.id, attempt.attempt - base, adapter, "UNCERTAIN", message)
         if self.x.hooks.after_adapter:
             self.x.hooks.after_adapter(claim, spec.id)
 
@@ -411,6 +420,9 @@ class _ExecutionRun:
             )
             if mine != theirs
         ]
+        if found.status == "FAILED" and found.error_code == RETRY_APPROVED:
+            # An operator discarded this checkpoint: the step runs again as it is now.
+            mismatched = []
         if mismatched:
             # Never reuse (or overwrite) a result recorded for something else.
             self.reconcile(ContractMismatch.code, actionId=found.action_id, mismatched=mismatched)
@@ -427,7 +439,7 @@ class _ExecutionRun:
                 else None,
                 actionId=found.action_id,
             )
-        if found.attempt >= adapter.max_attempts:
+        if found.attempts_in_budget >= adapter.max_attempts:
             outcome = None
             if found.status == "RUNNING":
                 outcome = CheckpointOutcome(

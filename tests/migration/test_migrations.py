@@ -153,6 +153,11 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     ]
     assert result is True
 
+    _step(server, name, "0006")
+    with engine.connect() as connection:
+        bases = connection.execute(text("SELECT DISTINCT attempt_base FROM action_execution"))
+        assert list(bases.scalars()) == [0]  # no approved retry yet: the budget is whole
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []

@@ -1,0 +1,394 @@
+"""What only a person may do to an execution: resolve a parked one, or cancel one not started.
+
+Each function is one transaction that locks the request, then the execution (the
+order every writer uses), re-reads the execution's status under the lock and
+refuses when it is not what the decision needs: two operators deciding at once
+queue on the lock, and the second finds the first's outcome and gets
+NotReconcilable (or NotCancellable). A claim takes rows with SKIP LOCKED, so it
+never takes an execution while a cancel holds it, and a cancel that waited for a
+claim finds it RUNNING and refuses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, text
+
+from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
+from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
+
+# The error code of a checkpoint an operator discarded so that its step runs again.
+RETRY_APPROVED = "RETRY_APPROVED"
+DECISIONS = ("confirm", "retry", "fail")
+CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
+
+_LOCK = text(
+    """
+    WITH target AS (
+        SELECT e.request_id FROM execution e WHERE e.id = :execution_id AND e.org_id = :org_id
+    ), locked_request AS (
+        SELECT r.id, r.state, r.revision, r.busy_execution_id
+        FROM request r, target WHERE r.id = target.request_id
+        FOR UPDATE OF r
+    )
+    SELECT locked_request.state AS request_state, locked_request.busy_execution_id
+    FROM locked_request
+    """
+)
+
+_LOCK_EXECUTION = text(
+    """
+    SELECT e.id, e.org_id, e.request_id, e.flow_id, e.transition_id, e.status, e.error_code,
+           e.accepted_state, e.attempts, f.definition
+    FROM execution e JOIN flow f ON f.id = e.flow_id
+    WHERE e.id = :execution_id AND e.org_id = :org_id
+    FOR UPDATE OF e
+    """
+)
+
+_CHECKPOINTS = text(
+    """
+    SELECT action_id, status, attempt, attempt_base, fencing_token, input_hash, external_key,
+           effect, capability, adapter_version, output, error_code, started_at, finished_at
+    FROM action_execution WHERE execution_id = :execution_id
+    ORDER BY started_at, action_id
+    """
+)
+
+_CONFIRM_STEP = text(
+    """
+    UPDATE action_execution
+    SET status = 'SUCCEEDED', output = :output, error_code = NULL,
+        finished_at = clock_timestamp()
+    WHERE execution_id = :execution_id AND action_id = :action_id
+    """
+).bindparams(bindparam("output", type_=JSONB_VALUE))
+
+# A RUNNING attempt nobody saw end enters the history first, as the worker records one.
+_INTERRUPTED_INTO_HISTORY = text(
+    """
+    INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
+                                error_code, message, started_at, finished_at)
+    SELECT execution_id, action_id, attempt, fencing_token,
+           CASE WHEN effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END,
+           'INTERRUPTED', NULL, started_at, NULL
+    FROM action_execution
+    WHERE execution_id = :execution_id AND action_id = :action_id AND status = 'RUNNING'
+    ON CONFLICT DO NOTHING
+    """
+)
+
+_APPROVE_RETRY = text(
+    """
+    UPDATE action_execution
+    SET status = 'FAILED', error_code = :code, attempt_base = attempt,
+        finished_at = coalesce(finished_at, clock_timestamp())
+    WHERE execution_id = :execution_id AND action_id = :action_id
+    """
+)
+
+# Back in the queue, due now, with a fresh budget of claims; it continues from its
+# checkpoints like any execution a worker recovers.
+_REQUEUE = text(
+    """
+    UPDATE execution
+    SET status = 'PENDING', next_attempt_at = clock_timestamp(), error_code = NULL,
+        error_detail = NULL, result = NULL, lease_owner = NULL, lease_expires_at = NULL,
+        max_attempts = attempts + :claims_budget, updated_at = clock_timestamp()
+    WHERE id = :execution_id
+    """
+)
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+_END = text(
+    """
+    UPDATE execution
+    SET status = :status, result = :result, error_code = :error_code,
+        lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE id = :execution_id
+    """
+).bindparams(bindparam("result", type_=JSONB_VALUE))
+
+_MOVE_REQUEST = text(
+    """
+    UPDATE request
+    SET state = :state, revision = revision + 1, busy_execution_id = NULL,
+        updated_at = clock_timestamp()
+    WHERE id = :request_id AND busy_execution_id = :execution_id
+    RETURNING revision
+    """
+)
+
+_RELEASE_REQUEST = text(
+    """
+    UPDATE request SET busy_execution_id = NULL, updated_at = clock_timestamp()
+    WHERE id = :request_id AND busy_execution_id = :execution_id
+    RETURNING revision
+    """
+)
+
+_AUDIT = text(
+    """
+    INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+    VALUES (:org_id, :kind, :request_id, :execution_id, :actor, :detail)
+    """
+).bindparams(bindparam("detail", type_=JSONB_VALUE))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """An operator's decision on a parked execution."""
+
+    execution_id: uuid.UUID
+    org_id: str
+    actor: str
+    decision: str  # confirm | retry | fail
+    reason: str
+    action_id: str | None = None  # the step in doubt; None when no step is in doubt
+    output: dict[str, Any] | None = None  # confirm: what the step returned
+    to_state: str | None = None  # fail: where the request goes
+
+
+# (capability, version, output) -> the JSON Pointers where output breaks the adapter's
+# output schema; raises IntegrationUnavailable when no such adapter is configured.
+OutputProblems = Callable[[str, int, Any], list[str]]
+
+
+def step_in_doubt(checkpoints: list[Any]) -> Any | None:
+    """The one checkpoint that is not SUCCEEDED, if any.
+
+    A transition's actions run one after another and each starts only once the one
+    before it succeeded, so at most one checkpoint can be unfinished: the step an
+    operator decides about. None when every step succeeded (the execution parked
+    after its writes, at the decision or the finish).
+    """
+    unfinished = [c for c in checkpoints if c.status != "SUCCEEDED"]
+    return unfinished[-1] if unfinished else None
+
+
+def _checkpoint_as_it_was(step: Any) -> dict[str, Any] | None:
+    if step is None:
+        return None
+    return {
+        "actionId": step.action_id,
+        "status": step.status,
+        "attempt": step.attempt,
+        "errorCode": step.error_code,
+        "externalKey": step.external_key,
+        "inputHash": step.input_hash,
+        "effect": step.effect,
+        "capability": step.capability,
+        "adapterVersion": step.adapter_version,
+    }
+
+
+def _lock(conn: Connection, execution_id: uuid.UUID, org_id: str) -> tuple[Any, Any]:
+    params = {"execution_id": execution_id, "org_id": org_id}
+    request = conn.execute(_LOCK, params).first()
+    execution = conn.execute(_LOCK_EXECUTION, params).first()
+    if request is None or execution is None:
+        raise NotReconcilable("no such execution")
+    return request, execution
+
+
+def _audit(conn: Connection, execution: Any, kind: str, actor: str, detail: dict[str, Any]) -> None:
+    conn.execute(
+        _AUDIT,
+        {
+            "org_id": execution.org_id,
+            "kind": kind,
+            "request_id": execution.request_id,
+            "execution_id": execution.id,
+            "actor": actor,
+            "detail": detail,
+        },
+    )
+
+
+def resolve(
+    conn: Connection,
+    resolution: Resolution,
+    *,
+    output_problems: OutputProblems,
+    claims_budget: int,
+) -> str:
+    """Apply the decision in one transaction; return the execution's new status.
+
+    Raises NotReconcilable (not parked, or not this step, or a decision the step does
+    not accept) and DecisionInvalid (output or destination state refused).
+    """
+    if resolution.decision not in DECISIONS:
+        raise DecisionInvalid("DECISION_UNKNOWN", f"decision is one of {', '.join(DECISIONS)}")
+    with conn.begin():
+        request, execution = _lock(conn, resolution.execution_id, resolution.org_id)
+        if execution.status != "RECONCILIATION_REQUIRED":
+            raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
+        checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()
+        step = step_in_doubt(checkpoints)
+        expected = step.action_id if step is not None else None
+        if resolution.action_id != expected:
+            raise NotReconcilable(
+                f"the step in doubt is {expected!r}, not {resolution.action_id!r}"
+                if expected
+                else "no step is in doubt: decide without an actionId (retry or fail)"
+            )
+        if resolution.decision == "confirm" and (
+            step is None or execution.error_code == "CONTRACT_MISMATCH"
+        ):
+            raise NotReconcilable(
+                "confirm needs a step in doubt whose checkpoint describes the current contract;"
+                " retry or fail instead"
+            )
+        status = {"confirm": _confirm, "retry": _retry, "fail": _fail}[resolution.decision](
+            conn, resolution, execution, request, step, output_problems, claims_budget
+        )
+        _audit(
+            conn,
+            execution,
+            "RECONCILIATION_RESOLVED",
+            resolution.actor,
+            {
+                "decision": resolution.decision,
+                "actionId": resolution.action_id,
+                "reason": resolution.reason,
+                "parkedFor": execution.error_code,
+                "checkpoint": _checkpoint_as_it_was(step),
+                "status": status,
+            },
+        )
+    return status
+
+
+def _requeue(conn: Connection, execution: Any, claims_budget: int) -> str:
+    conn.execute(_REQUEUE, {"execution_id": execution.id, "claims_budget": claims_budget})
+    conn.execute(_NOTIFY, {"channel": EXECUTION_READY_CHANNEL, "payload": str(execution.id)})
+    return "PENDING"
+
+
+def _confirm(
+    conn: Connection,
+    resolution: Resolution,
+    execution: Any,
+    request: Any,
+    step: Any,
+    output_problems: OutputProblems,
+    claims_budget: int,
+) -> str:
+    output = resolution.output
+    if not isinstance(output, dict):
+        raise DecisionInvalid("OUTPUT_INVALID", "confirm needs the step's output (an object)")
+    problems = output_problems(step.capability, step.adapter_version, output)
+    if problems:
+        raise DecisionInvalid(
+            "OUTPUT_INVALID", "the output breaks the adapter's output schema", problems
+        )
+    conn.execute(
+        _CONFIRM_STEP,
+        {"execution_id": execution.id, "action_id": step.action_id, "output": output},
+    )
+    return _requeue(conn, execution, claims_budget)
+
+
+def _retry(
+    conn: Connection,
+    resolution: Resolution,
+    execution: Any,
+    request: Any,
+    step: Any,
+    output_problems: OutputProblems,
+    claims_budget: int,
+) -> str:
+    if step is not None:
+        params = {"execution_id": execution.id, "action_id": step.action_id}
+        conn.execute(_INTERRUPTED_INTO_HISTORY, params)
+        conn.execute(_APPROVE_RETRY, {**params, "code": RETRY_APPROVED})
+    return _requeue(conn, execution, claims_budget)
+
+
+def _fail(
+    conn: Connection,
+    resolution: Resolution,
+    execution: Any,
+    request: Any,
+    step: Any,
+    output_problems: OutputProblems,
+    claims_budget: int,
+) -> str:
+    flow = FlowDefinition.from_json(execution.definition)
+    to_state = resolution.to_state
+    if to_state is None and step is not None:
+        transition = flow.transitions.get(execution.transition_id)
+        actions = transition.actions if transition is not None else ()
+        spec = next((a for a in actions if a.id == step.action_id), None)
+        to_state = spec.on_error if spec is not None else None
+    if to_state is not None and to_state not in flow.states:
+        raise DecisionInvalid("STATE_UNKNOWN", f"the flow has no state {to_state!r}", ["/toState"])
+    params = {"request_id": execution.request_id, "execution_id": execution.id}
+    if to_state is not None and to_state != request.request_state:
+        revision = conn.execute(_MOVE_REQUEST, {**params, "state": to_state}).scalar_one()
+    else:
+        revision = conn.execute(_RELEASE_REQUEST, params).scalar()
+        to_state = request.request_state
+    conn.execute(
+        _END,
+        {
+            "execution_id": execution.id,
+            "status": "FAILED",
+            "error_code": execution.error_code,
+            "result": {"outcome": "RECONCILED_FAILED", "toState": to_state},
+        },
+    )
+    _audit(
+        conn,
+        execution,
+        "TRANSITION_FAILED",
+        resolution.actor,
+        {
+            "transitionId": execution.transition_id,
+            "fromState": execution.accepted_state,
+            "toState": to_state,
+            "revision": revision,
+            "errorCode": execution.error_code,
+        },
+    )
+    return "FAILED"
+
+
+def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str) -> str:
+    """End a PENDING, RETRY_WAIT or WAITING execution CANCELLED and release its request."""
+    with conn.begin():
+        try:
+            _request, execution = _lock(conn, execution_id, org_id)
+        except NotReconcilable as missing:
+            raise NotCancellable(missing.message) from None
+        if execution.status not in CANCELLABLE:
+            raise NotCancellable(
+                f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} can be "
+                "cancelled (an action in flight cannot be stopped)"
+            )
+        params = {"request_id": execution.request_id, "execution_id": execution.id}
+        conn.execute(_RELEASE_REQUEST, params)
+        conn.execute(
+            _END,
+            {
+                "execution_id": execution.id,
+                "status": "CANCELLED",
+                "error_code": "CANCELLED",
+                "result": None,
+            },
+        )
+        _audit(
+            conn,
+            execution,
+            "EXECUTION_CANCELLED",
+            actor,
+            {"reason": reason, "fromStatus": execution.status},
+        )
+    return "CANCELLED"
