@@ -44,7 +44,7 @@ _LOCK = text(
 _LOCK_EXECUTION = text(
     """
     SELECT e.id, e.org_id, e.request_id, e.flow_id, e.transition_id, e.status, e.error_code,
-           e.accepted_state, e.attempts, f.definition
+           e.error_detail, e.accepted_state, e.attempts, f.definition
     FROM execution e JOIN flow f ON f.id = e.flow_id
     WHERE e.id = :execution_id AND e.org_id = :org_id
     FOR UPDATE OF e
@@ -161,14 +161,21 @@ class Resolution:
 OutputProblems = Callable[[str, int, Any], list[str]]
 
 
-def step_in_doubt(checkpoints: list[Any]) -> Any | None:
-    """The one checkpoint that is not SUCCEEDED, if any.
+def step_in_doubt(
+    checkpoints: list[Any], parked_for: str | None = None, detail: dict[str, Any] | None = None
+) -> Any | None:
+    """The checkpoint an operator decides about, if any.
 
-    A transition's actions run one after another and each starts only once the one
-    before it succeeded, so at most one checkpoint can be unfinished: the step an
-    operator decides about. None when every step succeeded (the execution parked
-    after its writes, at the decision or the finish).
+    A contract mismatch names its step (`detail.actionId`): a checkpoint recorded for
+    something else, whatever its status. Otherwise it is the one checkpoint that is not
+    SUCCEEDED: a transition's actions run one after another and each starts only once
+    the one before it succeeded, so at most one can be unfinished. None when every step
+    succeeded (the execution parked after its writes, at the decision or the finish).
     """
+    if parked_for == "CONTRACT_MISMATCH" and detail and detail.get("actionId"):
+        named = [c for c in checkpoints if c.action_id == detail["actionId"]]
+        if named:
+            return named[0]
     unfinished = [c for c in checkpoints if c.status != "SUCCEEDED"]
     return unfinished[-1] if unfinished else None
 
@@ -231,7 +238,7 @@ def resolve(
         if execution.status != "RECONCILIATION_REQUIRED":
             raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
         checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()
-        step = step_in_doubt(checkpoints)
+        step = step_in_doubt(checkpoints, execution.error_code, execution.error_detail)
         expected = step.action_id if step is not None else None
         if resolution.action_id != expected:
             raise NotReconcilable(
