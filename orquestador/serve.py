@@ -2,13 +2,123 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import re
+import socket
 import threading
+from http import HTTPStatus
 from typing import Any
+from urllib.parse import unquote_plus
 
+from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
-from werkzeug.serving import BaseWSGIServer, make_server
+from gunicorn.glogging import Logger as GunicornLogger
+from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
+from gunicorn.workers.gthread import ThreadWorker
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
+from orquestador.api.app import (
+    MAX_HEADER_FIELD_BYTES,
+    MAX_HEADER_FIELDS,
+    MAX_REQUEST_LINE_BYTES,
+)
+from orquestador.api.problems import PROBLEM_MEDIA_TYPE, code_for_status, problem_document
 from orquestador.config import Settings
+
+REDACTED = "[redacted]"
+# Query parameters whose value may be a credential (`?access_token=`, `?jwt=`,
+# `?api_key=`): authentication is by the Authorization header only, but a client may
+# still send one, and an access log is read by more people than the token was meant for.
+_SECRET_PARAMETER_NAME = re.compile(
+    r"token|jwt|secret|passw|auth|api[-_.]?key|signature|credential", re.IGNORECASE
+)
+_QUERY_PARAMETER = re.compile(
+    r"(?P<lead>[?&;])(?P<name>[^=&;#?\s\"']+)=(?P<value>[^&;#\s\"'\x1b]*)"
+)
+
+# What the servers say when they refuse a request head before the app sees it.
+_HEAD_REFUSALS = {
+    HTTPStatus.REQUEST_URI_TOO_LONG: (
+        f"The request line is longer than {MAX_REQUEST_LINE_BYTES} bytes."
+    ),
+    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: (
+        f"The request has more than {MAX_HEADER_FIELDS} header fields or a field longer "
+        f"than {MAX_HEADER_FIELD_BYTES} bytes."
+    ),
+}
+
+
+def redact_query_secrets(text: str) -> str:
+    """TEXT (a request line, a URL, a log line) with credential-like query values replaced."""
+
+    def replace(match: re.Match[str]) -> str:
+        if not _SECRET_PARAMETER_NAME.search(unquote_plus(match["name"])):
+            return match[0]
+        return f"{match['lead']}{match['name']}={REDACTED}"
+
+    return _QUERY_PARAMETER.sub(replace, text)
+
+
+def _problem_head_and_body(status: int) -> tuple[list[tuple[str, str]], bytes]:
+    body = json.dumps(
+        problem_document(status, code_for_status(status), _HEAD_REFUSALS.get(status))
+    ).encode()
+    headers = [
+        ("Content-Type", PROBLEM_MEDIA_TYPE),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+        ("X-Content-Type-Options", "nosniff"),
+        # The rest of what the client sent cannot be told apart from a next request.
+        ("Connection", "close"),
+    ]
+    return headers, body
+
+
+class _RedactingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_query_secrets(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+class RedactingGunicornLogger(GunicornLogger):  # type: ignore[misc]
+    """gunicorn's logger; credential-like query values never reach its access or error lines."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for logger in (self.access_log, self.error_log):
+            if not any(isinstance(f, _RedactingFilter) for f in logger.filters):
+                logger.addFilter(_RedactingFilter())
+
+
+class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
+    """gunicorn's gthread worker; its refusal of an oversized request head is a problem.
+
+    gunicorn answers its own 414 and 431 before any application runs, as an HTML page;
+    an API client gets the same problem+json as from the app instead. Every other error
+    gunicorn handles as it always does.
+    """
+
+    def handle_error(self, req: Any, client: socket.socket, addr: Any, exc: BaseException) -> None:
+        if isinstance(exc, LimitRequestLine):
+            status = HTTPStatus.REQUEST_URI_TOO_LONG
+        elif isinstance(exc, LimitRequestHeaders):
+            status = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+        else:
+            super().handle_error(req, client, addr, exc)
+            return
+        self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)
+        headers, body = _problem_head_and_body(status)
+        head = f"HTTP/1.1 {status.value} {status.phrase}\r\n" + "".join(
+            f"{name}: {value}\r\n" for name, value in headers
+        )
+        try:
+            gunicorn_util.write_nonblock(client, head.encode("latin-1") + b"\r\n" + body)
+        except Exception:
+            self.log.debug("Failed to send error message.")
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
@@ -19,10 +129,17 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
     def load_config(self) -> None:
         self.cfg.set("bind", f"{self._settings.api_host}:{self._settings.api_port}")
         self.cfg.set("workers", self._settings.api_workers)
-        self.cfg.set("worker_class", "gthread")
+        self.cfg.set("worker_class", ProblemThreadWorker)
         self.cfg.set("threads", 4)
         self.cfg.set("graceful_timeout", 20)
         self.cfg.set("accesslog", "-")
+        self.cfg.set("logger_class", RedactingGunicornLogger)
+        # Set here rather than inherited, and checked by the app as well (docs/API.md,
+        # "Limits"): about 800 KB of head at most, and a bearer token whose claims are
+        # within the verifier's bounds fits one field several times over.
+        self.cfg.set("limit_request_line", MAX_REQUEST_LINE_BYTES)
+        self.cfg.set("limit_request_fields", MAX_HEADER_FIELDS)
+        self.cfg.set("limit_request_field_size", MAX_HEADER_FIELD_BYTES)
         # Newer gunicorn opens a control socket under $HOME; a service needs none, and
         # a hardened unit (ProtectHome) would refuse it.
         if "control_socket_disable" in self.cfg.settings:
@@ -40,9 +157,34 @@ def serve_with_gunicorn(settings: Settings) -> int:
     return 0
 
 
+class DevRequestHandler(WSGIRequestHandler):
+    """werkzeug's handler, minus its version banner, with problem refusals and safe log lines."""
+
+    def version_string(self) -> str:
+        # The default names werkzeug's and Python's versions in every `Server:` header.
+        return "orquestador"
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server's own refusals (a head over its limits, a malformed request line)
+        # are HTML pages by default; the message may quote the request line, so it goes
+        # to the (redacted) log only.
+        self.log_error("code %d, message %s", code, message or self.responses.get(code, ("",))[0])
+        headers, body = _problem_head_and_body(code)
+        self.send_response(code)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log(self, type: str, message: str, *args: Any) -> None:
+        text = message % args if args else message
+        super().log(type, "%s", redact_query_secrets(text))
+
+
 def serve_in_thread(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, threading.Thread]:
     """A threaded WSGI server in a daemon thread; call server.shutdown() to stop it."""
-    server = make_server(host, port, app, threaded=True)
+    server = make_server(host, port, app, threaded=True, request_handler=DevRequestHandler)
     thread = threading.Thread(target=server.serve_forever, name="api", daemon=True)
     thread.start()
     return server, thread

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask
+from flask import Flask, Response, request
 from sqlalchemy import Engine
 
 from orquestador.api import (
@@ -17,10 +17,16 @@ from orquestador.api import (
 from orquestador.api.auth import TokenVerifier
 from orquestador.api.capabilities import KnowsCapabilities, capability_checker
 from orquestador.api.context import EXTENSION_KEY, ApiContext, LazyEngine
-from orquestador.api.problems import register_error_handlers
+from orquestador.api.problems import ApiProblem, register_error_handlers
 from orquestador.config import Settings
 
 log = logging.getLogger(__name__)
+
+# The request head gunicorn accepts (serve.py hands it these). The app checks the same
+# itself, so the development server, whose own limits are looser, answers alike.
+MAX_REQUEST_LINE_BYTES = 4094
+MAX_HEADER_FIELDS = 100
+MAX_HEADER_FIELD_BYTES = 8190  # one "Name: value" line with its CRLF, as gunicorn counts
 
 
 def create_app(
@@ -45,6 +51,8 @@ def create_app(
         capability_problem=capability_checker(settings, registry),
     )
     register_error_handlers(app)
+    app.before_request(_refuse_oversized_head)
+    app.after_request(_add_hygiene_headers)
     app.register_blueprint(health_routes.blueprint)
     app.register_blueprint(openapi.blueprint)
     # A switched-off group has no routes at all, so it answers the same 404 as any
@@ -62,3 +70,36 @@ def create_app(
         },
     )
     return app
+
+
+def _refuse_oversized_head() -> None:
+    # WSGI servers hand the head over decoded as latin-1: one character per byte.
+    environ = request.environ
+    target = environ.get("RAW_URI") or environ.get("REQUEST_URI") or request.full_path
+    line = f"{request.method} {target} {environ.get('SERVER_PROTOCOL', 'HTTP/1.1')}"
+    if len(line) > MAX_REQUEST_LINE_BYTES:
+        raise ApiProblem(
+            414,
+            "URI_TOO_LONG",
+            f"The request line is longer than {MAX_REQUEST_LINE_BYTES} bytes.",
+        )
+    if len(request.headers) > MAX_HEADER_FIELDS:
+        raise ApiProblem(
+            431,
+            "HEADERS_TOO_LARGE",
+            f"The request has more than {MAX_HEADER_FIELDS} header fields.",
+        )
+    # Repeated fields arrive joined into one and count together.
+    if any(len(name) + len(value) + 4 > MAX_HEADER_FIELD_BYTES for name, value in request.headers):
+        raise ApiProblem(
+            431,
+            "HEADERS_TOO_LARGE",
+            f"A header field is longer than {MAX_HEADER_FIELD_BYTES} bytes.",
+        )
+
+
+def _add_hygiene_headers(response: Response) -> Response:
+    # Answers depend on the bearer token: no cache, shared or private, may keep one.
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response

@@ -9,6 +9,8 @@ from typing import Any
 
 from flask import request
 from jsonschema import Draft202012Validator
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wsgi import get_input_stream
 
 from orquestador.api.problems import ApiProblem
 from orquestador.domain.errors import Problem
@@ -70,11 +72,27 @@ def storage_problems(document: Any) -> list[Problem]:
     return sorted(problems, key=lambda p: p.path)
 
 
+def _read_body() -> bytes:
+    """The raw body, 413 when it exceeds the limit, with or without a Content-Length.
+
+    A chunked body has no length to refuse up front, and werkzeug's bounded stream stops
+    at the limit and hands back what it read, which would then parse as truncated JSON.
+    Reading one byte past the limit tells a body at the limit from one over it.
+    """
+    limit = request.max_content_length
+    if limit is None:
+        return request.get_data(cache=False)
+    raw = get_input_stream(request.environ, max_content_length=limit + 1).read()
+    if len(raw) > limit:
+        raise RequestEntityTooLarge()
+    return raw
+
+
 def read_json_object(schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The body as a JSON object; with a schema, unknown fields and shape errors are 422."""
     if not request.is_json:
         raise ApiProblem(415, "UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
-    raw = request.get_data(cache=False)
+    raw = _read_body()
     try:
         document = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):

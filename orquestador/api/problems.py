@@ -30,8 +30,10 @@ _CODES_BY_STATUS = {
     405: "METHOD_NOT_ALLOWED",
     409: "CONFLICT",
     413: "BODY_TOO_LARGE",
+    414: "URI_TOO_LONG",
     415: "UNSUPPORTED_MEDIA_TYPE",
     422: "BODY_INVALID",
+    431: "HEADERS_TOO_LARGE",
     500: "INTERNAL",
     503: "SERVICE_UNAVAILABLE",
 }
@@ -67,14 +69,15 @@ class ApiProblem(Exception):
         )
 
 
-def problem_response(
-    status: int,
-    code: str,
-    detail: str | None = None,
-    *,
-    problems: Iterable[Problem] = (),
-    headers: Mapping[str, str] | None = None,
-) -> Response:
+def code_for_status(status: int) -> str:
+    """The code of an error nobody named more precisely (werkzeug's, the HTTP server's)."""
+    return _CODES_BY_STATUS.get(status, f"HTTP_{status}")
+
+
+def problem_document(
+    status: int, code: str, detail: str | None = None, *, problems: Iterable[Problem] = ()
+) -> dict[str, Any]:
+    """The problem body; the HTTP servers' own refusals (serve.py) use it too."""
     body: dict[str, Any] = {
         "type": problem_type(code),
         "title": HTTPStatus(status).phrase,
@@ -86,6 +89,18 @@ def problem_response(
     listed = [p.as_dict() for p in problems]
     if listed:
         body["problems"] = listed
+    return body
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str | None = None,
+    *,
+    problems: Iterable[Problem] = (),
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    body = problem_document(status, code, detail, problems=problems)
     response = Response(json.dumps(body), status=status, mimetype=PROBLEM_MEDIA_TYPE)
     for name, value in (headers or {}).items():
         response.headers[name] = value
@@ -113,8 +128,7 @@ def _http_exception(error: HTTPException) -> Response:
         detail = None
     else:
         detail = error.description
-    code = _CODES_BY_STATUS.get(status, f"HTTP_{status}")
-    return problem_response(status, code, detail, headers=headers)
+    return problem_response(status, code_for_status(status), detail, headers=headers)
 
 
 def _database_error(error: DBAPIError) -> Response:

@@ -118,6 +118,21 @@ def test_a_body_over_the_limit_is_413(api: Api) -> None:
     assert problem(response)["code"] == "BODY_TOO_LARGE"
 
 
+@pytest.mark.parametrize("over, status", [(0, 422), (1, 413)])
+def test_a_body_at_the_limit_is_read_and_one_byte_more_is_413(
+    api: Api, over: int, status: int
+) -> None:
+    head, tail = '{"flowId": "x", "data": {"pad": "', '"}}'
+    body = head + "x" * (4096 - len(head) - len(tail) + over) + tail
+
+    response = api.client().post(
+        "/api/v1/requests", data=body, content_type="application/json", headers=api.headers()
+    )
+
+    assert response.status_code == status
+    assert problem(response)["code"] == ("BODY_TOO_LARGE" if over else "FLOW_UNKNOWN")
+
+
 def test_a_wrong_method_is_405_with_allow(api: Api) -> None:
     response = api.client().delete("/api/v1/requests", headers=api.headers())
 
