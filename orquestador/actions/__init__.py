@@ -3,6 +3,7 @@
 from orquestador.actions.contracts import ActionContext, Adapter, Effect, Identity
 from orquestador.actions.errors import PermanentError, TransientError, UncertainError
 from orquestador.actions.loading import load_registry
+from orquestador.actions.lookup import Found, LookupResult, NotFound, Unknown
 from orquestador.actions.registry import AdapterRegistry
 
 __all__ = [
@@ -10,9 +11,13 @@ __all__ = [
     "Adapter",
     "AdapterRegistry",
     "Effect",
+    "Found",
     "Identity",
+    "LookupResult",
+    "NotFound",
     "PermanentError",
     "TransientError",
     "UncertainError",
+    "Unknown",
     "load_registry",
 ]

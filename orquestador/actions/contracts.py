@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orquestador.actions.lookup import LookupResult
+
 
 class Effect(enum.StrEnum):
     """How safe it is to call an adapter again; declared by the adapter, never by the flow."""
@@ -58,7 +60,13 @@ class ActionContext:
 
 @dataclass(frozen=True)
 class Adapter:
-    """A trusted, versioned integration; `invoke` returns the output or raises an action error."""
+    """A trusted, versioned integration; `invoke` returns the output or raises an action error.
+
+    `lookup`, when declared, asks the provider whether the write keyed by
+    `ctx.external_key` exists (Found, NotFound or Unknown); the worker asks it before
+    leaving a write in doubt to a person. It gets its own `lookup_timeout_seconds`
+    (default: `timeout_seconds`), below the lease like the call's.
+    """
 
     capability: str
     version: int
@@ -69,6 +77,8 @@ class Adapter:
     max_attempts: int
     invoke: Callable[[ActionContext], dict[str, Any]] = field(repr=False)
     simulation_only: bool = False
+    lookup: Callable[[ActionContext], LookupResult] | None = field(default=None, repr=False)
+    lookup_timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
         # A frozen dataclass still accepts a plain string; keep the enum everywhere.
@@ -77,6 +87,20 @@ class Adapter:
             raise ValueError(f"{self.key}: timeout_seconds must be positive (finite timeouts only)")
         if self.max_attempts < 1:
             raise ValueError(f"{self.key}: max_attempts must be at least 1")
+        if self.lookup is None:
+            if self.lookup_timeout_seconds is not None:
+                raise ValueError(f"{self.key}: lookup_timeout_seconds is set but no lookup is")
+            return
+        if not callable(self.lookup):
+            raise ValueError(f"{self.key}: lookup must be callable")
+        if not self.effect.writes:
+            raise ValueError(f"{self.key}: a READ_ONLY adapter has no write to look up")
+        if self.lookup_timeout_seconds is None:
+            object.__setattr__(self, "lookup_timeout_seconds", self.timeout_seconds)
+        elif self.lookup_timeout_seconds <= 0:
+            raise ValueError(
+                f"{self.key}: lookup_timeout_seconds must be positive (finite timeouts only)"
+            )
 
     @property
     def key(self) -> str:

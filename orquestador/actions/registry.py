@@ -33,12 +33,25 @@ class AdapterRegistry:
         return list(self._adapters.values())
 
     def check_timeouts_below(self, lease_seconds: float) -> None:
-        """Refuse adapters that could outlive the lease: their writes would race a new owner."""
-        problems = [
-            f"adapter {a.key} has timeout_seconds={a.timeout_seconds}, which is not below "
-            f"WORKER_LEASE_SECONDS={lease_seconds}"
-            for a in self._adapters.values()
-            if not a.timeout_seconds < lease_seconds
-        ]
+        """Refuse adapters that could outlive the lease: their writes would race a new owner.
+
+        A lookup's answer is written like a call's, so its timeout is held to the same bound.
+        """
+        problems = []
+        for a in self._adapters.values():
+            for name, seconds in timeouts_of(a):
+                if not seconds < lease_seconds:
+                    problems.append(
+                        f"adapter {a.key} has {name}={seconds}, which is not below "
+                        f"WORKER_LEASE_SECONDS={lease_seconds}"
+                    )
         if problems:
             raise ConfigError(problems)
+
+
+def timeouts_of(adapter: Adapter) -> list[tuple[str, float]]:
+    """Every finite wait an adapter declares, by its field name: the call's and the lookup's."""
+    found = [("timeout_seconds", adapter.timeout_seconds)]
+    if adapter.lookup is not None and adapter.lookup_timeout_seconds is not None:
+        found.append(("lookup_timeout_seconds", adapter.lookup_timeout_seconds))
+    return found

@@ -35,10 +35,17 @@ class CheckpointOutcome:
     status: str  # FAILED or UNKNOWN
     error_code: str
     message: str | None = None  # safe and bounded (see attempt_message); never inputs
+    # The adapter's lookup found no write under the key, so none of the action's
+    # attempts so far took effect: the write rule stops counting them (attempt_base
+    # moves to this attempt). Only where the action's budget no longer matters: the
+    # attempt base also restarts it.
+    settles_earlier: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in ("FAILED", "UNKNOWN"):
             raise ValueError(f"an attempt ends FAILED or UNKNOWN, not {self.status}")
+        if self.settles_earlier and self.status != "FAILED":
+            raise ValueError("only an attempt that ends FAILED settles the earlier ones")
 
 
 # Each statement locks the execution row through the `holder` CTE and checks the
@@ -120,7 +127,9 @@ _END_ATTEMPT = text(
     ), ended AS (
         -- Only a RUNNING attempt ends: an ended one is history already.
         UPDATE action_execution AS a
-        SET status = :status, error_code = :error_code, finished_at = clock_timestamp()
+        SET status = :status, error_code = :error_code, finished_at = clock_timestamp(),
+            -- Settled by a lookup: the write rule counts only attempts after the base.
+            attempt_base = CASE WHEN :settles THEN a.attempt ELSE a.attempt_base END
         FROM holder
         WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'
         RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
@@ -136,6 +145,51 @@ _END_ATTEMPT = text(
     RETURNING action_id
     """
 )
+
+
+# The adapter's lookup found the write: the step succeeded with the provider's output.
+# Checkpoint, history line and audit row in one statement under the same fence.
+_FOUND = text(
+    f"""
+    WITH holder AS (
+        -- Lock and check the lease: a stale holder's lookup records nothing.
+        SELECT e.id, e.org_id, e.request_id FROM execution e WHERE {FENCE} FOR UPDATE
+    ), found AS (
+        -- A RUNNING attempt is the one that wrote. An attempt that already ended has its
+        -- line in the history, so the finding takes the next attempt number, this holder's.
+        UPDATE action_execution AS a
+        SET status = 'SUCCEEDED', output = :output, error_code = NULL,
+            attempt = CASE WHEN a.status = 'RUNNING' THEN a.attempt ELSE a.attempt + 1 END,
+            fencing_token = CASE WHEN a.status = 'RUNNING' THEN a.fencing_token ELSE :token END,
+            started_at = CASE WHEN a.status = 'RUNNING' THEN a.started_at
+                              ELSE clock_timestamp() END,
+            finished_at = clock_timestamp()
+        FROM holder
+        WHERE a.execution_id = :execution_id AND a.action_id = :action_id
+          AND a.execution_id = holder.id
+          AND a.status IN ('RUNNING', 'UNKNOWN') AND a.external_key = :external_key
+        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.external_key,
+                  a.started_at, a.finished_at
+    ), history AS (
+        INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
+                                    error_code, message, started_at, finished_at)
+        SELECT execution_id, action_id, attempt, fencing_token, 'SUCCEEDED', NULL,
+               'found by lookup: the provider has this write under the external key',
+               started_at,
+               -- Left RUNNING by an earlier holder: nobody saw the attempt end.
+               CASE WHEN fencing_token = :token THEN finished_at END
+        FROM found
+    ), audited AS (
+        -- Which step and key, never the output: that goes into the checkpoint only.
+        INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+        SELECT holder.org_id, 'RECONCILED_BY_LOOKUP', holder.request_id, holder.id, :actor,
+               jsonb_build_object('actionId', found.action_id, 'attempt', found.attempt,
+                                  'externalKey', found.external_key)
+        FROM found, holder
+    )
+    SELECT attempt FROM found
+    """
+).bindparams(bindparam("output", type_=JSONB_VALUE))
 
 
 def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> None:
@@ -184,6 +238,7 @@ def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOut
             "status": outcome.status,
             "error_code": outcome.error_code,
             "message": outcome.message,
+            "settles": outcome.settles_earlier,
         },
     ).first()
     if row is None:
@@ -193,3 +248,43 @@ def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOut
                 "RUNNING; its attempt cannot end again"
             )
         raise refuse_stale(claim, f"{outcome.status.lower()} checkpoint {outcome.action_id}")
+
+
+def end_attempt(conn: Connection, claim: Claim, outcome: CheckpointOutcome) -> None:
+    """As one statement of its own: end the RUNNING attempt FAILED or UNKNOWN, with history."""
+    with one_statement(conn):
+        write_attempt_outcome(conn, claim, outcome)
+
+
+def record_found_write(
+    conn: Connection,
+    claim: Claim,
+    action_id: str,
+    external_key: str,
+    output: Any,
+    actor: str,
+) -> int:
+    """The lookup found the write: RUNNING/UNKNOWN checkpoint SUCCEEDED, history, audit.
+
+    Returns the attempt the finding was recorded under. LeaseLost if the claim is
+    stale; ContractMismatch if the checkpoint is not in doubt under this key.
+    """
+    with one_statement(conn):
+        row = conn.execute(
+            _FOUND,
+            {
+                **claim.params,
+                "action_id": action_id,
+                "external_key": external_key,
+                "output": output,
+                "actor": actor,
+            },
+        ).first()
+        if row is None:
+            if not still_holds(conn, claim):
+                raise refuse_stale(claim, f"record found write {action_id}")
+            raise ContractMismatch(
+                f"checkpoint {action_id} of execution {claim.execution_id} is not a write in "
+                "doubt under this key; a lookup's finding cannot be recorded on it"
+            )
+    return int(row.attempt)

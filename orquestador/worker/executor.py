@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -17,11 +18,17 @@ from orquestador.actions import (
     Adapter,
     AdapterRegistry,
     Effect,
+    Found,
     Identity,
+    LookupResult,
+    NotFound,
     PermanentError,
     TransientError,
+    Unknown,
 )
+from orquestador.actions.registry import timeouts_of
 from orquestador.config import Settings
+from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
 from orquestador.domain.canonical import canonical_json, input_hash
 from orquestador.domain.errors import DataValidationError, DomainError, MappingError
 from orquestador.domain.flow_definition import (
@@ -41,16 +48,19 @@ from orquestador.queue import (
     Claim,
     Finish,
     LoadedExecution,
+    end_attempt,
     exit_on_error,
     fail_execution,
     finish_execution,
     load_execution,
+    record_found_write,
     release_lease,
     require_reconciliation,
     schedule_retry,
     start_checkpoint,
     succeed_checkpoint,
 )
+from orquestador.queue.outcomes import WORKER_ACTOR
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.calls import AdapterCalls, CallTimedOut
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
@@ -80,6 +90,39 @@ def _interrupted_status(effect: Effect) -> str:
     # An attempt whose outcome we never saw: a read cannot have changed anything,
     # a write may have.
     return "FAILED" if effect is Effect.READ_ONLY else "UNKNOWN"
+
+
+def _not_found_message(message: str | None) -> str:
+    # The lookup's word first: a cut for length takes the end of the call's own message.
+    note = "lookup: the provider has no write under the external key"
+    text = f"{note}; {message}" if message else note
+    return text if len(text) <= ATTEMPT_MESSAGE_MAX else text[: ATTEMPT_MESSAGE_MAX - 1] + "…"
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One action as its adapter call and its lookup see it: same inputs, same external key."""
+
+    action_id: str
+    adapter: Adapter
+    inputs: dict[str, Any]
+    external_key: str
+    log_extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What a lookup settled: Found, NotFound, or Unknown with why (for logs and the park)."""
+
+    result: LookupResult
+    why: str  # FOUND, NOT_FOUND, UNKNOWN, ERROR, TIMEOUT, OUTPUT_INVALID or NO_LOOKUP
+
+
+def _lookup_detail(answer: _Answer | None) -> dict[str, str]:
+    # What the lookup said, for the operator who now decides; nothing when none was asked.
+    if answer is None or answer.why == "NO_LOOKUP":
+        return {}
+    return {"lookup": answer.why}
 
 
 def _is_json_object(output: Any) -> bool:
@@ -296,7 +339,7 @@ class _ExecutionRun:
                 capability=spec.capability,
                 version=spec.version,
             )
-        if not adapter.timeout_seconds < self.x.lease_seconds:
+        if not all(seconds < self.x.lease_seconds for _, seconds in timeouts_of(adapter)):
             self.fail(
                 IntegrationUnavailable.code, actionId=spec.id, reason="timeout not below lease"
             )
@@ -322,10 +365,11 @@ class _ExecutionRun:
             capability=adapter.capability,
             adapter_version=adapter.version,
         )
+        step = _Step(spec.id, adapter, inputs, key, extra)
         found = loaded.checkpoints.get(spec.id)
         base = 0  # attempts before the budget: an operator's approved retry moves it
         if found is not None:
-            recovered = self.recover(found, attempt, adapter)
+            recovered = self.recover(found, attempt, step)
             if recovered is not None:
                 return recovered[0]
             attempt = ActionAttempt(**{**attempt.__dict__, "attempt": found.attempt + 1})
@@ -342,9 +386,7 @@ class _ExecutionRun:
             external_key=key,
             attempt=attempt.attempt,
             deadline=time.monotonic() + adapter.timeout_seconds,
-            identity=Identity(
-                loaded.org_id, str(loaded.request_id), str(loaded.execution_id), loaded.actor
-            ),
+            identity=self.identity(),
             simulation=loaded.simulation,
             stop_event=self.stop,
         )
@@ -356,18 +398,23 @@ class _ExecutionRun:
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
             message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
             log.warning("adapter timed out, outcome uncertain: %s", message, extra=extra)
-            self.uncertain(spec.id, attempt.attempt - base, adapter, "ADAPTER_TIMEOUT", message)
+            # The job's stop signal is now set as well, so after a lookup's Found the run
+            # hands its lease back before the next action, and the next holder goes on
+            # from the SUCCEEDED checkpoint without calling anything again.
+            return self.uncertain(
+                step, attempt.attempt, attempt.attempt - base, "ADAPTER_TIMEOUT", message
+            )
         except TransientError as exc:
             message = attempt_message(exc, inputs)
             log.info(
                 "action failed transiently: %s", message, extra={**extra, "error": "TransientError"}
             )
-            self.retry_or_fail(
-                spec.id,
+            return self.retry_or_fail(
+                step,
+                attempt.attempt,
                 "FAILED",
                 "TRANSIENT",
                 attempt.attempt - base,
-                adapter,
                 exc.retry_after,
                 message,
             )
@@ -386,7 +433,9 @@ class _ExecutionRun:
                 message,
                 extra={**extra, "error": type(exc).__name__},
             )
-            self.uncertain(spec.id, attempt.attempt - base, adapter, "UNCERTAIN", message)
+            return self.uncertain(
+                step, attempt.attempt, attempt.attempt - base, "UNCERTAIN", message
+            )
         if self.x.hooks.after_adapter:
             self.x.hooks.after_adapter(claim, spec.id)
 
@@ -405,10 +454,9 @@ class _ExecutionRun:
         succeed_checkpoint(self.conn, claim, spec.id, output)
         return output
 
-    def recover(
-        self, found: Checkpoint, attempt: ActionAttempt, adapter: Adapter
-    ) -> tuple[Any] | None:
+    def recover(self, found: Checkpoint, attempt: ActionAttempt, step: _Step) -> tuple[Any] | None:
         """Apply the recovery rules to an existing checkpoint: (output,) to reuse, None to run."""
+        adapter = step.adapter
         mismatched = [
             name
             for name, mine, theirs in (
@@ -429,17 +477,42 @@ class _ExecutionRun:
         if found.status == "SUCCEEDED":
             return (found.output,)
         interrupted = found.status in ("RUNNING", "UNKNOWN")
-        if interrupted and adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+        exhausted = found.attempts_in_budget >= adapter.max_attempts
+        non_idempotent = adapter.effect is Effect.NON_IDEMPOTENT_WRITE
+        answer = None
+        if interrupted and (non_idempotent or exhausted):
+            # A write in doubt is about to be parked (a non-idempotent one always, a safe
+            # one by the write rule once out of attempts): ask the provider first.
+            answer = self.look_up(step, found.attempt)
+            if isinstance(answer.result, Found):
+                return (self.found(step, answer.result),)
+        if answer is not None and isinstance(answer.result, NotFound) and found.status == "RUNNING":
+            # The attempt left RUNNING did not happen: it ends FAILED, and the next one is
+            # as safe as after a TransientError, within the budget.
+            ended = CheckpointOutcome(
+                found.action_id,
+                "FAILED",
+                "INTERRUPTED",
+                _not_found_message(None),
+                settles_earlier=exhausted,
+            )
+            if exhausted:
+                self.fail("RETRIES_EXHAUSTED", ended, actionId=found.action_id)
+            end_attempt(self.conn, self.claim, ended)
+            return None
+        if interrupted and non_idempotent:
+            # An UNKNOWN attempt already ended (and is in the history); a RUNNING one ends
+            # here, as found. A NotFound cannot settle an attempt that already ended
+            # UNKNOWN without restarting the budget, so that one is parked too.
             self.reconcile(
                 "INTERRUPTED_NON_IDEMPOTENT_WRITE",
-                # An UNKNOWN attempt already ended (and is in the history); a RUNNING
-                # one ends here, as found.
                 CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED")
                 if found.status == "RUNNING"
                 else None,
                 actionId=found.action_id,
+                **_lookup_detail(answer),
             )
-        if found.attempts_in_budget >= adapter.max_attempts:
+        if exhausted:
             outcome = None
             if found.status == "RUNNING":
                 outcome = CheckpointOutcome(
@@ -450,16 +523,25 @@ class _ExecutionRun:
 
     def retry_or_fail(
         self,
-        action_id: str,
+        step: _Step,
+        attempt_number: int,
         status: str,
         code: str,
         attempt: int,
-        adapter: Adapter,
         retry_after: float | None = None,
         message: str | None = None,
-    ) -> None:
-        outcome = CheckpointOutcome(action_id, status, code, message)
+        *,
+        not_found: bool = False,
+    ) -> Any:
+        """Schedule the next attempt, or fail the execution; the output if a lookup found it.
+
+        `attempt_number` is the attempt as numbered in the history; `attempt` counts
+        within the action's budget. `not_found`: a lookup already answered NotFound.
+        """
+        adapter = step.adapter
+        action_id = step.action_id
         if attempt < adapter.max_attempts and self.claim.attempts < self.claim.max_attempts:
+            outcome = CheckpointOutcome(action_id, status, code, message)
             delay = self.x.retry.delay(attempt, retry_after)
             schedule_retry(self.conn, self.claim, outcome, delay, attempt)
             log.info(
@@ -468,26 +550,138 @@ class _ExecutionRun:
                 extra={**self.claim.log_extra, "action_id": action_id},
             )
             raise ExecutionEnded("RETRY_WAIT")
+        if not not_found and adapter.effect.writes and (status == "UNKNOWN" or attempt > 1):
+            # Out of attempts while this one, or an earlier one of the budget, may have
+            # written: the write rule would park the execution. Ask the provider first.
+            answer = self.look_up(step, attempt_number)
+            if isinstance(answer.result, Found):
+                return self.found(step, answer.result)
+            if isinstance(answer.result, NotFound):
+                status, message, not_found = "FAILED", _not_found_message(message), True
+        outcome = CheckpointOutcome(action_id, status, code, message, settles_earlier=not_found)
         self.fail("RETRIES_EXHAUSTED", outcome, actionId=action_id)
 
     def uncertain(
-        self, action_id: str, attempt: int, adapter: Adapter, code: str, message: str
-    ) -> None:
+        self, step: _Step, attempt_number: int, attempt: int, code: str, message: str
+    ) -> Any:
+        """The call may have written: look it up, retry, or park; the output if it was found."""
+        adapter = step.adapter
         if adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+            answer = self.look_up(step, attempt_number)
+            if isinstance(answer.result, Found):
+                return self.found(step, answer.result)
+            if isinstance(answer.result, NotFound):
+                # It did not happen: the next attempt is as safe as after a TransientError.
+                return self.retry_or_fail(
+                    step,
+                    attempt_number,
+                    "FAILED",
+                    code,
+                    attempt,
+                    message=_not_found_message(message),
+                    not_found=True,
+                )
             self.reconcile(
                 "UNCERTAIN_OUTCOME",
-                CheckpointOutcome(action_id, "UNKNOWN", code, message),
-                actionId=action_id,
+                CheckpointOutcome(step.action_id, "UNKNOWN", code, message),
+                actionId=step.action_id,
+                **_lookup_detail(answer),
             )
         # Safe to repeat with the same external key; the provider deduplicates writes.
-        self.retry_or_fail(
-            action_id,
+        return self.retry_or_fail(
+            step,
+            attempt_number,
             _interrupted_status(adapter.effect),
             code,
             attempt,
-            adapter,
             message=message,
         )
+
+    # --- lookups ------------------------------------------------------------
+
+    def identity(self) -> Identity:
+        loaded = self.loaded
+        assert loaded is not None
+        return Identity(
+            loaded.org_id, str(loaded.request_id), str(loaded.execution_id), loaded.actor
+        )
+
+    def look_up(self, step: _Step, attempt_number: int) -> _Answer:
+        """Ask the adapter's lookup whether the write keyed by the step's key exists.
+
+        Anything but a valid Found or a NotFound is Unknown: an error, no answer by the
+        lookup's own timeout (the call is abandoned like an invocation), something
+        that is not a lookup result, or a Found whose output breaks the schema.
+        """
+        adapter = step.adapter
+        if adapter.lookup is None or adapter.lookup_timeout_seconds is None:
+            return _Answer(Unknown(), "NO_LOOKUP")
+        loaded = self.loaded
+        assert loaded is not None
+        timeout = adapter.lookup_timeout_seconds
+        # Its own stop signal: after a timed-out call the job's is set already.
+        stop = threading.Event()
+        ctx = ActionContext(
+            inputs=step.inputs,
+            external_key=step.external_key,
+            attempt=attempt_number,
+            deadline=time.monotonic() + timeout,
+            identity=self.identity(),
+            simulation=loaded.simulation,
+            stop_event=stop,
+        )
+        extra = {**step.log_extra, "attempt": attempt_number}
+        try:
+            result = self.x.calls.call(adapter.lookup, ctx, timeout, extra)
+        except CallTimedOut:
+            stop.set()
+            log.warning("lookup gave no answer within %g s; still in doubt", timeout, extra=extra)
+            return _Answer(Unknown(), "TIMEOUT")
+        except Exception as exc:
+            log.warning(
+                "lookup failed, still in doubt: %s",
+                attempt_message(exc, step.inputs),
+                extra={**extra, "error": type(exc).__name__},
+            )
+            return _Answer(Unknown(), "ERROR")
+        if isinstance(result, Found):
+            output = result.output
+            problems = (
+                ["/"]
+                if not _is_json_object(output)
+                else self.x.schemas.problems(adapter, "output", output)
+            )
+            if problems:
+                log.warning(
+                    "lookup found an output that breaks the schema at %s; still in doubt",
+                    ", ".join(problems),
+                    extra=extra,
+                )
+                return _Answer(Unknown(), "OUTPUT_INVALID")
+            log.info("lookup found the write", extra=extra)
+            return _Answer(result, "FOUND")
+        if isinstance(result, NotFound):
+            log.info("lookup found no write", extra=extra)
+            return _Answer(result, "NOT_FOUND")
+        if not isinstance(result, Unknown):
+            log.warning(
+                "lookup returned %s, not Found, NotFound or Unknown; still in doubt",
+                type(result).__name__,
+                extra=extra,
+            )
+            return _Answer(Unknown(), "ERROR")
+        log.info("lookup cannot tell; still in doubt", extra=extra)
+        return _Answer(result, "UNKNOWN")
+
+    def found(self, step: _Step, result: Found) -> Any:
+        """Record the write the lookup found as the step's success; the run goes on with it."""
+        attempt = record_found_write(
+            self.conn, self.claim, step.action_id, step.external_key, result.output, WORKER_ACTOR
+        )
+        log.info(
+            "write in doubt reconciled by lookup", extra={**step.log_extra, "attempt": attempt}
+        )
+        return result.output
 
     def permanent(
         self, spec: ActionSpec, exc: PermanentError, action_ids: list[str], message: str
