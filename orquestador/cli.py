@@ -1,4 +1,4 @@
-"""The one command line: dev, migrate, worker, api, token, check, health, decide."""
+"""The one command line: dev, migrate, worker, api, token, check, health, decide, executions."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.errors import ConfigError, OrquestadorError
+from orquestador.executions_cli import add_executions_command
 
 log = logging.getLogger("orquestador")
 
@@ -144,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     decide.add_argument("--table", required=True, type=Path, help="the table (JSON)")
     decide.add_argument("--context", required=True, type=Path, help='{"data": ...} (JSON)')
     decide.set_defaults(handler=_decide)
+
+    add_executions_command(command)
     return parser
 
 

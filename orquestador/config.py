@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -15,6 +16,7 @@ from orquestador.errors import ConfigError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_HTTP_URL = re.compile(r"^https?://[^/\s?#]+(/\S*)?$")
 _JWT_ALGORITHMS = {"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "EdDSA"}
 
 
@@ -65,6 +67,14 @@ class Settings:
 
     adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
     log_level: str = _env("LOG_LEVEL", "INFO", "logs")
+
+    # What `orquestador executions` talks to, and as whom; never read by the server.
+    api_url: str = _env("ORQUESTADOR_API_URL", "", "command line client")
+    api_token: str = field(
+        default="",
+        repr=False,  # a bearer token: kept out of any printed Settings
+        metadata={"env": "ORQUESTADOR_TOKEN", "section": "command line client"},
+    )
 
     @property
     def home_path(self) -> Path:
@@ -175,6 +185,11 @@ class Settings:
             problems.append(f"JWT_PUBLIC_KEY_FILE: no such file {self.jwt_public_key_file!r}")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             problems.append("LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if self.api_url and not _HTTP_URL.match(self.api_url):
+            problems.append(
+                "ORQUESTADOR_API_URL must be an http:// or https:// URL, e.g. "
+                "http://127.0.0.1:8080/api/v1"
+            )
         return problems
 
 

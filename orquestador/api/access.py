@@ -1,30 +1,85 @@
 """ResourceAccess: the only way the API reads requests and executions, with visibility in the SQL.
 
 A caller sees a request when the token's organization is the request's and the caller
-owns it or holds requests:read-all; an execution is seen through its request. Every
-query below carries that predicate, so a foreign row is indistinguishable from a
-missing one.
+owns it or holds requests:read-all; an execution is seen through its request. An
+operator route (evidence, decisions, cancel by executions:cancel) reaches every
+request of the organization; cancelling with requests:write alone reaches only the
+caller's own. Every query below carries that predicate, so a foreign row is
+indistinguishable from a missing one.
 """
 
 from __future__ import annotations
 
+import enum
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, func, select
+from sqlalchemy import ColumnElement, Connection, Row, and_, func, select, tuple_
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
-from orquestador.db.schema import action_attempt, action_execution, execution, flow, request
+from orquestador.db.schema import (
+    action_attempt,
+    action_execution,
+    audit_event,
+    execution,
+    flow,
+    request,
+)
+
+
+class Reach(enum.Enum):
+    """Which requests of the caller's organization a route may touch."""
+
+    # Their own; all of them with requests:read-all.
+    READ = "read"
+    # Only their own, whatever else the token holds (cancel with requests:write).
+    OWN = "own"
+    # All of them: routes guarded by an operator scope.
+    ORGANIZATION = "organization"
+
+
+@dataclass(frozen=True)
+class ExecutionFilter:
+    """One page of the execution listing: filters, size and where the last page ended."""
+
+    limit: int
+    status: str | None = None
+    flow_id: uuid.UUID | None = None
+    request_id: uuid.UUID | None = None
+    # (created_at, id) of the last item of the previous page; the page starts below it.
+    after: tuple[datetime, uuid.UUID] | None = None
+
+
+_EXECUTION_COLUMNS = (
+    execution.c.id,
+    execution.c.request_id,
+    execution.c.flow_id,
+    execution.c.transition_id,
+    execution.c.status,
+    execution.c.result,
+    execution.c.error_code,
+    execution.c.error_detail,
+    execution.c.next_attempt_at,
+    execution.c.attempts,
+    execution.c.created_at,
+    execution.c.updated_at,
+)
 
 
 class ResourceAccess:
     """Visibility of requests and executions for one caller, expressed as SQL predicates."""
 
-    def __init__(self, caller: Caller) -> None:
+    def __init__(self, caller: Caller, reach: Reach = Reach.READ) -> None:
         self.caller = caller
+        self.reach = reach
 
     def _sees_request(self) -> ColumnElement[bool]:
         same_org = request.c.org_id == self.caller.org
-        if self.caller.has_scope(SCOPE_REQUESTS_READ_ALL):
+        if self.reach is Reach.ORGANIZATION:
+            return same_org
+        if self.reach is Reach.READ and self.caller.has_scope(SCOPE_REQUESTS_READ_ALL):
             return same_org
         return and_(same_org, request.c.owner_id == self.caller.sub)
 
@@ -48,6 +103,7 @@ class ResourceAccess:
             request.c.revision,
             request.c.data,
             request.c.machine_id,
+            request.c.busy_execution_id,
             func.coalesce(request.c.busy_execution_id, latest).label("execution_id"),
         ).where(request.c.id == request_id, self._sees_request())
         return connection.execute(query).one_or_none()
@@ -72,29 +128,45 @@ class ResourceAccess:
 
     def find_execution(self, connection: Connection, execution_id: uuid.UUID) -> Row | None:
         query = (
-            select(
-                execution.c.id,
-                execution.c.request_id,
-                execution.c.flow_id,
-                execution.c.transition_id,
-                execution.c.status,
-                execution.c.result,
-                execution.c.error_code,
-                execution.c.error_detail,
-                execution.c.next_attempt_at,
-                execution.c.attempts,
-                execution.c.created_at,
-                execution.c.updated_at,
-            )
+            select(*_EXECUTION_COLUMNS)
             .join(request, request.c.id == execution.c.request_id)
             .where(execution.c.id == execution_id, self._sees_execution())
         )
         return connection.execute(query).one_or_none()
 
+    def list_executions(self, connection: Connection, page: ExecutionFilter) -> list[Row]:
+        """Up to `page.limit` + 1 visible executions, newest first; the extra one says "more".
+
+        Keyset pagination: the page starts strictly below the previous page's last
+        (created_at, id), so rows inserted meanwhile never shift or repeat an item.
+        """
+        conditions = [self._sees_execution()]
+        if page.status is not None:
+            conditions.append(execution.c.status == page.status)
+        if page.flow_id is not None:
+            conditions.append(execution.c.flow_id == page.flow_id)
+        if page.request_id is not None:
+            conditions.append(execution.c.request_id == page.request_id)
+        if page.after is not None:
+            conditions.append(tuple_(execution.c.created_at, execution.c.id) < tuple_(*page.after))
+        query = (
+            select(*_EXECUTION_COLUMNS)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(*conditions)
+            .order_by(execution.c.created_at.desc(), execution.c.id.desc())
+            .limit(page.limit + 1)
+        )
+        return list(connection.execute(query))
+
     def execution_steps(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
         """Checkpoint statuses of a visible execution, in the order the actions started."""
+        return self.steps_of(connection, [execution_id])
+
+    def steps_of(self, connection: Connection, execution_ids: Sequence[uuid.UUID]) -> list[Row]:
+        """Checkpoint statuses of many visible executions in one query, each in start order."""
         query = (
             select(
+                action_execution.c.execution_id,
                 action_execution.c.action_id,
                 action_execution.c.status,
                 action_execution.c.attempt,
@@ -104,15 +176,24 @@ class ResourceAccess:
             )
             .join(execution, execution.c.id == action_execution.c.execution_id)
             .join(request, request.c.id == execution.c.request_id)
-            .where(action_execution.c.execution_id == execution_id, self._sees_execution())
-            .order_by(action_execution.c.started_at, action_execution.c.action_id)
+            .where(action_execution.c.execution_id.in_(execution_ids), self._sees_execution())
+            .order_by(
+                action_execution.c.execution_id,
+                action_execution.c.started_at,
+                action_execution.c.action_id,
+            )
         )
         return list(connection.execute(query))
 
     def execution_attempts(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
         """Every ended attempt of a visible execution's actions, oldest first."""
+        return self.attempts_of(connection, [execution_id])
+
+    def attempts_of(self, connection: Connection, execution_ids: Sequence[uuid.UUID]) -> list[Row]:
+        """Every ended attempt of many visible executions in one query, oldest first."""
         query = (
             select(
+                action_attempt.c.execution_id,
                 action_attempt.c.action_id,
                 action_attempt.c.attempt,
                 action_attempt.c.status,
@@ -123,7 +204,59 @@ class ResourceAccess:
             )
             .join(execution, execution.c.id == action_attempt.c.execution_id)
             .join(request, request.c.id == execution.c.request_id)
-            .where(action_attempt.c.execution_id == execution_id, self._sees_execution())
-            .order_by(action_attempt.c.action_id, action_attempt.c.attempt)
+            .where(action_attempt.c.execution_id.in_(execution_ids), self._sees_execution())
+            .order_by(
+                action_attempt.c.execution_id,
+                action_attempt.c.action_id,
+                action_attempt.c.attempt,
+            )
+        )
+        return list(connection.execute(query))
+
+    def evidence_steps(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
+        """Every checkpoint of a visible execution as an operator needs it, in start order.
+
+        The order is the one the protocol decides with (`step_in_doubt`). Never the
+        action's input: the input hash identifies it without showing it.
+        """
+        query = (
+            select(
+                action_execution.c.action_id,
+                action_execution.c.capability,
+                action_execution.c.adapter_version,
+                action_execution.c.effect,
+                action_execution.c.status,
+                action_execution.c.attempt,
+                action_execution.c.external_key,
+                action_execution.c.input_hash,
+                action_execution.c.error_code,
+                action_execution.c.output,
+                action_execution.c.started_at,
+                action_execution.c.finished_at,
+            )
+            .join(execution, execution.c.id == action_execution.c.execution_id)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(action_execution.c.execution_id == execution_id, self._sees_execution())
+            .order_by(action_execution.c.started_at, action_execution.c.action_id)
+        )
+        return list(connection.execute(query))
+
+    def execution_audit(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
+        """The audit trail of a visible execution, in the order it was written."""
+        query = (
+            select(
+                audit_event.c.kind,
+                audit_event.c.actor,
+                audit_event.c.detail,
+                audit_event.c.created_at,
+            )
+            .join(execution, execution.c.id == audit_event.c.execution_id)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(
+                audit_event.c.execution_id == execution_id,
+                audit_event.c.org_id == self.caller.org,
+                self._sees_execution(),
+            )
+            .order_by(audit_event.c.id)
         )
         return list(connection.execute(query))

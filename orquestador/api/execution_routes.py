@@ -1,24 +1,222 @@
-"""Executions: the read-only ExecutionView of an accepted transition."""
+"""Executions: the ExecutionView, the listing, an operator's evidence and decisions, and cancel."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
+import logging
+import re
 import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, current_app, g, jsonify, request
+from jsonschema import Draft202012Validator
 
-from orquestador.api.access import ResourceAccess
-from orquestador.api.auth import SCOPE_REQUESTS_READ, current_caller, requires_scope
-from orquestador.api.context import engine
-from orquestador.api.problems import not_found
-from orquestador.api.views import API_PREFIX, execution_view
+from orquestador.actions import AdapterRegistry, load_registry
+from orquestador.api.access import ExecutionFilter, Reach, ResourceAccess
+from orquestador.api.auth import (
+    SCOPE_EXECUTIONS_CANCEL,
+    SCOPE_EXECUTIONS_RECONCILE,
+    SCOPE_REQUESTS_READ,
+    SCOPE_REQUESTS_WRITE,
+    Caller,
+    authenticate,
+    current_caller,
+    requires_scope,
+)
+from orquestador.api.body import pointer, read_json_object
+from orquestador.api.context import api_context, engine
+from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.schemas import CANCEL_BODY, RECONCILIATION_BODY
+from orquestador.api.views import API_PREFIX, evidence_view, execution_view, execution_views
+from orquestador.db.schema import EXECUTION_STATUSES
+from orquestador.domain.errors import Problem
+from orquestador.errors import (
+    DecisionInvalid,
+    IntegrationUnavailable,
+    NotCancellable,
+    NotReconcilable,
+)
+from orquestador.queue.reconciliation import Resolution, cancel, resolve, step_in_doubt
+
+log = logging.getLogger(__name__)
 
 blueprint = Blueprint("executions", __name__, url_prefix=f"{API_PREFIX}/executions")
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+MAX_CURSOR_CHARACTERS = 200
+
+# Where the adapter registry that checks a confirmed output lives in app.extensions. An
+# app built around a registry of its own (tests, embedding) may put it here; otherwise
+# the configured one (built-ins and ADAPTER_MODULES, as the worker loads it) is loaded
+# on the first confirm.
+ADAPTERS_EXTENSION = "orquestador.adapters"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --- reading -------------------------------------------------------------------------
+
+
+@blueprint.get("")
+@requires_scope(SCOPE_REQUESTS_READ)
+def listing() -> Response:
+    page = _execution_filter(request.args)
+    access = ResourceAccess(current_caller())
+    # One snapshot: the page, then the steps and attempts of its executions, one query each.
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            rows = access.list_executions(connection, page)
+            more, rows = len(rows) > page.limit, rows[: page.limit]
+            ids = [row.id for row in rows]
+            steps = access.steps_of(connection, ids) if ids else []
+            attempts = access.attempts_of(connection, ids) if ids else []
+    return jsonify(
+        {
+            "items": execution_views(rows, steps, attempts),
+            "next": _cursor(rows[-1]) if more else None,
+        }
+    )
 
 
 @blueprint.get("/<uuid:execution_id>")
 @requires_scope(SCOPE_REQUESTS_READ)
 def read(execution_id: uuid.UUID) -> Response:
-    access = ResourceAccess(current_caller())
+    return jsonify(_view_or_404(ResourceAccess(current_caller()), execution_id))
+
+
+@blueprint.get("/<uuid:execution_id>/evidence")
+@requires_scope(SCOPE_EXECUTIONS_RECONCILE)
+def evidence(execution_id: uuid.UUID) -> Response:
+    access = ResourceAccess(current_caller(), Reach.ORGANIZATION)
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            row = access.find_execution(connection, execution_id)
+            if row is None:
+                raise not_found()
+            checkpoints = access.evidence_steps(connection, execution_id)
+            attempts = access.execution_attempts(connection, execution_id)
+            audit = access.execution_audit(connection, execution_id)
+    in_doubt = None
+    if row.status == "RECONCILIATION_REQUIRED":
+        # The same rule the decision is checked with, on the same ordering of checkpoints.
+        step = step_in_doubt(checkpoints)
+        in_doubt = step.action_id if step is not None else None
+    return jsonify(evidence_view(row, checkpoints, attempts, audit, in_doubt))
+
+
+# --- deciding ------------------------------------------------------------------------
+
+
+@blueprint.post("/<uuid:execution_id>/reconciliation")
+@requires_scope(SCOPE_EXECUTIONS_RECONCILE)
+def reconcile(execution_id: uuid.UUID) -> Response:
+    body = read_json_object(RECONCILIATION_BODY)
+    decision = body["decision"]
+    misplaced = [
+        Problem(f"/{name}", f"only a {needs} decision takes {name}")
+        for name, needs in (("output", "confirm"), ("toState", "fail"))
+        if name in body and decision != needs
+    ]
+    if misplaced:
+        raise ApiProblem(
+            422,
+            "BODY_INVALID",
+            "The body has fields this decision does not take.",
+            problems=misplaced,
+        )
+    caller = current_caller()
+    access = ResourceAccess(caller, Reach.ORGANIZATION)
+    _require_visible(access, execution_id)
+    resolution = Resolution(
+        execution_id=execution_id,
+        org_id=caller.org,
+        actor=caller.sub,
+        decision=decision,
+        reason=body["reason"],
+        action_id=body["actionId"],
+        output=body.get("output"),
+        to_state=body.get("toState"),
+    )
+    try:
+        with engine().connect() as connection:
+            status = resolve(
+                connection,
+                resolution,
+                output_problems=_output_problems,
+                claims_budget=api_context().settings.execution_max_attempts,
+            )
+    except NotReconcilable as refused:
+        raise ApiProblem(409, refused.code, refused.message) from None
+    except DecisionInvalid as invalid:
+        raise ApiProblem(
+            422, invalid.code, invalid.message, problems=_decision_problems(invalid)
+        ) from None
+    except IntegrationUnavailable as missing:
+        raise ApiProblem(
+            422,
+            missing.code,
+            f"{missing.message}: the output cannot be checked, so it cannot be confirmed.",
+            problems=[Problem("/output", "no adapter to check it against")],
+        ) from None
+    log.info(
+        "reconciliation resolved: %s",
+        decision,
+        extra={"execution_id": str(execution_id), "decision": decision, "status": status},
+    )
+    return jsonify(_view_or_404(access, execution_id))
+
+
+def _requires_any_scope(*scopes: str) -> Callable[[F], F]:
+    """Like requires_scope, satisfied by any one of `scopes`."""
+
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            caller = authenticate(api_context().verifier)
+            if not any(caller.has_scope(scope) for scope in scopes):
+                raise ApiProblem(
+                    403,
+                    "INSUFFICIENT_SCOPE",
+                    f"This operation needs one of the scopes {', '.join(scopes)}.",
+                )
+            g.caller = caller
+            return view(*args, **kwargs)
+
+        return guarded  # type: ignore[return-value]
+
+    return decorate
+
+
+@blueprint.post("/<uuid:execution_id>/cancel")
+@_requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
+def cancel_execution(execution_id: uuid.UUID) -> Response:
+    body = read_json_object(CANCEL_BODY)
+    caller = current_caller()
+    # executions:cancel reaches the whole organization; requests:write only the
+    # caller's own requests.
+    operator = caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
+    access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
+    _require_visible(access, execution_id, readable_by=None if operator else caller)
+    try:
+        with engine().connect() as connection:
+            cancel(connection, execution_id, caller.org, caller.sub, body["reason"])
+    except NotCancellable as refused:
+        raise ApiProblem(409, refused.code, refused.message) from None
+    log.info("execution cancelled", extra={"execution_id": str(execution_id)})
+    return jsonify(_view_or_404(access, execution_id))
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _view_or_404(access: ResourceAccess, execution_id: uuid.UUID) -> dict[str, Any]:
     # One snapshot for the execution and its steps, so they agree with each other.
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")
@@ -28,4 +226,128 @@ def read(execution_id: uuid.UUID) -> Response:
                 raise not_found()
             steps = access.execution_steps(connection, execution_id)
             attempts = access.execution_attempts(connection, execution_id)
-    return jsonify(execution_view(row, steps, attempts))
+    return execution_view(row, steps, attempts)
+
+
+def _require_visible(
+    access: ResourceAccess, execution_id: uuid.UUID, *, readable_by: Caller | None = None
+) -> None:
+    """404 unless `access` reaches the execution; 403 when the caller may read but not act.
+
+    The protocol functions check only the organization; the owner and scope part of
+    visibility is settled here, before them, so a foreign id is the same 404 as a
+    missing one.
+    """
+    with engine().connect() as connection:
+        if access.find_execution(connection, execution_id) is not None:
+            return
+        if readable_by is not None and (
+            ResourceAccess(readable_by).find_execution(connection, execution_id) is not None
+        ):
+            raise ApiProblem(
+                403,
+                "INSUFFICIENT_SCOPE",
+                "Cancelling an execution of a request you do not own needs the "
+                f"{SCOPE_EXECUTIONS_CANCEL} scope.",
+            )
+    raise not_found()
+
+
+def _adapters() -> AdapterRegistry:
+    found = current_app.extensions.get(ADAPTERS_EXTENSION)
+    if found is None:
+        found = current_app.extensions.setdefault(
+            ADAPTERS_EXTENSION, load_registry(api_context().settings)
+        )
+    return found
+
+
+def _output_problems(capability: str, version: int, output: Any) -> list[str]:
+    """Where a confirmed output breaks the adapter's output schema, as JSON Pointers.
+
+    The validator's words are kept for the answer (`g.output_messages`): the output is
+    the operator's own, so they may see it quoted back.
+    """
+    adapter = _adapters().get(capability, version)
+    validator = Draft202012Validator(
+        adapter.output_schema, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+    messages: dict[str, str] = {}
+    for error in validator.iter_errors(output):
+        messages.setdefault(pointer(error.absolute_path), error.message)
+    g.output_messages = messages
+    return sorted(messages)
+
+
+def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:
+    if invalid.code == "OUTPUT_INVALID":
+        # The protocol points into the output; the answer points into the body.
+        messages: dict[str, str] = g.get("output_messages", {})
+        return [
+            Problem(f"/output{path}", messages.get(path, invalid.message))
+            for path in invalid.paths or [""]
+        ]
+    return [Problem(path, invalid.message) for path in invalid.paths]
+
+
+def _query_problem(name: str, message: str) -> ApiProblem:
+    return ApiProblem(
+        400,
+        "QUERY_INVALID",
+        "A query parameter is invalid.",
+        problems=[Problem(f"/{name}", message)],
+    )
+
+
+def _execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
+    status = args.get("status")
+    if status is not None and status not in EXECUTION_STATUSES:
+        raise _query_problem("status", f"one of {', '.join(EXECUTION_STATUSES)}")
+    limit_text = args.get("limit")
+    limit = DEFAULT_PAGE_SIZE
+    if limit_text is not None:
+        if not re.fullmatch(r"[0-9]{1,4}", limit_text) or not (
+            1 <= int(limit_text) <= MAX_PAGE_SIZE
+        ):
+            raise _query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
+        limit = int(limit_text)
+    after_text = args.get("after")
+    return ExecutionFilter(
+        limit=limit,
+        status=status,
+        flow_id=_uuid_argument(args, "flowId"),
+        request_id=_uuid_argument(args, "requestId"),
+        after=_read_cursor(after_text) if after_text is not None else None,
+    )
+
+
+def _uuid_argument(args: Mapping[str, str], name: str) -> uuid.UUID | None:
+    text = args.get(name)
+    if text is None:
+        return None
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise _query_problem(name, "a UUID") from None
+
+
+def _cursor(row: Any) -> str:
+    """Opaque to clients: where the page ended, as (created_at, id)."""
+    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _read_cursor(text: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        if len(text) > MAX_CURSOR_CHARACTERS:
+            raise ValueError("too long")
+        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
+        created, separator, identifier = (
+            base64.urlsafe_b64decode(padded).decode("utf-8").partition("|")
+        )
+        at = datetime.fromisoformat(created)
+        if not separator or at.tzinfo is None:
+            raise ValueError("not a cursor")
+        return at.astimezone(UTC), uuid.UUID(identifier)
+    except (ValueError, binascii.Error, OverflowError):
+        raise _query_problem("after", "not a cursor this API handed out") from None

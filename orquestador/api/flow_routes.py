@@ -1,20 +1,26 @@
-"""Flow administration: publish a definition as a new version, read one back."""
+"""Flow administration: publish a definition as a new version, list versions, read one."""
 
 from __future__ import annotations
 
 import uuid
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
+from sqlalchemy import Connection, Row, select
 
 from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_scope
-from orquestador.api.body import read_json_object
+from orquestador.api.body import read_json_object, unstorable_text
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import find_flow, publish_flow
 from orquestador.api.problems import ApiProblem, not_found
-from orquestador.api.views import API_PREFIX, flow_created_view, flow_view
+from orquestador.api.views import API_PREFIX, flow_created_view, flow_version_view, flow_view
+from orquestador.db.schema import flow
+from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition, validate_definition
 
 blueprint = Blueprint("flows", __name__, url_prefix=f"{API_PREFIX}/flows")
+
+# The longest key a definition may have (its schema's pattern); bounds the `key` query.
+MAX_KEY_CHARACTERS = 100
 
 
 @blueprint.post("")
@@ -41,6 +47,32 @@ def publish() -> tuple[Response, int, dict[str, str]]:
         )
     body = flow_created_view(row, [w.as_dict() for w in warnings])
     return jsonify(body), 201, {"Location": f"{API_PREFIX}/flows/{row.id}"}
+
+
+@blueprint.get("")
+@requires_scope(SCOPE_FLOWS_ADMIN)
+def listing() -> Response:
+    key = request.args.get("key")
+    if key is not None and (not key or len(key) > MAX_KEY_CHARACTERS or unstorable_text(key)):
+        raise ApiProblem(
+            400,
+            "QUERY_INVALID",
+            "A query parameter is invalid.",
+            problems=[Problem("/key", f"a flow key of 1 to {MAX_KEY_CHARACTERS} characters")],
+        )
+    with engine().connect() as connection:
+        rows = flow_versions(connection, org=current_caller().org, key=key)
+    return jsonify({"items": [flow_version_view(row) for row in rows]})
+
+
+def flow_versions(connection: Connection, *, org: str, key: str | None) -> list[Row]:
+    """Every version of the organization's flows (of one key), by key, newest version first."""
+    query = select(flow.c.id, flow.c.key, flow.c.version, flow.c.trigger, flow.c.created_at).where(
+        flow.c.org_id == org
+    )
+    if key is not None:
+        query = query.where(flow.c.key == key)
+    return list(connection.execute(query.order_by(flow.c.key, flow.c.version.desc())))
 
 
 @blueprint.get("/<uuid:flow_id>")

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify
 
 from orquestador.api import schemas
 from orquestador.api.views import API_PREFIX
+from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.flow_definition import definition_schema
 
 blueprint = Blueprint("openapi", __name__)
@@ -73,14 +74,28 @@ _PROBLEM_TEXT = {
 }
 
 
-def _problems(*statuses: str) -> dict[str, Any]:
+def _problems(*statuses: str, **texts: str) -> dict[str, Any]:
+    """Problem answers; `texts` replaces the usual description, keyed `s409=...`."""
     return {
         status: {
-            "description": _PROBLEM_TEXT[status],
+            "description": texts.get(f"s{status}", _PROBLEM_TEXT[status]),
             "content": {"application/problem+json": {"schema": _ref("Problem")}},
         }
         for status in statuses
     }
+
+
+def _query_parameter(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": schema,
+        "description": description,
+    }
+
+
+_QUERY_INVALID = "A query parameter is invalid (`QUERY_INVALID`); `problems` names it."
 
 
 def _id_parameter(name: str) -> dict[str, Any]:
@@ -130,6 +145,23 @@ def _paths() -> dict[str, Any]:
             },
         },
         "/flows": {
+            "get": {
+                "operationId": "listFlows",
+                "summary": "Every version of the organization's flows",
+                "description": "Scope `flows:admin`. By key, newest version first.",
+                "security": _SECURED,
+                "parameters": [
+                    _query_parameter(
+                        "key",
+                        {"type": "string", "minLength": 1, "maxLength": 100},
+                        "Only this flow key.",
+                    )
+                ],
+                "responses": {
+                    "200": _json(_ref("FlowVersions"), "The versions."),
+                    **_problems("400", "401", "403", s400=_QUERY_INVALID),
+                },
+            },
             "post": {
                 "operationId": "publishFlow",
                 "summary": "Publish a flow definition as the next version of its key",
@@ -195,6 +227,44 @@ def _paths() -> dict[str, Any]:
                 },
             },
         },
+        "/executions": {
+            "get": {
+                "operationId": "listExecutions",
+                "summary": "Executions the caller may see, newest first, one page at a time",
+                "description": "Scope `requests:read` (executions of the caller's own "
+                "requests); `requests:read-all` lists every execution of the organization.",
+                "security": _SECURED,
+                "parameters": [
+                    _query_parameter(
+                        "status", {"enum": list(EXECUTION_STATUSES)}, "Only this status."
+                    ),
+                    _query_parameter(
+                        "flowId",
+                        {"type": "string", "format": "uuid"},
+                        "Only executions of this flow version.",
+                    ),
+                    _query_parameter(
+                        "requestId",
+                        {"type": "string", "format": "uuid"},
+                        "Only executions of this request.",
+                    ),
+                    _query_parameter(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                        "Page size.",
+                    ),
+                    _query_parameter(
+                        "after",
+                        {"type": "string", "maxLength": 200},
+                        "The `next` of the previous page (opaque).",
+                    ),
+                ],
+                "responses": {
+                    "200": _json(_ref("ExecutionPage"), "One page."),
+                    **_problems("400", "401", "403", s400=_QUERY_INVALID),
+                },
+            },
+        },
         "/executions/{executionId}": {
             "get": {
                 "operationId": "getExecution",
@@ -205,6 +275,79 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": _json(_ref("ExecutionView"), "The execution."),
                     **_problems(*_READ_ERRORS),
+                },
+            },
+        },
+        "/executions/{executionId}/evidence": {
+            "get": {
+                "operationId": "getExecutionEvidence",
+                "summary": "What an operator needs to decide about an execution",
+                "description": "Scope `executions:reconcile`; any execution of the "
+                "organization. Why it parked, the step in doubt, every step's attempts, "
+                "external key, input hash, effect, capability and version, the outputs of "
+                "succeeded steps, and the audit trail. Never inputs, the actor snapshot, the "
+                "lease owner or tokens.",
+                "security": _SECURED,
+                "parameters": [_id_parameter("executionId")],
+                "responses": {
+                    "200": _json(_ref("Evidence"), "The evidence."),
+                    **_problems(*_READ_ERRORS),
+                },
+            },
+        },
+        "/executions/{executionId}/reconciliation": {
+            "post": {
+                "operationId": "reconcileExecution",
+                "summary": "Decide about a parked execution: confirm, retry or fail",
+                "description": "Scope `executions:reconcile`. One transaction with a "
+                "`RECONCILIATION_RESOLVED` audit row. confirm: the step becomes SUCCEEDED with "
+                "`output` and the execution continues (PENDING) without calling it again; "
+                "retry: the step runs again with the same external key and a fresh attempt "
+                "budget (PENDING); fail: FAILED, the request moves to `toState` (default the "
+                "step's onError state, else stays) and is released.",
+                "security": _SECURED,
+                "parameters": [_id_parameter("executionId")],
+                "requestBody": _body(_ref("ReconciliationRequest")),
+                "responses": {
+                    "200": _json(_ref("ExecutionView"), "Decided; the execution as it is now."),
+                    **_problems(
+                        *_WRITE_ERRORS,
+                        "404",
+                        "409",
+                        s409="`NOT_RECONCILABLE`: the execution is not parked, `actionId` is "
+                        "not the step in doubt, or the step does not accept this decision "
+                        "(a contract mismatch takes only retry or fail); also the loser of two "
+                        "decisions at once.",
+                        s422="`BODY_INVALID` (e.g. an empty reason, an unknown decision), "
+                        "`OUTPUT_INVALID` (the output breaks the adapter's output schema), "
+                        "`STATE_UNKNOWN` (toState), `INTEGRATION_UNAVAILABLE` (no adapter to "
+                        "check the output with).",
+                    ),
+                },
+            },
+        },
+        "/executions/{executionId}/cancel": {
+            "post": {
+                "operationId": "cancelExecution",
+                "summary": "Cancel an execution that has not started (or waits)",
+                "description": "Scope `executions:cancel` (any execution of the organization), "
+                "or `requests:write` for executions of the caller's own requests. PENDING, "
+                "RETRY_WAIT and WAITING executions end CANCELLED and the request is released "
+                "in its accepted state, audited `EXECUTION_CANCELLED`.",
+                "security": _SECURED,
+                "parameters": [_id_parameter("executionId")],
+                "requestBody": _body(_ref("CancelRequest")),
+                "responses": {
+                    "200": _json(_ref("ExecutionView"), "Cancelled."),
+                    **_problems(
+                        *_WRITE_ERRORS,
+                        "404",
+                        "409",
+                        s403="The token has neither scope, or only `requests:write` and the "
+                        "request is someone else's.",
+                        s409="`NOT_CANCELLABLE`: the execution is RUNNING (an action in flight "
+                        "cannot be stopped) or has ended.",
+                    ),
                 },
             },
         },
@@ -236,6 +379,11 @@ def _document() -> dict[str, Any]:
                 "Request": schemas.REQUEST,
                 "TransitionAccepted": schemas.TRANSITION_ACCEPTED,
                 "ExecutionView": schemas.EXECUTION,
+                "ExecutionPage": schemas.EXECUTION_PAGE,
+                "FlowVersions": schemas.FLOW_VERSIONS,
+                "Evidence": schemas.EVIDENCE,
+                "ReconciliationRequest": schemas.RECONCILIATION_BODY,
+                "CancelRequest": schemas.CANCEL_BODY,
                 "Problem": schemas.PROBLEM,
                 "Health": schemas.HEALTH,
                 **_flow_definition_components(),

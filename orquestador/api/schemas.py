@@ -76,7 +76,7 @@ FLOW: dict[str, Any] = {
 
 REQUEST: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "flowId", "state", "revision", "data"],
+    "required": ["id", "flowId", "state", "revision", "data", "busy"],
     "properties": {
         "id": _UUID,
         "flowId": _UUID,
@@ -87,6 +87,14 @@ REQUEST: dict[str, Any] = {
         "executionId": {
             **_UUID,
             "description": "The unfinished execution, else the latest one.",
+        },
+        "busy": {
+            "type": "boolean",
+            "description": "An unfinished execution holds the request: no transition is accepted.",
+        },
+        "busyExecutionId": {
+            **_UUID,
+            "description": "The execution that holds the request, present while busy.",
         },
     },
 }
@@ -183,6 +191,180 @@ EXECUTION: dict[str, Any] = {
         "createdAt": _TIMESTAMP,
         "updatedAt": _TIMESTAMP,
     },
+}
+
+# Why an operator decides or cancels: kept in the audit trail, so it must say something.
+_REASON = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 2000,
+    "pattern": "\\S",
+    "description": "Why: what was checked, with whom. Kept in the audit trail.",
+}
+_STEP_STATUS = {"enum": ["RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN"]}
+_NULLABLE_TEXT = {"type": ["string", "null"]}
+_NULLABLE_TIMESTAMP = {"type": ["string", "null"], "format": "date-time"}
+
+EXECUTION_PAGE: dict[str, Any] = {
+    "type": "object",
+    "required": ["items", "next"],
+    "additionalProperties": False,
+    "properties": {
+        "items": {"type": "array", "items": EXECUTION, "description": "Newest first."},
+        "next": {
+            "type": ["string", "null"],
+            "description": "Pass as `after` for the next page; null on the last page.",
+        },
+    },
+}
+
+FLOW_VERSIONS: dict[str, Any] = {
+    "type": "object",
+    "required": ["items"],
+    "additionalProperties": False,
+    "properties": {
+        "items": {
+            "type": "array",
+            "description": "Every version of every flow key, by key, newest version first.",
+            "items": {
+                "type": "object",
+                "required": ["id", "key", "version", "trigger", "createdAt"],
+                "additionalProperties": False,
+                "properties": {
+                    "id": _UUID,
+                    "key": {"type": "string"},
+                    "version": {"type": "integer", "minimum": 1},
+                    "trigger": {"type": "string"},
+                    "createdAt": _TIMESTAMP,
+                },
+            },
+        }
+    },
+}
+
+EVIDENCE: dict[str, Any] = {
+    "type": "object",
+    "required": ["execution", "reason", "inDoubt", "steps", "audit"],
+    "additionalProperties": False,
+    "properties": {
+        "execution": EXECUTION,
+        "reason": {
+            **_NULLABLE_TEXT,
+            "description": "Why it parked (its error code) while RECONCILIATION_REQUIRED.",
+        },
+        "inDoubt": {
+            **_NULLABLE_TEXT,
+            "description": (
+                "The step a decision names as `actionId` while parked; null when every step"
+                " succeeded (decide without an actionId) or when nothing is to decide."
+            ),
+        },
+        "steps": {
+            "type": "array",
+            "description": "Every checkpoint, in the order the actions started.",
+            "items": {
+                "type": "object",
+                "required": [
+                    "actionId",
+                    "capability",
+                    "version",
+                    "effect",
+                    "status",
+                    "attempt",
+                    "externalKey",
+                    "inputHash",
+                    "errorCode",
+                    "message",
+                    "startedAt",
+                    "finishedAt",
+                    "attempts",
+                ],
+                "additionalProperties": False,
+                "properties": {
+                    "actionId": {"type": "string"},
+                    "capability": {"type": "string"},
+                    "version": {"type": "integer"},
+                    "effect": {"enum": ["READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE"]},
+                    "status": _STEP_STATUS,
+                    "attempt": {"type": "integer", "minimum": 0},
+                    "externalKey": {
+                        "type": "string",
+                        "description": "The idempotency key the provider saw: search its records.",
+                    },
+                    "inputHash": {
+                        "type": "string",
+                        "description": "Canonical hash of the input the step was called with.",
+                    },
+                    "errorCode": _NULLABLE_TEXT,
+                    "message": {
+                        **_NULLABLE_TEXT,
+                        "description": "The current attempt's stored message, cut to 1 KiB.",
+                    },
+                    "startedAt": _NULLABLE_TIMESTAMP,
+                    "finishedAt": _NULLABLE_TIMESTAMP,
+                    "output": {"description": "Only on SUCCEEDED steps: what the step returned."},
+                    "attempts": EXECUTION["properties"]["steps"]["items"]["properties"]["attempts"],
+                },
+            },
+        },
+        "audit": {
+            "type": "array",
+            "description": "The execution's audit trail, oldest first.",
+            "items": {
+                "type": "object",
+                "required": ["kind", "at", "detail"],
+                "additionalProperties": False,
+                "properties": {
+                    "kind": {"type": "string"},
+                    "at": _TIMESTAMP,
+                    "actor": {"type": "string"},
+                    "detail": {"type": "object"},
+                },
+            },
+        },
+    },
+}
+
+RECONCILIATION_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["actionId", "decision", "reason"],
+    "additionalProperties": False,
+    "properties": {
+        "actionId": {
+            "type": ["string", "null"],
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "The step in doubt (the evidence's inDoubt); null when none is.",
+        },
+        "decision": {
+            "enum": ["confirm", "retry", "fail"],
+            "description": (
+                "confirm: the effect happened (output required); retry: it did not, run the"
+                " step again with the same external key; fail: give up."
+            ),
+        },
+        "reason": _REASON,
+        "output": {
+            "type": "object",
+            "description": "confirm only: the step's output, checked against the adapter's schema.",
+        },
+        "toState": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": (
+                "fail only: where the request goes; default the step's onError state, else"
+                " the state it was accepted in."
+            ),
+        },
+    },
+}
+
+CANCEL_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["reason"],
+    "additionalProperties": False,
+    "properties": {"reason": _REASON},
 }
 
 PROBLEM: dict[str, Any] = {

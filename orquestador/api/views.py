@@ -46,7 +46,20 @@ def flow_view(row: Row) -> dict[str, Any]:
     }
 
 
-def request_view(row: Row, *, execution_id: Any = None) -> dict[str, Any]:
+def flow_version_view(row: Row) -> dict[str, Any]:
+    """One line of the flow listing: which version, not its definition."""
+    return {
+        "id": str(row.id),
+        "key": row.key,
+        "version": row.version,
+        "trigger": row.trigger,
+        "createdAt": timestamp(row.created_at),
+    }
+
+
+def request_view(
+    row: Row, *, execution_id: Any = None, busy_execution_id: Any = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(row.id),
         "flowId": str(row.flow_id),
@@ -58,6 +71,10 @@ def request_view(row: Row, *, execution_id: Any = None) -> dict[str, Any]:
         body["machineId"] = row.machine_id
     if execution_id is not None:
         body["executionId"] = str(execution_id)
+    # Busy: an unfinished execution holds the request and no transition is accepted.
+    body["busy"] = busy_execution_id is not None
+    if busy_execution_id is not None:
+        body["busyExecutionId"] = str(busy_execution_id)
     return body
 
 
@@ -96,6 +113,94 @@ def execution_view(row: Row, steps: Iterable[Row], attempts: Iterable[Row]) -> d
     return body
 
 
+def execution_views(
+    rows: Iterable[Row], steps: Iterable[Row], attempts: Iterable[Row]
+) -> list[dict[str, Any]]:
+    """ExecutionViews of many executions from one query's steps and one query's attempts.
+
+    `steps` and `attempts` carry `execution_id`, and each execution's share keeps the
+    order it was read in.
+    """
+    steps_by_execution: dict[Any, list[Row]] = {}
+    for step in steps:
+        steps_by_execution.setdefault(step.execution_id, []).append(step)
+    attempts_by_execution: dict[Any, list[Row]] = {}
+    for attempt in attempts:
+        attempts_by_execution.setdefault(attempt.execution_id, []).append(attempt)
+    return [
+        execution_view(
+            row, steps_by_execution.get(row.id, []), attempts_by_execution.get(row.id, [])
+        )
+        for row in rows
+    ]
+
+
+def evidence_view(
+    row: Row,
+    checkpoints: list[Row],
+    attempts: Iterable[Row],
+    audit: Iterable[Row],
+    in_doubt: str | None,
+) -> dict[str, Any]:
+    """What an operator needs to decide: why it parked, each step as the provider saw it.
+
+    Outputs only of SUCCEEDED steps; never inputs (the input hash stands for them), the
+    actor snapshot, the lease owner or tokens.
+    """
+    attempts = list(attempts)
+    by_action: dict[str, list[Row]] = {}
+    for attempt in attempts:
+        by_action.setdefault(attempt.action_id, []).append(attempt)
+    parked = row.status == "RECONCILIATION_REQUIRED"
+    return {
+        "execution": execution_view(row, checkpoints, attempts),
+        "reason": row.error_code if parked else None,
+        "inDoubt": in_doubt,
+        "steps": [_evidence_step(c, by_action.get(c.action_id, [])) for c in checkpoints],
+        "audit": [_audit_view(event) for event in audit],
+    }
+
+
+def _evidence_step(step: Row, ended: list[Row]) -> dict[str, Any]:
+    current = next((a for a in ended if a.attempt == step.attempt), None)
+    body: dict[str, Any] = {
+        "actionId": step.action_id,
+        "capability": step.capability,
+        "version": step.adapter_version,
+        "effect": step.effect,
+        "status": step.status,
+        "attempt": step.attempt,
+        "externalKey": step.external_key,
+        "inputHash": step.input_hash,
+        "errorCode": step.error_code,
+        # The current attempt's own words; None while it runs or when it left none.
+        "message": current.message if current is not None else None,
+        "startedAt": timestamp(step.started_at),
+        "finishedAt": timestamp(step.finished_at),
+    }
+    if step.status == "SUCCEEDED":
+        body["output"] = step.output
+    body["attempts"] = _history(step, ended)
+    return body
+
+
+def _audit_view(event: Row) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": event.kind, "at": timestamp(event.created_at)}
+    if event.actor is not None:
+        body["actor"] = event.actor
+    body["detail"] = event.detail
+    return body
+
+
+def _history(step: Row, ended: list[Row]) -> list[dict[str, Any]]:
+    history = [_attempt_view(a) for a in ended]
+    if step.status == "RUNNING":  # the attempt under way has not ended: not in the history
+        history.append(
+            {"attempt": step.attempt, "status": "RUNNING", "startedAt": timestamp(step.started_at)}
+        )
+    return history
+
+
 def _step_view(step: Row, ended: list[Row], next_attempt_at: datetime | None) -> dict[str, Any]:
     body: dict[str, Any] = {"actionId": step.action_id, "status": step.status}
     if step.started_at is not None:
@@ -104,12 +209,7 @@ def _step_view(step: Row, ended: list[Row], next_attempt_at: datetime | None) ->
         body["finishedAt"] = timestamp(step.finished_at)
     if step.error_code is not None:
         body["errorCode"] = step.error_code
-    history = [_attempt_view(a) for a in ended]
-    if step.status == "RUNNING":  # the attempt under way has not ended: not in the history
-        history.append(
-            {"attempt": step.attempt, "status": "RUNNING", "startedAt": timestamp(step.started_at)}
-        )
-    body["attempts"] = history
+    body["attempts"] = _history(step, ended)
     if next_attempt_at is not None and step.status in ("FAILED", "UNKNOWN"):
         body["nextAttemptAt"] = timestamp(next_attempt_at)
     return body

@@ -12,15 +12,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from sqlalchemy import Engine, text
 
+from orquestador.actions import Adapter, AdapterRegistry, Effect
 from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
+from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.api.openapi import openapi_document
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
 
 MAX_EXAMPLES = 30
-SCOPES = ["flows:admin", "requests:read", "requests:write", "requests:read-all"]
+SCOPES = [
+    "flows:admin",
+    "requests:read",
+    "requests:write",
+    "requests:read-all",
+    "executions:reconcile",
+    "executions:cancel",
+]
 
 FLOW = {
     "key": "fuzzed",
@@ -31,6 +41,30 @@ FLOW = {
     "transitions": [
         {"id": "finish", "from": ["new"], "actions": [], "to": "done"},
         {"id": "reopen", "from": ["done"], "actions": [], "to": "new"},
+    ],
+}
+
+# A flow with one write, so an execution can be parked for fuzzed decisions.
+WRITE_FLOW = {
+    "key": "fuzzed-write",
+    "trigger": "manual",
+    "initialState": "new",
+    "states": ["new", "done", "attention"],
+    "transitions": [
+        {
+            "id": "send",
+            "from": ["new"],
+            "actions": [
+                {
+                    "id": "send",
+                    "capability": "machine.command",
+                    "version": 1,
+                    "input": {"command": {"const": "poweroff"}},
+                    "onError": "attention",
+                }
+            ],
+            "to": "done",
+        }
     ],
 }
 
@@ -51,9 +85,32 @@ def fuzz_settings(database) -> Settings:
     )
 
 
+def _output_checker() -> AdapterRegistry:
+    """The contract a confirmed output of the parked write is checked against."""
+    registry = AdapterRegistry()
+    registry.add(
+        Adapter(
+            capability="machine.command",
+            version=1,
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            input_schema={"type": "object"},
+            output_schema={
+                "type": "object",
+                "required": ["commandId"],
+                "properties": {"commandId": {"type": "string", "maxLength": 40}},
+            },
+            timeout_seconds=5,
+            max_attempts=1,
+            invoke=lambda ctx: {},
+        )
+    )
+    return registry
+
+
 @pytest.fixture
 def fuzz_app(fuzz_settings: Settings) -> Iterator[Flask]:
     app = create_app(fuzz_settings, registry=_KnowsBuiltins())
+    app.extensions[ADAPTERS_EXTENSION] = _output_checker()
     try:
         yield app
     finally:
@@ -66,32 +123,79 @@ def authorization(fuzz_settings: Settings) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture
-def real_ids(fuzz_app: Flask, authorization: dict[str, str]) -> dict[str, str]:
-    """A flow, a request and an execution, so fuzzed ids sometimes hit real rows."""
-    client = fuzz_app.test_client()
-    flow_id = client.post("/api/v1/flows", json=FLOW, headers=authorization).get_json()["id"]
+def _accept(client: Any, authorization: dict[str, str], flow: dict[str, Any], name: str) -> str:
+    flow_id = client.post("/api/v1/flows", json=flow, headers=authorization).get_json()["id"]
     body = {"flowId": flow_id, "data": {"note": "seed"}}
     request_id = client.post("/api/v1/requests", json=body, headers=authorization).get_json()["id"]
     accepted = client.post(
         f"/api/v1/requests/{request_id}/transitions",
-        json={"transition": "finish", "expectedRevision": 1},
+        json={"transition": name, "expectedRevision": 1},
         headers=authorization,
     )
-    execution_id = accepted.get_json()["executionId"]
+    return accepted.get_json()["executionId"]
+
+
+def _park(owner_engine: Engine, execution_id: str) -> None:
+    """What a worker leaves after an uncertain write: the step in doubt, the request busy."""
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+                " fencing_token, input_hash, external_key, effect, capability,"
+                " adapter_version, error_code)"
+                " VALUES (:id, 'send', 'UNKNOWN', 1, 1, 'hash', :key, 'NON_IDEMPOTENT_WRITE',"
+                " 'machine.command', 1, 'UNCERTAIN')"
+            ),
+            {"id": execution_id, "key": f"{execution_id}:send"},
+        )
+        connection.execute(
+            text(
+                "UPDATE execution SET status = 'RECONCILIATION_REQUIRED',"
+                " error_code = 'UNCERTAIN_OUTCOME', attempts = 1 WHERE id = :id"
+            ),
+            {"id": execution_id},
+        )
+
+
+@pytest.fixture
+def real_ids(
+    fuzz_app: Flask, authorization: dict[str, str], owner_engine: Engine
+) -> dict[str, str]:
+    """A flow, requests and executions (one parked), so fuzzed ids sometimes hit real rows."""
+    client = fuzz_app.test_client()
+    execution_id = _accept(client, authorization, FLOW, "finish")
+    parked = _accept(client, authorization, WRITE_FLOW, "send")
+    _park(owner_engine, parked)
+    flow_id = client.get(f"/api/v1/executions/{execution_id}", headers=authorization).get_json()[
+        "flowId"
+    ]
     # A second request stays idle, so fuzzed transitions can reach the acceptance path.
+    body = {"flowId": flow_id, "data": {"note": "seed"}}
     idle = client.post("/api/v1/requests", json=body, headers=authorization).get_json()["id"]
-    return {"flowId": flow_id, "requestId": idle, "executionId": execution_id}
+    return {
+        "flowId": flow_id,
+        "requestId": idle,
+        "executionId": execution_id,
+        "parkedExecutionId": parked,
+    }
 
 
 def _point_at_real_rows(case: schemathesis.Case, ids: dict[str, str]) -> None:
+    deciding = case.operation.path.endswith(("/reconciliation", "/evidence"))
     for name in list(case.path_parameters or {}):
-        if name in ids:
+        if name == "executionId" and deciding:
+            case.path_parameters[name] = ids["parkedExecutionId"]
+        elif name in ids:
             case.path_parameters[name] = ids[name]
+    for name in ("flowId", "requestId"):
+        if isinstance(case.query, dict) and name in case.query:
+            case.query[name] = ids[name]
     if isinstance(case.body, dict) and "flowId" in case.body:
         case.body["flowId"] = ids["flowId"]
     if isinstance(case.body, dict) and "transition" in case.body:
         case.body["transition"] = "finish"
+    if isinstance(case.body, dict) and "actionId" in case.body:
+        case.body["actionId"] = "send"
 
 
 # Negative generation needs an input to break, so operations without one run positive only.

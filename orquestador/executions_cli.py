@@ -1,0 +1,550 @@
+"""`orquestador executions`: find, inspect, decide about and cancel executions over the HTTP API.
+
+The command is a client of the API, never of the database: it sees what the token may
+see, and every refusal is the server's. Exit status: 0 done, 1 refused by the server
+(its problem printed), 2 usage or configuration (no URL or token, a server that does
+not answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from orquestador.config import Settings
+from orquestador.db.schema import EXECUTION_STATUSES
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+# (connect, read) seconds: a decision waits for a row lock another operator may hold.
+TIMEOUTS = (5.0, 60.0)
+API_PATH = "/api/v1"
+DEV_TOKEN_SECONDS = 300
+DEV_EXTRA_SCOPES = ("executions:reconcile", "executions:cancel")
+# What the command reads, for its --help.
+CLIENT_SETTINGS = (
+    "ORQUESTADOR_API_URL",
+    "ORQUESTADOR_TOKEN",
+    "ORQUESTADOR_HOME",
+    "API_HOST",
+    "API_PORT",
+    "JWT_SECRET",
+    "JWT_ISSUER",
+    "JWT_AUDIENCE",
+)
+MAX_PAGE_SIZE = 200
+AUDIT_DETAIL_CHARACTERS = 120
+
+
+class UsageProblem(Exception):
+    """The command cannot ask the server: a usage or configuration problem (exit 2)."""
+
+
+class Refused(Exception):
+    """The server answered with an error (exit 1)."""
+
+    def __init__(self, status: int, problem: dict[str, Any] | None, text: str) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.problem = problem
+        self.text = text
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
+
+
+def add_executions_command(command: CommandFactory) -> None:
+    """Register `executions` and its actions with the main parser's command factory."""
+    parser = command(
+        "executions",
+        "find, inspect, reconcile and cancel executions through the HTTP API",
+        CLIENT_SETTINGS,
+    )
+    actions = parser.add_subparsers(title="actions", required=True, metavar="ACTION")
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument(
+        "--json", action="store_true", help="print the API's JSON answer, for scripts"
+    )
+
+    def action(name: str, summary: str, run: Callable[..., int]) -> argparse.ArgumentParser:
+        sub = actions.add_parser(
+            name,
+            parents=[output],
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog="Exit status: 0 done, 1 refused by the server (its problem is printed), "
+            "2 usage or configuration. Settings: see 'orquestador executions --help'.",
+        )
+        sub.set_defaults(handler=functools.partial(_run, run))
+        return sub
+
+    listing = action("list", "executions the token may see, newest first", _list)
+    listing.add_argument("--status", choices=EXECUTION_STATUSES, help="only this status")
+    listing.add_argument("--flow", metavar="ID", help="only executions of this flow version")
+    listing.add_argument("--request", metavar="ID", help="only executions of this request")
+    listing.add_argument(
+        "--limit",
+        type=_page_size,
+        metavar="N",
+        help=f"page size, 1 to {MAX_PAGE_SIZE} (default: the server's, 50)",
+    )
+    listing.add_argument("--after", metavar="CURSOR", help="the next page, as the last one said")
+
+    show = action("show", "one execution: status, outcome, steps and attempts", _show)
+    show.add_argument("execution", metavar="ID")
+
+    evidence = action(
+        "evidence",
+        "what an operator needs to decide: why it parked, the step in doubt, keys, audit "
+        "(needs executions:reconcile)",
+        _evidence,
+    )
+    evidence.add_argument("execution", metavar="ID")
+
+    reconcile = action(
+        "reconcile",
+        "decide about a parked execution: confirm, retry or fail (needs executions:reconcile)",
+        _reconcile,
+    )
+    reconcile.add_argument("execution", metavar="ID")
+    reconcile.add_argument(
+        "--action",
+        metavar="A",
+        help="the step in doubt, as the evidence names it; leave out when none is",
+    )
+    reconcile.add_argument("--decision", required=True, choices=("confirm", "retry", "fail"))
+    reconcile.add_argument(
+        "--reason", required=True, help="what you checked and with whom (kept in the audit)"
+    )
+    reconcile.add_argument(
+        "--output",
+        metavar="JSON",
+        help="confirm: the step's output as the provider reports it (JSON, or @FILE)",
+    )
+    reconcile.add_argument(
+        "--to-state",
+        metavar="S",
+        help="fail: where the request goes (default: the step's onError state, else it stays)",
+    )
+
+    cancel = action(
+        "cancel",
+        "cancel an execution that has not started or waits (executions:cancel, or "
+        "requests:write on your own request)",
+        _cancel,
+    )
+    cancel.add_argument("execution", metavar="ID")
+    cancel.add_argument("--reason", required=True, help="why (kept in the audit)")
+
+
+def _page_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number") from None
+    if not 1 <= value <= MAX_PAGE_SIZE:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_PAGE_SIZE}")
+    return value
+
+
+def _run(action: Callable[[ApiClient, argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        client = ApiClient.from_settings(Settings.from_env())
+        return action(client, args)
+    except UsageProblem as problem:
+        print(f"orquestador: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except Refused as refused:
+        _print_refusal(refused, as_json=args.json)
+        return EXIT_REFUSED
+
+
+# --- the HTTP client -------------------------------------------------------------------
+
+
+@dataclass
+class ApiClient:
+    """Calls of the API with one bearer token; JSON in, JSON out, problems raised."""
+
+    base_url: str  # ends in /api/v1, no trailing slash
+    token: str
+    session: requests.Session
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiClient:
+        url, token = settings.api_url, settings.api_token
+        dev_key = settings.dev_secret_path
+        in_dev_folder = dev_key.is_file()
+        if not url and in_dev_folder:
+            url = f"http://{_loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
+        if not token and in_dev_folder:
+            token = _development_token(settings)
+        missing = [
+            name
+            for name, value in (("ORQUESTADOR_API_URL", url), ("ORQUESTADOR_TOKEN", token))
+            if not value
+        ]
+        if missing:
+            raise UsageProblem(
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, "
+                "and this is no folder where "
+                f"'orquestador dev' ran (no development key at {dev_key.resolve()}): set "
+                f"{' and '.join(missing)}, or run the command in that folder"
+            )
+        return cls(_api_base(url), token, requests.Session())
+
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return self._call("GET", path, params=params)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._call("POST", path, json=body)
+
+    def _call(self, method: str, path: str, **options: Any) -> Any:
+        url = self.base_url + path
+        try:
+            response = self.session.request(
+                method,
+                url,
+                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
+                timeout=TIMEOUTS,
+                **options,
+            )
+        except requests.ConnectionError as error:
+            raise UsageProblem(
+                f"cannot reach the API at {self.base_url}: {_reason(error)}"
+            ) from None
+        except requests.Timeout:
+            raise UsageProblem(
+                f"the API at {self.base_url} did not answer within {TIMEOUTS[1]:.0f} s"
+            ) from None
+        except requests.RequestException as error:
+            raise UsageProblem(f"ORQUESTADOR_API_URL: {_reason(error)}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.ok:
+            if body is None:
+                raise UsageProblem(
+                    f"{url} answered {response.status_code} without JSON: is "
+                    "ORQUESTADOR_API_URL the orquestador API?"
+                )
+            return body
+        raise Refused(response.status_code, body if isinstance(body, dict) else None, response.text)
+
+
+def _api_base(url: str) -> str:
+    base = url.rstrip("/")
+    return base if base.endswith(API_PATH) else base + API_PATH
+
+
+def _loopback(host: str) -> str:
+    # A server bound to every address answers on loopback.
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _development_token(settings: Settings) -> str:
+    from orquestador.api.tokens import mint_token
+    from orquestador.dev import DEV_ORG, DEV_SCOPES, DEV_SUBJECT
+
+    return mint_token(
+        settings,
+        sub=DEV_SUBJECT,
+        org=DEV_ORG,
+        scopes=[*DEV_SCOPES, *DEV_EXTRA_SCOPES],
+        ttl_seconds=DEV_TOKEN_SECONDS,
+    )
+
+
+def _reason(error: BaseException) -> str:
+    """The operating system's words for a failed connection, else the error's first line."""
+    seen: set[int] = set()
+    pending: list[Any] = [error]
+    while pending:
+        current = pending.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror
+        # requests and urllib3 keep the cause in args, `reason` or the exception chain.
+        pending += [*current.args, getattr(current, "reason", None)]
+        pending += [current.__cause__, current.__context__]
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _path_id(text: str) -> str:
+    # An id is one path segment, whatever it contains; the server answers 404 to nonsense.
+    return quote(text, safe="")
+
+
+# --- actions ---------------------------------------------------------------------------
+
+
+def _list(client: ApiClient, args: argparse.Namespace) -> int:
+    params = {
+        name: value
+        for name, value in (
+            ("status", args.status),
+            ("flowId", args.flow),
+            ("requestId", args.request),
+            ("limit", args.limit),
+            ("after", args.after),
+        )
+        if value is not None
+    }
+    page = client.get("/executions", params)
+    if args.json:
+        _print_json(page)
+        return 0
+    items = page.get("items", [])
+    if not items:
+        print("no executions")
+    else:
+        _print_table(
+            ("ID", "STATUS", "TRANSITION", "ERROR", "REQUEST", "CREATED"),
+            [
+                (
+                    item["id"],
+                    item["status"],
+                    item["transitionId"],
+                    item.get("errorCode"),
+                    item["requestId"],
+                    item["createdAt"],
+                )
+                for item in items
+            ],
+        )
+    if page.get("next"):
+        print(f"more: add --after {page['next']}")
+    return 0
+
+
+def _show(client: ApiClient, args: argparse.Namespace) -> int:
+    view = client.get(f"/executions/{_path_id(args.execution)}")
+    if args.json:
+        _print_json(view)
+    else:
+        _print_execution(view)
+    return 0
+
+
+def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
+    found = client.get(f"/executions/{_path_id(args.execution)}/evidence")
+    if args.json:
+        _print_json(found)
+        return 0
+    execution = found["execution"]
+    _print_fields(
+        [
+            ("execution", execution["id"]),
+            ("status", execution["status"]),
+            ("request", execution["requestId"]),
+            ("transition", execution["transitionId"]),
+            ("reason", found.get("reason")),
+            ("in doubt", found.get("inDoubt")),
+        ]
+    )
+    if execution["status"] == "RECONCILIATION_REQUIRED":
+        action = f" --action {found['inDoubt']}" if found.get("inDoubt") else ""
+        print(
+            f"decide: orquestador executions reconcile {execution['id']}{action} "
+            "--decision confirm|retry|fail --reason TEXT"
+        )
+    steps = found.get("steps", [])
+    if steps:
+        print()
+        _print_table(
+            ("STEP", "CAPABILITY", "EFFECT", "STATUS", "ATTEMPT", "ERROR", "EXTERNAL KEY"),
+            [
+                (
+                    step["actionId"],
+                    f"{step['capability']}@{step['version']}",
+                    step["effect"],
+                    step["status"],
+                    step["attempt"],
+                    step.get("errorCode"),
+                    step["externalKey"],
+                )
+                for step in steps
+            ],
+        )
+    for step in steps:
+        print(f"\nstep {step['actionId']}")
+        fields = [
+            ("input hash", step.get("inputHash")),
+            ("message", step.get("message")),
+            ("started", step.get("startedAt")),
+            ("finished", step.get("finishedAt")),
+        ]
+        if "output" in step:
+            fields.append(("output", json.dumps(step["output"], ensure_ascii=False)))
+        _print_fields(fields, indent="  ")
+        for attempt in step.get("attempts", []):
+            print(
+                f"  attempt {attempt['attempt']}: {attempt['status']}"
+                + (f" {attempt['errorCode']}" if attempt.get("errorCode") else "")
+                + (f" - {attempt['message']}" if attempt.get("message") else "")
+            )
+    audit = found.get("audit", [])
+    if audit:
+        print()
+        _print_table(
+            ("AT", "KIND", "ACTOR", "DETAIL"),
+            [
+                (
+                    event["at"],
+                    event["kind"],
+                    event.get("actor"),
+                    _shorten(json.dumps(event.get("detail"), ensure_ascii=False)),
+                )
+                for event in audit
+            ],
+        )
+    return 0
+
+
+def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {
+        "actionId": args.action,
+        "decision": args.decision,
+        "reason": args.reason,
+    }
+    if args.output is not None:
+        body["output"] = _json_argument(args.output, "--output")
+    if args.to_state is not None:
+        body["toState"] = args.to_state
+    view = client.post(f"/executions/{_path_id(args.execution)}/reconciliation", body)
+    if args.json:
+        _print_json(view)
+    else:
+        print(f"decided: {args.decision}; the execution is {view['status']}")
+        _print_execution(view)
+    return 0
+
+
+def _cancel(client: ApiClient, args: argparse.Namespace) -> int:
+    view = client.post(f"/executions/{_path_id(args.execution)}/cancel", {"reason": args.reason})
+    if args.json:
+        _print_json(view)
+    else:
+        print(f"cancelled; the execution is {view['status']}")
+        _print_execution(view)
+    return 0
+
+
+def _json_argument(text: str, option: str) -> Any:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as error:
+            raise UsageProblem(f"{option}: cannot read {text[1:]}: {error.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise UsageProblem(f"{option} is not valid JSON: {error}") from None
+
+
+# --- printing --------------------------------------------------------------------------
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2, ensure_ascii=False))
+
+
+def _print_refusal(refused: Refused, *, as_json: bool) -> None:
+    problem = refused.problem or {}
+    if as_json and problem:
+        _print_json(problem)
+    code = problem.get("code") or f"HTTP_{refused.status}"
+    detail = problem.get("detail") or (refused.text.strip().splitlines() or [""])[0]
+    print(
+        f"orquestador: refused ({refused.status} {code})" + (f": {detail}" if detail else ""),
+        file=sys.stderr,
+    )
+    for item in problem.get("problems", []) or []:
+        if isinstance(item, dict):
+            print(f"  {item.get('path') or '/'}: {item.get('message')}", file=sys.stderr)
+
+
+def _print_execution(view: dict[str, Any]) -> None:
+    _print_fields(
+        [
+            ("execution", view["id"]),
+            ("status", view["status"]),
+            ("request", view["requestId"]),
+            ("flow", view["flowId"]),
+            ("transition", view["transitionId"]),
+            ("outcome", view.get("outcome")),
+            ("to state", view.get("toState")),
+            ("error", view.get("errorCode")),
+            ("next attempt", view.get("nextAttemptAt")),
+            ("attempts", view.get("attempts")),
+            ("created", view.get("createdAt")),
+            ("updated", view.get("updatedAt")),
+        ],
+        skip_empty=True,
+    )
+    steps = view.get("steps", [])
+    if steps:
+        print()
+        _print_table(
+            ("STEP", "STATUS", "ATTEMPTS", "ERROR", "STARTED", "FINISHED"),
+            [
+                (
+                    step["actionId"],
+                    step["status"],
+                    len(step.get("attempts", [])),
+                    step.get("errorCode"),
+                    step.get("startedAt"),
+                    step.get("finishedAt"),
+                )
+                for step in steps
+            ],
+        )
+
+
+def _print_fields(
+    fields: Iterable[tuple[str, Any]], *, indent: str = "", skip_empty: bool = False
+) -> None:
+    rows = [(name, value) for name, value in fields if not (skip_empty and value is None)]
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, value in rows:
+        print(f"{indent}{name.ljust(width)}  {_cell(value)}")
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        print(
+            "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _shorten(text: str) -> str:
+    if len(text) <= AUDIT_DETAIL_CHARACTERS:
+        return text
+    return text[: AUDIT_DETAIL_CHARACTERS - 1] + "…"

@@ -1,0 +1,289 @@
+"""`orquestador executions` as an operator runs it: a real process against a real API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from orquestador.actions import Effect, UncertainError
+from orquestador.api.app import create_app
+from orquestador.api.context import EXTENSION_KEY
+from orquestador.api.execution_routes import ADAPTERS_EXTENSION
+from orquestador.api.tokens import mint_token
+from orquestador.config import Settings
+from orquestador.serve import serve_in_thread
+from orquestador.worker.executor import Executor
+from tests.db_support import TestDatabase
+from tests.integration.worker_support import (
+    ORG,
+    OWNER,
+    action,
+    execution,
+    flow_definition,
+    registry_of,
+    request_row,
+    run_once,
+    settings,
+    start_execution,
+)
+from tests.integration.worker_support import RecordingAdapter as Double
+
+ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
+SECRET = "executions-cli-test-secret-" + "0123456789abcdef" * 3
+OPERATOR_SCOPES = ["executions:reconcile", "executions:cancel", "requests:read-all"]
+CHARGE_OUTPUT = {
+    "type": "object",
+    "required": ["chargeId"],
+    "properties": {"chargeId": {"type": "string"}},
+}
+
+
+def _charge(*script: Any) -> Double:
+    remaining = list(script)
+
+    def play(ctx: Any) -> dict[str, Any]:
+        step = remaining.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+    return Double(
+        "test.charge", Effect.NON_IDEMPOTENT_WRITE, output=play, output_schema=CHARGE_OUTPUT
+    )
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    settings: Settings
+
+    def token(self, *, org: str = ORG, sub: str = "operator-1", scopes: list[str]) -> str:
+        return mint_token(self.settings, sub=sub, org=org, scopes=scopes)
+
+
+@pytest.fixture
+def server(database: TestDatabase) -> Iterator[Server]:
+    """The API on a loopback port, served as `orquestador dev` serves it."""
+    api_settings = Settings.from_env(
+        {},
+        database_url=database.runtime_dsn,
+        request_api_enabled=True,
+        flow_admin_enabled=True,
+        jwt_secret=SECRET,
+    )
+    registry = registry_of(_charge())
+    app = create_app(api_settings, registry=registry)
+    app.extensions[ADAPTERS_EXTENSION] = registry
+    http, thread = serve_in_thread(app, "127.0.0.1", 0)
+    try:
+        port = http.server_port
+        yield Server(f"http://127.0.0.1:{port}/api/v1", port, api_settings)
+    finally:
+        http.shutdown()
+        thread.join(10)
+        app.extensions[EXTENSION_KEY].engine.dispose()
+
+
+def _run(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    return subprocess.run(
+        [*ORQUESTADOR, "executions", *args],
+        env={**base, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _as(server: Server, scopes: list[str] = OPERATOR_SCOPES, **who: Any) -> dict[str, str]:
+    return {
+        "ORQUESTADOR_API_URL": server.url,
+        "ORQUESTADOR_TOKEN": server.token(scopes=scopes, **who),
+    }
+
+
+def _park(engine: Engine, charge: Double) -> uuid.UUID:
+    definition = flow_definition([action("charge", "test.charge", onError="attention")])
+    eid = start_execution(engine, definition, {"plan": "pro"})
+    assert run_once(engine, Executor(registry_of(charge), settings())) == "RECONCILIATION_REQUIRED"
+    return eid
+
+
+def _one_line_no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("orquestador: ")
+
+
+def test_find_inspect_and_confirm_a_parked_execution(
+    server: Server, runtime_engine: Engine
+) -> None:
+    charge = _charge(UncertainError("read timed out"))
+    eid = _park(runtime_engine, charge)
+    pending = start_execution(runtime_engine, flow_definition([action("x", "test.charge")]))
+    env = _as(server)
+
+    listed = _run("list", "--status", "RECONCILIATION_REQUIRED", env=env)
+    listed_json = _run("list", "--status", "RECONCILIATION_REQUIRED", "--json", env=env)
+    shown = _run("show", str(eid), env=env)
+    evidence = _run("evidence", str(eid), env=env)
+    evidence_json = _run("evidence", str(eid), "--json", env=env)
+
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:4] == ["ID", "STATUS", "TRANSITION", "ERROR"]
+    assert row.split()[:4] == [str(eid), "RECONCILIATION_REQUIRED", "go", "UNCERTAIN_OUTCOME"]
+    assert str(pending) not in listed.stdout
+    page = json.loads(listed_json.stdout)
+    assert ([item["id"] for item in page["items"]], page["next"]) == ([str(eid)], None)
+    assert shown.returncode == 0 and "RECONCILIATION_REQUIRED" in shown.stdout
+    assert evidence.returncode == 0, evidence.stderr
+    assert "in doubt    charge" in evidence.stdout
+    assert "--action charge --decision confirm|retry|fail" in evidence.stdout
+    assert f"{eid}:charge" in evidence.stdout
+    assert "read timed out" in evidence.stdout
+    found = json.loads(evidence_json.stdout)
+    assert (found["reason"], found["inDoubt"]) == ("UNCERTAIN_OUTCOME", "charge")
+    # Out of the worker's way: the next run is the confirmed execution's.
+    assert _run("cancel", str(pending), "--reason", "not needed", env=env).returncode == 0
+
+    wrong = _run(
+        "reconcile", str(eid), "--action", "charge", "--decision", "confirm",
+        "--reason", "dashboard", "--output", '{"chargeId": 5}', env=env,
+    )  # fmt: skip
+    assert wrong.returncode == 1
+    _one_line_no_traceback(wrong)
+    assert "422 OUTPUT_INVALID" in wrong.stderr
+    assert "/output/chargeId" in wrong.stderr
+
+    confirmed = _run(
+        "reconcile", str(eid), "--action", "charge", "--decision", "confirm",
+        "--reason", "dashboard shows ch_1", "--output", '{"chargeId": "ch_1"}', "--json",
+        env=env,
+    )  # fmt: skip
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert json.loads(confirmed.stdout)["status"] == "PENDING"
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == "SUCCEEDED"
+    assert len(charge.calls) == 1
+
+    again = _run(
+        "reconcile", str(eid), "--action", "charge", "--decision", "retry",
+        "--reason", "second thoughts", "--json", env=env,
+    )  # fmt: skip
+    assert again.returncode == 1
+    assert "409 NOT_RECONCILABLE" in again.stderr
+    assert json.loads(again.stdout)["code"] == "NOT_RECONCILABLE"
+
+
+def test_fail_from_the_command_line_moves_the_request(
+    server: Server, runtime_engine: Engine
+) -> None:
+    eid = _park(runtime_engine, _charge(UncertainError("timeout")))
+
+    failed = _run(
+        "reconcile", str(eid), "--action", "charge", "--decision", "fail",
+        "--reason", "provider has no record", "--to-state", "other", env=_as(server),
+    )  # fmt: skip
+
+    assert failed.returncode == 0, failed.stderr
+    assert failed.stdout.startswith("decided: fail; the execution is FAILED")
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id) == ("other", None)
+
+
+def test_cancel_by_the_owner_and_its_refusal_the_second_time(
+    server: Server, runtime_engine: Engine
+) -> None:
+    eid = start_execution(runtime_engine, flow_definition([action("x", "test.charge")]))
+    owner = _as(server, ["requests:read", "requests:write"], sub=OWNER)
+
+    first = _run("cancel", str(eid), "--reason", "ordered by mistake", env=owner)
+    second = _run("cancel", str(eid), "--reason", "again", env=owner)
+
+    assert first.returncode == 0, first.stderr
+    assert "the execution is CANCELLED" in first.stdout
+    assert second.returncode == 1
+    _one_line_no_traceback(second)
+    assert "409 NOT_CANCELLABLE" in second.stderr
+
+
+def test_the_server_s_refusals_exit_1_with_the_problem(
+    server: Server, runtime_engine: Engine
+) -> None:
+    eid = _park(runtime_engine, _charge(UncertainError("timeout")))
+
+    no_scope = _run("evidence", str(eid), env=_as(server, ["requests:read-all"]))
+    foreign = _run("evidence", str(eid), env=_as(server, org="org-elsewhere"))
+    nonsense = _run("show", "../../flows", env=_as(server))
+    bad_token = _run(
+        "list", env={"ORQUESTADOR_API_URL": server.url, "ORQUESTADOR_TOKEN": "not-a-token"}
+    )
+
+    for result, fragment in (
+        (no_scope, "403 INSUFFICIENT_SCOPE"),
+        (foreign, "404 NOT_FOUND"),
+        (nonsense, "404 NOT_FOUND"),
+        (bad_token, "401 UNAUTHENTICATED"),
+    ):
+        assert result.returncode == 1, result.stderr
+        _one_line_no_traceback(result)
+        assert fragment in result.stderr
+    assert execution(runtime_engine, eid).status == "RECONCILIATION_REQUIRED"
+
+
+def test_usage_and_configuration_problems_exit_2_in_one_line(
+    server: Server, tmp_path: Path
+) -> None:
+    env = _as(server)
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        # Bound, never listening: nothing answers on this port.
+        silent = f"http://127.0.0.1:{bound.getsockname()[1]}/api/v1"
+        unreachable = _run("list", env={**env, "ORQUESTADOR_API_URL": silent})
+    nowhere = _run("list", env={"ORQUESTADOR_HOME": str(tmp_path / "none")}, cwd=tmp_path)
+    not_json = _run(
+        "reconcile", str(uuid.uuid4()), "--decision", "confirm", "--reason", "x",
+        "--output", "{chargeId", env=env,
+    )  # fmt: skip
+    no_reason = _run("cancel", str(uuid.uuid4()), env=env)
+    bad_status = _run("list", "--status", "DONE", env=env)
+    bad_limit = _run("list", "--limit", "500", env=env)
+
+    for result in (unreachable, nowhere, not_json):
+        assert result.returncode == 2, result.stderr
+        _one_line_no_traceback(result)
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert "cannot reach the API" in unreachable.stderr
+    assert "ORQUESTADOR_API_URL and ORQUESTADOR_TOKEN are not set" in nowhere.stderr
+    assert "--output is not valid JSON" in not_json.stderr
+    for result in (no_reason, bad_status, bad_limit):
+        assert result.returncode == 2
+        assert "Traceback" not in result.stderr
+
+
+def test_in_a_dev_folder_the_dev_server_and_a_development_token_are_the_defaults(
+    server: Server, tmp_path: Path
+) -> None:
+    home = tmp_path / ".orquestador"
+    home.mkdir()
+    # What `orquestador dev` leaves when no JWT_SECRET is set: its development key.
+    (home / "dev-jwt-secret").write_text(SECRET + "\n")
+
+    listed = _run("list", env={"API_PORT": str(server.port)}, cwd=tmp_path)
+
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() == "no executions"
