@@ -18,7 +18,14 @@ log = logging.getLogger(__name__)
 # The same caller as the token examples in docs/API.md, so what one publishes the other sees.
 DEV_SUBJECT = "alice"
 DEV_ORG = "acme"
-DEV_SCOPES = ["flows:admin", "requests:read", "requests:write", "requests:read-all"]
+DEV_SCOPES = [
+    "flows:admin",
+    "requests:read",
+    "requests:write",
+    "requests:read-all",
+    "executions:reconcile",
+    "executions:cancel",
+]
 _SWITCHES = ("WORKER_ENABLED", "REQUEST_API_ENABLED", "FLOW_ADMIN_ENABLED")
 
 

@@ -7,6 +7,7 @@ import logging
 from flask import Flask, Response, request
 from sqlalchemy import Engine
 
+from orquestador.actions import AdapterRegistry
 from orquestador.api import (
     execution_routes,
     flow_routes,
@@ -17,6 +18,7 @@ from orquestador.api import (
 from orquestador.api.auth import TokenVerifier
 from orquestador.api.capabilities import KnowsCapabilities, capability_checker
 from orquestador.api.context import EXTENSION_KEY, ApiContext, LazyEngine
+from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.api.problems import ApiProblem, register_error_handlers
 from orquestador.config import Settings
 
@@ -50,6 +52,10 @@ def create_app(
         verifier=TokenVerifier(settings),
         capability_problem=capability_checker(settings, registry),
     )
+    if isinstance(registry, AdapterRegistry):
+        # The adapters that check an operator's confirmed output: the ones given, as
+        # `dev` gives the worker's; otherwise loaded on the first confirm.
+        app.extensions[ADAPTERS_EXTENSION] = registry
     register_error_handlers(app)
     app.before_request(_refuse_oversized_head)
     app.after_request(_add_hygiene_headers)

@@ -173,6 +173,8 @@ execution = Table(
         postgresql_where=text("status = 'RUNNING'"),
     ),
     Index(None, "request_id"),
+    # GET /executions: one organization's executions, newest first, by keyset.
+    Index("ix_execution_listing", "org_id", "created_at", "id"),
 )
 
 action_execution = Table(

@@ -158,6 +158,8 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         bases = connection.execute(text("SELECT DISTINCT attempt_base FROM action_execution"))
         assert list(bases.scalars()) == [0]  # no approved retry yet: the budget is whole
 
+    _step(server, name, "0007")
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
