@@ -21,13 +21,12 @@ from orquestador.api.schemas import CREATE_REQUEST_BODY, TRANSITION_BODY
 from orquestador.api.transitions import TransitionCommand, accept_transition
 from orquestador.api.views import API_PREFIX, request_view
 from orquestador.db.schema import request
-from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 
 blueprint = Blueprint("requests", __name__, url_prefix=f"{API_PREFIX}/requests")
-
-MAX_DATA_BYTES = 256 * 1024
 
 
 def _unknown_flow() -> ApiProblem:
@@ -53,7 +52,17 @@ def create() -> tuple[Response, int, dict[str, str]]:
         if flow is None:
             raise _unknown_flow()
         try:
+            # Size and depth are checked first, then the flow's schema, then the data.
             validate_request_data(body["data"], flow.data_schema, max_bytes=MAX_DATA_BYTES)
+        except DataSchemaError as exc:
+            # A flow stored before publishing checked what it checks now: its problems
+            # are in the flow's definition, at their paths there, not in the data.
+            raise ApiProblem(
+                422,
+                exc.code,
+                "The flow's data schema cannot be used; publish a version that fixes it.",
+                problems=exc.problems,
+            ) from None
         except DataValidationError as exc:
             # Problem paths point into the body, where the data sits under /data.
             problems = [Problem(f"/data{p.path}", p.message) for p in exc.problems]

@@ -10,6 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from orquestador.domain.errors import DecisionError, Problem
+from orquestador.domain.limits import (
+    MAX_CELL_CHARS,
+    MAX_INPUTS,
+    MAX_NUMBER_DIGITS,
+    MAX_RULES,
+    number_problems,
+)
 from orquestador.domain.mappings import find, pointer_parts
 
 SINGLE_HIT = ("UNIQUE", "FIRST", "PRIORITY", "ANY")
@@ -209,6 +216,10 @@ class _Parser:
         if kind == "string":
             return _unquote(self.text, value)
         if kind == "number":
+            # Python refuses to read an integer of more than 4,300 digits; a table stops
+            # far earlier, at the bound every number of a flow has.
+            if sum(char.isdigit() for char in value) > MAX_NUMBER_DIGITS:
+                raise _invalid(self.text, f"a number has at most {MAX_NUMBER_DIGITS} digits")
             return float(value) if "." in value else int(value)
         if kind == "word" and value in _WORDS:
             return _WORDS[value]
@@ -302,6 +313,8 @@ def _structure_problems(table: Any, path: str) -> list[Problem]:
     if not isinstance(inputs, list):
         problems.append(Problem(f"{path}/inputs", "inputs is a list of JSON Pointers"))
         inputs = []
+    if len(inputs) > MAX_INPUTS:
+        return [Problem(f"{path}/inputs", f"a decision table has at most {MAX_INPUTS} inputs")]
     for i, pointer in enumerate(inputs):
         try:
             pointer_parts(pointer)
@@ -311,6 +324,8 @@ def _structure_problems(table: Any, path: str) -> list[Problem]:
     if not isinstance(rules, list) or not rules:
         problems.append(Problem(f"{path}/rules", "a decision table needs at least one rule"))
         rules = []
+    if len(rules) > MAX_RULES:
+        return [Problem(f"{path}/rules", f"a decision table has at most {MAX_RULES} rules")]
     seen: set[str] = set()
     for r, rule in enumerate(rules):
         here = f"{path}/rules/{r}"
@@ -331,12 +346,18 @@ def _structure_problems(table: Any, path: str) -> list[Problem]:
             )
         else:
             for c, cell in enumerate(when):
+                if isinstance(cell, str) and len(cell) > MAX_CELL_CHARS:
+                    message = f"a unary test has at most {MAX_CELL_CHARS} characters"
+                    problems.append(Problem(f"{here}/when/{c}", message))
+                    continue
                 try:
                     parse_unary_tests(cell)
                 except DecisionError as exc:
                     problems.append(Problem(f"{here}/when/{c}", exc.message))
         if not isinstance(rule.get("then"), Mapping):
             problems.append(Problem(f"{here}/then", "a rule needs then, an object of outputs"))
+        else:
+            problems.extend(number_problems(rule["then"], f"{here}/then"))
     problems.extend(_aggregation_problems(table, policy, rules, path))
     problems.extend(_output_value_problems(table, policy, path))
     return problems
@@ -394,67 +415,111 @@ def check_table(table: Any, path: str = "") -> tuple[list[Problem], list[Problem
     return errors, warnings
 
 
+def _literal_key(cell: UnaryTest) -> Any:
+    """What a "-" or single-literal cell compares by: None for "-", else a hashable key."""
+    if cell.is_any:
+        return None
+    literal = cell.single_literal
+    assert literal is not None
+    # same_value keeps kinds apart (true is not 1) but 5 equals 5.0, as their hashes do.
+    return (_kind(literal.value), literal.value)
+
+
 def _unique_overlaps(
     rules: list[Mapping[str, Any]], cells: list[list[UnaryTest]], path: str
 ) -> list[Problem]:
-    # Only cells that are "-" or one literal are compared: for those, overlap
-    # is certain, whereas ranges and lists would need a solver to prove it.
-    def overlaps(a: list[UnaryTest], b: list[UnaryTest]) -> bool:
-        for left, right in zip(a, b, strict=True):
-            if left.is_any or right.is_any:
-                # "-" against a literal overlaps; against a range it is unproven.
-                other = right if left.is_any else left
-                if not (other.is_any or other.single_literal):
-                    return False
-                continue
-            left_literal, right_literal = left.single_literal, right.single_literal
-            if left_literal is None or right_literal is None:
-                return False
-            if not left_literal.matches(right_literal.value):
-                return False
-        return True
+    """Each rule that surely overlaps an earlier one, with the first such rule.
 
+    Only rules whose cells are all "-" or one literal are compared: for those,
+    overlap is certain, whereas ranges and lists would need a solver to prove it.
+    Two such rules overlap when every column has a "-" on either side or the same
+    literal on both. Per column, a bit set of the rules that accept a literal (those
+    with "-" there, or with that literal) makes each rule one AND per column rather
+    than a comparison with every earlier rule.
+    """
+    simple = [
+        r for r, row in enumerate(cells) if all(cell.is_any or cell.single_literal for cell in row)
+    ]
+    columns = len(cells[0]) if cells else 0
+    anything = [0] * columns  # rules with "-" in the column
+    literal: list[dict[Any, int]] = [{} for _ in range(columns)]  # literal -> rules with it
+    keys = {r: [_literal_key(cell) for cell in cells[r]] for r in simple}
+    everyone = 0
+    for r in simple:
+        everyone |= 1 << r
+        for c, key in enumerate(keys[r]):
+            if key is None:
+                anything[c] |= 1 << r
+            else:
+                literal[c][key] = literal[c].get(key, 0) | 1 << r
     problems = []
-    for j in range(len(rules)):
-        for i in range(j):
-            if overlaps(cells[i], cells[j]):
-                problems.append(
-                    Problem(
-                        f"{path}/rules/{j}",
-                        f"rules {rules[i]['id']!r} and {rules[j]['id']!r} match the same "
-                        "inputs, which a UNIQUE table forbids",
-                    )
-                )
+    for j in simple:
+        candidates = everyone & ((1 << j) - 1)
+        for c, key in enumerate(keys[j]):
+            if not candidates:
                 break
+            if key is not None:
+                candidates &= anything[c] | literal[c].get(key, 0)
+        if candidates:
+            i = (candidates & -candidates).bit_length() - 1
+            problems.append(
+                Problem(
+                    f"{path}/rules/{j}",
+                    f"rules {rules[i]['id']!r} and {rules[j]['id']!r} match the same "
+                    "inputs, which a UNIQUE table forbids",
+                )
+            )
     return problems
 
 
 def _unreachable_first_rules(
     rules: list[Mapping[str, Any]], cells: list[list[UnaryTest]], path: str
 ) -> list[Problem]:
+    """Rules after a rule of all "-", or after a rule with the same tests: one pass."""
     problems = []
-    for j in range(1, len(rules)):
-        for i in range(j):
-            catch_all = all(cell.is_any for cell in cells[i])
-            same = [c.signature for c in cells[i]] == [c.signature for c in cells[j]]
-            if catch_all or same:
-                problems.append(
-                    Problem(
-                        f"{path}/rules/{j}",
-                        f"rule {rules[j]['id']!r} can never be chosen: the earlier rule "
-                        f"{rules[i]['id']!r} matches everything it matches",
-                    )
+    catch_all: int | None = None
+    first_with: dict[tuple[Any, ...], int] = {}
+    for j, row in enumerate(cells):
+        signature = tuple(cell.signature for cell in row)
+        same = first_with.setdefault(signature, j)
+        earlier = [i for i in (catch_all, same) if i is not None and i < j]
+        if earlier:
+            i = min(earlier)
+            problems.append(
+                Problem(
+                    f"{path}/rules/{j}",
+                    f"rule {rules[j]['id']!r} can never be chosen: the earlier rule "
+                    f"{rules[i]['id']!r} matches everything it matches",
                 )
-                break
+            )
+        if catch_all is None and all(cell.is_any for cell in row):
+            catch_all = j
     return problems
+
+
+def _value_ranks(listed: list[Any]) -> dict[Any, int]:
+    """The rank of each listed value (its first position), by a key that same_value agrees with."""
+    ranks: dict[Any, int] = {}
+    for rank, value in enumerate(listed):
+        ranks.setdefault(_value_key(value), rank)
+    return ranks
+
+
+def _value_key(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return ("object", frozenset((k, _value_key(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("array", tuple(_value_key(v) for v in value))
+    return (_kind(value), value)
 
 
 def _unlisted_output_warnings(table: Mapping[str, Any], path: str) -> list[Problem]:
     values = table.get("outputValues") or {}
+    ranks = {name: _value_ranks(listed) for name, listed in values.items()}
     problems = []
     for r, rule in enumerate(table["rules"]):
-        for name, listed in values.items():
-            if name in rule["then"] and not any(same_value(rule["then"][name], v) for v in listed):
+        for name in values:
+            if name in rule["then"] and _value_key(rule["then"][name]) not in ranks[name]:
                 problems.append(
                     Problem(
                         f"{path}/rules/{r}/then/{name}",
@@ -492,12 +557,16 @@ class DecisionResult:
         return self.hit_policy in MULTI_HIT
 
 
-def _priority_key(then: Mapping[str, Any], output_values: Mapping[str, list[Any]]) -> list[int]:
+def _priority_key(
+    then: Mapping[str, Any],
+    output_values: Mapping[str, list[Any]],
+    ranks: Mapping[str, Mapping[Any, int]],
+) -> list[int]:
     key = []
     for name, listed in output_values.items():
         rank = len(listed)  # unlisted or missing values rank after every listed one
         if name in then:
-            rank = next((k for k, v in enumerate(listed) if same_value(v, then[name])), rank)
+            rank = ranks[name].get(_value_key(then[name]), rank)
         key.append(rank)
     return key
 
@@ -550,7 +619,9 @@ def evaluate(table: Mapping[str, Any], context: Mapping[str, Any]) -> DecisionRe
         )
     if policy in ("PRIORITY", "OUTPUT ORDER"):
         # sorted() is stable: equal priorities keep rule order.
-        matched.sort(key=lambda rule: _priority_key(rule["then"], table["outputValues"]))
+        output_values = table["outputValues"]
+        ranks = {name: _value_ranks(listed) for name, listed in output_values.items()}
+        matched.sort(key=lambda rule: _priority_key(rule["then"], output_values, ranks))
 
     aggregation = table.get("aggregation")
     value = _aggregate(aggregation, matched) if aggregation else None

@@ -76,3 +76,9 @@ class DataValidationError(DomainError):
             summary = "; ".join(f"{p.path or '/'}: {p.message}" for p in self.problems)
             message = f"{(self.__doc__ or '').strip()} ({summary})" if summary else None
         super().__init__(None, message)
+
+
+class DataSchemaError(DataValidationError):
+    """The flow's data schema cannot be used to check data; publish a version that fixes it."""
+
+    code = "DATA_SCHEMA_INVALID"

@@ -11,13 +11,13 @@ from importlib import resources
 from typing import Any
 
 from jsonpointer import JsonPointer
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from orquestador.domain.decision import DecisionResult, check_table, decision_view, evaluate
 from orquestador.domain.errors import DecisionError, MappingError, Problem
+from orquestador.domain.limits import number_problems
 from orquestador.domain.mappings import pointer_parts, resolve_source, with_decision
-from orquestador.domain.pointer_updates import schema_problems
+from orquestador.domain.schemas import schema_problems, validator_for
 
 # Why a flow may not name (capability, version), or None when it may: the adapter
 # registry's answer, which this pure module receives instead of importing.
@@ -54,12 +54,26 @@ def _schema_error_message(error: ValidationError) -> str:
     return error.message if len(error.message) <= 300 else error.message[:297] + "..."
 
 
+_BOUNDED_NUMBERS = {"$ref": "#/$defs/boundedNumbers"}
+
+
+@functools.cache
+def _checked_schema() -> dict[str, Any]:
+    # The schema states the bound on numbers for its readers, as a schema applied to
+    # every value; the server checks the same bound in one walk, which halves the cost
+    # of validating a large definition.
+    schema = definition_schema()
+    schema["allOf"] = [part for part in schema["allOf"] if part != _BOUNDED_NUMBERS]
+    return schema
+
+
 def _schema_errors(definition: Any) -> list[Problem]:
-    validator = Draft202012Validator(_schema())
+    validator = validator_for(_checked_schema())
     problems = {
         Problem(_pointer(error.absolute_path), _schema_error_message(error))
         for error in validator.iter_errors(definition)
     }
+    problems.update(number_problems(definition))
     return sorted(problems, key=lambda p: (p.path, p.message))
 
 
@@ -110,6 +124,18 @@ class _Report:
     capability_problem: CapabilityProblem | None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    # Each path the schema found a problem at, and every path above one: `shaped`
+    # is asked for every part of a definition, so it must not scan the errors.
+    _troubled: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        for problem in self.schema_errors:
+            path = problem.path
+            while path not in self._troubled:
+                self._troubled.add(path)
+                if not path:
+                    break
+                path = path[: path.rindex("/")]
 
     def error(self, path: str, message: str | None) -> None:
         if message is not None:
@@ -121,7 +147,7 @@ class _Report:
         A semantic check runs on each part that has the shape it assumes, so a
         problem in one part never hides a problem in another.
         """
-        return not any(e.path == path or e.path.startswith(path + "/") for e in self.schema_errors)
+        return path not in self._troubled
 
     def unknown_state(self, path: str, state: Any) -> None:
         # Without a usable list of states no name can be called unknown.

@@ -27,9 +27,16 @@ def pointer_parts(pointer: str) -> list[str]:
         raise ValueError(f"malformed JSON Pointer {pointer!r}: {exc}") from None
 
 
+# Longer tokens name an index past the end of any array: reading them as an int
+# would only spend time, or fail past Python's limit on integer digits.
+_MAX_INDEX_DIGITS = 18
+
+
 def array_index(token: str) -> int | None:
     """The array index a token names, or None when it is not a valid index."""
-    return int(token) if _ARRAY_INDEX.fullmatch(token) else None
+    if not _ARRAY_INDEX.fullmatch(token):
+        return None
+    return int(token) if len(token) <= _MAX_INDEX_DIGITS else 10**_MAX_INDEX_DIGITS
 
 
 def find(document: Any, parts: Sequence[str]) -> tuple[bool, Any]:

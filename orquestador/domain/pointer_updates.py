@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import copy
-import functools
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from jsonpointer import JsonPointer
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
-from referencing.exceptions import Unresolvable
 
 from orquestador.domain.canonical import canonical_json
 from orquestador.domain.errors import DataValidationError, Problem, UpdateError
+from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, depth_problem
 from orquestador.domain.mappings import array_index, pointer_parts
+from orquestador.domain.schemas import data_validator, instance_errors
 
-MAX_DATA_BYTES = 262_144
+# A response or an execution's error detail lists at most this many problems, each
+# message at most this long.
+MAX_PROBLEMS = 100
+MAX_MESSAGE_CHARS = 300
 
 
 def _json_pointer(parts: Iterable[Any]) -> str:
@@ -51,7 +52,8 @@ def _index_into(array: list[Any], token: str, path: str) -> int:
     if index is None:
         raise UpdateError(f"{path}: {token!r} is not an array index (no '-', no leading zeros)")
     if index >= len(array):
-        raise UpdateError(f"{path}: index {index} is past the end of an array of {len(array)}")
+        shown = token if len(token) <= 20 else token[:17] + "..."
+        raise UpdateError(f"{path}: index {shown} is past the end of an array of {len(array)}")
     return index
 
 
@@ -85,77 +87,38 @@ def apply_updates(data: dict[str, Any], updates: Iterable[tuple[str, Any]]) -> d
     return result
 
 
-@functools.cache
-def _meta_validator() -> Draft202012Validator:
-    # Building a validator resolves the meta-schema's vocabularies; do it once.
-    return Draft202012Validator(Draft202012Validator.META_SCHEMA)
-
-
-def schema_problems(schema: Any, prefix: str = "") -> list[Problem]:
-    """Every reason ``schema`` is not a valid draft 2020-12 JSON Schema."""
-    errors = sorted(_meta_validator().iter_errors(schema), key=_error_order)
-    return [
-        Problem(prefix + _json_pointer(e.absolute_path), f"invalid JSON Schema: {e.message}")
-        for e in errors
-    ]
-
-
-def _error_order(error: ValidationError) -> tuple[str, str]:
-    return _json_pointer(error.absolute_path), error.message
-
-
-_CheckedSchema = tuple[tuple[Problem, ...], Draft202012Validator | None]
-
-
-def _check_and_compile(schema: Any) -> _CheckedSchema:
-    """The schema's meta-schema problems, or its compiled validator when it has none."""
-    problems = schema_problems(schema, "/dataSchema")
-    if problems:
-        return tuple(problems), None
-    # Formats are checked too: an operator who writes "format": "email"
-    # expects it to hold, although 2020-12 only annotates by default.
-    return (), Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
-@functools.lru_cache(maxsize=256)
-def _checked_from_json(schema_json: str) -> _CheckedSchema:
-    # Built from its own parsed copy, so a caller mutating its dict later cannot
-    # change what is cached.
-    return _check_and_compile(json.loads(schema_json))
-
-
-def _checked(schema: Any) -> _CheckedSchema:
-    """Checked and compiled once per distinct schema: a published flow's dataSchema never
-    changes, and the meta-schema check used to dominate the cost of every validation."""
-    try:
-        # Key order is kept (not sorted) so that messages quoting parts of the schema
-        # read exactly as they would for the caller's own document.
-        key = json.dumps(schema, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return _check_and_compile(schema)  # not JSON: nothing sound to cache it under
-    if json.loads(key) != schema:
-        return _check_and_compile(schema)  # e.g. non-string keys: the text is not the schema
-    return _checked_from_json(key)
+def _message(error: ValidationError) -> str:
+    # Messages quote the offending value, which may be most of 256 KiB.
+    message = error.message
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
 def validate_request_data(
     data: Any, schema: dict[str, Any], max_bytes: int = MAX_DATA_BYTES
 ) -> None:
-    """Raise ``DataValidationError`` listing every way ``data`` breaks the schema or size limit."""
-    schema_errors, validator = _checked(schema)
-    if schema_errors:
-        raise DataValidationError(list(schema_errors))
-    assert validator is not None
+    """Raise ``DataValidationError`` listing every way ``data`` breaks the schema or size limit.
+
+    Sizes are checked first and alone: they are cheap, and they bound the work of
+    validating. ``DataSchemaError`` (a ``DataValidationError``) when the schema
+    itself cannot be used, with paths into the flow definition.
+    """
+    too_deep = depth_problem(data, MAX_DATA_DEPTH)
+    if too_deep is not None:
+        raise DataValidationError([too_deep])
     try:
         size = len(canonical_json(data))
     except (TypeError, ValueError) as exc:
         raise DataValidationError([Problem("", f"data is not JSON: {exc}")]) from None
-    try:
-        errors = sorted(validator.iter_errors(data), key=_error_order)
-    except Unresolvable as exc:
-        raise DataValidationError([Problem("/dataSchema", f"unresolvable $ref: {exc}")]) from None
-    problems = [Problem(_json_pointer(e.absolute_path), e.message) for e in errors]
     if size > max_bytes:
-        problems.append(Problem("", f"data is {size} bytes as JSON; the limit is {max_bytes}"))
+        raise DataValidationError(
+            [Problem("", f"data is {size} bytes as JSON; the limit is {max_bytes}")]
+        )
+    errors = instance_errors(data_validator(schema), data)
+    problems = [Problem(_json_pointer(e.absolute_path), _message(e)) for e in errors]
+    if len(problems) > MAX_PROBLEMS:
+        more = len(problems) - MAX_PROBLEMS
+        problems = [*problems[:MAX_PROBLEMS], Problem("", f"and {more} more problems")]
     if problems:
         raise DataValidationError(problems)

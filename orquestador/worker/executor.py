@@ -171,8 +171,12 @@ class SchemaCache:
         with self._lock:
             found = self._validators.get(key)
         if found is None:
+            # The one way validators are built: no reference reaches the network or a
+            # file, patterns run in RE2, formats are asserted.
+            from orquestador.domain.schemas import validator_for
+
             schema = adapter.input_schema if which == "input" else adapter.output_schema
-            found = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+            found = validator_for(schema)
             with self._lock:
                 self._validators[key] = found
         return found

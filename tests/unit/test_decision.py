@@ -556,3 +556,93 @@ def test_collect_contains_every_rule_that_matches_alone(table, context):
         if _ids_or_none({**table, "hitPolicy": "FIRST", "rules": [r]}, context)
     ]
     assert collected == alone
+
+
+# --- the static checks are linear, and say what the pairwise comparisons said ----------
+
+
+def _pairwise_overlaps(table):
+    """The UNIQUE overlap check as it was first written: every rule against every earlier one."""
+    cells = [[parse_unary_tests(c) for c in rule["when"]] for rule in table["rules"]]
+
+    def overlaps(a, b):
+        for left, right in zip(a, b, strict=True):
+            if left.is_any or right.is_any:
+                other = right if left.is_any else left
+                if not (other.is_any or other.single_literal):
+                    return False
+                continue
+            if left.single_literal is None or right.single_literal is None:
+                return False
+            if not left.single_literal.matches(right.single_literal.value):
+                return False
+        return True
+
+    found = []
+    for j in range(len(cells)):
+        first = next((i for i in range(j) if overlaps(cells[i], cells[j])), None)
+        if first is not None:
+            found.append((j, table["rules"][first]["id"]))
+    return found
+
+
+def _pairwise_unreachable(table):
+    cells = [[parse_unary_tests(c) for c in rule["when"]] for rule in table["rules"]]
+    found = []
+    for j in range(1, len(cells)):
+        for i in range(j):
+            catch_all = all(cell.is_any for cell in cells[i])
+            if catch_all or [c.signature for c in cells[i]] == [c.signature for c in cells[j]]:
+                found.append((j, table["rules"][i]["id"]))
+                break
+    return found
+
+
+_OVERLAP_CELL = st.one_of(st.just("-"), _LITERALS, st.sampled_from(["1.0", "= 1", "[1..2]"]))
+
+
+@st.composite
+def overlap_tables(draw, policy):
+    inputs = draw(st.integers(0, 3))
+    rules = [
+        {"id": f"r{i}", "when": [draw(_OVERLAP_CELL) for _ in range(inputs)], "then": {"to": "s"}}
+        for i in range(draw(st.integers(1, 8)))
+    ]
+    return {"hitPolicy": policy, "inputs": ["/x"] * inputs, "rules": rules}
+
+
+@given(overlap_tables("UNIQUE"))
+def test_unique_overlaps_are_the_ones_a_pairwise_comparison_finds(table):
+    errors, _ = check_table(table)
+    found = [(int(p.path.rsplit("/", 1)[1]), p.message.split("'")[1]) for p in errors]
+    assert found == _pairwise_overlaps(table)
+
+
+@given(overlap_tables("FIRST"))
+def test_unreachable_first_rules_are_the_ones_a_pairwise_comparison_finds(table):
+    _, warnings = check_table(table)
+    found = [(int(p.path.rsplit("/", 1)[1]), p.message.split("'")[3]) for p in warnings]
+    assert found == _pairwise_unreachable(table)
+
+
+@pytest.mark.parametrize("text", ["1" * 101, "> " + "2" * 101, "[0.." + "3" * 5_000 + "]"])
+def test_a_number_of_more_than_100_digits_is_an_invalid_table(text):
+    with pytest.raises(DecisionError) as caught:
+        parse_unary_tests(text)
+    assert caught.value.code == "INVALID_TABLE"
+    assert "at most 100 digits" in caught.value.message
+
+
+def test_a_number_of_100_digits_is_read_exactly():
+    assert parse_unary_tests("9" * 100).matches(10**100 - 1)
+
+
+def test_tables_past_their_limits_are_invalid():
+    table = {"hitPolicy": "FIRST", "inputs": ["/x"] * 33, "rules": [rule("a", ["-"] * 33)]}
+    assert paths(check_table(table, "/t")[0]) == ["/t/inputs"]
+    table = {"hitPolicy": "FIRST", "inputs": [], "rules": [rule(f"r{n}", []) for n in range(1001)]}
+    assert paths(check_table(table, "/t")[0]) == ["/t/rules"]
+    table = {"hitPolicy": "FIRST", "inputs": ["/x"], "rules": [rule("a", ['"' + "x" * 999 + '"'])]}
+    assert paths(check_table(table, "/t")[0]) == ["/t/rules/0/when/0"]
+    with pytest.raises(DecisionError):
+        evaluate(table, {"x": "x"})

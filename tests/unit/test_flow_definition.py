@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from orquestador.domain import limits
 from orquestador.domain.decision import check_table, evaluate
 from orquestador.domain.errors import DecisionError, MappingError
 from orquestador.domain.flow_definition import (
@@ -177,6 +178,40 @@ def test_duplicate_transition_and_action_ids(flow):
 def test_invalid_data_schema_is_reported_under_dataSchema(flow):
     flow["dataSchema"] = {"type": "object", "properties": {"x": {"type": "text"}}}
     assert error_paths(flow) == ["/dataSchema/properties/x/type"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [
+        ({"properties": {"x": {"$ref": "#/$defs/y"}}}, "/dataSchema/properties/x/$ref"),
+        ({"properties": {"x": {"$ref": "https://example.org/s"}}}, "/dataSchema/properties/x/$ref"),
+        ({"items": {"pattern": "a(?=b)"}}, "/dataSchema/items/pattern"),
+        ({"anyOf": [{"$ref": "#"}]}, "/dataSchema/anyOf/0/$ref"),
+    ],
+)
+def test_data_schemas_the_server_cannot_evaluate_safely_are_refused_at_the_keyword(
+    flow, schema, path
+):
+    flow["dataSchema"] = schema
+    assert error_paths(flow) == [path]
+
+
+def test_a_recursive_data_schema_that_descends_is_accepted(flow):
+    flow["dataSchema"] = {
+        "type": "object",
+        "$defs": {"node": {"properties": {"children": {"items": {"$ref": "#/$defs/node"}}}}},
+        "properties": {"tree": {"$ref": "#/$defs/node"}},
+    }
+    assert validate_definition(flow) == ([], [])
+
+
+def test_numbers_anywhere_are_bounded(flow):
+    flow["transitions"][0]["actions"][0]["input"]["command"] = {"const": {"n": [1, 10**101]}}
+    flow["dataSchema"]["maxProperties"] = 1e100
+    assert error_paths(flow) == [
+        "/dataSchema/maxProperties",
+        "/transitions/0/actions/0/input/command/const/n/1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -432,3 +467,20 @@ def test_every_table_in_the_flow_guide_is_a_valid_table():
         errors, warnings = check_table(table)
         assert (errors, warnings) == ([], [])
         evaluate(table, {"data": {"plan": "pro", "disk": 200, "backup": True}})
+
+
+def test_a_definition_at_the_limits_publishes(flow):
+    decision = flow["transitions"][0]["decision"]
+    decision["rules"] = [
+        {"id": f"r{n}", "when": [f'"{n}"'], "then": {"to": "off"}}
+        for n in range(limits.MAX_RULES - 1)
+    ] + [decision["rules"][-1]]
+    last = limits.MAX_SCHEMA_CHAIN - 1
+    flow["dataSchema"] = {
+        "type": "object",
+        "properties": {"machineId": {"type": "string", "maximum": 9.99e99}},
+        "$ref": "#/$defs/d0",
+        "$defs": {f"d{n}": {"$ref": f"#/$defs/d{n + 1}"} for n in range(last)}
+        | {f"d{last}": {"type": "object"}},
+    }
+    assert validate_definition(flow) == ([], [])

@@ -7,11 +7,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonpointer import JsonPointer
+from jsonschema import Draft202012Validator
 
 from orquestador.domain.canonical import canonical_json
-from orquestador.domain.errors import DataValidationError, UpdateError
+from orquestador.domain.errors import DataSchemaError, DataValidationError, UpdateError
 from orquestador.domain.mappings import find, pointer_parts
-from orquestador.domain.pointer_updates import apply_updates, validate_request_data
+from orquestador.domain.pointer_updates import (
+    MAX_MESSAGE_CHARS,
+    MAX_PROBLEMS,
+    apply_updates,
+    validate_request_data,
+)
+from orquestador.domain.schemas import validator_for
 
 
 def test_sets_keys_and_replaces_existing_array_positions():
@@ -102,6 +109,86 @@ def test_an_invalid_schema_is_a_data_validation_error():
     with pytest.raises(DataValidationError) as caught:
         validate_request_data({}, {"type": "objekt"})
     assert caught.value.problems[0].path == "/dataSchema/type"
+    assert isinstance(caught.value, DataSchemaError)
+    assert caught.value.code == "DATA_SCHEMA_INVALID"
+
+
+def test_oversized_data_gets_only_the_size_problem():
+    data = {"machineId": 5, "cpus": "x" * 300}
+    with pytest.raises(DataValidationError) as caught:
+        validate_request_data(data, SCHEMA, max_bytes=100)
+    assert [p.path for p in caught.value.problems] == [""]
+    assert "the limit is 100" in caught.value.problems[0].message
+
+
+def test_data_nested_deeper_than_64_levels_is_refused_before_validation():
+    data: dict = {}
+    deepest = data
+    for _ in range(70):
+        deepest["a"] = {}
+        deepest = deepest["a"]
+    with pytest.raises(DataValidationError) as caught:
+        validate_request_data(data, {"type": "object"})
+    assert caught.value.problems[0].message == "nests deeper than 64 levels"
+
+
+def test_problems_are_capped_and_messages_shortened():
+    schema = {"type": "array", "items": {"type": "string"}}
+    with pytest.raises(DataValidationError) as caught:
+        validate_request_data([[n] * 200 for n in range(150)], schema)
+    problems = caught.value.problems
+    assert len(problems) == MAX_PROBLEMS + 1
+    assert problems[-1].message == "and 50 more problems"
+    assert all(len(p.message) <= MAX_MESSAGE_CHARS for p in problems)
+
+
+# --- the validator agrees with jsonschema's own where both are safe --------------------
+
+_SAFE_PATTERNS = st.sampled_from(["^a", "b$", "a+b", "^[ab]*$", "[0-9]", "^$"])
+_INSTANCES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.sampled_from([0.0, 1.0, 1.5, -0.0, 2.0])
+    | st.sampled_from(["", "a", "ab", "b1", "ba"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["a", "b", "ab", "1", "ba"]), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+def _keyword_schemas(inner):
+    return st.one_of(
+        st.fixed_dictionaries({"uniqueItems": st.booleans()}),
+        st.fixed_dictionaries({"enum": st.lists(_INSTANCES, min_size=1, max_size=4)}),
+        st.fixed_dictionaries({"const": _INSTANCES}),
+        st.fixed_dictionaries({"pattern": _SAFE_PATTERNS}),
+        st.fixed_dictionaries({"multipleOf": st.sampled_from([1, 2, 0.5, 1.5])}),
+        st.fixed_dictionaries(
+            {
+                "patternProperties": st.dictionaries(_SAFE_PATTERNS, inner, max_size=2),
+                "additionalProperties": st.booleans() | inner,
+            },
+            optional={"properties": st.dictionaries(st.sampled_from(["a", "b"]), inner)},
+        ),
+        st.fixed_dictionaries({"items": inner, "uniqueItems": st.just(True)}),
+        st.fixed_dictionaries({"anyOf": st.lists(inner, min_size=1, max_size=2)}),
+    )
+
+
+_SCHEMAS = st.recursive(st.just({}), _keyword_schemas, max_leaves=6)
+
+
+def _errors(validator, instance):
+    return sorted((list(e.absolute_path), e.message) for e in validator.iter_errors(instance))
+
+
+@given(_SCHEMAS, _INSTANCES)
+def test_the_safe_validator_finds_what_jsonschema_finds(schema, instance):
+    stock = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    assert _errors(validator_for(schema), instance) == _errors(stock, instance)
 
 
 # --- properties ---------------------------------------------------------------
