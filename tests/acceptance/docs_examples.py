@@ -13,16 +13,29 @@ A block says what it is in its info string (the words after the opening fence):
     json decision     a decision table, evaluated against the latest context
     json result       what the decision table before it gives
     json fragment     a piece of a definition: valid JSON once wrapped in braces
-    python adapter    an ADAPTER_MODULES module: it loads and registers at least one adapter
+    python adapter    an ADAPTER_MODULES module: it loads and registers at least one adapter;
+                      with file=NAME.py, the document's dev server runs with it (below)
     sql query         runs as the owner on a migrated database, each :name bound to a fresh id
     text, mermaid     prose and diagrams, never run
 
 `file=NAME` among the words also saves the block, run or not, as NAME in the
-folder the shell blocks run in. Any other block needs `<!-- not run: why -->` on
-the line above it (blank lines between are allowed), so nothing is skipped without
-a reason in the document itself. A shell block runs only when it says `run`: a
-plain `sh` block (an install, a database administrator's command) is never run by
-accident, and fails the check until it says one or the other.
+folder the shell blocks run in.
+
+Each document's flows and shell blocks run against an `orquestador dev` of its own,
+on a fresh database, started in a fresh folder once every `file=NAME` block of every
+document is saved there (a document may use another's file: API.md publishes
+FLOWS.md's disk-review.json). A document declares an adapter module with a
+`python adapter file=NAME.py` block: its server then starts as a reader starts it in
+that folder, `ADAPTER_MODULES=NAME PYTHONPATH=. orquestador dev` (several such
+blocks: their names joined with commas), so its flows may name the module's
+capabilities. The document shows that command in a block marked not run, since the
+test starts the server itself.
+
+Any other block needs `<!-- not run: why -->` on the line above it (blank lines
+between are allowed), so nothing is skipped without a reason in the document itself.
+A shell block runs only when it says `run`: a plain `sh` block (an install, a
+database administrator's command) is never run by accident, and fails the check
+until it says one or the other.
 
 In an answer shown in a document, a string with an elided id (`0b6c…`,
 `/api/v1/flows/0b6c…`) stands for any id, the same one wherever that token repeats
@@ -144,6 +157,31 @@ def unaccounted(block: Block) -> str | None:
         f"{block.where}: info string {info!r} is none of the roles listed in "
         "tests/acceptance/docs_examples.py (a shell block runs as `sh run`); give it one, "
         "or write <!-- not run: why --> on the line above it"
+    )
+
+
+_MODULE_FILE = re.compile(r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*)\.py$")
+
+
+def adapter_modules(blocks: list[Block]) -> list[str]:
+    """The modules a document's dev server loads: its run `python adapter file=NAME.py` blocks."""
+    return [
+        found["module"]
+        for block in blocks
+        if block.runs and block.kind == ("python", "adapter") and "file" in block.attributes
+        if (found := _MODULE_FILE.match(block.attributes["file"]))
+    ]
+
+
+def adapter_file_problem(block: Block) -> str | None:
+    """Why a `python adapter file=...` block cannot be imported by its file name, or None."""
+    if block.kind != ("python", "adapter") or "file" not in block.attributes:
+        return None
+    if _MODULE_FILE.match(block.attributes["file"]):
+        return None
+    return (
+        f"{block.where}: file={block.attributes['file']} is no module a server can import; "
+        "name an adapter module's file NAME.py, NAME a Python identifier"
     )
 
 

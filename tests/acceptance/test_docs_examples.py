@@ -1,9 +1,10 @@
 """Every example in README.md and docs/ works as printed, or says in the document why it is not run.
 
 The roles a block can have are listed in `tests/acceptance/docs_examples.py`. Shell
-examples run against a real `orquestador dev` on the test database, with curl
-wrapped by a recorder so that the answers a document shows can be compared with
-the answers the server gave.
+examples run against a real `orquestador dev` of the document's own, on a fresh test
+database, with the adapter modules the document declares, and with curl wrapped by a
+recorder so that the answers a document shows can be compared with the answers the
+server gave.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,8 @@ from tests.acceptance.docs_examples import (
     Block,
     Matcher,
     Response,
+    adapter_file_problem,
+    adapter_modules,
     documents,
     parse_json,
     read_blocks,
@@ -47,13 +51,16 @@ ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
 BLOCKS = {document: read_blocks(document) for document in documents()}
 ALL_BLOCKS = [block for blocks in BLOCKS.values() for block in blocks]
 
-# Behaves as curl and keeps each answer: the headers (-D) and what curl printed.
+# Behaves as curl and keeps each answer: the headers (-D) and what curl printed, in
+# calls/<block>/<n>/, n counting the block's calls. mkdir claims n, so that calls a
+# block runs at the same time (`curl ... &`) each keep their own answer.
 CURL_RECORDER = """#!/usr/bin/env bash
 set -u
 calls="$DOCS_TEST_RECORD/calls/$DOCS_TEST_BLOCK"
 mkdir -p "$calls"
-n=$(( $(find "$calls" -name '*.headers' | wc -l) + 1 ))
-"$DOCS_TEST_CURL" -D "$calls/$n.headers" "$@" | tee "$calls/$n.body"
+n=1
+until mkdir "$calls/$n" 2>/dev/null; do n=$((n + 1)); done
+"$DOCS_TEST_CURL" -D "$calls/$n/headers" "$@" | tee "$calls/$n/body"
 exit "${PIPESTATUS[0]}"
 """
 
@@ -94,6 +101,27 @@ def test_an_unmarked_block_is_reported_and_a_marked_one_is_not() -> None:
     assert [unaccounted(b) is None for b in blocks] == [False, True, True, True, False, True]
     assert blocks[3].text == "```\n"
     assert [b.runs for b in blocks[4:]] == [False, True]
+
+
+def test_a_document_declares_its_adapter_modules_by_file_name() -> None:
+    blocks = read_blocks(
+        ROOT / "docs" / "EXAMPLE.md",
+        "```python adapter file=acme.py\n```\n```python adapter\n```\n"
+        "<!-- not run: an old version -->\n```python adapter file=old.py\n```\n"
+        "```python adapter file=not-a-module.py\n```\n",
+    )
+
+    assert adapter_modules(blocks) == ["acme"]
+    assert [adapter_file_problem(b) is None for b in blocks] == [True, True, True, False]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in ALL_BLOCKS if b.kind == ("python", "adapter") and "file" in b.attributes],
+    ids=_ids([b for b in ALL_BLOCKS if b.kind == ("python", "adapter") and "file" in b.attributes]),
+)
+def test_adapter_files_are_modules_a_server_can_import(block: Block) -> None:
+    assert adapter_file_problem(block) is None, adapter_file_problem(block)
 
 
 def test_the_matcher_binds_elided_ids_and_accepts_any_timestamp() -> None:
@@ -211,16 +239,17 @@ class DevServer:
     output: list[str]
 
 
-@pytest.fixture
-def dev_server(database: TestDatabase, tmp_path: Path) -> Iterator[DevServer]:
-    """`orquestador dev` on the test database, in its own folder; API and token from its banner."""
-    folder = tmp_path / "reader"
-    folder.mkdir()
+@contextmanager
+def _running_dev(
+    database: TestDatabase, folder: Path, settings: dict[str, str]
+) -> Iterator[DevServer]:
+    """`orquestador dev` on the test database, in `folder`; API and token from its banner."""
     env = _base_environment()
     env.update(
         DATABASE_URL=database.runtime_dsn,
         MIGRATION_DATABASE_URL=database.owner_dsn,
         API_PORT=str(_free_port()),
+        **settings,
     )
     process = subprocess.Popen(
         [*ORQUESTADOR, "dev"],
@@ -263,6 +292,12 @@ def dev_server(database: TestDatabase, tmp_path: Path) -> Iterator[DevServer]:
     assert process.returncode == 0, "".join(output)
 
 
+def _dev_settings(document: Path) -> dict[str, str]:
+    """How a reader starts the document's server: with the adapter modules it declares."""
+    modules = adapter_modules(BLOCKS[document])
+    return {"ADAPTER_MODULES": ",".join(modules), "PYTHONPATH": "."} if modules else {}
+
+
 def _write_files(folder: Path) -> None:
     for block in ALL_BLOCKS:
         if "file" in block.attributes:
@@ -294,15 +329,20 @@ def _server_documents() -> list[Path]:
 @pytest.mark.parametrize(
     "document", _server_documents(), ids=[str(d.relative_to(ROOT)) for d in _server_documents()]
 )
-def test_examples_run_against_a_dev_server(document: Path, dev_server: DevServer) -> None:
-    _write_files(dev_server.folder)
+def test_examples_run_against_a_dev_server(
+    document: Path, database: TestDatabase, tmp_path: Path
+) -> None:
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    _write_files(folder)
     blocks = [block for block in BLOCKS[document] if block.runs]
-    _publish_flows(blocks, dev_server)
-    shell = [block for block in blocks if block.kind == ("sh", "run")]
-    if not shell:
-        return
-    record = dev_server.folder.parent / f"record-{document.stem}"
-    _run_shell(shell, dev_server, record)
+    with _running_dev(database, folder, _dev_settings(document)) as server:
+        _publish_flows(blocks, server)
+        shell = [block for block in blocks if block.kind == ("sh", "run")]
+        if not shell:
+            return
+        record = tmp_path / f"record-{document.stem}"
+        _run_shell(shell, server, record)
     problems = _compare_answers(blocks, shell, record)
     assert not problems, "\n".join(problems)
 
@@ -365,10 +405,18 @@ def _run_shell(shell: list[Block], server: DevServer, record: Path) -> None:
             timeout=180,
         )
     except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the shell examples did not end within 180 s:\n{expired.stderr}")
+        pytest.fail(
+            f"the shell examples did not end within 180 s:\n{expired.stderr}{_server_tail(server)}"
+        )
     if ran.returncode != 0:
         failed = ran.stderr.rsplit("== ", 1)[-1]
-        pytest.fail(f"a shell example failed (exit {ran.returncode}) at {failed}")
+        pytest.fail(
+            f"a shell example failed (exit {ran.returncode}) at {failed}{_server_tail(server)}"
+        )
+
+
+def _server_tail(server: DevServer) -> str:
+    return "\nthe dev server's last lines:\n" + "".join(server.output[-20:])
 
 
 def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> list[str]:
@@ -394,14 +442,14 @@ def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> l
             problem = matcher.value(parse_json(block), actual, "output")
         else:
             calls = sorted(
-                (record / "calls" / str(last_shell)).glob("*.headers"),
-                key=lambda path: int(path.stem),
+                (call.parent for call in (record / "calls" / str(last_shell)).glob("*/headers")),
+                key=lambda call: int(call.name),
             )
             if not calls:
                 problems.append(f"{block.where}: the shell block before it made no curl call")
                 continue
             actual_response = Response.from_curl(
-                calls[-1].read_text(), calls[-1].with_suffix(".body").read_text()
+                (calls[-1] / "headers").read_text(), (calls[-1] / "body").read_text()
             )
             problem = matcher.response(Response.from_sample(block.text), actual_response)
         if problem:
