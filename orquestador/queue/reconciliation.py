@@ -253,9 +253,12 @@ def resolve(
                 "confirm needs a step in doubt whose checkpoint describes the current contract;"
                 " retry or fail instead"
             )
-        status = {"confirm": _confirm, "retry": _retry, "fail": _fail}[resolution.decision](
+        deciding = _Deciding(
             conn, resolution, execution, request, step, output_problems, claims_budget
         )
+        status = {"confirm": deciding.confirm, "retry": deciding.retry, "fail": deciding.fail}[
+            resolution.decision
+        ]()
         _audit(
             conn,
             execution,
@@ -273,99 +276,91 @@ def resolve(
     return status
 
 
-def _requeue(conn: Connection, execution: Any, claims_budget: int) -> str:
-    conn.execute(_REQUEUE, {"execution_id": execution.id, "claims_budget": claims_budget})
-    conn.execute(_NOTIFY, {"channel": EXECUTION_READY_CHANNEL, "payload": str(execution.id)})
-    return "PENDING"
+@dataclass(frozen=True)
+class _Deciding:
+    """One decision under way, inside resolve()'s transaction, with the rows it locked."""
 
+    conn: Connection
+    resolution: Resolution
+    execution: Any
+    request: Any
+    step: Any
+    output_problems: OutputProblems
+    claims_budget: int
 
-def _confirm(
-    conn: Connection,
-    resolution: Resolution,
-    execution: Any,
-    request: Any,
-    step: Any,
-    output_problems: OutputProblems,
-    claims_budget: int,
-) -> str:
-    output = resolution.output
-    if not isinstance(output, dict):
-        raise DecisionInvalid("OUTPUT_INVALID", "confirm needs the step's output (an object)")
-    problems = output_problems(step.capability, step.adapter_version, output)
-    if problems:
-        raise DecisionInvalid(
-            "OUTPUT_INVALID", "the output breaks the adapter's output schema", problems
+    def _requeue(self) -> str:
+        self.conn.execute(
+            _REQUEUE, {"execution_id": self.execution.id, "claims_budget": self.claims_budget}
         )
-    conn.execute(
-        _CONFIRM_STEP,
-        {"execution_id": execution.id, "action_id": step.action_id, "output": output},
-    )
-    return _requeue(conn, execution, claims_budget)
+        self.conn.execute(
+            _NOTIFY, {"channel": EXECUTION_READY_CHANNEL, "payload": str(self.execution.id)}
+        )
+        return "PENDING"
 
+    def confirm(self) -> str:
+        output, step = self.resolution.output, self.step
+        if not isinstance(output, dict):
+            raise DecisionInvalid("OUTPUT_INVALID", "confirm needs the step's output (an object)")
+        problems = self.output_problems(step.capability, step.adapter_version, output)
+        if problems:
+            raise DecisionInvalid(
+                "OUTPUT_INVALID", "the output breaks the adapter's output schema", problems
+            )
+        self.conn.execute(
+            _CONFIRM_STEP,
+            {"execution_id": self.execution.id, "action_id": step.action_id, "output": output},
+        )
+        return self._requeue()
 
-def _retry(
-    conn: Connection,
-    resolution: Resolution,
-    execution: Any,
-    request: Any,
-    step: Any,
-    output_problems: OutputProblems,
-    claims_budget: int,
-) -> str:
-    if step is not None:
-        params = {"execution_id": execution.id, "action_id": step.action_id}
-        conn.execute(_INTERRUPTED_INTO_HISTORY, params)
-        conn.execute(_APPROVE_RETRY, {**params, "code": RETRY_APPROVED})
-    return _requeue(conn, execution, claims_budget)
+    def retry(self) -> str:
+        if self.step is not None:
+            params = {"execution_id": self.execution.id, "action_id": self.step.action_id}
+            self.conn.execute(_INTERRUPTED_INTO_HISTORY, params)
+            self.conn.execute(_APPROVE_RETRY, {**params, "code": RETRY_APPROVED})
+        return self._requeue()
 
-
-def _fail(
-    conn: Connection,
-    resolution: Resolution,
-    execution: Any,
-    request: Any,
-    step: Any,
-    output_problems: OutputProblems,
-    claims_budget: int,
-) -> str:
-    flow = FlowDefinition.from_json(execution.definition)
-    to_state = resolution.to_state
-    if to_state is None and step is not None:
-        transition = flow.transitions.get(execution.transition_id)
-        actions = transition.actions if transition is not None else ()
-        spec = next((a for a in actions if a.id == step.action_id), None)
-        to_state = spec.on_error if spec is not None else None
-    if to_state is not None and to_state not in flow.states:
-        raise DecisionInvalid("STATE_UNKNOWN", f"the flow has no state {to_state!r}", ["/toState"])
-    params = {"request_id": execution.request_id, "execution_id": execution.id}
-    if to_state is not None and to_state != request.request_state:
-        revision = conn.execute(_MOVE_REQUEST, {**params, "state": to_state}).scalar_one()
-    else:
-        revision = conn.execute(_RELEASE_REQUEST, params).scalar()
-        to_state = request.request_state
-    conn.execute(
-        _END,
-        {
-            "execution_id": execution.id,
-            "status": "FAILED",
-            "error_code": execution.error_code,
-            "result": {"outcome": "RECONCILED_FAILED", "toState": to_state},
-        },
-    )
-    _audit(
-        conn,
-        execution,
-        "TRANSITION_FAILED",
-        resolution.actor,
-        {
-            "transitionId": execution.transition_id,
-            "fromState": execution.accepted_state,
-            "toState": to_state,
-            "revision": revision,
-            "errorCode": execution.error_code,
-        },
-    )
-    return "FAILED"
+    def fail(self) -> str:
+        execution, step = self.execution, self.step
+        flow = FlowDefinition.from_json(execution.definition)
+        to_state = self.resolution.to_state
+        if to_state is None and step is not None:
+            transition = flow.transitions.get(execution.transition_id)
+            actions = transition.actions if transition is not None else ()
+            spec = next((a for a in actions if a.id == step.action_id), None)
+            to_state = spec.on_error if spec is not None else None
+        if to_state is not None and to_state not in flow.states:
+            raise DecisionInvalid(
+                "STATE_UNKNOWN", f"the flow has no state {to_state!r}", ["/toState"]
+            )
+        params = {"request_id": execution.request_id, "execution_id": execution.id}
+        if to_state is not None and to_state != self.request.request_state:
+            revision = self.conn.execute(_MOVE_REQUEST, {**params, "state": to_state}).scalar_one()
+        else:
+            revision = self.conn.execute(_RELEASE_REQUEST, params).scalar()
+            to_state = self.request.request_state
+        self.conn.execute(
+            _END,
+            {
+                "execution_id": execution.id,
+                "status": "FAILED",
+                "error_code": execution.error_code,
+                "result": {"outcome": "RECONCILED_FAILED", "toState": to_state},
+            },
+        )
+        _audit(
+            self.conn,
+            execution,
+            "TRANSITION_FAILED",
+            self.resolution.actor,
+            {
+                "transitionId": execution.transition_id,
+                "fromState": execution.accepted_state,
+                "toState": to_state,
+                "revision": revision,
+                "errorCode": execution.error_code,
+            },
+        )
+        return "FAILED"
 
 
 def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str) -> str:

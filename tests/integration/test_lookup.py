@@ -46,6 +46,7 @@ from tests.integration.worker_support import (
     make_due,
     request_row,
     run_once,
+    scripted,
     settings,
     start_execution,
 )
@@ -69,19 +70,6 @@ class Lookup:
 
 def answers(result: Any) -> Lookup:
     return Lookup(lambda ctx: result)
-
-
-def _scripted(*steps: Any) -> Callable[[ActionContext], dict[str, Any]]:
-    """An adapter body that plays `steps` in order: an exception to raise or an output."""
-    remaining = list(steps)
-
-    def play(ctx: ActionContext) -> dict[str, Any]:
-        step = remaining.pop(0)
-        if isinstance(step, BaseException):
-            raise step
-        return step
-
-    return play
 
 
 def _charge(output: Any, max_attempts: int = 3, effect=Effect.NON_IDEMPOTENT_WRITE) -> Double:
@@ -124,7 +112,7 @@ def _history(engine, eid, action_id="charge") -> list[tuple[int, str, str | None
 def test_found_after_an_uncertain_non_idempotent_write_continues_without_a_second_call(
     runtime_engine,
 ):
-    charge = _charge(_scripted(UncertainError("connection reset after sending")))
+    charge = _charge(scripted(UncertainError("connection reset after sending")))
     lookup = answers(Found({"chargeId": "ch-1"}))
     receipt = Double("test.receipt", Effect.IDEMPOTENT_WRITE, output={"sent": True})
     definition = flow_definition(
@@ -232,7 +220,7 @@ def test_found_after_the_call_overran_its_timeout(runtime_engine):
 
 
 def test_not_found_after_an_uncertain_write_retries_it_with_the_same_key(runtime_engine):
-    charge = _charge(_scripted(UncertainError("no answer"), {"chargeId": "ch-3"}))
+    charge = _charge(scripted(UncertainError("no answer"), {"chargeId": "ch-3"}))
     lookup = answers(NotFound())
     executor = _executor(_with_lookup(charge, lookup))
     eid = start_execution(runtime_engine, _charge_flow())
@@ -272,7 +260,7 @@ def test_not_found_after_a_crash_runs_the_next_attempt_at_once(runtime_engine):
 
 
 def test_not_found_with_no_attempts_left_fails_and_releases_the_request(runtime_engine):
-    charge = _charge(_scripted(UncertainError()), max_attempts=1)
+    charge = _charge(scripted(UncertainError()), max_attempts=1)
     eid = start_execution(runtime_engine, _charge_flow())
 
     status = run_once(runtime_engine, _executor(_with_lookup(charge, answers(NotFound()))))
@@ -314,7 +302,7 @@ def test_an_idempotent_write_out_of_attempts_is_looked_up_before_the_write_rule_
     runtime_engine, answer
 ):
     write = _charge(
-        _scripted(UncertainError(), UncertainError()),
+        scripted(UncertainError(), UncertainError()),
         max_attempts=2,
         effect=Effect.IDEMPOTENT_WRITE,
     )
@@ -355,7 +343,7 @@ def test_an_idempotent_write_transiently_failing_after_an_uncertain_attempt_is_l
     runtime_engine,
 ):
     write = _charge(
-        _scripted(UncertainError(), TransientError("503")),
+        scripted(UncertainError(), TransientError("503")),
         max_attempts=2,
         effect=Effect.IDEMPOTENT_WRITE,
     )
@@ -421,7 +409,7 @@ PARKED = {
 @pytest.mark.parametrize("case", list(PARKED))
 def test_a_lookup_that_cannot_settle_it_parks_as_before(runtime_engine, case):
     answer, why = PARKED[case]
-    charge = _charge(_scripted(UncertainError()))
+    charge = _charge(scripted(UncertainError()))
     eid = start_execution(runtime_engine, _charge_flow())
 
     status = run_once(runtime_engine, _executor(_with_lookup(charge, Lookup(answer))))
@@ -442,7 +430,7 @@ def test_a_lookup_that_cannot_settle_it_parks_as_before(runtime_engine, case):
 def test_a_lookup_past_its_own_timeout_is_abandoned_and_its_late_answer_dropped(runtime_engine):
     release, returned = threading.Event(), threading.Event()
     lookup = _blocks_past_its_timeout(release, returned)
-    charge = _charge(_scripted(UncertainError()))
+    charge = _charge(scripted(UncertainError()))
     eid = start_execution(runtime_engine, _charge_flow())
 
     status = run_once(
@@ -489,7 +477,7 @@ def test_an_interrupted_write_whose_lookup_cannot_tell_is_parked_as_before(runti
 @pytest.mark.parametrize("path", ["uncertain call", "recovery"])
 def test_a_stale_holders_lookup_answer_writes_nothing(runtime_engine, answer, path):
     charge = _charge(
-        _scripted(UncertainError()) if path == "uncertain call" else {"chargeId": "ch-8"}
+        scripted(UncertainError()) if path == "uncertain call" else {"chargeId": "ch-8"}
     )
     eid = start_execution(runtime_engine, _charge_flow())
     if path == "recovery":

@@ -27,23 +27,12 @@ from tests.integration.worker_support import (
     registry_of,
     request_row,
     run_once,
+    scripted,
     settings,
     start_execution,
     wait_until,
 )
 from tests.integration.worker_support import RecordingAdapter as Double
-
-
-def _scripted(*steps):
-    remaining = list(steps)
-
-    def play(ctx):
-        step = remaining.pop(0)
-        if isinstance(step, BaseException):
-            raise step
-        return step
-
-    return play
 
 
 def _no_problems(capability, version, output):
@@ -69,7 +58,7 @@ def _parked_charge(engine, *outputs, max_attempts=3, on_error=None):
         "test.charge",
         Effect.NON_IDEMPOTENT_WRITE,
         max_attempts=max_attempts,
-        output=_scripted(UncertainError("read timed out"), *outputs),
+        output=scripted(UncertainError("read timed out"), *outputs),
     )
     extra = {"onError": on_error} if on_error else {}
     eid = start_execution(engine, flow_definition([action("charge", "test.charge", **extra)]))

@@ -31,22 +31,10 @@ from tests.integration.worker_support import (
     registry_of,
     request_row,
     run_once,
+    scripted,
     settings,
     start_execution,
 )
-
-
-def _scripted(*steps):
-    """An adapter body that plays `steps` in order: an exception to raise or an output."""
-    remaining = list(steps)
-
-    def play(ctx):
-        step = remaining.pop(0)
-        if isinstance(step, BaseException):
-            raise step
-        return step
-
-    return play
 
 
 def _data_text(engine, request_id) -> str:
@@ -84,7 +72,7 @@ def _assert_parked_and_busy(engine, eid, state="new"):
 
 def test_an_error_exit_keeps_the_request_data_byte_for_byte(runtime_engine):
     write = Double(
-        "test.write", Effect.IDEMPOTENT_WRITE, output=_scripted(PermanentError("REFUSED"))
+        "test.write", Effect.IDEMPOTENT_WRITE, output=scripted(PermanentError("REFUSED"))
     )
     data = {"b": [1.5, {"z": None, "a": "ñandú"}], "a": 10, "nested": {"k": "v"}}
     eid = start_execution(
@@ -113,7 +101,7 @@ def test_an_error_exit_keeps_the_request_data_byte_for_byte(runtime_engine):
 
 
 def test_a_failure_without_writes_keeps_sql_nulls(runtime_engine):
-    read = Double("test.read", Effect.READ_ONLY, output=_scripted(PermanentError("NOPE")))
+    read = Double("test.read", Effect.READ_ONLY, output=scripted(PermanentError("NOPE")))
     eid = start_execution(runtime_engine, flow_definition([action("r", "test.read")]))
     assert run_once(runtime_engine, Executor(registry_of(read), settings())) == "FAILED"
     with runtime_engine.connect() as conn:
@@ -162,7 +150,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_write_rule_reads_every_attempt(runtime_engine, case):
     steps, on_error, expected, history = CASES[case]
-    write = Double("test.write", Effect.IDEMPOTENT_WRITE, max_attempts=3, output=_scripted(*steps))
+    write = Double("test.write", Effect.IDEMPOTENT_WRITE, max_attempts=3, output=scripted(*steps))
     extra = {"onError": on_error} if on_error else {}
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write", **extra)]))
 
@@ -189,7 +177,7 @@ def test_a_crash_mid_call_then_transient_failures_park_the_execution(runtime_eng
         run_once(runtime_engine, crashing)
     expire_lease(runtime_engine, eid)
 
-    write.output = _scripted(TransientError("503"))
+    write.output = scripted(TransientError("503"))
     assert run_once(runtime_engine, Executor(registry_of(write), settings())) == (
         "RECONCILIATION_REQUIRED"
     )
@@ -226,11 +214,11 @@ def test_an_interrupted_idempotent_write_with_no_attempt_left_is_parked(runtime_
 def test_an_earlier_uncertain_write_blocks_a_later_steps_error_exit(runtime_engine):
     # Action "a" ended UNKNOWN and then SUCCEEDED is a known write; action "b" with an
     # earlier UNKNOWN attempt and a final FAILED is not.
-    a = Double("test.a", Effect.IDEMPOTENT_WRITE, output=_scripted(UncertainError(), {"ok": 1}))
+    a = Double("test.a", Effect.IDEMPOTENT_WRITE, output=scripted(UncertainError(), {"ok": 1}))
     b = Double(
         "test.b",
         Effect.IDEMPOTENT_WRITE,
-        output=_scripted(UncertainError(), PermanentError("REFUSED")),
+        output=scripted(UncertainError(), PermanentError("REFUSED")),
     )
     definition = flow_definition(
         [action("a", "test.a"), action("b", "test.b", onError="attention")]

@@ -174,6 +174,19 @@ def start_execution(
     return accept_transition(engine, request_id, **kwargs)
 
 
+def scripted(*steps: Any) -> Callable[[ActionContext], dict[str, Any]]:
+    """An adapter body that plays `steps` in order: an exception to raise or an output."""
+    remaining = list(steps)
+
+    def play(ctx: ActionContext) -> dict[str, Any]:
+        step = remaining.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+    return play
+
+
 class SimulatedCrash(Exception):
     """Stands for the process dying at a hook: nothing after it runs."""
 
