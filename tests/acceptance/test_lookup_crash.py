@@ -18,11 +18,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import text
 
 from tests.acceptance.provider_double import AFTER, BEFORE, ProviderDouble
@@ -41,16 +39,6 @@ ACTIONS = ("charge", "ship")
 KILLS = 10
 KILLING_FOR = 35.0  # seconds: no new kill after this
 ANYWHERE = "anywhere"  # a live worker, right after the provider answered a few more writes
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
 
 
 def _spawn(database, provider: ProviderDouble) -> subprocess.Popen:

@@ -8,10 +8,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import text
 
 from tests.integration.worker_support import (
@@ -25,16 +23,6 @@ from tests.integration.worker_support import (
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("SUCCEEDED", "FAILED", "RECONCILIATION_REQUIRED")
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
 
 
 def _spawn(database, ledger: Path, role: str, concurrency: int) -> subprocess.Popen:
