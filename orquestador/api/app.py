@@ -7,8 +7,9 @@ import logging
 from flask import Flask, Response, request
 from sqlalchemy import Engine
 
-from orquestador.actions import AdapterRegistry
+from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api import (
+    capability_routes,
     execution_routes,
     flow_routes,
     health_routes,
@@ -17,8 +18,8 @@ from orquestador.api import (
 )
 from orquestador.api.auth import TokenVerifier
 from orquestador.api.capabilities import KnowsCapabilities, capability_checker
+from orquestador.api.capability_routes import ADAPTERS_EXTENSION
 from orquestador.api.context import EXTENSION_KEY, ApiContext, LazyEngine
-from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.api.problems import ApiProblem, register_error_handlers
 from orquestador.config import Settings
 
@@ -46,16 +47,19 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.api_max_body_bytes
     # Keep field order as written: ExecutionView and friends read better that way.
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    # Loaded once: the publishing check, the capability listing and the check of an
+    # operator's confirmed output all answer from the same registry.
+    adapters = registry if registry is not None else load_registry(settings)
     app.extensions[EXTENSION_KEY] = ApiContext(
         settings=settings,
         engine=LazyEngine(settings.database_url, engine),
         verifier=TokenVerifier(settings),
-        capability_problem=capability_checker(settings, registry),
+        capability_problem=capability_checker(settings, adapters),
     )
-    if isinstance(registry, AdapterRegistry):
-        # The adapters that check an operator's confirmed output: the ones given, as
-        # `dev` gives the worker's; otherwise loaded on the first confirm.
-        app.extensions[ADAPTERS_EXTENSION] = registry
+    if isinstance(adapters, AdapterRegistry):
+        # A stand-in that only answers `knows` (tests) has no contracts to list or check
+        # outputs with: those load the configured registry on first use instead.
+        app.extensions[ADAPTERS_EXTENSION] = adapters
     register_error_handlers(app)
     app.before_request(_refuse_oversized_head)
     app.after_request(_add_hygiene_headers)
@@ -65,6 +69,7 @@ def create_app(
     # unknown path.
     if settings.flow_admin_enabled:
         app.register_blueprint(flow_routes.blueprint)
+        app.register_blueprint(capability_routes.blueprint)
     if settings.request_api_enabled:
         app.register_blueprint(request_routes.blueprint)
         app.register_blueprint(execution_routes.blueprint)

@@ -12,10 +12,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, g, jsonify, request
 from jsonschema import Draft202012Validator
 
-from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api.access import ExecutionFilter, Reach, ResourceAccess
 from orquestador.api.auth import (
     SCOPE_EXECUTIONS_CANCEL,
@@ -28,6 +27,8 @@ from orquestador.api.auth import (
     requires_scope,
 )
 from orquestador.api.body import pointer, read_json_object
+from orquestador.api.capability_routes import ADAPTERS_EXTENSION as ADAPTERS_EXTENSION
+from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CANCEL_BODY, RECONCILIATION_BODY
@@ -50,11 +51,8 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_CURSOR_CHARACTERS = 200
 
-# Where the adapter registry that checks a confirmed output lives in app.extensions. An
-# app built around a registry of its own (tests, embedding) may put it here; otherwise
-# the configured one (built-ins and ADAPTER_MODULES, as the worker loads it) is loaded
-# on the first confirm.
-ADAPTERS_EXTENSION = "orquestador.adapters"
+# ADAPTERS_EXTENSION is imported above under its own name: tests and embedders have
+# named it through this module.
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -253,22 +251,13 @@ def _require_visible(
     raise not_found()
 
 
-def _adapters() -> AdapterRegistry:
-    found = current_app.extensions.get(ADAPTERS_EXTENSION)
-    if found is None:
-        found = current_app.extensions.setdefault(
-            ADAPTERS_EXTENSION, load_registry(api_context().settings)
-        )
-    return found
-
-
 def _output_problems(capability: str, version: int, output: Any) -> list[str]:
     """Where a confirmed output breaks the adapter's output schema, as JSON Pointers.
 
     The validator's words are kept for the answer (`g.output_messages`): the output is
     the operator's own, so they may see it quoted back.
     """
-    adapter = _adapters().get(capability, version)
+    adapter = app_adapters().get(capability, version)
     validator = Draft202012Validator(
         adapter.output_schema, format_checker=Draft202012Validator.FORMAT_CHECKER
     )

@@ -187,6 +187,19 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": _json(_ref("Flow"), "The flow."), **_problems(*_READ_ERRORS)},
             },
         },
+        "/capabilities": {
+            "get": {
+                "operationId": "listCapabilities",
+                "summary": "The capability catalogue flows may name",
+                "description": "Scope `flows:admin`. Each adapter's declared contract, by "
+                "capability, then version; never how it reaches its provider.",
+                "security": _SECURED,
+                "responses": {
+                    "200": _json(_ref("Capabilities"), "The catalogue."),
+                    **_problems("401", "403", "414", "431"),
+                },
+            },
+        },
         "/requests": {
             "post": {
                 "operationId": "createRequest",
@@ -384,6 +397,7 @@ def _document() -> dict[str, Any]:
                 "ExecutionView": schemas.EXECUTION,
                 "ExecutionPage": schemas.EXECUTION_PAGE,
                 "FlowVersions": schemas.FLOW_VERSIONS,
+                "Capabilities": schemas.CAPABILITIES,
                 "Evidence": schemas.EVIDENCE,
                 "ReconciliationRequest": schemas.RECONCILIATION_BODY,
                 "CancelRequest": schemas.CANCEL_BODY,

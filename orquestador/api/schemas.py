@@ -242,6 +242,58 @@ FLOW_VERSIONS: dict[str, Any] = {
     },
 }
 
+CAPABILITIES: dict[str, Any] = {
+    "type": "object",
+    "required": ["items"],
+    "additionalProperties": False,
+    "properties": {
+        "items": {
+            "type": "array",
+            "description": "Every adapter the registry holds, by capability, then version.",
+            "items": {
+                "type": "object",
+                "required": [
+                    "capability",
+                    "version",
+                    "effect",
+                    "inputSchema",
+                    "outputSchema",
+                    "canLookUp",
+                    "canSimulate",
+                    "timeoutSeconds",
+                    "maxAttempts",
+                ],
+                "additionalProperties": False,
+                "properties": {
+                    "capability": {"type": "string"},
+                    "version": {"type": "integer", "minimum": 1},
+                    "effect": {"enum": ["READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE"]},
+                    "inputSchema": {
+                        "type": ["object", "boolean"],
+                        "description": "The JSON Schema the resolved inputs must meet.",
+                    },
+                    "outputSchema": {
+                        "type": ["object", "boolean"],
+                        "description": "The JSON Schema the adapter's output meets.",
+                    },
+                    "canLookUp": {
+                        "type": "boolean",
+                        "description": "The adapter can ask the provider whether a write "
+                        "happened, before one is left to a person.",
+                    },
+                    "canSimulate": {
+                        "type": "boolean",
+                        "description": "A dry run can use it: it runs only in simulation, "
+                        "or declares an example output.",
+                    },
+                    "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0},
+                    "maxAttempts": {"type": "integer", "minimum": 1},
+                },
+            },
+        }
+    },
+}
+
 EVIDENCE: dict[str, Any] = {
     "type": "object",
     "required": ["execution", "reason", "inDoubt", "steps", "audit"],

@@ -11,7 +11,7 @@ from flask import Flask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import not_a_server_error, response_schema_conformance
 from sqlalchemy import Engine, text
 
 from orquestador.actions import Adapter, AdapterRegistry, Effect
@@ -249,3 +249,17 @@ def test_every_operation_is_fuzzed() -> None:
         for operation in operations.values()
     }
     assert fuzzed == documented
+
+
+def test_the_capability_catalogue_answers_as_documented(
+    fuzz_app: Flask, authorization: dict[str, str]
+) -> None:
+    schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", fuzz_app)
+    case = schema.find_operation_by_id("listCapabilities").Case()
+
+    response = case.call_and_validate(
+        headers=authorization, checks=[not_a_server_error, response_schema_conformance]
+    )
+
+    # The fixture's registry: the contract a confirmed output is checked against.
+    assert [item["capability"] for item in response.json()["items"]] == ["machine.command"]
