@@ -128,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
 
     check = command(
         "check",
-        "validate every setting, database reachability and the runtime role's privileges",
+        "validate every setting, the integrations file, database reachability and the runtime "
+        "role's privileges",
         ALL_SETTINGS,
     )
     check.set_defaults(handler=_check)
@@ -154,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 ALL_SETTINGS: tuple[str, ...] = tuple(
     name for names in environment_sections().values() for name in names
 )
-_ADAPTERS_AND_LOGS = ("ADAPTER_MODULES", "LOG_LEVEL")
+_ADAPTERS_AND_LOGS = ("ADAPTER_MODULES", "INTEGRATIONS_FILE", "LOG_LEVEL")
 MIGRATE_SETTINGS = (
     "MIGRATION_DATABASE_URL",
     "RUNTIME_DATABASE_ROLE",
@@ -351,9 +352,21 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    import os
+
     from orquestador.db.health import runtime_privilege_problems, unreachable_databases
 
     settings = Settings.from_env()
+    if settings.integrations_file:
+        from orquestador.integrations.routes import route_file_problems
+
+        _, route_problems = route_file_problems(
+            settings.integrations_file, os.environ, settings.worker_lease_seconds
+        )
+        for problem in route_problems:
+            print(f"orquestador: {problem}", file=sys.stderr)
+        if route_problems:
+            return 2
     problems = unreachable_databases(settings)
     if settings.database_url and not any(p.startswith("DATABASE_URL:") for p in problems):
         problems += runtime_privilege_problems(settings)

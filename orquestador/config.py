@@ -66,6 +66,7 @@ class Settings:
     api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
 
     adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
+    integrations_file: str = _env("INTEGRATIONS_FILE", "", "adapters")
     log_level: str = _env("LOG_LEVEL", "INFO", "logs")
 
     # What `orquestador executions` talks to, and as whom; never read by the server.

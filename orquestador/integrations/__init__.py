@@ -1,0 +1,1 @@
+"""Operator-configured integrations: HTTP routes read from INTEGRATIONS_FILE."""
