@@ -64,6 +64,8 @@ class RouteProvider:
         self.repeats: Counter[str] = Counter()
         self.received: list[Received] = []
         self.release = threading.Event()
+        # Writes performed whose answer the double is holding back (HANG), as received.
+        self.holding: list[Received] = []
         self.url = ""
         self.port = 0
 
@@ -72,6 +74,10 @@ class RouteProvider:
         with self._lock:
             self._script.extend(answers)
         return self
+
+    def held(self) -> list[Received]:
+        with self._lock:
+            return list(self.holding)
 
     def writes(self) -> list[Received]:
         with self._lock:
@@ -157,7 +163,11 @@ class RouteProvider:
             _reset(handler)
             return
         if scripted == HANG:
+            with self._lock:
+                self.holding.append(received)
             _wait_for_hang_up(handler.connection, self.release, self.hang_seconds)
+            with self._lock:
+                self.holding.remove(received)
             _reset(handler)
             return
         _answer(handler, 201, first)
