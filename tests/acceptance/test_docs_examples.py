@@ -148,6 +148,20 @@ def test_json_blocks_parse(block: Block) -> None:
     parse_json(block)
 
 
+@pytest.mark.parametrize(
+    "example", sorted((ROOT / "docs" / "examples").glob("*.toml")), ids=lambda p: p.name
+)
+def test_integration_files_load(example: Path) -> None:
+    """An example INTEGRATIONS_FILE passes the product's own check, its ${NAME}s set."""
+    from orquestador.integrations.routes import route_file_problems
+
+    names = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", example.read_text()))
+    environ = {n: "https://provider.example" if n.endswith("_URL") else "set" for n in names}
+    routes, problems = route_file_problems(example, environ, lease_seconds=60)
+    assert problems == []
+    assert routes
+
+
 @dataclass
 class DecisionExample:
     table: Block
