@@ -127,25 +127,21 @@ def test_toml_syntax_errors_name_their_line(tmp_path):
     assert problem.startswith(f"{path}: not valid TOML") and "line 22" in problem
 
 
-def test_the_registry_serves_configured_routes_and_refuses_timeouts_past_the_lease(tmp_path):
+def test_the_registry_serves_configured_routes_and_refuses_timeouts_past_the_lease(
+    tmp_path, monkeypatch
+):
     path = _file(tmp_path, GOOD)
-    os.environ.update(ENVIRON)
-    try:
-        registry = load_registry(settings(integrations_file=str(path)))
-        assert registry.knows("billing.invoice", 1) and registry.knows("document.verify", 1)
-        assert registry.get("billing.invoice", 1).lookup is not None
-        with pytest.raises(ConfigError) as refused:
-            load_registry(
-                settings(
-                    integrations_file=str(path), worker_lease_seconds=8, worker_renew_seconds=2
-                )
-            )
-        assert "timeout_seconds: 10 is not below WORKER_LEASE_SECONDS=8" in str(
-            refused.value.problems
-        )
-    finally:
-        for name in ENVIRON:
-            os.environ.pop(name, None)
+    for name, value in ENVIRON.items():
+        monkeypatch.setenv(name, value)
+    registry = load_registry(settings(integrations_file=str(path)))
+    assert registry.knows("billing.invoice", 1) and registry.knows("document.verify", 1)
+    assert registry.get("billing.invoice", 1).lookup is not None
+    short_lease = settings(
+        integrations_file=str(path), worker_lease_seconds=8, worker_renew_seconds=2
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_registry(short_lease)
+    assert "timeout_seconds: 10 is not below WORKER_LEASE_SECONDS=8" in str(refused.value.problems)
 
 
 def test_orquestador_check_prints_each_problem_and_exits_2(tmp_path):
