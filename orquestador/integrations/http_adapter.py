@@ -25,6 +25,8 @@ import urllib3.exceptions
 from orquestador.actions.contracts import ActionContext, Adapter
 from orquestador.actions.errors import PermanentError, TransientError, UncertainError
 from orquestador.actions.lookup import Found, LookupResult, NotFound, Unknown
+from orquestador.domain.errors import MappingError
+from orquestador.domain.mappings import resolve_inputs
 from orquestador.integrations.routes import EXTERNAL_KEY, Route
 
 log = logging.getLogger(__name__)
@@ -120,10 +122,23 @@ def fill_url(template: str, values: dict[str, Any], route: Route) -> str:
     return f"{url}?{query}" if query else url
 
 
+def request_body(route: Route, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs, or the route's body template filled from them (pointers into the inputs)."""
+    if route.body is None:
+        return inputs
+    try:
+        return resolve_inputs(route.body, inputs)
+    except MappingError as exc:
+        # Refused before anything is sent: nothing can have happened at the provider.
+        raise PermanentError(
+            "INPUT_INVALID", f"route {route.key}: the body template: {exc.message}"
+        ) from None
+
+
 def call(route: Route, ctx: ActionContext) -> dict[str, Any]:
     url = fill_url(route.url, ctx.inputs, route)
     headers = {**route.headers, route.idempotency_header: ctx.external_key}
-    body = None if route.method == "GET" else ctx.inputs
+    body = None if route.method == "GET" else request_body(route, ctx.inputs)
     status, payload = _send(route, ctx, route.method, url, headers, body, "call")
     if 200 <= status < 300:
         if payload is None:

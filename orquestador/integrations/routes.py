@@ -43,6 +43,7 @@ _ROUTE_KEYS = {
     "input_schema",
     "output_schema",
     "response",
+    "body",
     "lookup",
     "example",
     "use_environment_proxy",
@@ -83,6 +84,9 @@ class Route:
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     response: dict[str, str] | None
+    # The request body built from the inputs: body field -> {from = pointer} | {const = v};
+    # None sends the inputs as they are.
+    body: dict[str, dict[str, Any]] | None
     lookup: LookupRoute | None
     example: dict[str, Any] | None
     use_environment_proxy: bool
@@ -237,6 +241,7 @@ class _RouteChecker:
                 "output_schema", t.get("output_schema", {"type": "object"})
             )
         response = self._response(t.get("response"))
+        body = self._body(t.get("body"))
         lookup = self._lookup(t.get("lookup"), effect, names)
         example = t.get("example")
         if example is not None:
@@ -263,6 +268,7 @@ class _RouteChecker:
             input_schema=input_schema,
             output_schema=output_schema,
             response=response,
+            body=body,
             lookup=lookup,
             example=example,
             use_environment_proxy=proxy,
@@ -373,6 +379,25 @@ class _RouteChecker:
         for name, pointer in value.items():
             if not isinstance(pointer, str) or not _POINTER.match(pointer):
                 self.problem("response", f"{name}: {pointer!r} is not a JSON Pointer")
+        return value
+
+    def _body(self, value: Any) -> dict[str, dict[str, Any]] | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self.problem("body", "must be a table of body fields and their sources")
+            return None
+        for name, source in value.items():
+            if (
+                not isinstance(source, dict)
+                or len(source) != 1
+                or not (("from" in source and isinstance(source["from"], str)) or "const" in source)
+            ):
+                self.problem(
+                    "body", f'{name}: a source is {{ from = "/pointer" }} or {{ const = value }}'
+                )
+            elif "from" in source and not _POINTER.match(source["from"]):
+                self.problem("body", f"{name}: {source['from']!r} is not a JSON Pointer")
         return value
 
     def _lookup(self, value: Any, effect: Effect, names: list[str]) -> LookupRoute | None:

@@ -112,6 +112,25 @@ def _flow(path_input: dict[str, Any] | None = None) -> dict[str, Any]:
 # --- outcome classes, one call each --------------------------------------------------
 
 
+def test_a_body_template_builds_the_body_from_the_inputs(tmp_path):
+    template = 'body = { total = { from = "/amount" }, currency = { const = "EUR" } }'
+    with RouteProvider().serve() as provider:
+        adapter = _adapter(tmp_path, provider.url, _route(extra=template))
+        adapter.invoke(_ctx({"amount": 42, "note": "kept out of the body"}))
+        (sent,) = provider.received
+    assert json.loads(sent.body) == {"total": 42, "currency": "EUR"}
+
+
+def test_a_body_template_whose_pointer_misses_refuses_before_sending(tmp_path):
+    template = 'body = { total = { from = "/missing" } }'
+    with RouteProvider().serve() as provider:
+        adapter = _adapter(tmp_path, provider.url, _route(extra=template))
+        with pytest.raises(PermanentError) as refused:
+            adapter.invoke(_ctx({"amount": 42}))
+        assert provider.received == []
+    assert refused.value.code == "INPUT_INVALID"
+
+
 def test_2xx_maps_the_answer_and_sends_key_body_and_headers(tmp_path):
     with RouteProvider().serve() as provider:
         adapter = _adapter(tmp_path, provider.url, _route())

@@ -59,6 +59,7 @@ colour = "blue"
 input_schema = { type = "objekt" }
 output_schema = { type = "object", properties = { id = { pattern = "(?<=x)" } } }
 response = { id = "id" }
+body = { total = "/amount" }
 
 [[route]]
 capability = "document.verify"
@@ -87,10 +88,11 @@ EXPECTED = [
     (11, "route billing.invoice@1: input_schema: /type: invalid JSON Schema"),
     (12, "route billing.invoice@1: output_schema: /properties/id/pattern"),
     (13, "route billing.invoice@1: response: id: 'id' is not a JSON Pointer"),
-    (20, "route document.verify@1: output_schema: document.verify@1 has a fixed contract"),
-    (27, "route reports.read@1: url: the scheme, host and port are fixed"),
-    (30, "route reports.read@1: lookup: a READ_ONLY route has no write to look up"),
-    (30, "route reports.read@1: lookup.found: 'data' is not a JSON Pointer"),
+    (14, "route billing.invoice@1: body: total: a source is"),
+    (21, "route document.verify@1: output_schema: document.verify@1 has a fixed contract"),
+    (28, "route reports.read@1: url: the scheme, host and port are fixed"),
+    (31, "route reports.read@1: lookup: a READ_ONLY route has no write to look up"),
+    (31, "route reports.read@1: lookup.found: 'data' is not a JSON Pointer"),
 ]
 
 
