@@ -31,6 +31,15 @@ blocks: their names joined with commas), so its flows may name the module's
 capabilities. The document shows that command in a block marked not run, since the
 test starts the server itself.
 
+A document declares HTTP routes with a line `<!-- integrations file: docs/examples/NAME.toml -->`
+(the file's path from the repository's root). Its server then starts with that file,
+copied into the folder as NAME.toml, as `INTEGRATIONS_FILE=NAME.toml orquestador dev`,
+against the provider double of tests/integration/route_provider.py started on
+127.0.0.1 first: every `${NAME}` the file reads is set, for the server and for the
+shell blocks alike, a NAME ending in `_URL` to the double's address
+(`http://127.0.0.1:PORT`), any other to `docs-secret`. The double's own record of what
+it performed is `GET $BILLING_URL/_double/writes` (any `_URL` of the file).
+
 Any other block needs `<!-- not run: why -->` on the line above it (blank lines
 between are allowed), so nothing is skipped without a reason in the document itself.
 A shell block runs only when it says `run`: a plain `sh` block (an install, a
@@ -158,6 +167,30 @@ def unaccounted(block: Block) -> str | None:
         "tests/acceptance/docs_examples.py (a shell block runs as `sh run`); give it one, "
         "or write <!-- not run: why --> on the line above it"
     )
+
+
+_INTEGRATIONS_FILE = re.compile(
+    r"^\s*<!--\s*integrations file:\s*(?P<path>docs/examples/[A-Za-z0-9_.-]+\.toml)\s*-->\s*$"
+)
+_FILE_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def integrations_file(document: Path, text: str | None = None) -> Path | None:
+    """The INTEGRATIONS_FILE a document's dev server runs with, if it declares one."""
+    lines = (document.read_text("utf-8") if text is None else text).splitlines()
+    for line in lines:
+        found = _INTEGRATIONS_FILE.match(line)
+        if found:
+            return ROOT / found["path"]
+    return None
+
+
+def integrations_environment(file_text: str, provider_url: str) -> dict[str, str]:
+    """Every `${NAME}` of an integrations file: its `_URL`s at the double, the rest a secret."""
+    return {
+        name: provider_url if name.endswith("_URL") else "docs-secret"
+        for name in sorted(set(_FILE_VARIABLE.findall(file_text)))
+    }
 
 
 _MODULE_FILE = re.compile(r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*)\.py$")

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,11 +41,14 @@ from tests.acceptance.docs_examples import (
     adapter_file_problem,
     adapter_modules,
     documents,
+    integrations_environment,
+    integrations_file,
     parse_json,
     read_blocks,
     unaccounted,
 )
 from tests.db_support import TestDatabase
+from tests.integration.route_provider import RouteProvider
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
 BLOCKS = {document: read_blocks(document) for document in documents()}
@@ -122,6 +125,27 @@ def test_a_document_declares_its_adapter_modules_by_file_name() -> None:
 )
 def test_adapter_files_are_modules_a_server_can_import(block: Block) -> None:
     assert adapter_file_problem(block) is None, adapter_file_problem(block)
+
+
+def test_a_document_declares_its_integrations_file_by_a_comment() -> None:
+    document = ROOT / "docs" / "EXAMPLE.md"
+    marked = "text\n<!-- integrations file: docs/examples/integrations.toml -->\n"
+
+    assert integrations_file(document, marked) == ROOT / "docs/examples/integrations.toml"
+    assert integrations_file(document, "<!-- integrations file: /etc/x.toml -->\n") is None
+    assert integrations_environment(
+        'url = "${BILLING_URL}/v1"\nheaders = { A = "${BILLING_TOKEN}", B = "${BILLING_URL}" }',
+        "http://127.0.0.1:9",
+    ) == {"BILLING_TOKEN": "docs-secret", "BILLING_URL": "http://127.0.0.1:9"}
+
+
+@pytest.mark.parametrize(
+    "document",
+    [d for d in BLOCKS if integrations_file(d)],
+    ids=[str(d.relative_to(ROOT)) for d in BLOCKS if integrations_file(d)],
+)
+def test_a_declared_integrations_file_exists(document: Path) -> None:
+    assert integrations_file(document).is_file(), integrations_file(document)
 
 
 def test_the_matcher_binds_elided_ids_and_accepts_any_timestamp() -> None:
@@ -350,13 +374,23 @@ def test_examples_run_against_a_dev_server(
     folder.mkdir()
     _write_files(folder)
     blocks = [block for block in BLOCKS[document] if block.runs]
-    with _running_dev(database, folder, _dev_settings(document)) as server:
+    settings = _dev_settings(document)
+    with ExitStack() as stack:
+        routes = integrations_file(document)
+        shared: dict[str, str] = {}
+        if routes is not None:
+            # The provider double first, so the routes' ${NAME}_URLs point at it.
+            provider = stack.enter_context(RouteProvider().serve())
+            shutil.copyfile(routes, folder / routes.name)
+            shared = integrations_environment(routes.read_text("utf-8"), provider.url)
+            settings = {**settings, "INTEGRATIONS_FILE": routes.name, **shared}
+        server = stack.enter_context(_running_dev(database, folder, settings))
         _publish_flows(blocks, server)
         shell = [block for block in blocks if block.kind == ("sh", "run")]
         if not shell:
             return
         record = tmp_path / f"record-{document.stem}"
-        _run_shell(shell, server, record)
+        _run_shell(shell, server, record, shared)
     problems = _compare_answers(blocks, shell, record)
     assert not problems, "\n".join(problems)
 
@@ -381,7 +415,9 @@ def _publish_flows(blocks: list[Block], server: DevServer) -> None:
         assert isinstance(body, dict) and "warnings" not in body, f"{block.where}: {body}"
 
 
-def _run_shell(shell: list[Block], server: DevServer, record: Path) -> None:
+def _run_shell(
+    shell: list[Block], server: DevServer, record: Path, shared: dict[str, str] | None = None
+) -> None:
     real_curl, jq = shutil.which("curl"), shutil.which("jq")
     assert real_curl and jq, "the shell examples use curl and jq; install both"
     (record / "bin").mkdir(parents=True)
@@ -408,6 +444,7 @@ def _run_shell(shell: list[Block], server: DevServer, record: Path) -> None:
         TOKEN=server.token,
         DOCS_TEST_RECORD=str(record),
         DOCS_TEST_CURL=real_curl,
+        **(shared or {}),
     )
     try:
         ran = subprocess.run(

@@ -4,9 +4,14 @@
 and answers `201 {"id", "status", "path"}`; a key it already performed gets the
 first answer again and creates nothing (counted as a repeat). `GET
 /v1/invoices?idempotency_key=K` answers `{"data": [record]}` or `{"data": []}`.
-`POST /v1/verify` answers a document verification. Every request is recorded as
-received (method, raw path, Host, headers, body) so tests can assert where a call
-went and what it carried.
+`POST /v1/verify` (or `/v2/verifications`) answers a document verification. Every
+request is recorded as received (method, raw path, Host, headers, body) so tests can
+assert where a call went and what it carried. `GET /_double/writes` shows what the
+double performed: `{"writes": [{"path", "key", "effects", "repeats"}]}`, one item per
+key in the order first received.
+
+Run on its own (`python -m tests.integration.route_provider --port 8081`) it serves
+until interrupted, so a reader can follow docs/INTEGRATIONS.md by hand.
 
 Tests script the next answers with `then(...)`: a status with headers and body,
 `HANG` (perform, then hold the answer until the caller gives up or the test
@@ -34,6 +39,7 @@ HANG = "hang"
 RESET_AFTER_COMMIT = "reset after commit"
 BIG = "big"
 REDIRECT = "redirect"
+VERIFICATION_PATHS = ("/v1/verify", "/v2/verifications")
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,23 @@ class RouteProvider:
         with self._lock:
             return [r for r in self.received if r.method == "POST"]
 
+    def writes_performed(self) -> list[dict[str, Any]]:
+        """One item per key written to, in the order first received: what it did with it."""
+        with self._lock:
+            seen: dict[str, dict[str, Any]] = {}
+            for received in self.received:
+                if received.method not in ("POST", "PUT"):
+                    continue
+                key = received.headers.get("Idempotency-Key", "")
+                if key not in seen:
+                    seen[key] = {"path": urlsplit(received.path).path, "key": key}
+            return [
+                {**item, "effects": self.effects[key], "repeats": self.repeats[key]}
+                for key, item in seen.items()
+            ]
+
     @contextmanager
-    def serve(self) -> Iterator[RouteProvider]:
+    def serve(self, port: int = 0) -> Iterator[RouteProvider]:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -107,7 +128,7 @@ class RouteProvider:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         server.daemon_threads = True
         self.port = server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -174,7 +195,7 @@ class RouteProvider:
 
     def _record(self, received: Received, key: str) -> dict[str, Any]:
         path = urlsplit(received.path).path
-        if path == "/v1/verify":
+        if path in VERIFICATION_PATHS:
             number = json.loads(received.body or b"{}").get("documentNumber", "")
             if number.startswith("X"):
                 return {"status": "REJECTED", "reasons": ["expired"], "reference": f"ver-{key}"}
@@ -184,6 +205,9 @@ class RouteProvider:
     def _read(self, handler: BaseHTTPRequestHandler) -> None:
         received = self._receive(handler)
         parts = urlsplit(received.path)
+        if parts.path == "/_double/writes":
+            _answer(handler, 200, {"writes": self.writes_performed()})
+            return
         if parts.path != "/v1/invoices":
             _answer(handler, 404, {"code": "NOT_FOUND"})
             return
@@ -229,3 +253,21 @@ def _wait_for_hang_up(connection: socket.socket, release: threading.Event, secon
                     return
             except OSError:
                 return
+
+
+def main() -> None:
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description="the provider double, on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    port = parser.parse_args().port
+    with RouteProvider().serve(port) as provider:
+        print(f"provider double on {provider.url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
