@@ -17,6 +17,7 @@ from tests.integration.worker_support import (
     execution,
     flow_definition,
     registry_of,
+    request_row,
     run_once,
     settings,
     start_execution,
@@ -54,6 +55,9 @@ def test_an_overrunning_adapter_is_abandoned_at_its_deadline(runtime_engine, eff
     expected_status, checkpoint_status = OVERRUN[effect]
     assert status == expected_status
     assert execution(runtime_engine, eid).status == expected_status
+    # Retried or parked, the request stays held, in its accepted state, data untouched.
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id, request.data) == ("new", eid, {})
 
     release.set()
     assert returned.wait(10)
@@ -86,3 +90,5 @@ def test_a_cooperative_adapter_sees_its_deadline_through_should_stop(runtime_eng
     assert run_once(runtime_engine, Executor(registry_of(slow), settings())) == "FAILED"
     assert stopped.wait(10)
     assert execution(runtime_engine, eid).error_code == "RETRIES_EXHAUSTED"
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id) == ("new", None)  # a read: released
