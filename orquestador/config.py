@@ -68,6 +68,24 @@ class Settings:
     adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
     integrations_file: str = _env("INTEGRATIONS_FILE", "", "adapters")
     log_level: str = _env("LOG_LEVEL", "INFO", "logs")
+    log_format: str = _env("LOG_FORMAT", "text", "logs")
+
+    machine_commands: str = _env("MACHINE_COMMANDS", "poweroff,reboot,reinstall", "machines")
+    machine_command_retention_days: int = _env("MACHINE_COMMAND_RETENTION_DAYS", "30", "machines")
+    agent_commands_file: str = _env("AGENT_COMMANDS_FILE", "", "machines")
+
+    smtp_url: str = field(
+        default="",
+        repr=False,  # may carry the SMTP password
+        metadata={"env": "SMTP_URL", "section": "e-mail"},
+    )
+    smtp_from: str = _env("SMTP_FROM", "orquestador@localhost", "e-mail")
+    simulation_retention_days: int = _env("SIMULATION_RETENTION_DAYS", "7", "retention")
+    email_retention_days: int = _env("EMAIL_RETENTION_DAYS", "30", "retention")
+    notice_retention_days: int = _env("NOTICE_RETENTION_DAYS", "90", "retention")
+
+    maintenance_interval_seconds: int = _env("MAINTENANCE_INTERVAL_SECONDS", "60", "operations")
+    worker_metrics_port: str = _env("WORKER_METRICS_PORT", "", "operations")
 
     # What `orquestador executions` talks to, and as whom; never read by the server.
     api_url: str = _env("ORQUESTADOR_API_URL", "", "command line client")
@@ -98,6 +116,10 @@ class Settings:
     @property
     def adapter_module_names(self) -> list[str]:
         return [name.strip() for name in self.adapter_modules.split(",") if name.strip()]
+
+    @property
+    def machine_command_list(self) -> list[str]:
+        return [name.strip() for name in self.machine_commands.split(",") if name.strip()]
 
     @property
     def jwt_algorithm_list(self) -> list[str]:
@@ -155,11 +177,20 @@ class Settings:
             "retry_base_seconds",
             "retry_cap_seconds",
             "retry_after_max_seconds",
+            "maintenance_interval_seconds",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 problems.append(f"{_env_name(name)} must be greater than zero")
-        for name in ("worker_drain_seconds", "jwt_leeway_seconds", "retry_after_min_seconds"):
+        for name in (
+            "worker_drain_seconds",
+            "jwt_leeway_seconds",
+            "retry_after_min_seconds",
+            "machine_command_retention_days",
+            "simulation_retention_days",
+            "email_retention_days",
+            "notice_retention_days",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"{_env_name(name)} must not be negative")
         if self.worker_renew_seconds * 2 >= self.worker_lease_seconds > 0:
@@ -186,6 +217,12 @@ class Settings:
             problems.append(f"JWT_PUBLIC_KEY_FILE: no such file {self.jwt_public_key_file!r}")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             problems.append("LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if self.log_format not in {"text", "json"}:
+            problems.append(f"LOG_FORMAT must be text or json (got {self.log_format!r})")
+        if self.worker_metrics_port and not (
+            self.worker_metrics_port.isdigit() and 0 < int(self.worker_metrics_port) < 65536
+        ):
+            problems.append("WORKER_METRICS_PORT must be a TCP port (1-65535) or empty (off)")
         if self.api_url and not _HTTP_URL.match(self.api_url):
             problems.append(
                 "ORQUESTADOR_API_URL must be an http:// or https:// URL, e.g. "

@@ -1,7 +1,12 @@
 """Trusted adapters: contracts, outcome errors and the versioned registry."""
 
 from orquestador.actions.contracts import ActionContext, Adapter, Effect, Identity
-from orquestador.actions.errors import PermanentError, TransientError, UncertainError
+from orquestador.actions.errors import (
+    NotReady,
+    PermanentError,
+    TransientError,
+    UncertainError,
+)
 from orquestador.actions.loading import load_registry
 from orquestador.actions.lookup import Found, LookupResult, NotFound, Unknown
 from orquestador.actions.registry import AdapterRegistry
@@ -15,6 +20,7 @@ __all__ = [
     "Identity",
     "LookupResult",
     "NotFound",
+    "NotReady",
     "PermanentError",
     "TransientError",
     "UncertainError",

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from orquestador.actions.lookup import LookupResult
@@ -45,6 +46,13 @@ class ActionContext:
     identity: Identity
     simulation: bool = False
     stop_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    # When this step first started (database time), kept across retries, waits, crashes
+    # and reclaims: a step with its own deadline (machine.wait) measures it from here.
+    first_started_at: datetime | None = None
+    # What the step saw of the world (e.g. {"commandId", "status", "seenAt"}); the engine
+    # keeps it with the checkpoint and freezes it in the audit row that explains the
+    # decision. Filled through observe().
+    observed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def should_stop(self) -> bool:
         """True once the deadline passed, the lease was lost or the worker is stopping.
@@ -56,6 +64,11 @@ class ActionContext:
 
     def seconds_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def observe(self, facts: dict[str, Any]) -> None:
+        """Record what this step saw (no inputs, no secrets): shown as "then" on the page."""
+        self.observed.clear()
+        self.observed.update(facts)
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,10 @@ class Adapter:
     simulation_only: bool = False
     lookup: Callable[[ActionContext], LookupResult] | None = field(default=None, repr=False)
     lookup_timeout_seconds: float | None = None
+    # What a dry run calls instead of `invoke` for a writing adapter: no side effect,
+    # returns the output the step would have had. A writer without it fails a dry run's
+    # step SIMULATION_UNSUPPORTED; the engine never calls a writer's `invoke` in one.
+    simulate: Callable[[ActionContext], dict[str, Any]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # A frozen dataclass still accepts a plain string; keep the enum everywhere.

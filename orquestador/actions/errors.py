@@ -34,3 +34,27 @@ class PermanentError(ActionError):
 
 class UncertainError(ActionError):
     """The action may or may not have taken effect."""
+
+
+class NotReady(ActionError):
+    """A READ_ONLY action's answer is not there yet: ask again later, spending no attempt.
+
+    The engine parks the execution WAITING until `check_again_in` seconds have passed or
+    what it waits for (`wait_key`, e.g. "machine_command:<id>") changes, whichever is
+    first, and frees the thread. Only READ_ONLY adapters may raise it; the adapter measures
+    its own deadline from `ctx.first_started_at`.
+    """
+
+    def __init__(
+        self,
+        check_again_in: float,
+        *,
+        wait_key: str | None = None,
+        observed: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if check_again_in <= 0:
+            raise ValueError("check_again_in must be positive")
+        self.check_again_in = check_again_in
+        self.wait_key = wait_key
+        self.observed = dict(observed or {})

@@ -9,12 +9,18 @@ from sqlalchemy import Engine
 
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api import (
+    agent_routes,
     capability_routes,
+    dry_run_routes,
+    event_routes,
     execution_routes,
     flow_routes,
     health_routes,
+    notice_routes,
     openapi,
+    plan_routes,
     request_routes,
+    ui_routes,
 )
 from orquestador.api.auth import TokenVerifier
 from orquestador.api.capabilities import KnowsCapabilities, capability_checker
@@ -70,9 +76,15 @@ def create_app(
     if settings.flow_admin_enabled:
         app.register_blueprint(flow_routes.blueprint)
         app.register_blueprint(capability_routes.blueprint)
+        app.register_blueprint(plan_routes.blueprint)
+        app.register_blueprint(dry_run_routes.blueprint)
     if settings.request_api_enabled:
         app.register_blueprint(request_routes.blueprint)
         app.register_blueprint(execution_routes.blueprint)
+        app.register_blueprint(event_routes.blueprint)
+        app.register_blueprint(notice_routes.blueprint)
+        app.register_blueprint(agent_routes.blueprint)
+        app.register_blueprint(ui_routes.blueprint)
     log.info(
         "API created",
         extra={

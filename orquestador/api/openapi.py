@@ -8,7 +8,19 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api import schemas
+from orquestador.api import openapi_agent, openapi_automation, openapi_notices, schemas
+from orquestador.api.openapi_parts import (
+    QUERY_INVALID,
+    READ_ERRORS,
+    SECURED,
+    WRITE_ERRORS,
+    body,
+    id_parameter,
+    json_response,
+    problems,
+    query_parameter,
+    ref,
+)
 from orquestador.api.views import API_PREFIX
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.flow_definition import definition_schema
@@ -44,84 +56,9 @@ def _flow_definition_components() -> dict[str, Any]:
     return components
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str, **headers: str) -> dict[str, Any]:
-    response: dict[str, Any] = {
-        "description": description,
-        "content": {"application/json": {"schema": schema}},
-    }
-    if headers:
-        response["headers"] = {
-            name: {"description": text, "schema": {"type": "string"}}
-            for name, text in headers.items()
-        }
-    return response
-
-
-_PROBLEM_TEXT = {
-    "400": "The body is not valid JSON.",
-    "401": "The bearer token is missing or invalid.",
-    "403": "The token lacks the operation's scope.",
-    "404": "No such resource, or not visible to the caller (the same answer either way).",
-    "409": "The request is busy with an unfinished execution, or its revision differs.",
-    "413": "The body is larger than API_MAX_BODY_BYTES.",
-    "414": "The request line is longer than 4094 bytes.",
-    "415": "The body is not application/json.",
-    "422": "The body, definition or data is invalid; `problems` lists every problem.",
-    "431": "More than 100 header fields, or one longer than 8190 bytes.",
-    "503": "The database is unavailable.",
-}
-
-
-def _problems(*statuses: str, **texts: str) -> dict[str, Any]:
-    """Problem answers; `texts` replaces the usual description, keyed `s409=...`."""
-    return {
-        status: {
-            "description": texts.get(f"s{status}", _PROBLEM_TEXT[status]),
-            "content": {"application/problem+json": {"schema": _ref("Problem")}},
-        }
-        for status in statuses
-    }
-
-
-def _query_parameter(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "schema": schema,
-        "description": description,
-    }
-
-
-_QUERY_INVALID = "A query parameter is invalid (`QUERY_INVALID`); `problems` names it."
-
-
-def _id_parameter(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "format": "uuid"},
-    }
-
-
-def _body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-_SECURED = [{"bearerAuth": []}]
-# Every operation can meet the request-head limits (docs/API.md, "Limits").
-_READ_ERRORS = ("401", "403", "404", "414", "431")
-_WRITE_ERRORS = ("400", "401", "403", "413", "414", "415", "422", "431")
-
-
-def _paths() -> dict[str, Any]:
-    health = {"200": _json(schemas.HEALTH, "The process is alive.")}
-    ready = {"200": _json(schemas.HEALTH, "The database answers."), **_problems("503")}
+def _core_paths() -> dict[str, Any]:
+    health = {"200": json_response(schemas.HEALTH, "The process is alive.")}
+    ready = {"200": json_response(schemas.HEALTH, "The database answers."), **problems("503")}
     return {
         "/healthz": {
             "get": {
@@ -144,7 +81,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "openapi",
                 "summary": "This document",
                 "security": [],
-                "responses": {"200": _json({"type": "object"}, "The OpenAPI document.")},
+                "responses": {"200": json_response({"type": "object"}, "The OpenAPI document.")},
             },
         },
         "/flows": {
@@ -152,28 +89,30 @@ def _paths() -> dict[str, Any]:
                 "operationId": "listFlows",
                 "summary": "Every version of the organization's flows",
                 "description": "Scope `flows:admin`. By key, newest version first.",
-                "security": _SECURED,
+                "security": SECURED,
                 "parameters": [
-                    _query_parameter(
+                    query_parameter(
                         "key",
                         {"type": "string", "minLength": 1, "maxLength": 100},
                         "Only this flow key.",
                     )
                 ],
                 "responses": {
-                    "200": _json(_ref("FlowVersions"), "The versions."),
-                    **_problems("400", "401", "403", s400=_QUERY_INVALID),
+                    "200": json_response(ref("FlowVersions"), "The versions."),
+                    **problems("400", "401", "403", s400=QUERY_INVALID),
                 },
             },
             "post": {
                 "operationId": "publishFlow",
                 "summary": "Publish a flow definition as the next version of its key",
                 "description": "Scope `flows:admin`.",
-                "security": _SECURED,
-                "requestBody": _body(_ref("FlowDefinition")),
+                "security": SECURED,
+                "requestBody": body(ref("FlowDefinition")),
                 "responses": {
-                    "201": _json(_ref("FlowCreated"), "Published.", Location="The new flow."),
-                    **_problems(*_WRITE_ERRORS),
+                    "201": json_response(
+                        ref("FlowCreated"), "Published.", Location="The new flow."
+                    ),
+                    **problems(*WRITE_ERRORS),
                 },
             },
         },
@@ -182,9 +121,12 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getFlow",
                 "summary": "A published flow of the caller's organization",
                 "description": "Scope `flows:admin`.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("flowId")],
-                "responses": {"200": _json(_ref("Flow"), "The flow."), **_problems(*_READ_ERRORS)},
+                "security": SECURED,
+                "parameters": [id_parameter("flowId")],
+                "responses": {
+                    "200": json_response(ref("Flow"), "The flow."),
+                    **problems(*READ_ERRORS),
+                },
             },
         },
         "/capabilities": {
@@ -193,10 +135,10 @@ def _paths() -> dict[str, Any]:
                 "summary": "The capability catalogue flows may name",
                 "description": "Scope `flows:admin`. Each adapter's declared contract, by "
                 "capability, then version; never how it reaches its provider.",
-                "security": _SECURED,
+                "security": SECURED,
                 "responses": {
-                    "200": _json(_ref("Capabilities"), "The catalogue."),
-                    **_problems("401", "403", "414", "431"),
+                    "200": json_response(ref("Capabilities"), "The catalogue."),
+                    **problems("401", "403", "414", "431"),
                 },
             },
         },
@@ -205,11 +147,11 @@ def _paths() -> dict[str, Any]:
                 "operationId": "createRequest",
                 "summary": "Start a request on a flow, in the flow's initial state",
                 "description": "Scope `requests:write`.",
-                "security": _SECURED,
-                "requestBody": _body(_ref("CreateRequest")),
+                "security": SECURED,
+                "requestBody": body(ref("CreateRequest")),
                 "responses": {
-                    "201": _json(_ref("Request"), "Created.", Location="The new request."),
-                    **_problems(*_WRITE_ERRORS),
+                    "201": json_response(ref("Request"), "Created.", Location="The new request."),
+                    **problems(*WRITE_ERRORS),
                 },
             },
         },
@@ -219,11 +161,11 @@ def _paths() -> dict[str, Any]:
                 "summary": "A request the caller may see",
                 "description": "Scope `requests:read`; `requests:read-all` sees every "
                 "request of the organization.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("requestId")],
+                "security": SECURED,
+                "parameters": [id_parameter("requestId")],
                 "responses": {
-                    "200": _json(_ref("Request"), "The request."),
-                    **_problems(*_READ_ERRORS),
+                    "200": json_response(ref("Request"), "The request."),
+                    **problems(*READ_ERRORS),
                 },
             },
         },
@@ -232,14 +174,14 @@ def _paths() -> dict[str, Any]:
                 "operationId": "requestTransition",
                 "summary": "Accept a transition; an execution runs it asynchronously",
                 "description": "Scope `requests:write`.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("requestId")],
-                "requestBody": _body(_ref("TransitionRequest")),
+                "security": SECURED,
+                "parameters": [id_parameter("requestId")],
+                "requestBody": body(ref("TransitionRequest")),
                 "responses": {
-                    "202": _json(
-                        _ref("TransitionAccepted"), "Accepted.", Location="The execution."
+                    "202": json_response(
+                        ref("TransitionAccepted"), "Accepted.", Location="The execution."
                     ),
-                    **_problems(*_WRITE_ERRORS, "404", "409"),
+                    **problems(*WRITE_ERRORS, "404", "409"),
                 },
             },
         },
@@ -249,35 +191,35 @@ def _paths() -> dict[str, Any]:
                 "summary": "Executions the caller may see, newest first, one page at a time",
                 "description": "Scope `requests:read` (executions of the caller's own "
                 "requests); `requests:read-all` lists every execution of the organization.",
-                "security": _SECURED,
+                "security": SECURED,
                 "parameters": [
-                    _query_parameter(
+                    query_parameter(
                         "status", {"enum": list(EXECUTION_STATUSES)}, "Only this status."
                     ),
-                    _query_parameter(
+                    query_parameter(
                         "flowId",
                         {"type": "string", "format": "uuid"},
                         "Only executions of this flow version.",
                     ),
-                    _query_parameter(
+                    query_parameter(
                         "requestId",
                         {"type": "string", "format": "uuid"},
                         "Only executions of this request.",
                     ),
-                    _query_parameter(
+                    query_parameter(
                         "limit",
                         {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
                         "Page size.",
                     ),
-                    _query_parameter(
+                    query_parameter(
                         "after",
                         {"type": "string", "maxLength": 200},
                         "The `next` of the previous page (opaque).",
                     ),
                 ],
                 "responses": {
-                    "200": _json(_ref("ExecutionPage"), "One page."),
-                    **_problems("400", "401", "403", s400=_QUERY_INVALID),
+                    "200": json_response(ref("ExecutionPage"), "One page."),
+                    **problems("400", "401", "403", s400=QUERY_INVALID),
                 },
             },
         },
@@ -286,11 +228,11 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getExecution",
                 "summary": "The ExecutionView of an accepted transition",
                 "description": "Scope `requests:read`.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("executionId")],
+                "security": SECURED,
+                "parameters": [id_parameter("executionId")],
                 "responses": {
-                    "200": _json(_ref("ExecutionView"), "The execution."),
-                    **_problems(*_READ_ERRORS),
+                    "200": json_response(ref("ExecutionView"), "The execution."),
+                    **problems(*READ_ERRORS),
                 },
             },
         },
@@ -303,11 +245,11 @@ def _paths() -> dict[str, Any]:
                 "external key, input hash, effect, capability and version, the outputs of "
                 "succeeded steps, and the audit trail. Never inputs, the actor snapshot, the "
                 "lease owner or tokens.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("executionId")],
+                "security": SECURED,
+                "parameters": [id_parameter("executionId")],
                 "responses": {
-                    "200": _json(_ref("Evidence"), "The evidence."),
-                    **_problems(*_READ_ERRORS),
+                    "200": json_response(ref("Evidence"), "The evidence."),
+                    **problems(*READ_ERRORS),
                 },
             },
         },
@@ -321,13 +263,15 @@ def _paths() -> dict[str, Any]:
                 "retry: the step runs again with the same external key and a fresh attempt "
                 "budget (PENDING); fail: FAILED, the request moves to `toState` (default the "
                 "step's onError state, else stays) and is released.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("executionId")],
-                "requestBody": _body(_ref("ReconciliationRequest")),
+                "security": SECURED,
+                "parameters": [id_parameter("executionId")],
+                "requestBody": body(ref("ReconciliationRequest")),
                 "responses": {
-                    "200": _json(_ref("ExecutionView"), "Decided; the execution as it is now."),
-                    **_problems(
-                        *_WRITE_ERRORS,
+                    "200": json_response(
+                        ref("ExecutionView"), "Decided; the execution as it is now."
+                    ),
+                    **problems(
+                        *WRITE_ERRORS,
                         "404",
                         "409",
                         s409="`NOT_RECONCILABLE`: the execution is not parked, `actionId` is "
@@ -350,13 +294,13 @@ def _paths() -> dict[str, Any]:
                 "or `requests:write` for executions of the caller's own requests. PENDING, "
                 "RETRY_WAIT and WAITING executions end CANCELLED and the request is released "
                 "in its accepted state, audited `EXECUTION_CANCELLED`.",
-                "security": _SECURED,
-                "parameters": [_id_parameter("executionId")],
-                "requestBody": _body(_ref("CancelRequest")),
+                "security": SECURED,
+                "parameters": [id_parameter("executionId")],
+                "requestBody": body(ref("CancelRequest")),
                 "responses": {
-                    "200": _json(_ref("ExecutionView"), "Cancelled."),
-                    **_problems(
-                        *_WRITE_ERRORS,
+                    "200": json_response(ref("ExecutionView"), "Cancelled."),
+                    **problems(
+                        *WRITE_ERRORS,
                         "404",
                         "409",
                         s403="The token has neither scope, or only `requests:write` and the "
@@ -370,6 +314,24 @@ def _paths() -> dict[str, Any]:
     }
 
 
+# Each area of the API keeps its own paths and schemas beside its routes' concerns.
+_AREAS = (openapi_agent, openapi_automation, openapi_notices)
+
+
+def _paths() -> dict[str, Any]:
+    paths = _core_paths()
+    for area in _AREAS:
+        paths.update(area.paths())
+    return paths
+
+
+def _area_schemas() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for area in _AREAS:
+        found.update(area.SCHEMAS)
+    return found
+
+
 @functools.cache
 def _document() -> dict[str, Any]:
     return {
@@ -381,7 +343,7 @@ def _document() -> dict[str, Any]:
             "and executions. Errors are application/problem+json.",
         },
         "servers": [{"url": API_PREFIX}],
-        "security": _SECURED,
+        "security": SECURED,
         "paths": _paths(),
         "components": {
             "securitySchemes": {
@@ -403,6 +365,7 @@ def _document() -> dict[str, Any]:
                 "CancelRequest": schemas.CANCEL_BODY,
                 "Problem": schemas.PROBLEM,
                 "Health": schemas.HEALTH,
+                **_area_schemas(),
                 **_flow_definition_components(),
             },
         },

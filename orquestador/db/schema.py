@@ -46,6 +46,7 @@ EXECUTION_STATUSES = (
     "PENDING",
     "RUNNING",
     "RETRY_WAIT",
+    "WAITING",
     "SUCCEEDED",
     "FAILED",
     "RECONCILIATION_REQUIRED",
@@ -59,6 +60,10 @@ ATTEMPT_STATUSES = ("SUCCEEDED", "FAILED", "UNKNOWN")
 ATTEMPT_MESSAGE_MAX = 1024
 EFFECTS = ("READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE")
 COMMAND_STATUSES = ("pending", "sent", "running", "succeeded", "failed", "timed_out")
+FINAL_COMMAND_STATUSES = ("succeeded", "failed", "timed_out")
+EMAIL_STATUSES = ("pending", "sent", "failed")
+# What became of a platform event: an execution started, or why none did.
+EVENT_OUTCOMES = ("STARTED", "NO_BINDING", "REJECTED")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -109,6 +114,8 @@ request = Table(
     Column("created_by", Text, nullable=False),
     Column("acl", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
     Column("machine_id", Text),
+    # A dry run's request: hidden from normal lists, purged after SIMULATION_RETENTION_DAYS.
+    Column("simulation", Boolean, nullable=False, server_default=text("false")),
     Column(
         "busy_execution_id",
         UUID(as_uuid=True),
@@ -144,6 +151,9 @@ execution = Table(
     Column("error_code", Text),
     # Where the failure was (action, pointer, schema paths): never values.
     Column("error_detail", JSONB_VALUE),
+    # What a WAITING execution waits for ("machine_command:<id>"): a change to it sets
+    # next_attempt_at to now and notifies, so the wait ends at once.
+    Column("wait_key", Text),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -165,7 +175,12 @@ execution = Table(
         "next_attempt_at",
         "created_at",
         "id",
-        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT')"),
+        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT', 'WAITING')"),
+    ),
+    Index(
+        "ix_execution_wait_key",
+        "wait_key",
+        postgresql_where=text("status = 'WAITING'"),
     ),
     Index(
         "ix_execution_lease",
@@ -194,6 +209,10 @@ action_execution = Table(
     Column("error_code", Text),
     # An operator's approved retry restarts the attempt budget after this attempt.
     Column("attempt_base", Integer, nullable=False, server_default=text("0")),
+    # When the step first started; kept by every later attempt, wait and reclaim.
+    Column("first_started_at", TIMESTAMP(timezone=True)),
+    # What the step saw of the world (ActionContext.observe): frozen into the audit.
+    Column("observed", JSONB_VALUE),
     Column(
         "started_at",
         TIMESTAMP(timezone=True),
@@ -259,24 +278,41 @@ machine_command = Table(
     Column("org_id", Text, nullable=False),
     Column("machine_id", Text, nullable=False),
     Column("command", Text, nullable=False),
+    Column("args", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("external_key", Text, nullable=False),
     Column("result", JSONB_VALUE),
+    Column("exit_code", Integer),
+    Column("output", Text),
     Column("simulation", Boolean, nullable=False, server_default=text("false")),
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    Column("sent_at", TIMESTAMP(timezone=True)),
+    Column("finished_at", TIMESTAMP(timezone=True)),
     UniqueConstraint("external_key"),
     CheckConstraint(_in("status", COMMAND_STATUSES), name="status"),
     Index(None, "org_id", "machine_id", "status"),
+    # Retention deletes final commands by age.
+    Index(
+        "ix_machine_command_finished",
+        "finished_at",
+        postgresql_where=text(f"{_in('status', FINAL_COMMAND_STATUSES)}"),
+    ),
 )
+
+# Commands change status: a WAITING execution whose wait_key names the command wakes.
+COMMAND_CHANGED_CHANNEL = "orquestador_command_changed"
 
 hosting_plan = Table(
     "hosting_plan",
     metadata,
     _uuid_pk(),
     Column("org_id", Text, nullable=False),
+    # The platform's own id for the plan (PUT /plans/{planId}, events' planId).
+    Column("key", Text, nullable=False),
     Column("name", Text, nullable=False),
     _created_at(),
+    UniqueConstraint("org_id", "key"),
 )
 
 plan_flow_binding = Table(
@@ -308,10 +344,88 @@ panel_notice = Table(
     Column("execution_id", UUID(as_uuid=True)),
     Column("external_key", Text, nullable=False),
     Column("test", Boolean, nullable=False, server_default=text("false")),
+    Column("severity", Text, nullable=False, server_default=text("'info'")),
+    # What became of the e-mail: queued, off_on_node, org_opted_out or simulation.
+    Column("email", Text, nullable=False, server_default=text("'off_on_node'")),
     _created_at(),
     Column("read_at", TIMESTAMP(timezone=True)),
+    Column("dismissed_at", TIMESTAMP(timezone=True)),
     UniqueConstraint("external_key"),
     Index(None, "org_id", "created_at"),
+)
+
+# Who receives an organization's e-mails; opt-outs stay in notification_opt_out.
+notification_preference = Table(
+    "notification_preference",
+    metadata,
+    Column("org_id", Text, primary_key=True),
+    Column("recipients", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+# E-mails to deliver, written in the same transaction as their notice; the mailer claims
+# rows with SKIP LOCKED and a lease so each is delivered by one worker at a time.
+email_outbox = Table(
+    "email_outbox",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("notice_id", UUID(as_uuid=True), ForeignKey("panel_notice.id", ondelete="CASCADE")),
+    # Derived from the notice's external key: a redelivery carries the same Message-ID.
+    Column("message_id", Text, nullable=False),
+    Column("recipients", JSONB_VALUE, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column(
+        "next_attempt_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
+    ),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", TIMESTAMP(timezone=True)),
+    Column("last_error", Text),
+    _created_at(),
+    Column("sent_at", TIMESTAMP(timezone=True)),
+    UniqueConstraint("message_id"),
+    CheckConstraint(_in("status", EMAIL_STATUSES), name="status"),
+    Index(
+        "ix_email_outbox_due",
+        "next_attempt_at",
+        postgresql_where=text("status = 'pending'"),
+    ),
+)
+
+# Platform events: POST /events writes here, and the platform may insert here itself
+# inside its own transaction (a transactional outbox; the platform role may only
+# insert). The sender's id, per organization, makes each event start at most once.
+platform_event = Table(
+    "platform_event",
+    metadata,
+    Column("org_id", Text, nullable=False),
+    Column("id", Text, nullable=False),
+    Column("moment", Text, nullable=False),
+    Column("plan_id", Text, nullable=False),
+    Column("machine_id", Text, nullable=False),
+    Column("occurred_at", TIMESTAMP(timezone=True)),
+    Column("data", JSONB_VALUE, nullable=False, server_default=text("'{}'::jsonb")),
+    Column(
+        "received_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
+    Column("processed_at", TIMESTAMP(timezone=True)),
+    Column("outcome", Text),
+    Column("request_id", UUID(as_uuid=True)),
+    Column("execution_id", UUID(as_uuid=True)),
+    PrimaryKeyConstraint("org_id", "id"),
+    CheckConstraint(_in("moment", MOMENTS), name="moment"),
+    CheckConstraint(f"outcome IS NULL OR {_in('outcome', EVENT_OUTCOMES)}", name="outcome"),
+    Index(
+        "ix_platform_event_unprocessed",
+        "received_at",
+        postgresql_where=text("processed_at IS NULL"),
+    ),
 )
 
 notification_opt_out = Table(
@@ -336,6 +450,9 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "plan_flow_binding": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "panel_notice": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "notification_opt_out": ("SELECT", "INSERT", "DELETE"),
+    "notification_preference": ("SELECT", "INSERT", "UPDATE"),
+    "email_outbox": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "platform_event": ("SELECT", "INSERT", "UPDATE"),
 }
 
 # Accepting a transition notifies this channel in the same transaction, so an idle

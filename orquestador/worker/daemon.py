@@ -18,6 +18,7 @@ from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.config import Settings
 from orquestador.db.engine import make_engine
 from orquestador.queue import Claim
+from orquestador.worker.background import background_loops
 from orquestador.worker.executor import Executor
 from orquestador.worker.heartbeat import Heartbeat
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
@@ -91,6 +92,7 @@ class Worker:
             hooks=hooks,
         )
         self.listener = ReadyListener(libpq_conninfo(engine.url), self.wake) if listen else None
+        self.loops = background_loops(settings, engine, self.worker_id)
         self._stop_requested = threading.Event()
         self._stopped = threading.Event()
         self._drained_cleanly = False
@@ -135,6 +137,8 @@ class Worker:
         if self.listener is not None:
             self.listener.start()
         self.scheduler.start()
+        for loop in self.loops:
+            loop.start()
 
     def request_stop(self) -> None:
         """Warm stop: claim nothing more now; let jobs finish within the drain time."""
@@ -145,6 +149,8 @@ class Worker:
         self.wake.set()
         if self.listener is not None:
             self.listener.stopped.set()
+        for loop in self.loops:
+            loop.stop()
         self._stopper = threading.Thread(target=self._drain, name="orquestador-drain", daemon=True)
         self._stopper.start()
 
@@ -167,6 +173,8 @@ class Worker:
         if self.listener is not None:
             self.listener.stopped.set()
             _join_started(self.listener)
+        for loop in self.loops:
+            _join_started(loop)
         log.info("worker stopped", extra={"worker_id": self.worker_id})
         self._stopped.set()
 

@@ -160,6 +160,16 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     _step(server, name, "0007")
 
+    _step(server, name, "0008")
+    with engine.connect() as connection:
+        keys = dict(connection.execute(text("SELECT id, key FROM hosting_plan")).all())
+        # Plans made before the platform's own ids keep their uuid as key.
+        assert keys == {plan: str(plan) for plan in plans.values()}
+        first_starts = connection.execute(
+            text("SELECT count(*) FROM action_execution WHERE first_started_at IS NULL")
+        ).scalar_one()
+        assert first_starts == 0
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
@@ -193,7 +203,10 @@ def test_binding_schema_rejects_a_flow_whose_trigger_is_not_the_moment(
             )
         ).scalar_one()
         plan_id = connection.execute(
-            text("INSERT INTO hosting_plan (org_id, name) VALUES ('acme', 'p') RETURNING id")
+            text(
+                "INSERT INTO hosting_plan (org_id, key, name)"
+                " VALUES ('acme', 'p', 'p') RETURNING id"
+            )
         ).scalar_one()
     insert = text("INSERT INTO plan_flow_binding (plan_id, moment, flow_id) VALUES (:p, :m, :f)")
     for moment in ("provisioned", "manual"):

@@ -1,0 +1,7 @@
+"""The machine agent API: an agent long-polls its own machine's commands and reports status."""
+
+from __future__ import annotations
+
+from flask import Blueprint
+
+blueprint = Blueprint("agent", __name__)
