@@ -224,7 +224,7 @@ def _settings_epilog(names: Sequence[str]) -> str:
 def configure_logging(settings: Settings) -> None:
     from orquestador.logs import configure
 
-    configure(settings.log_level)
+    configure(settings.log_level, fmt=settings.log_format)
 
 
 def _dev(args: argparse.Namespace) -> int:

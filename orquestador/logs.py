@@ -76,7 +76,7 @@ def exception_message(exc: BaseException | None) -> str:
     return lines[0][:_EXCEPTION_MESSAGE_LIMIT] if lines else ""
 
 
-def configure(level: str, stream: TextIO | None = None) -> None:
+def configure(level: str, stream: TextIO | None = None, *, fmt: str = "text") -> None:
     """Send every logger's lines to STREAM (stderr) once; colours only on a terminal."""
     stream = sys.stderr if stream is None else stream
     handler = logging.StreamHandler(stream)
