@@ -32,6 +32,7 @@ class Settings:
     database_url: str = _env("DATABASE_URL", "", "database")
     migration_database_url: str = _env("MIGRATION_DATABASE_URL", "", "database")
     runtime_database_role: str = _env("RUNTIME_DATABASE_ROLE", "", "database")
+    platform_database_role: str = _env("PLATFORM_DATABASE_ROLE", "", "database")
     home: str = _env("ORQUESTADOR_HOME", ".orquestador", "local state")
 
     worker_enabled: bool = _env("WORKER_ENABLED", "false", "switches")

@@ -20,7 +20,7 @@ def load_registry(settings: Settings) -> AdapterRegistry:
     Each module's `register(registry)` is called in the order ADAPTER_MODULES lists them.
     """
     registry = AdapterRegistry()
-    register_builtins(registry)
+    register_builtins(registry, settings)
     if settings.integrations_file:
         # Imported here: only a process configured with routes needs an HTTP client.
         from orquestador.integrations.http_adapter import http_adapter

@@ -1,10 +1,23 @@
-"""Built-in adapters; the default catalog holds only what needs no operator configuration."""
+"""Built-in adapters: NO_OP (dry runs and benchmarks), machines and notices.
+
+Built-ins that keep state (machine commands, notices) reach the database through
+`BuiltinDatabase`, created on first use, so a process that only checks capabilities
+(the API publishing a flow) never connects for them.
+"""
 
 from __future__ import annotations
 
+from orquestador.actions.builtin import machine, notify
+from orquestador.actions.builtin.database import BuiltinDatabase
 from orquestador.actions.builtin.noop import NOOP
 from orquestador.actions.registry import AdapterRegistry
+from orquestador.config import Settings
 
 
-def register_builtins(registry: AdapterRegistry) -> None:
+def register_builtins(registry: AdapterRegistry, settings: Settings | None = None) -> None:
     registry.add(NOOP)
+    if settings is None:
+        return
+    database = BuiltinDatabase(settings.database_url)
+    machine.register(registry, settings, database)
+    notify.register(registry, settings, database)

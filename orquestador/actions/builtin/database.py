@@ -1,0 +1,33 @@
+"""The database connection of stateful built-in adapters, made on first use."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import Engine
+
+from orquestador.db.engine import make_engine
+
+# Adapter calls run on the worker's call threads; a few connections serve them.
+POOL_SIZE = 4
+
+
+class BuiltinDatabase:
+    """A lazily created engine: registering adapters never connects."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                self._engine = make_engine(
+                    self._url,
+                    pool_size=POOL_SIZE,
+                    application_name="orquestador-adapters",
+                    hide_parameters=True,
+                )
+            return self._engine
