@@ -25,6 +25,10 @@ DEV_SCOPES = [
     "requests:read-all",
     "executions:reconcile",
     "executions:cancel",
+    "plans:admin",
+    "events:write",
+    "notices:read",
+    "org:admin",
 ]
 _SWITCHES = ("WORKER_ENABLED", "REQUEST_API_ENABLED", "FLOW_ADMIN_ENABLED")
 

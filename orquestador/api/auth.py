@@ -26,6 +26,12 @@ SCOPE_REQUESTS_READ_ALL = "requests:read-all"
 SCOPE_REQUESTS_WRITE = "requests:write"
 SCOPE_EXECUTIONS_RECONCILE = "executions:reconcile"
 SCOPE_EXECUTIONS_CANCEL = "executions:cancel"
+SCOPE_PLANS_ADMIN = "plans:admin"
+SCOPE_EVENTS_WRITE = "events:write"
+SCOPE_NOTICES_READ = "notices:read"
+SCOPE_ORG_ADMIN = "org:admin"
+# A machine agent: `sub` is "machine:<machineId>"; it sees only its own machine's commands.
+SCOPE_AGENT = "agent"
 
 # A broader scope satisfies the narrower one it contains.
 _IMPLIED_BY = {SCOPE_REQUESTS_READ: (SCOPE_REQUESTS_READ_ALL,)}
