@@ -1,0 +1,116 @@
+"""Prometheus metrics: every series the product exposes, defined once, here.
+
+Callers import the object and update it; nothing else creates metrics. Which to use:
+
+- ``EXECUTIONS_TOTAL.labels(status=...).inc()``: when an execution reaches a status
+  (SUCCEEDED, FAILED, RECONCILIATION_REQUIRED, CANCELLED, RETRY_WAIT, WAITING), once
+  per change, by the process that made it (the worker's executor, reconciliation).
+- ``ACTION_DURATION_SECONDS.labels(capability=..., outcome=...).observe(seconds)``:
+  around each adapter call; ``outcome`` is one of ``ACTION_OUTCOMES`` (succeeded,
+  failed, retry, not_ready, unknown, simulated). ``capability`` is the adapter's
+  ``name@version`` (a bounded set; never an id or an input value).
+- ``RETRIES_TOTAL.labels(capability=...).inc()``: when a retry is scheduled.
+- ``LEASE_LOST_TOTAL.inc()``: when a worker learns it no longer holds a lease (a renew
+  that matched no row, a fenced checkpoint or finish).
+- ``CLAIM_BATCH_SIZE.observe(n)``: after each claim statement that returned rows.
+- ``QUEUE_DEPTH.labels(status=...).set(n)``, ``OLDEST_DUE_SECONDS.set(s)``,
+  ``RECONCILIATION_REQUIRED.set(n)``, ``EMAIL_OUTBOX_DEPTH.set(n)``: sampled by the
+  maintenance leader (orquestador.worker.maintenance); nobody else sets them, so the
+  whole fleet exposes one consistent value (take ``max`` across workers in PromQL).
+- ``HTTP_REQUESTS_TOTAL.labels(route=..., status=...)`` and
+  ``HTTP_REQUEST_DURATION_SECONDS.labels(route=...)``: the API's request hooks only;
+  ``route`` is the URL rule template (``/api/v1/executions/<execution_id>``), never the
+  raw path, so ids do not explode the series count.
+
+Under gunicorn the API runs in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): gauges
+declare how values of several processes combine (``multiprocess_mode``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+NAMESPACE = "orquestador"
+
+ACTION_OUTCOMES = ("succeeded", "failed", "retry", "not_ready", "unknown", "simulated")
+
+EXECUTIONS_TOTAL = Counter(
+    "executions_total",
+    "Executions that reached a status, by that status.",
+    ["status"],
+    namespace=NAMESPACE,
+)
+
+ACTION_DURATION_SECONDS = Histogram(
+    "action_duration_seconds",
+    "Time spent in one adapter call, by capability and outcome.",
+    ["capability", "outcome"],
+    namespace=NAMESPACE,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+
+RETRIES_TOTAL = Counter(
+    "retries_total",
+    "Retries scheduled after a transient failure, by capability.",
+    ["capability"],
+    namespace=NAMESPACE,
+)
+
+LEASE_LOST_TOTAL = Counter(
+    "lease_lost_total",
+    "Times a worker found it no longer held an execution's lease.",
+    namespace=NAMESPACE,
+)
+
+CLAIM_BATCH_SIZE = Histogram(
+    "claim_batch_size",
+    "Executions taken by one claim statement (claims that found nothing are not counted).",
+    namespace=NAMESPACE,
+    buckets=(1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100),
+)
+
+QUEUE_DEPTH = Gauge(
+    "queue_depth",
+    "Unfinished executions by status, sampled by the maintenance leader.",
+    ["status"],
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+OLDEST_DUE_SECONDS = Gauge(
+    "oldest_due_seconds",
+    "Age of the oldest execution that is due and not running (0 when none).",
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+RECONCILIATION_REQUIRED = Gauge(
+    "reconciliation_required",
+    "Executions waiting for an operator's reconciliation.",
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+EMAIL_OUTBOX_DEPTH = Gauge(
+    "email_outbox_depth",
+    "E-mails not yet delivered (pending in the outbox).",
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+HTTP_REQUESTS_TOTAL = Counter(
+    "http_requests_total",
+    "HTTP requests answered by the API, by route template and status code.",
+    ["route", "status"],
+    namespace=NAMESPACE,
+)
+
+HTTP_REQUEST_DURATION_SECONDS = Histogram(
+    "http_request_duration_seconds",
+    "Time to answer an HTTP request, by route template.",
+    ["route"],
+    namespace=NAMESPACE,
+)
+
+# Statuses the queue gauges report, so a status that drained to zero reads 0, not absent.
+QUEUE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING", "RECONCILIATION_REQUIRED")
