@@ -455,6 +455,10 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "platform_event": ("SELECT", "INSERT", "UPDATE"),
 }
 
+# Migration 0009: the SECURITY DEFINER function through which the runtime role purges
+# simulated requests (with their executions, checkpoints and attempts), and nothing else.
+PURGE_SIMULATIONS_FUNCTION = "orquestador_purge_simulations"
+
 # Accepting a transition notifies this channel in the same transaction, so an idle
 # worker claims at once instead of waiting for its next poll.
 EXECUTION_READY_CHANNEL = "orquestador_execution_ready"

@@ -170,6 +170,8 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).scalar_one()
         assert first_starts == 0
 
+    _step(server, name, "0009")
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
