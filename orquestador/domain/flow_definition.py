@@ -23,6 +23,10 @@ from orquestador.domain.schemas import schema_problems, validator_for
 # registry's answer, which this pure module receives instead of importing.
 CapabilityProblem = Callable[[str, int], str | None]
 
+# The triggers a platform event fires (a plan binds one flow per moment). Such a flow
+# names the transition an event starts, since nobody is there to pick one.
+MOMENT_TRIGGERS = ("provisioned", "reinstalled", "deleted")
+
 
 @functools.cache
 def _schema() -> dict[str, Any]:
@@ -230,6 +234,42 @@ def _check_transition(transition: Mapping[str, Any], here: str, report: _Report)
             report.error(f"{at}/from", problem)
 
 
+def _check_start(definition: Mapping[str, Any], report: _Report) -> None:
+    """A moment-triggered flow names its `start`, a transition leaving initialState."""
+    trigger, start = definition.get("trigger"), definition.get("start")
+    if not report.shaped("/trigger") or not report.shaped("/start"):
+        return
+    if start is None:
+        if trigger in MOMENT_TRIGGERS:
+            report.error(
+                "/start",
+                f'a flow triggered by {trigger!r} must name in "start" the transition'
+                " a platform event starts",
+            )
+        return
+    if trigger not in MOMENT_TRIGGERS:
+        report.warnings.append(
+            Problem("/start", f"start only applies to moment triggers, not {trigger!r}")
+        )
+    transitions = definition.get("transitions")
+    if not isinstance(transitions, list):
+        return
+    found = [
+        (i, t) for i, t in enumerate(transitions) if isinstance(t, Mapping) and t.get("id") == start
+    ]
+    if not found:
+        report.error("/start", f"unknown transition {start!r}")
+        return
+    index, chosen = found[0]
+    initial = definition.get("initialState")
+    if (
+        report.shaped("/initialState")
+        and report.shaped(f"/transitions/{index}/from")
+        and initial not in chosen.get("from", [])
+    ):
+        report.error("/start", f"transition {start!r} does not leave the initial state {initial!r}")
+
+
 def validate_definition(
     definition: Any, capability_problem: CapabilityProblem | None = None
 ) -> tuple[list[Problem], list[Problem]]:
@@ -266,6 +306,7 @@ def validate_definition(
                 report.error(f"{here}/id", f"duplicate transition id {transition['id']!r}")
             seen.add(transition["id"])
         _check_transition(transition, here, report)
+    _check_start(definition, report)
     return report.errors, report.warnings
 
 
@@ -340,6 +381,8 @@ class FlowDefinition:
     states: tuple[str, ...]
     transitions: dict[str, Transition]
     raw: dict[str, Any]
+    # The transition a platform event starts (moment-triggered flows only).
+    start: str | None = None
 
     @classmethod
     def from_json(cls, definition: Mapping[str, Any]) -> FlowDefinition:
@@ -352,6 +395,7 @@ class FlowDefinition:
             states=tuple(definition["states"]),
             transitions={t["id"]: Transition.from_json(t) for t in definition["transitions"]},
             raw=dict(definition),
+            start=definition.get("start"),
         )
 
 
