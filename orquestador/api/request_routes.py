@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from flask import Blueprint, Response, jsonify
+from sqlalchemy import Connection, Row
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.auth import (
@@ -51,49 +53,85 @@ def create() -> tuple[Response, int, dict[str, str]]:
         flow = find_flow(connection, org=caller.org, flow_id=flow_id)
         if flow is None:
             raise _unknown_flow()
-        try:
-            # Size and depth are checked first, then the flow's schema, then the data.
-            validate_request_data(body["data"], flow.data_schema, max_bytes=MAX_DATA_BYTES)
-        except DataSchemaError as exc:
-            # A flow stored before publishing checked what it checks now: its problems
-            # are in the flow's definition, at their paths there, not in the data.
-            raise ApiProblem(
-                422,
-                exc.code,
-                "The flow's data schema cannot be used; publish a version that fixes it.",
-                problems=exc.problems,
-            ) from None
-        except DataValidationError as exc:
-            # Problem paths point into the body, where the data sits under /data.
-            problems = [Problem(f"/data{p.path}", p.message) for p in exc.problems]
-            raise ApiProblem(
-                422,
-                exc.code,
-                "The data does not satisfy the flow's data schema.",
-                problems=problems,
-            ) from None
-        row = connection.execute(
-            request.insert()
-            .values(
-                org_id=caller.org,
-                owner_id=caller.sub,
-                flow_id=flow.id,
-                state=FlowDefinition.from_json(flow.definition).initial_state,
-                revision=1,
-                data=body["data"],
-                created_by=caller.sub,
-                machine_id=body.get("machineId"),
-            )
-            .returning(
-                request.c.id,
-                request.c.flow_id,
-                request.c.state,
-                request.c.revision,
-                request.c.data,
-                request.c.machine_id,
-            )
-        ).one()
+        check_request_data(body["data"], flow.data_schema)
+        row = insert_request(
+            connection,
+            org=caller.org,
+            owner=caller.sub,
+            flow_row=flow,
+            data=body["data"],
+            machine_id=body.get("machineId"),
+        )
     return jsonify(request_view(row)), 201, {"Location": f"{API_PREFIX}/requests/{row.id}"}
+
+
+def check_request_data(data: Any, data_schema: dict[str, Any], at: str = "/data") -> None:
+    """Raise the 422 problem when the data breaks the flow's data schema or size limit.
+
+    Problem paths point into the body, where the data sits under `at`.
+    """
+    try:
+        # Size and depth are checked first, then the flow's schema, then the data.
+        validate_request_data(data, data_schema, max_bytes=MAX_DATA_BYTES)
+    except DataSchemaError as exc:
+        # A flow stored before publishing checked what it checks now: its problems
+        # are in the flow's definition, at their paths there, not in the data.
+        raise ApiProblem(
+            422,
+            exc.code,
+            "The flow's data schema cannot be used; publish a version that fixes it.",
+            problems=exc.problems,
+        ) from None
+    except DataValidationError as exc:
+        problems = [Problem(f"{at}{p.path}", p.message) for p in exc.problems]
+        raise ApiProblem(
+            422,
+            exc.code,
+            "The data does not satisfy the flow's data schema.",
+            problems=problems,
+        ) from None
+
+
+def insert_request(
+    connection: Connection,
+    *,
+    org: str,
+    owner: str,
+    flow_row: Row,
+    data: Any,
+    machine_id: str | None,
+    state: str | None = None,
+    simulation: bool = False,
+) -> Row:
+    """Insert a request at revision 1 on the flow (data already checked); return its row.
+
+    It starts in `state`, else the flow's initial state. The row carries what
+    `request_view` and `queue_execution` read.
+    """
+    initial = FlowDefinition.from_json(flow_row.definition).initial_state
+    return connection.execute(
+        request.insert()
+        .values(
+            org_id=org,
+            owner_id=owner,
+            flow_id=flow_row.id,
+            state=state or initial,
+            revision=1,
+            data=data,
+            created_by=owner,
+            machine_id=machine_id,
+            simulation=simulation,
+        )
+        .returning(
+            request.c.id,
+            request.c.org_id,
+            request.c.flow_id,
+            request.c.state,
+            request.c.revision,
+            request.c.data,
+            request.c.machine_id,
+        )
+    ).one()
 
 
 @blueprint.get("/<uuid:request_id>")
