@@ -187,6 +187,12 @@ execution = Table(
         "lease_expires_at",
         postgresql_where=text("status = 'RUNNING'"),
     ),
+    # The reconciliation queue and its gauge (the maintenance loop counts it every pass).
+    Index(
+        "ix_execution_reconciliation",
+        "created_at",
+        postgresql_where=text("status = 'RECONCILIATION_REQUIRED'"),
+    ),
     Index(None, "request_id"),
     # GET /executions: one organization's executions, newest first, by keyset.
     Index("ix_execution_listing", "org_id", "created_at", "id"),
