@@ -25,6 +25,7 @@ from orquestador.db.schema import (
     audit_event,
     execution,
     flow,
+    machine_command,
     request,
 )
 
@@ -48,6 +49,9 @@ class ExecutionFilter:
     status: str | None = None
     flow_id: uuid.UUID | None = None
     request_id: uuid.UUID | None = None
+    # Dry runs are listed only when asked for, and then only they: a simulated execution
+    # never mixes with the real work an operator is looking at.
+    simulation: bool = False
     # (created_at, id) of the last item of the previous page; the page starts below it.
     after: tuple[datetime, uuid.UUID] | None = None
 
@@ -63,9 +67,17 @@ _EXECUTION_COLUMNS = (
     execution.c.error_detail,
     execution.c.next_attempt_at,
     execution.c.attempts,
+    execution.c.simulation,
+    execution.c.accepted_state,
     execution.c.created_at,
     execution.c.updated_at,
+    flow.c.key.label("flow_key"),
+    flow.c.version.label("flow_version"),
 )
+
+# The audit rows that froze what a step saw, explain a decision or list a dry run's
+# simulated calls.
+VIEW_AUDIT_KINDS = ("TRANSITION_COMPLETED", "STEP_ERROR_EXIT", "ACTION_SIMULATED")
 
 
 class ResourceAccess:
@@ -130,6 +142,7 @@ class ResourceAccess:
         query = (
             select(*_EXECUTION_COLUMNS)
             .join(request, request.c.id == execution.c.request_id)
+            .join(flow, flow.c.id == execution.c.flow_id)
             .where(execution.c.id == execution_id, self._sees_execution())
         )
         return connection.execute(query).one_or_none()
@@ -140,7 +153,7 @@ class ResourceAccess:
         Keyset pagination: the page starts strictly below the previous page's last
         (created_at, id), so rows inserted meanwhile never shift or repeat an item.
         """
-        conditions = [self._sees_execution()]
+        conditions = [self._sees_execution(), execution.c.simulation == page.simulation]
         if page.status is not None:
             conditions.append(execution.c.status == page.status)
         if page.flow_id is not None:
@@ -152,6 +165,7 @@ class ResourceAccess:
         query = (
             select(*_EXECUTION_COLUMNS)
             .join(request, request.c.id == execution.c.request_id)
+            .join(flow, flow.c.id == execution.c.flow_id)
             .where(*conditions)
             .order_by(execution.c.created_at.desc(), execution.c.id.desc())
             .limit(page.limit + 1)
@@ -241,8 +255,20 @@ class ResourceAccess:
         )
         return list(connection.execute(query))
 
-    def execution_audit(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
-        """The audit trail of a visible execution, in the order it was written."""
+    def execution_audit(
+        self,
+        connection: Connection,
+        execution_id: uuid.UUID,
+        kinds: Sequence[str] | None = None,
+    ) -> list[Row]:
+        """The audit trail of a visible execution (only `kinds` when given), oldest first."""
+        conditions = [
+            audit_event.c.execution_id == execution_id,
+            audit_event.c.org_id == self.caller.org,
+            self._sees_execution(),
+        ]
+        if kinds is not None:
+            conditions.append(audit_event.c.kind.in_(kinds))
         query = (
             select(
                 audit_event.c.kind,
@@ -252,11 +278,45 @@ class ResourceAccess:
             )
             .join(execution, execution.c.id == audit_event.c.execution_id)
             .join(request, request.c.id == execution.c.request_id)
-            .where(
-                audit_event.c.execution_id == execution_id,
-                audit_event.c.org_id == self.caller.org,
-                self._sees_execution(),
-            )
+            .where(*conditions)
             .order_by(audit_event.c.id)
         )
         return list(connection.execute(query))
+
+    def view_audit_of(
+        self, connection: Connection, execution_ids: Sequence[uuid.UUID]
+    ) -> list[Row]:
+        """The audit rows an ExecutionView reads (VIEW_AUDIT_KINDS) of many visible
+        executions in one query, each execution's in the order they were written."""
+        query = (
+            select(audit_event.c.execution_id, audit_event.c.kind, audit_event.c.detail)
+            .join(execution, execution.c.id == audit_event.c.execution_id)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(
+                audit_event.c.execution_id.in_(execution_ids),
+                audit_event.c.org_id == self.caller.org,
+                audit_event.c.kind.in_(VIEW_AUDIT_KINDS),
+                self._sees_execution(),
+            )
+            .order_by(audit_event.c.execution_id, audit_event.c.id)
+        )
+        return list(connection.execute(query))
+
+    def commands_now(
+        self, connection: Connection, command_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, Row]:
+        """The current rows of machine commands, by id, within the caller's organization.
+
+        The ids come from JSON the audit froze, not from a foreign key: the organization
+        bounds the look-up, so an id that names another organization's command finds
+        nothing, exactly like a purged one.
+        """
+        if not command_ids:
+            return {}
+        query = select(
+            machine_command.c.id, machine_command.c.status, machine_command.c.updated_at
+        ).where(
+            machine_command.c.org_id == self.caller.org,
+            machine_command.c.id.in_(command_ids),
+        )
+        return {row.id: row for row in connection.execute(query)}

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from flask import Blueprint, Response, g, jsonify, request
 from jsonschema import Draft202012Validator
+from sqlalchemy import Connection
 
 from orquestador.api.access import ExecutionFilter, Reach, ResourceAccess
 from orquestador.api.auth import (
@@ -32,7 +33,15 @@ from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CANCEL_BODY, RECONCILIATION_BODY
-from orquestador.api.views import API_PREFIX, evidence_view, execution_view, execution_views
+from orquestador.api.views import (
+    API_PREFIX,
+    ExecutionFacts,
+    command_ids,
+    evidence_view,
+    execution_view,
+    execution_views,
+    group_facts,
+)
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
 from orquestador.errors import (
@@ -63,7 +72,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @blueprint.get("")
 @requires_scope(SCOPE_REQUESTS_READ)
 def listing() -> Response:
-    page = _execution_filter(request.args)
+    page = execution_filter(request.args)
     access = ResourceAccess(current_caller())
     # One snapshot: the page, then the steps and attempts of its executions, one query each.
     with engine().connect() as connection:
@@ -74,10 +83,11 @@ def listing() -> Response:
             ids = [row.id for row in rows]
             steps = access.steps_of(connection, ids) if ids else []
             attempts = access.attempts_of(connection, ids) if ids else []
+            facts = read_view_facts(connection, access, ids)
     return jsonify(
         {
-            "items": execution_views(rows, steps, attempts),
-            "next": _cursor(rows[-1]) if more else None,
+            "items": execution_views(rows, steps, attempts, facts),
+            "next": cursor(rows[-1]) if more else None,
         }
     )
 
@@ -101,12 +111,13 @@ def evidence(execution_id: uuid.UUID) -> Response:
             checkpoints = access.evidence_steps(connection, execution_id)
             attempts = access.execution_attempts(connection, execution_id)
             audit = access.execution_audit(connection, execution_id)
+            facts = read_view_facts(connection, access, [execution_id])[execution_id]
     in_doubt = None
     if row.status == "RECONCILIATION_REQUIRED":
         # The same rule the decision is checked with, on the same ordering of checkpoints.
         step = step_in_doubt(checkpoints)
         in_doubt = step.action_id if step is not None else None
-    return jsonify(evidence_view(row, checkpoints, attempts, audit, in_doubt))
+    return jsonify(evidence_view(row, checkpoints, attempts, audit, in_doubt, facts))
 
 
 # --- deciding ------------------------------------------------------------------------
@@ -214,17 +225,49 @@ def cancel_execution(execution_id: uuid.UUID) -> Response:
 # --- helpers -------------------------------------------------------------------------
 
 
-def _view_or_404(access: ResourceAccess, execution_id: uuid.UUID) -> dict[str, Any]:
-    # One snapshot for the execution and its steps, so they agree with each other.
+def read_view_facts(
+    connection: Connection, access: ResourceAccess, execution_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, ExecutionFacts]:
+    """Then and now for visible executions: the frozen audit facts, and the current rows
+    of the commands they name, read in the caller's snapshot, scoped by organization."""
+    if not execution_ids:
+        return {}
+    parsed = group_facts(execution_ids, access.view_audit_of(connection, execution_ids))
+    wanted = {c for observed, _, _ in parsed.values() for c in command_ids(observed)}
+    commands = access.commands_now(connection, sorted(wanted))
+    return {
+        key: ExecutionFacts(
+            observed=observed, commands=commands, decision=decision, would_have_done=simulated
+        )
+        for key, (observed, decision, simulated) in parsed.items()
+    }
+
+
+def read_execution(
+    access: ResourceAccess, execution_id: uuid.UUID
+) -> tuple[Any, dict[str, Any]] | None:
+    """The execution row and its ExecutionView, or None when the caller cannot see it.
+
+    One snapshot for the execution, its steps and the commands it names, so they agree
+    with each other.
+    """
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")
         with connection.begin():
             row = access.find_execution(connection, execution_id)
             if row is None:
-                raise not_found()
+                return None
             steps = access.execution_steps(connection, execution_id)
             attempts = access.execution_attempts(connection, execution_id)
-    return execution_view(row, steps, attempts)
+            facts = read_view_facts(connection, access, [execution_id])[execution_id]
+    return row, execution_view(row, steps, attempts, facts)
+
+
+def _view_or_404(access: ResourceAccess, execution_id: uuid.UUID) -> dict[str, Any]:
+    found = read_execution(access, execution_id)
+    if found is None:
+        raise not_found()
+    return found[1]
 
 
 def _require_visible(
@@ -288,7 +331,7 @@ def _query_problem(name: str, message: str) -> ApiProblem:
     )
 
 
-def _execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
+def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
     status = args.get("status")
     if status is not None and status not in EXECUTION_STATUSES:
         raise _query_problem("status", f"one of {', '.join(EXECUTION_STATUSES)}")
@@ -301,7 +344,11 @@ def _execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
             raise _query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
         limit = int(limit_text)
     after_text = args.get("after")
+    simulation = args.get("simulation", "false")
+    if simulation not in ("true", "false"):
+        raise _query_problem("simulation", "true or false")
     return ExecutionFilter(
+        simulation=simulation == "true",
         limit=limit,
         status=status,
         flow_id=_uuid_argument(args, "flowId"),
@@ -320,7 +367,7 @@ def _uuid_argument(args: Mapping[str, str], name: str) -> uuid.UUID | None:
         raise _query_problem(name, "a UUID") from None
 
 
-def _cursor(row: Any) -> str:
+def cursor(row: Any) -> str:
     """Opaque to clients: where the page ended, as (created_at, id)."""
     raw = f"{row.created_at.isoformat()}|{row.id}".encode()
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")

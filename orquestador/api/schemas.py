@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orquestador.db.schema import EXECUTION_STATUSES
+from orquestador.db.schema import COMMAND_STATUSES, EXECUTION_STATUSES
 
 _UUID = {"type": "string", "format": "uuid"}
 _TIMESTAMP = {"type": "string", "format": "date-time"}
@@ -154,6 +154,37 @@ EXECUTION: dict[str, Any] = {
                     "finishedAt": _TIMESTAMP,
                     "errorCode": {"type": "string"},
                     "nextAttemptAt": _TIMESTAMP,
+                    "observed": {
+                        "description": (
+                            "Then: what the step saw when the flow decided, frozen in the"
+                            " audit and never rewritten (a machine wait: `{commandId,"
+                            " status, seenAt}`)."
+                        ),
+                    },
+                    "current": {
+                        "description": (
+                            "Now: for an observation naming a machine command, its current"
+                            " row read at view time within the caller's organization, or"
+                            " `{purged: true}` when no such row exists any more."
+                        ),
+                        "oneOf": [
+                            {
+                                "type": "object",
+                                "required": ["status", "updatedAt"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "status": {"enum": list(COMMAND_STATUSES)},
+                                    "updatedAt": _TIMESTAMP,
+                                },
+                            },
+                            {
+                                "type": "object",
+                                "required": ["purged"],
+                                "additionalProperties": False,
+                                "properties": {"purged": {"const": True}},
+                            },
+                        ],
+                    },
                     "attempts": {
                         "type": "array",
                         "description": "Every attempt of the step, oldest first.",
@@ -185,6 +216,44 @@ EXECUTION: dict[str, Any] = {
                             },
                         },
                     },
+                },
+            },
+        },
+        "decision": {
+            "type": "object",
+            "description": (
+                "How the destination was chosen, from the audit: `by: rules` (the decision"
+                " table's hit policy and matched rules) or `by: errorExit` (a failing step's"
+                " declared error exit). Present once the execution has decided."
+            ),
+            "required": ["by", "toState", "outcome"],
+            "additionalProperties": False,
+            "properties": {
+                "by": {"enum": ["rules", "errorExit"]},
+                "hitPolicy": {"type": ["string", "null"]},
+                "ruleIds": {"type": "array", "items": {"type": "string"}},
+                "actionId": {"type": ["string", "null"]},
+                "errorCode": {"type": ["string", "null"]},
+                "toState": {"type": ["string", "null"]},
+                "outcome": {"description": "The business outcome."},
+            },
+        },
+        "simulation": {
+            "const": True,
+            "description": "Present on dry runs only: nothing was sent, written or called.",
+        },
+        "wouldHaveDone": {
+            "type": "array",
+            "description": "Dry runs only: each write the run would have made, in order.",
+            "items": {
+                "type": "object",
+                "required": ["actionId", "capability", "effect", "summary"],
+                "additionalProperties": False,
+                "properties": {
+                    "actionId": {"type": ["string", "null"]},
+                    "capability": {"type": ["string", "null"]},
+                    "effect": {"type": ["string", "null"]},
+                    "summary": {"type": ["string", "null"]},
                 },
             },
         },

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,7 +80,106 @@ def request_view(
     return body
 
 
-def execution_view(row: Row, steps: Iterable[Row], attempts: Iterable[Row]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ExecutionFacts:
+    """What the audit froze about an execution, and the commands it names as they are now.
+
+    `observed`: per action, what the step saw when the flow decided (never rewritten).
+    `commands`: the current machine_command rows by id, read at view time within the
+    caller's organization; an id missing here was purged (or was never the caller's).
+    """
+
+    observed: Mapping[str, Any] = field(default_factory=dict)
+    commands: Mapping[uuid.UUID, Row] = field(default_factory=dict)
+    decision: dict[str, Any] | None = None
+    would_have_done: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_facts(
+    audit: Iterable[Row],
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
+    """(observed per action, the decision, the simulated calls) from one execution's audit.
+
+    The last decision row wins: an execution ends once, but an operator's resolution
+    may have sent it round again.
+    """
+    observed: dict[str, Any] = {}
+    decision: dict[str, Any] | None = None
+    simulated: list[dict[str, Any]] = []
+    for event in audit:
+        detail = event.detail if isinstance(event.detail, dict) else {}
+        if event.kind == "ACTION_SIMULATED":
+            simulated.append(
+                {
+                    "actionId": detail.get("actionId"),
+                    "capability": detail.get("capability"),
+                    "effect": detail.get("effect"),
+                    "summary": detail.get("summary"),
+                }
+            )
+            continue
+        if event.kind not in ("TRANSITION_COMPLETED", "STEP_ERROR_EXIT"):
+            continue
+        frozen = detail.get("observed")
+        observed = dict(frozen) if isinstance(frozen, dict) else {}
+        decision = _decision(event.kind, detail)
+    return observed, decision, simulated
+
+
+def group_facts(
+    execution_ids: Iterable[Any], audit: Iterable[Row]
+) -> dict[Any, tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]]:
+    """read_facts of each execution, from one query's audit rows carrying execution_id."""
+    by_execution: dict[Any, list[Row]] = {key: [] for key in execution_ids}
+    for event in audit:
+        by_execution.setdefault(event.execution_id, []).append(event)
+    return {key: read_facts(events) for key, events in by_execution.items()}
+
+
+def command_ids(observed: Mapping[str, Any]) -> list[uuid.UUID]:
+    """The machine command ids the observations name; text that is no UUID names none."""
+    found: list[uuid.UUID] = []
+    for facts in observed.values():
+        command_id = _command_id(facts)
+        if command_id is not None:
+            found.append(command_id)
+    return found
+
+
+def _command_id(facts: Any) -> uuid.UUID | None:
+    if not isinstance(facts, dict) or not isinstance(facts.get("commandId"), str):
+        return None
+    try:
+        return uuid.UUID(facts["commandId"])
+    except ValueError:
+        return None
+
+
+def _decision(kind: str, detail: dict[str, Any]) -> dict[str, Any]:
+    if kind == "STEP_ERROR_EXIT":
+        # No table decided: the failing step's declared error exit did.
+        return {
+            "by": "errorExit",
+            "actionId": detail.get("actionId"),
+            "errorCode": detail.get("errorCode"),
+            "toState": detail.get("toState"),
+            "outcome": "STEP_ERROR",
+        }
+    return {
+        "by": "rules",
+        "hitPolicy": detail.get("hitPolicy"),
+        "ruleIds": [r for r in detail.get("ruleIds") or [] if isinstance(r, str)],
+        "toState": detail.get("toState"),
+        "outcome": detail.get("outcome"),
+    }
+
+
+def execution_view(
+    row: Row,
+    steps: Iterable[Row],
+    attempts: Iterable[Row],
+    facts: ExecutionFacts | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": str(row.id),
         "requestId": str(row.request_id),
@@ -108,13 +209,42 @@ def execution_view(row: Row, steps: Iterable[Row], attempts: Iterable[Row]) -> d
         )
         for step in steps
     ]
+    if facts is not None:
+        for step in body["steps"]:
+            _then_and_now(step, facts)
+        if facts.decision is not None:
+            body["decision"] = facts.decision
+    if row.simulation:
+        body["simulation"] = True
+        body["wouldHaveDone"] = facts.would_have_done if facts is not None else []
     body["createdAt"] = timestamp(row.created_at)
     body["updatedAt"] = timestamp(row.updated_at)
     return body
 
 
+def _then_and_now(step: dict[str, Any], facts: ExecutionFacts) -> None:
+    """Beside what the step saw then, the command as it is now (or that it is gone)."""
+    if step["actionId"] not in facts.observed:
+        return
+    seen = facts.observed[step["actionId"]]
+    step["observed"] = seen
+    if not isinstance(seen, dict) or "commandId" not in seen:
+        return
+    command_id = _command_id(seen)
+    now = facts.commands.get(command_id) if command_id is not None else None
+    # Never the frozen value as if it were current: no row, no status.
+    step["current"] = (
+        {"status": now.status, "updatedAt": timestamp(now.updated_at)}
+        if now is not None
+        else {"purged": True}
+    )
+
+
 def execution_views(
-    rows: Iterable[Row], steps: Iterable[Row], attempts: Iterable[Row]
+    rows: Iterable[Row],
+    steps: Iterable[Row],
+    attempts: Iterable[Row],
+    facts: Mapping[Any, ExecutionFacts] | None = None,
 ) -> list[dict[str, Any]]:
     """ExecutionViews of many executions from one query's steps and one query's attempts.
 
@@ -129,7 +259,10 @@ def execution_views(
         attempts_by_execution.setdefault(attempt.execution_id, []).append(attempt)
     return [
         execution_view(
-            row, steps_by_execution.get(row.id, []), attempts_by_execution.get(row.id, [])
+            row,
+            steps_by_execution.get(row.id, []),
+            attempts_by_execution.get(row.id, []),
+            facts.get(row.id) if facts is not None else None,
         )
         for row in rows
     ]
@@ -141,6 +274,7 @@ def evidence_view(
     attempts: Iterable[Row],
     audit: Iterable[Row],
     in_doubt: str | None,
+    facts: ExecutionFacts | None = None,
 ) -> dict[str, Any]:
     """What an operator needs to decide: why it parked, each step as the provider saw it.
 
@@ -153,7 +287,7 @@ def evidence_view(
         by_action.setdefault(attempt.action_id, []).append(attempt)
     parked = row.status == "RECONCILIATION_REQUIRED"
     return {
-        "execution": execution_view(row, checkpoints, attempts),
+        "execution": execution_view(row, checkpoints, attempts, facts),
         "reason": row.error_code if parked else None,
         "inDoubt": in_doubt,
         "steps": [_evidence_step(c, by_action.get(c.action_id, [])) for c in checkpoints],

@@ -1,0 +1,185 @@
+"""The ExecutionView shows what a step saw then beside what is true now, and dry runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from jsonschema import Draft202012Validator
+from sqlalchemy import Engine
+
+from orquestador.api.schemas import EXECUTION
+from tests.integration.api_support import OTHER_ORG, Api, problem, running_api
+from tests.integration.execution_page_support import (
+    SEEN_AT,
+    completed,
+    deadline_passed,
+    dry_run,
+    insert_command,
+    point_audit_at,
+    purge,
+)
+
+
+@pytest.fixture
+def api(database) -> Iterator[Api]:
+    with running_api(database.runtime_dsn) as api:
+        yield api
+
+
+def _view(api: Api, execution_id: str) -> dict:
+    response = api.get(f"/executions/{execution_id}")
+    assert response.status_code == 200, response.get_data(as_text=True)
+    body = response.get_json()
+    Draft202012Validator(EXECUTION).validate(body)
+    return body
+
+
+def _step(body: dict, action_id: str) -> dict:
+    return next(step for step in body["steps"] if step["actionId"] == action_id)
+
+
+def test_a_deadline_exit_shows_sent_then_and_the_command_s_row_now(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine, now="timed_out")
+
+    body = _view(api, arranged.execution_id)
+
+    wait = _step(body, "wait")
+    assert wait["observed"] == {
+        "commandId": arranged.command_id,
+        "status": "sent",
+        "seenAt": SEEN_AT.isoformat(),
+    }
+    assert wait["current"]["status"] == "timed_out"
+    assert set(wait["current"]) == {"status", "updatedAt"}
+    assert "observed" not in _step(body, "send")
+    assert body["decision"] == {
+        "by": "errorExit",
+        "actionId": "wait",
+        "errorCode": "WAIT_DEADLINE_EXCEEDED",
+        "toState": "attention",
+        "outcome": "STEP_ERROR",
+    }
+    assert (body["status"], body["toState"]) == ("FAILED", "attention")
+
+
+def test_now_follows_the_command_while_then_stays_frozen(api: Api, owner_engine: Engine) -> None:
+    arranged = deadline_passed(api, owner_engine, now="running")
+    assert _step(_view(api, arranged.execution_id), "wait")["current"]["status"] == "running"
+
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "UPDATE machine_command SET status = 'succeeded' WHERE id = %s",
+            (arranged.command_id,),
+        )
+    wait = _step(_view(api, arranged.execution_id), "wait")
+
+    assert (wait["observed"]["status"], wait["current"]["status"]) == ("sent", "succeeded")
+
+
+def test_a_purged_command_is_said_to_be_gone_never_repeated_from_the_audit(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine, now="timed_out")
+    purge(owner_engine, arranged.command_id)
+
+    wait = _step(_view(api, arranged.execution_id), "wait")
+
+    assert wait["current"] == {"purged": True}
+    assert wait["observed"]["status"] == "sent"
+
+
+def test_a_completed_run_shows_the_decision_table_s_rules(api: Api, owner_engine: Engine) -> None:
+    arranged = completed(api, owner_engine)
+
+    body = _view(api, arranged.execution_id)
+
+    assert body["decision"] == {
+        "by": "rules",
+        "hitPolicy": "FIRST",
+        "ruleIds": ["ok"],
+        "toState": "off",
+        "outcome": "DONE",
+    }
+    assert _step(body, "wait")["current"]["status"] == "succeeded"
+    assert "simulation" not in body and "wouldHaveDone" not in body
+
+
+def test_an_audit_row_edited_to_name_another_org_s_command_reveals_nothing_of_it(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine, now="sent")
+    # The other organization's command has a status this organization never had.
+    foreign = insert_command(owner_engine, org=OTHER_ORG, status="failed", key="foreign:send")
+    point_audit_at(owner_engine, arranged.execution_id, foreign)
+
+    response = api.get(f"/executions/{arranged.execution_id}")
+    listed = api.get("/executions").get_json()["items"]
+
+    wait = _step(response.get_json(), "wait")
+    assert wait["current"] == {"purged": True}
+    assert "failed" not in response.get_data(as_text=True)
+    (item,) = [i for i in listed if i["id"] == arranged.execution_id]
+    assert _step(item, "wait")["current"] == {"purged": True}
+    # The owner of that command still sees it: the row exists, only not for this caller.
+    with owner_engine.connect() as connection:
+        status = connection.exec_driver_sql(
+            "SELECT status FROM machine_command WHERE id = %s", (foreign,)
+        ).scalar_one()
+    assert status == "failed"
+
+
+def test_an_observation_whose_command_id_is_no_uuid_counts_as_gone(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine)
+    point_audit_at(owner_engine, arranged.execution_id, "not-a-uuid' OR 1=1 --")
+
+    wait = _step(_view(api, arranged.execution_id), "wait")
+
+    assert wait["current"] == {"purged": True}
+
+
+def test_a_dry_run_says_what_it_would_have_done_and_stays_out_of_the_normal_list(
+    api: Api, owner_engine: Engine
+) -> None:
+    simulated = dry_run(api, owner_engine)
+    real = deadline_passed(api, owner_engine).execution_id
+
+    body = _view(api, simulated)
+    normal = [item["id"] for item in api.get("/executions").get_json()["items"]]
+    asked = api.get("/executions?simulation=true").get_json()["items"]
+
+    assert body["simulation"] is True
+    assert body["wouldHaveDone"] == [
+        {
+            "actionId": "send",
+            "capability": "machine.command",
+            "effect": "IDEMPOTENT_WRITE",
+            "summary": "send poweroff to machine m-1",
+        }
+    ]
+    assert normal == [real]
+    assert [item["id"] for item in asked] == [simulated]
+    assert asked[0]["wouldHaveDone"] == body["wouldHaveDone"]
+
+
+def test_the_simulation_filter_takes_only_true_or_false(api: Api) -> None:
+    response = api.get("/executions?simulation=yes")
+
+    assert response.status_code == 400
+    assert problem(response)["problems"] == [{"path": "/simulation", "message": "true or false"}]
+
+
+def test_a_foreign_execution_with_observations_is_the_same_404_as_a_missing_one(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine)
+
+    foreign = api.get(f"/executions/{arranged.execution_id}", org=OTHER_ORG)
+    missing = api.get("/executions/00000000-0000-4000-8000-000000000000")
+
+    assert foreign.status_code == missing.status_code == 404
+    assert problem(foreign) == problem(missing)
