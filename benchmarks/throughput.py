@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import create_engine, pool, text
@@ -255,26 +256,42 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (0 if it is gone)."""
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """User + system CPU time of a process so far (0 if it is gone); with
+    `reaped_children`, plus that of its children that have ended and been waited for."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu_seconds() -> float:
-    """CPU time of every live PostgreSQL process on this machine (the server is local)."""
-    total = 0.0
+def postgres_processes(postmaster: int | None = None) -> list[int]:
+    """Pids of the PostgreSQL processes on this machine, or of one server's postmaster
+    and its children."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text_ = stat.read_text()
         except OSError:
             continue
-        if text_[text_.index("(") + 1 : text_.rindex(")")] == "postgres":
-            total += cpu_seconds(int(stat.parent.name))
-    return total
+        if text_[text_.index("(") + 1 : text_.rindex(")")] != "postgres":
+            continue
+        pid = int(stat.parent.name)
+        parent = int(text_.rsplit(")", 1)[1].split()[1])
+        if postmaster is None or postmaster in (pid, parent):
+            found.append(pid)
+    return found
+
+
+def server_cpu_seconds(postmaster: int | None = None) -> float:
+    """CPU time of every PostgreSQL process on this machine (the server is local), or of
+    one server's: the live ones, and through the postmaster's reaped children also the
+    backends that have ended (a peer's connections close before its CPU can be read)."""
+    return sum(cpu_seconds(pid, reaped_children=True) for pid in postgres_processes(postmaster))
 
 
 def stop_workers(processes) -> list[float]:
@@ -305,8 +322,21 @@ def latencies_ms(engine) -> list[float]:
 
 
 def run_backlog(
-    dsn: str, n: int, actions: int, processes: int, concurrency: int, batch: int
+    dsn: str,
+    n: int,
+    actions: int,
+    processes: int,
+    concurrency: int,
+    batch: int,
+    *,
+    postmaster: int | None = None,
+    on_ready: Callable[[str], object] | None = None,
+    on_drained: Callable[[str], object] | None = None,
 ) -> dict:
+    """Drain N accepted executions with `processes` workers. `on_ready(dsn)` runs once
+    the backlog is in place, right before the workers start; `on_drained(dsn)` once they
+    have stopped, before the scratch database is dropped. `postmaster` limits the server
+    CPU figure to that server's processes."""
     name = f"bench_worker_{uuid.uuid4().hex[:8]}"
     admin(dsn, f'CREATE DATABASE "{name}"')
     target = with_database(dsn, name)
@@ -325,7 +355,9 @@ def run_backlog(
                 {"key": definition["key"], "d": json.dumps(definition)},
             ).scalar_one()
         accept_backlog(engine, flow_id, n)
-        server_before = server_cpu_seconds()
+        if on_ready is not None:
+            on_ready(target)
+        server_before = server_cpu_seconds(postmaster)
         workers = spawn_workers(target, processes, concurrency, batch)
         deadline = time.monotonic() + max(120, n / 50)
         done = 0
@@ -338,8 +370,10 @@ def run_backlog(
                 break
             time.sleep(0.5)
         worker_cpu = sum(cpu_seconds(p.pid) for p in workers)
-        server_cpu = server_cpu_seconds() - server_before
+        server_cpu = server_cpu_seconds(postmaster) - server_before
         peaks = stop_workers(workers)
+        if on_drained is not None:
+            on_drained(target)
         with engine.connect() as conn:
             first, last, failed = conn.execute(
                 text(
