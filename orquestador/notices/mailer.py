@@ -1,0 +1,139 @@
+"""The worker's mailer: claims due `email_outbox` rows one at a time and delivers them.
+
+Each row is leased to one mailer before anything is sent; the claim commits first,
+then the message goes out over SMTP, then the row is marked sent. A failure backs
+off exponentially with full jitter and, after MAX_ATTEMPTS deliveries (or at once on
+a permanent 5xx refusal), the row ends `failed` with a safe `last_error`. A crash
+between the server accepting the message and the row being marked sent delivers it
+again once the lease expires, with the same Message-ID: delivery is at least once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine
+
+from orquestador.notices.outbox import (
+    ClaimedEmail,
+    claim_due_emails,
+    mark_failed,
+    mark_retry,
+    mark_sent,
+)
+from orquestador.notices.smtp import DeliveryFailed, OutgoingEmail, SmtpSender
+from orquestador.worker.background import Loop
+
+log = logging.getLogger(__name__)
+
+# Long enough for a slow server to take one message (every SMTP command may wait
+# SMTP_TIMEOUT_SECONDS); short enough that a dead worker's row is not late for long.
+LEASE_SECONDS = 60.0
+POLL_SECONDS = 2.0
+MAX_ATTEMPTS = 12
+BACKOFF_BASE_SECONDS = 5.0
+BACKOFF_CAP_SECONDS = 1800.0  # 12 attempts span at most a few hours
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base_seconds: float = BACKOFF_BASE_SECONDS
+    cap_seconds: float = BACKOFF_CAP_SECONDS
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds before the next delivery after failed delivery `attempt` (1-based).
+
+        Half fixed, half jittered: never a retry at once, and a burst of failures
+        spreads out instead of knocking on the server together.
+        """
+        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** min(max(attempt, 1) - 1, 62))
+        return ceiling / 2 + rand() * ceiling / 2
+
+
+@dataclass(frozen=True)
+class MailerHooks:
+    """Places tests stop a mailer at: after the claim committed, after the server took it."""
+
+    after_claim: Callable[[ClaimedEmail], None] | None = None
+    after_send: Callable[[ClaimedEmail], None] | None = None
+
+
+class Mailer(Loop):
+    """One worker's delivery loop; any number of them share the outbox safely."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sender: SmtpSender,
+        owner: str,
+        *,
+        poll_seconds: float = POLL_SECONDS,
+        lease_seconds: float = LEASE_SECONDS,
+        max_attempts: int = MAX_ATTEMPTS,
+        backoff: Backoff | None = None,
+        hooks: MailerHooks | None = None,
+        wake: threading.Event | None = None,
+    ) -> None:
+        super().__init__("mailer", poll_seconds, wake)
+        self.engine = engine
+        self.sender = sender
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.backoff = backoff or Backoff()
+        self.hooks = hooks or MailerHooks()
+
+    def run_once(self) -> bool:
+        with self.engine.connect() as conn:
+            claimed = claim_due_emails(conn, self.owner, self.lease_seconds)
+            if not claimed:
+                return False
+            for email in claimed:
+                self.deliver(conn, email)
+        return True
+
+    def deliver(self, conn: Connection, email: ClaimedEmail) -> None:
+        if self.hooks.after_claim:
+            self.hooks.after_claim(email)
+        outgoing = OutgoingEmail(email.message_id, email.recipients, email.subject, email.body)
+        try:
+            refused = self.sender.send(outgoing)
+        except DeliveryFailed as exc:
+            self._failed(conn, email, exc)
+            return
+        if self.hooks.after_send:
+            self.hooks.after_send(email)
+        if not mark_sent(conn, email, self.owner):
+            log.warning("e-mail delivered after its lease was lost", extra=email.log_extra)
+            return
+        if refused:
+            log.warning(
+                "e-mail delivered; the server refused %d recipient(s)",
+                len(refused),
+                extra=email.log_extra,
+            )
+        else:
+            log.info("e-mail delivered", extra=email.log_extra)
+
+    def _failed(self, conn: Connection, email: ClaimedEmail, exc: DeliveryFailed) -> None:
+        if exc.permanent or email.attempt >= self.max_attempts:
+            mark_failed(conn, email, self.owner, exc.safe_text)
+            log.warning(
+                "e-mail given up after %d attempt(s): %s",
+                email.attempt,
+                exc.safe_text,
+                extra=email.log_extra,
+            )
+            return
+        delay = self.backoff.delay(email.attempt)
+        mark_retry(conn, email, self.owner, delay, exc.safe_text)
+        log.info(
+            "e-mail not delivered, next try in %.0f s: %s",
+            delay,
+            exc.safe_text,
+            extra=email.log_extra,
+        )

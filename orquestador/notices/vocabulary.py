@@ -1,0 +1,28 @@
+"""The words notices and their e-mail are described with, shared by writers, readers and docs."""
+
+from __future__ import annotations
+
+import enum
+
+# The categories an organization may opt out of; every notice has one.
+CATEGORY_AUTOMATION = "automation"
+CATEGORIES: tuple[str, ...] = (CATEGORY_AUTOMATION,)
+
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+
+# The only delivery channel so far; notification_opt_out is keyed by it.
+CHANNEL_EMAIL = "email"
+
+
+class EmailOutcome(enum.StrEnum):
+    """What became of a notice's e-mail; recorded on the notice, in the output and the audit."""
+
+    QUEUED = "queued"  # an email_outbox row was written with the notice
+    OFF_ON_NODE = "off_on_node"  # the flow's node did not tick `email` (the default)
+    ORG_OPTED_OUT = "org_opted_out"  # the organization opted out of the notice's category
+    NO_RECIPIENTS = "no_recipients"  # the organization has configured nobody to send to
+    SIMULATION = "simulation"  # a dry run: the notice is a test, nothing is sent
+
+
+# The audit row that says why an e-mail was or was not sent.
+AUDIT_NOTICE_WRITTEN = "NOTICE_WRITTEN"
