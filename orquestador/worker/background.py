@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from orquestador.config import Settings
+from orquestador.notices.factory import mailer_loop
 from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Loop(threading.Thread):
 
 # Each entry builds one loop for a worker; areas add theirs here.
 LoopFactory = Callable[[Settings, Engine, str], Loop | None]
-LOOP_FACTORIES: list[LoopFactory] = []
+LOOP_FACTORIES: list[LoopFactory] = [mailer_loop]
 
 
 def background_loops(settings: Settings, engine: Engine, worker_id: str) -> list[Loop]:
