@@ -1,4 +1,4 @@
-"""The one command line: dev, migrate, worker, api, token, check, health, decide, executions."""
+"""The one command line: dev, migrate, worker, api, token, check, health, decide, agent, ..."""
 
 from __future__ import annotations
 
@@ -112,7 +112,13 @@ def _parser() -> argparse.ArgumentParser:
     api.set_defaults(handler=_api)
 
     token = command("token", "mint a JWT with the configured signing key", TOKEN_SETTINGS)
-    token.add_argument("--sub", required=True, help="subject (the caller's user id)")
+    who = token.add_mutually_exclusive_group(required=True)
+    who.add_argument("--sub", help="subject (the caller's user id)")
+    who.add_argument(
+        "--machine",
+        metavar="MACHINE_ID",
+        help="a machine agent's token: sub machine:MACHINE_ID, scope agent (no --scope)",
+    )
     token.add_argument("--org", required=True, help="organization id")
     token.add_argument("--scope", default="", help='space separated, e.g. "requests:read"')
     token.add_argument(
@@ -148,6 +154,19 @@ def _parser() -> argparse.ArgumentParser:
     decide.set_defaults(handler=_decide)
 
     add_executions_command(command)
+
+    agent = command(
+        "agent",
+        "the reference machine agent: take this machine's commands, run them from "
+        "AGENT_COMMANDS_FILE, report their status",
+        AGENT_SETTINGS,
+    )
+    agent.add_argument(
+        "--check",
+        action="store_true",
+        help="validate AGENT_COMMANDS_FILE and exit (0 valid, 2 with one line per problem)",
+    )
+    agent.set_defaults(handler=_agent)
     return parser
 
 
@@ -186,6 +205,7 @@ TOKEN_SETTINGS = (
     "JWT_ISSUER",
     "JWT_AUDIENCE",
 )
+AGENT_SETTINGS = ("ORQUESTADOR_API_URL", "ORQUESTADOR_TOKEN", "AGENT_COMMANDS_FILE", "LOG_LEVEL")
 HEALTH_SETTINGS = (
     "REQUEST_API_ENABLED",
     "FLOW_ADMIN_ENABLED",
@@ -335,6 +355,19 @@ def _token(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.ttl <= 0:
         raise CommandFailed("--ttl must be greater than zero", 2)
+    if args.machine is not None:
+        from orquestador.api.auth import SCOPE_AGENT, identity_claim_problem
+
+        if args.scope:
+            raise CommandFailed("--machine mints an agent token (scope agent); drop --scope", 2)
+        problem = identity_claim_problem(args.machine) or (
+            "must not contain spaces" if any(c.isspace() for c in args.machine) else None
+        )
+        if problem:
+            raise CommandFailed(f"--machine {problem}", 2)
+        sub, scopes = f"machine:{args.machine}", [SCOPE_AGENT]
+    else:
+        sub, scopes = args.sub, args.scope.split()
     if not settings.signing_secret() and not settings.jwt_private_key_file:
         raise CommandFailed(
             f"no signing key: JWT_SECRET is not set and there is no development key at "
@@ -343,12 +376,37 @@ def _token(args: argparse.Namespace) -> int:
             "folder of the project where 'orquestador dev' ran",
             2,
         )
-    print(
-        mint_token(
-            settings, sub=args.sub, org=args.org, scopes=args.scope.split(), ttl_seconds=args.ttl
-        )
-    )
+    print(mint_token(settings, sub=sub, org=args.org, scopes=scopes, ttl_seconds=args.ttl))
     return 0
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from orquestador.agent import load_commands, run_agent
+
+    settings = Settings.from_env()
+    configure_logging(settings)
+    problems = []
+    if not settings.agent_commands_file:
+        problems.append("AGENT_COMMANDS_FILE is not set (the TOML file of commands to run)")
+        commands = None
+    else:
+        commands, file_problems = load_commands(settings.agent_commands_file)
+        problems += file_problems
+    if not args.check:
+        if not settings.api_url:
+            problems.append("ORQUESTADOR_API_URL is not set, e.g. http://127.0.0.1:8080/api/v1")
+        if not settings.api_token:
+            problems.append(
+                "ORQUESTADOR_TOKEN is not set (an agent token: orquestador token --machine M "
+                "--org O)"
+            )
+    if problems:
+        raise ConfigError(problems)
+    assert commands is not None
+    if args.check:
+        print(f"{settings.agent_commands_file}: {len(commands)} commands, valid")
+        return 0
+    return run_agent(settings.api_url, settings.api_token, commands)
 
 
 def _check(args: argparse.Namespace) -> int:

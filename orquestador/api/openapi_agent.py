@@ -4,9 +4,140 @@ from __future__ import annotations
 
 from typing import Any
 
+from orquestador.api.openapi_parts import (
+    READ_ERRORS,
+    SECURED,
+    WRITE_ERRORS,
+    body,
+    json_response,
+    problems,
+    query_parameter,
+    ref,
+)
+from orquestador.machines import MAX_OUTPUT_CHARACTERS
+
+_AGENT = (
+    "Scope `agent`; the token's `sub` is `machine:<machineId>` and its `org` the machine's "
+    "organization (`orquestador token --machine M --org O`). An agent sees only its own "
+    "machine's commands in its own organization; any other command answers 404, the same "
+    "as a missing one. A token with the scope but another kind of subject is refused 403 "
+    "`NOT_A_MACHINE`."
+)
+
 # Component schemas this area adds, by name (referenced as #/components/schemas/NAME).
-SCHEMAS: dict[str, Any] = {}
+SCHEMAS: dict[str, Any] = {
+    "AgentCommand": {
+        "type": "object",
+        "required": ["id", "command", "args"],
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "command": {
+                "type": "string",
+                "description": "A name from the server's MACHINE_COMMANDS; the agent maps "
+                "it to an argv of its own AGENT_COMMANDS_FILE.",
+            },
+            "args": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "CommandStatusReport": {
+        "type": "object",
+        "required": ["status"],
+        "additionalProperties": False,
+        "properties": {
+            "status": {"enum": ["running", "succeeded", "failed", "timed_out"]},
+            "exitCode": {"type": ["integer", "null"], "format": "int32"},
+            "output": {
+                "type": ["string", "null"],
+                "description": f"Kept up to {MAX_OUTPUT_CHARACTERS} characters; longer "
+                "output is cut and marked `[output truncated]`.",
+            },
+        },
+    },
+    "CommandStatus": {
+        "type": "object",
+        "required": ["id", "status", "exitCode", "updatedAt", "finishedAt", "changed"],
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "status": {"enum": ["pending", "sent", "running", "succeeded", "failed", "timed_out"]},
+            "exitCode": {"type": ["integer", "null"]},
+            "updatedAt": {"type": "string", "format": "date-time"},
+            "finishedAt": {"type": ["string", "null"], "format": "date-time"},
+            "changed": {
+                "type": "boolean",
+                "description": "false when the command already had this status (a repeated "
+                "report changes nothing).",
+            },
+            "outputTruncated": {"type": "boolean"},
+        },
+    },
+}
 
 
 def paths() -> dict[str, Any]:
-    return {}
+    return {
+        "/agent/commands/next": {
+            "post": {
+                "operationId": "takeNextCommand",
+                "summary": "Take the machine's next command (long poll)",
+                "description": _AGENT
+                + " Hands out the machine's oldest `pending` command and marks it `sent`: "
+                "each command is handed out once, to one agent, even when several poll at "
+                "once. With none pending, waits up to `wait` seconds for one, then answers "
+                "204. No body.",
+                "security": SECURED,
+                "parameters": [
+                    query_parameter(
+                        "wait",
+                        {"type": "number", "minimum": 0, "maximum": 30, "default": 0},
+                        "Seconds to wait for a command when none is pending (0 to 30).",
+                    )
+                ],
+                "responses": {
+                    "200": json_response(ref("AgentCommand"), "A command, now `sent`."),
+                    "204": {"description": "No command arrived within `wait` seconds."},
+                    **problems(
+                        "400",
+                        *READ_ERRORS,
+                        s400="`QUERY_INVALID`: `wait` is not a number from 0 to 30.",
+                        s403="The token lacks the `agent` scope (`INSUFFICIENT_SCOPE`) or its "
+                        "subject is not `machine:<machineId>` (`NOT_A_MACHINE`).",
+                    ),
+                },
+            }
+        },
+        "/agent/commands/{commandId}/status": {
+            "post": {
+                "operationId": "reportCommandStatus",
+                "summary": "Report a command's status",
+                "description": _AGENT
+                + " Statuses only move forward: `sent` → `running` → one final status "
+                "(`succeeded`, `failed`, `timed_out`); a final status may follow `sent` "
+                "directly. The same status again answers 200 and changes nothing (an agent "
+                "may repeat a report whose answer it lost); a different final status, or "
+                "any move backwards, is 409. Each change wakes the executions waiting on "
+                "the command at once.",
+                "security": SECURED,
+                "parameters": [
+                    {
+                        "name": "commandId",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "format": "uuid"},
+                    }
+                ],
+                "requestBody": body(ref("CommandStatusReport")),
+                "responses": {
+                    "200": json_response(ref("CommandStatus"), "The command's status now."),
+                    **problems(
+                        *WRITE_ERRORS,
+                        "404",
+                        "409",
+                        s403="The token lacks the `agent` scope (`INSUFFICIENT_SCOPE`) or its "
+                        "subject is not `machine:<machineId>` (`NOT_A_MACHINE`).",
+                        s409="`STATUS_CONFLICT`: the status would move backwards, replace a "
+                        "different final status, or the command was never sent.",
+                    ),
+                },
+            }
+        },
+    }

@@ -1,11 +1,202 @@
-"""Built-in adapter(s) of this area; registered by register_builtins."""
+"""machine.command@1 and machine.wait@1: send a command to a machine's agent, wait for it.
+
+machine.command writes one row per external key (a retry finds the first call's row);
+machine.wait reads the row and, while it is not final and the step's own deadline has
+not passed, raises NotReady so the engine parks the execution instead of holding a
+thread. The deadline is measured in database time from the step's first start.
+"""
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 from orquestador.actions.builtin.database import BuiltinDatabase
+from orquestador.actions.contracts import ActionContext, Adapter, Effect
+from orquestador.actions.errors import NotReady, PermanentError
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
+from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
+from orquestador.machines.commands import Command, create_command, find_command, wait_key
+
+COMMAND_NOT_ALLOWED = "COMMAND_NOT_ALLOWED"
+COMMAND_NOT_FOUND = "COMMAND_NOT_FOUND"
+WAIT_DEADLINE_EXCEEDED = "WAIT_DEADLINE_EXCEEDED"
+
+# An agent's token names its machine in `sub` ("machine:<id>", at most 200 characters).
+MAX_MACHINE_ID_CHARACTERS = 192
+MAX_ARGS = 32
+MAX_ARG_CHARACTERS = 1024
+MAX_DEADLINE_SECONDS = 86400
+# A parked wait looks again at least this often even if no wake arrives (a lost
+# notification, a status changed by hand): the wake is the fast path, this the bound.
+POLL_FALLBACK_SECONDS = 30.0
+
+COMMAND_INPUT: dict[str, Any] = {
+    "type": "object",
+    "required": ["machineId", "command"],
+    "additionalProperties": False,
+    "properties": {
+        "machineId": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_MACHINE_ID_CHARACTERS,
+            "pattern": r"^[^\s]+$",
+        },
+        "command": {"type": "string", "minLength": 1, "maxLength": 100},
+        "args": {
+            "type": "array",
+            "maxItems": MAX_ARGS,
+            "items": {"type": "string", "maxLength": MAX_ARG_CHARACTERS},
+        },
+    },
+}
+COMMAND_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "required": ["commandId", "status"],
+    "properties": {
+        "commandId": {"type": "string", "format": "uuid"},
+        "status": {"enum": list(COMMAND_STATUSES)},
+    },
+}
+WAIT_INPUT: dict[str, Any] = {
+    "type": "object",
+    "required": ["commandId", "deadlineSeconds"],
+    "additionalProperties": False,
+    "properties": {
+        "commandId": {"type": "string", "minLength": 1, "maxLength": 100},
+        "deadlineSeconds": {"type": "integer", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS},
+    },
+}
+WAIT_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "required": ["commandId", "status", "exitCode"],
+    "properties": {
+        "commandId": {"type": "string", "format": "uuid"},
+        "status": {"enum": list(FINAL_COMMAND_STATUSES)},
+        "exitCode": {"type": ["integer", "null"]},
+    },
+}
+
+
+class MachineAdapters:
+    """The two machine adapters, bound to the allow-list and the built-ins' database."""
+
+    def __init__(self, allowed: list[str], database: BuiltinDatabase) -> None:
+        self._allowed = frozenset(allowed)
+        self._database = database
+
+    # --- machine.command ---------------------------------------------------------------
+
+    def _checked_command(self, ctx: ActionContext) -> str:
+        command = ctx.inputs["command"]
+        if command not in self._allowed:
+            raise PermanentError(
+                COMMAND_NOT_ALLOWED,
+                f"command {command!r} is not in MACHINE_COMMANDS "
+                f"({', '.join(sorted(self._allowed)) or 'empty'})",
+            )
+        return command
+
+    def send(self, ctx: ActionContext) -> dict[str, Any]:
+        command = self._checked_command(ctx)
+        with self._database.engine.begin() as conn:
+            row = create_command(
+                conn,
+                org_id=ctx.identity.org_id,
+                machine_id=ctx.inputs["machineId"],
+                command=command,
+                args=list(ctx.inputs.get("args", [])),
+                external_key=ctx.external_key,
+            )
+        return {"commandId": str(row.id), "status": row.status}
+
+    def simulate_send(self, ctx: ActionContext) -> dict[str, Any]:
+        command = self._checked_command(ctx)
+        ctx.observe({"summary": f"would send {command} to machine {ctx.inputs['machineId']}"})
+        # A stable, recognisable id derived from the key: nothing is written anywhere.
+        return {
+            "commandId": str(uuid.uuid5(uuid.NAMESPACE_URL, ctx.external_key)),
+            "status": "pending",
+        }
+
+    # --- machine.wait ------------------------------------------------------------------
+
+    def wait(self, ctx: ActionContext) -> dict[str, Any]:
+        command_id = ctx.inputs["commandId"]
+        try:
+            parsed = uuid.UUID(command_id)
+        except ValueError:
+            raise PermanentError(COMMAND_NOT_FOUND, "no such command") from None
+        with self._database.engine.connect() as conn:
+            # The id comes from JSON the flow produced: the organization bounds the read.
+            command = find_command(conn, org_id=ctx.identity.org_id, command_id=parsed)
+        if command is None:
+            raise PermanentError(COMMAND_NOT_FOUND, "no such command in this organization")
+        seen = _seen(command)
+        if command.final:
+            ctx.observe(seen)
+            return {
+                "commandId": str(command.id),
+                "status": command.status,
+                "exitCode": command.exit_code,
+            }
+        left = _deadline(ctx, command) - command.read_at
+        if left > timedelta(0):
+            raise NotReady(
+                min(max(left.total_seconds(), 0.001), POLL_FALLBACK_SECONDS),
+                wait_key=wait_key(command.id),
+                observed=seen,
+            )
+        # The command goes on: a deadline ends the wait, never the command.
+        raise PermanentError(
+            WAIT_DEADLINE_EXCEEDED,
+            f"the command was still {command.status} when the wait's deadline passed",
+            observed=seen,
+        )
+
+    def simulate_wait(self, ctx: ActionContext) -> dict[str, Any]:
+        return {"commandId": ctx.inputs["commandId"], "status": "succeeded", "exitCode": 0}
+
+
+def _seen(command: Command) -> dict[str, Any]:
+    seen_at = command.read_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return {"commandId": str(command.id), "status": command.status, "seenAt": seen_at}
+
+
+def _deadline(ctx: ActionContext, command: Command) -> datetime:
+    # Without a recorded first start (a caller that does not pass one) the deadline
+    # counts from the command's creation, just before the wait began: it still ends.
+    started = ctx.first_started_at or command.created_at
+    return started + timedelta(seconds=ctx.inputs["deadlineSeconds"])
 
 
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
-    return None
+    adapters = MachineAdapters(settings.machine_command_list, database)
+    registry.add(
+        Adapter(
+            capability="machine.command",
+            version=1,
+            effect=Effect.IDEMPOTENT_WRITE,
+            input_schema=COMMAND_INPUT,
+            output_schema=COMMAND_OUTPUT,
+            timeout_seconds=10,
+            max_attempts=3,
+            invoke=adapters.send,
+            simulate=adapters.simulate_send,
+        )
+    )
+    registry.add(
+        Adapter(
+            capability="machine.wait",
+            version=1,
+            effect=Effect.READ_ONLY,
+            input_schema=WAIT_INPUT,
+            output_schema=WAIT_OUTPUT,
+            timeout_seconds=10,
+            max_attempts=3,
+            invoke=adapters.wait,
+            simulate=adapters.simulate_wait,
+        )
+    )

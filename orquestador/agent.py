@@ -1,0 +1,365 @@
+"""`orquestador agent`: the reference machine agent.
+
+It long-polls the API for its machine's commands, runs each as the argv the operator
+configured for its name in AGENT_COMMANDS_FILE (never a shell string from the server),
+and reports `running`, then `succeeded`, `failed` or `timed_out`. It rides out an API
+outage with capped backoff and stops cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# How long one long poll waits on the server for a command (the API allows up to 30).
+POLL_WAIT_SECONDS = 20
+# Between tries while the API does not answer: doubling from the first, capped.
+BACKOFF_FIRST_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 30.0
+MAX_TIMEOUT_SECONDS = 86400
+# Output sent with a final status, in characters (the API keeps the same amount).
+MAX_OUTPUT_CHARACTERS = 65536
+_TRUNCATED = "\n[output truncated]"
+_KEYS = {"argv", "timeout_seconds", "pass_args"}
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """What the operator allows a command name to run on this machine."""
+
+    name: str
+    argv: tuple[str, ...]
+    timeout_seconds: float
+    # Append the server's args to argv, each as one argument (never through a shell).
+    pass_args: bool = False
+
+
+def load_commands(path: str | Path) -> tuple[dict[str, CommandSpec], list[str]]:
+    """The commands of an AGENT_COMMANDS_FILE and one line per problem found in it."""
+    where = f"AGENT_COMMANDS_FILE {path}"
+    try:
+        document = tomllib.loads(Path(path).read_text("utf-8"))
+    except OSError as error:
+        return {}, [f"{where}: cannot read it ({error.strerror})"]
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        return {}, [f"{where}: not valid TOML ({error})"]
+    commands: dict[str, CommandSpec] = {}
+    problems: list[str] = []
+    for name, entry in document.items():
+        at = f"{where}: [{name}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{at} must be a table with argv and timeout_seconds")
+            continue
+        found = len(problems)
+        problems += [f"{at}: unknown key {key!r}" for key in sorted(set(entry) - _KEYS)]
+        argv = entry.get("argv")
+        if not (
+            isinstance(argv, list)
+            and argv
+            and all(isinstance(part, str) and part and "\x00" not in part for part in argv)
+        ):
+            problems.append(f"{at}: argv must be a non-empty list of non-empty strings")
+        elif shutil.which(argv[0]) is None:
+            problems.append(f"{at}: argv[0] {argv[0]!r} is not an executable file or on PATH")
+        timeout = entry.get("timeout_seconds")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout <= MAX_TIMEOUT_SECONDS
+        ):
+            problems.append(f"{at}: timeout_seconds must be a number above 0, at most 86400")
+        pass_args = entry.get("pass_args", False)
+        if not isinstance(pass_args, bool):
+            problems.append(f"{at}: pass_args must be true or false")
+        if len(problems) == found:
+            commands[name] = CommandSpec(name, tuple(argv), float(timeout), pass_args)
+    if not document:
+        problems.append(f"{where}: no commands; add a table per command, e.g. [poweroff]")
+    return commands, problems
+
+
+# --- running one command ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # succeeded, failed or timed_out
+    exit_code: int | None
+    output: str
+
+
+def truncate(output: str) -> str:
+    if len(output) <= MAX_OUTPUT_CHARACTERS:
+        return output
+    return output[: MAX_OUTPUT_CHARACTERS - len(_TRUNCATED)] + _TRUNCATED
+
+
+def run_command(spec: CommandSpec, args: list[str]) -> Outcome:
+    """Run the argv with its timeout; the whole process group is killed when it runs out."""
+    argv = [*spec.argv, *(args if spec.pass_args else [])]
+    # Output goes to a file, not a pipe: a command printing without end cannot fill the
+    # agent's memory, and only the first part is read back.
+    with tempfile.TemporaryFile() as sink:
+        try:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group, so a timeout kills its children too
+            )
+        except OSError as error:
+            return Outcome("failed", None, f"cannot start {argv[0]}: {error.strerror}")
+        try:
+            code: int | None = process.wait(timeout=spec.timeout_seconds)
+            status = "succeeded" if code == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            code, status = None, "timed_out"
+        sink.seek(0)
+        output = sink.read(MAX_OUTPUT_CHARACTERS * 4 + 1).decode("utf-8", "replace")
+    return Outcome(status, code, truncate(output))
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+# --- talking to the API ----------------------------------------------------------------
+
+
+class ApiUnreachable(Exception):
+    """The API did not answer, or answered that it cannot serve now (5xx)."""
+
+
+class TokenRefused(Exception):
+    """The API refused the agent's token (401 or 403): retrying will not help."""
+
+
+class AgentClient:
+    """The two agent routes over HTTP with a bearer token."""
+
+    def __init__(self, api_url: str, token: str) -> None:
+        self._base = api_url.rstrip("/")
+        self._token = token
+
+    def _post(self, path: str, body: Any, timeout: float) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            self._base + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+                return response.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as error:
+            if error.code in (401, 403):
+                raise TokenRefused(f"the API answered {error.code} to the agent's token") from None
+            if error.code >= 500:
+                raise ApiUnreachable(f"the API answered {error.code}") from None
+            return error.code, _problem_of(error)
+        except (OSError, ValueError) as error:  # URLError, timeouts, resets, bad JSON
+            raise ApiUnreachable(_reason(error)) from None
+
+    def next_command(self, wait_seconds: float) -> dict[str, Any] | None:
+        status, body = self._post(
+            f"/agent/commands/next?wait={wait_seconds:g}", {}, timeout=wait_seconds + 15
+        )
+        if status == 204:
+            return None
+        if status != 200 or not isinstance(body, dict):
+            raise ApiUnreachable(f"unexpected answer {status} to commands/next")
+        return body
+
+    def report(self, command_id: str, status: str, outcome: Outcome | None = None) -> int:
+        body: dict[str, Any] = {"status": status}
+        if outcome is not None:
+            body.update(exitCode=outcome.exit_code, output=outcome.output)
+        answer, _ = self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
+        return answer
+
+
+def _problem_of(error: urllib.error.HTTPError) -> Any:
+    try:
+        return json.loads(error.read())
+    except ValueError:
+        return None
+
+
+def _reason(error: BaseException) -> str:
+    reason = getattr(error, "reason", None) or error
+    return str(reason).strip() or type(error).__name__
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+class _Interrupted(BaseException):
+    """Raised by the signal handler to abandon a long poll at once."""
+
+
+class Agent:
+    """Poll, run, report; until stopped."""
+
+    def __init__(
+        self,
+        client: AgentClient,
+        commands: dict[str, CommandSpec],
+        *,
+        poll_wait_seconds: float = POLL_WAIT_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._client = client
+        self._commands = commands
+        self._poll_wait = poll_wait_seconds
+        self._sleep = sleep
+        self._stopping = False
+        self._interruptible = False
+        self._outage_since: float | None = None
+        self._backoff = BACKOFF_FIRST_SECONDS
+
+    # Signals ------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stopping = True
+        # Waiting (long poll or backoff) is abandoned at once; a running command is
+        # left to finish and its status reported before the agent exits.
+        if self._interruptible:
+            self._interruptible = False
+            raise _Interrupted()
+
+    def _interruptibly(self, call: Callable[[], Any]) -> Any:
+        if self._stopping:
+            raise _Interrupted()
+        self._interruptible = True
+        try:
+            return call()
+        finally:
+            self._interruptible = False
+
+    # Outages ------------------------------------------------------------------------
+
+    def _api_down(self, reason: str) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            log.warning(
+                "API unreachable (%s); retrying with backoff up to %gs", reason, BACKOFF_CAP_SECONDS
+            )
+        delay = self._backoff * random.uniform(0.5, 1.0)
+        self._backoff = min(self._backoff * 2, BACKOFF_CAP_SECONDS)
+        self._interruptibly(lambda: self._sleep(delay))
+
+    def _api_up(self) -> None:
+        if self._outage_since is not None:
+            log.warning("API reachable again after %.0fs", time.monotonic() - self._outage_since)
+            self._outage_since = None
+        self._backoff = BACKOFF_FIRST_SECONDS
+
+    # The loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        log.info("agent started", extra={"commands": sorted(self._commands)})
+        try:
+            while not self._stopping:
+                try:
+                    command = self._interruptibly(
+                        lambda: self._client.next_command(self._poll_wait)
+                    )
+                except ApiUnreachable as down:
+                    self._api_down(str(down))
+                    continue
+                self._api_up()
+                if command is not None:
+                    self._handle(command)
+        except _Interrupted:
+            pass
+        except TokenRefused as refused:
+            log.error(
+                "%s; stopping (mint a new one: orquestador token --machine M --org O)", refused
+            )
+            return 1
+        log.info("agent stopped")
+        return 0
+
+    def _handle(self, command: dict[str, Any]) -> None:
+        command_id, name = str(command.get("id")), str(command.get("command"))
+        extra = {"command_id": command_id, "command": name}
+        spec = self._commands.get(name)
+        if spec is None:
+            log.warning("unknown command %r: reported failed", name, extra=extra)
+            outcome = Outcome(
+                "failed", None, f"unknown command {name!r}: not in AGENT_COMMANDS_FILE"
+            )
+            self._report(command_id, outcome.status, outcome)
+            return
+        if not self._report(command_id, "running"):
+            return
+        args = [str(arg) for arg in command.get("args") or []]
+        started = time.monotonic()
+        outcome = run_command(spec, args)
+        log.info(
+            "ran %s: %s (exit %s) in %.2fs",
+            name,
+            outcome.status,
+            outcome.exit_code,
+            time.monotonic() - started,
+            extra=extra,
+        )
+        self._report(command_id, outcome.status, outcome)
+
+    def _report(self, command_id: str, status: str, outcome: Outcome | None = None) -> bool:
+        """Deliver a status, retrying through an outage; False when the API refused it."""
+        while True:
+            try:
+                answer = self._client.report(command_id, status, outcome)
+            except ApiUnreachable as down:
+                if self._stopping:
+                    log.error("stopping with the %s report of %s undelivered", status, command_id)
+                    return False
+                try:
+                    self._api_down(str(down))
+                except _Interrupted:
+                    # Stop was asked while waiting: one last try, then give up.
+                    self._stopping = True
+                continue
+            self._api_up()
+            if answer != 200:
+                log.warning(
+                    "the API answered %s to the %s report; dropped",
+                    answer,
+                    status,
+                    extra={"command_id": command_id},
+                )
+            return answer == 200
+
+
+def run_agent(api_url: str, token: str, commands: dict[str, CommandSpec]) -> int:
+    agent = Agent(AgentClient(api_url, token), commands)
+    agent.install_signal_handlers()
+    return agent.run()

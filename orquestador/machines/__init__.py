@@ -1,0 +1,33 @@
+"""Machine commands: the rows a flow writes and a machine's agent takes, runs and reports."""
+
+from orquestador.machines.commands import (
+    FINAL,
+    MAX_OUTPUT_CHARACTERS,
+    AgentCommand,
+    Command,
+    CommandNotFound,
+    StatusConflict,
+    claim_next,
+    create_command,
+    find_command,
+    report_status,
+    wait_key,
+)
+from orquestador.machines.long_poll import next_command
+from orquestador.machines.retention import delete_final_commands
+
+__all__ = [
+    "FINAL",
+    "MAX_OUTPUT_CHARACTERS",
+    "AgentCommand",
+    "Command",
+    "CommandNotFound",
+    "StatusConflict",
+    "claim_next",
+    "create_command",
+    "delete_final_commands",
+    "find_command",
+    "next_command",
+    "report_status",
+    "wait_key",
+]

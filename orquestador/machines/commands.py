@@ -1,0 +1,271 @@
+"""The command store: create by external key, claim for an agent, move statuses forward.
+
+Every look-up carries the organization in its WHERE (a command id may come from JSON a
+flow produced), and an agent's look-ups carry its machine as well: a foreign command is
+indistinguishable from a missing one. Every status change wakes the executions waiting
+on the command in the same transaction, so the wake commits with the change.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
+from orquestador.queue.waits import wake_waiting
+
+FINAL = frozenset(FINAL_COMMAND_STATUSES)
+# What an agent may report; pending and sent belong to the server.
+REPORTABLE = ("running", *FINAL_COMMAND_STATUSES)
+# Forward only: a status may replace one of a lower rank, never the other way round.
+_RANK = {"pending": 0, "sent": 1, "running": 2, **{status: 3 for status in FINAL}}
+assert set(_RANK) == set(COMMAND_STATUSES)
+
+# A command's output is kept up to this many characters; the rest is cut off and the
+# cut is marked, so a chatty command cannot fill the table.
+MAX_OUTPUT_CHARACTERS = 65536
+TRUNCATION_MARK = "\n[output truncated]"
+
+
+def wait_key(command_id: uuid.UUID | str) -> str:
+    """What an execution waiting on the command waits for (execution.wait_key)."""
+    return f"machine_command:{command_id}"
+
+
+def truncate_output(output: str) -> str:
+    if len(output) <= MAX_OUTPUT_CHARACTERS:
+        return output
+    return output[: MAX_OUTPUT_CHARACTERS - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command as the flow sees it, with the database's clock at the time of reading."""
+
+    id: uuid.UUID
+    machine_id: str
+    command: str
+    args: list[str]
+    status: str
+    exit_code: int | None
+    created_at: datetime
+    updated_at: datetime
+    read_at: datetime  # the database's clock when the row was read
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+
+@dataclass(frozen=True)
+class AgentCommand:
+    """What an agent receives: the command to run, never anything of the flow."""
+
+    id: uuid.UUID
+    command: str
+    args: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": str(self.id), "command": self.command, "args": self.args}
+
+
+class CommandNotFound(Exception):
+    """No such command for this organization (and machine)."""
+
+
+class StatusConflict(Exception):
+    """The status would move backwards, or replace a different final status."""
+
+    def __init__(self, current: str, wanted: str) -> None:
+        super().__init__(f"the command is {current}; it cannot become {wanted}")
+        self.current = current
+        self.wanted = wanted
+
+
+_COLUMNS = (
+    "id, machine_id, command, args, status, exit_code, created_at, updated_at,"
+    " clock_timestamp() AS now"
+)
+
+_INSERT = text(
+    """
+    INSERT INTO machine_command (org_id, machine_id, command, args, external_key)
+    VALUES (:org_id, :machine_id, :command, CAST(:args AS jsonb), :external_key)
+    ON CONFLICT (external_key) DO NOTHING
+    """
+)
+# The organization bounds the read of an existing row: an external key is unique
+# across organizations, and one organization never reads another's command.
+_BY_KEY = text(
+    f"SELECT {_COLUMNS} FROM machine_command WHERE org_id = :org_id AND external_key = :key"
+)
+_BY_ID = text(f"SELECT {_COLUMNS} FROM machine_command WHERE org_id = :org_id AND id = :id")
+
+
+def _command(row: Any) -> Command:
+    return Command(
+        id=row.id,
+        machine_id=row.machine_id,
+        command=row.command,
+        args=list(row.args or []),
+        status=row.status,
+        exit_code=row.exit_code,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        read_at=row.now,
+    )
+
+
+def create_command(
+    conn: Connection,
+    *,
+    org_id: str,
+    machine_id: str,
+    command: str,
+    args: list[str],
+    external_key: str,
+) -> Command:
+    """Insert the command keyed by `external_key`, or return the row a first call inserted.
+
+    A retry of the same step (same external key) never makes a second command, whatever
+    happened to the first call's answer.
+    """
+    conn.execute(
+        _INSERT,
+        {
+            "org_id": org_id,
+            "machine_id": machine_id,
+            "command": command,
+            "args": json.dumps(args),
+            "external_key": external_key,
+        },
+    )
+    row = conn.execute(_BY_KEY, {"org_id": org_id, "key": external_key}).one_or_none()
+    if row is None:
+        # The key belongs to another organization's command: never show it.
+        raise CommandNotFound(external_key)
+    return _command(row)
+
+
+def find_command(conn: Connection, *, org_id: str, command_id: uuid.UUID) -> Command | None:
+    """The command with this id in this organization, or None (missing and foreign alike)."""
+    row = conn.execute(_BY_ID, {"org_id": org_id, "id": command_id}).one_or_none()
+    return None if row is None else _command(row)
+
+
+# The oldest pending command of the machine, marked sent. SKIP LOCKED: two agents
+# polling for the same machine at once never take the same command; the UPDATE
+# re-checks the status in case the row changed between the two.
+_CLAIM = text(
+    """
+    WITH next AS (
+        SELECT id FROM machine_command
+        WHERE org_id = :org_id AND machine_id = :machine_id AND status = 'pending'
+        ORDER BY created_at, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE machine_command AS c
+    SET status = 'sent', sent_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM next
+    WHERE c.id = next.id AND c.status = 'pending'
+    RETURNING c.id, c.command, c.args
+    """
+)
+
+
+def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentCommand | None:
+    """Hand the machine's oldest pending command to its agent, marking it sent; or None."""
+    row = conn.execute(_CLAIM, {"org_id": org_id, "machine_id": machine_id}).one_or_none()
+    if row is None:
+        return None
+    wake_waiting(conn, wait_key(row.id))
+    return AgentCommand(id=row.id, command=row.command, args=list(row.args or []))
+
+
+_LOCK_FOR_AGENT = text(
+    """
+    SELECT id, status, exit_code, updated_at, finished_at FROM machine_command
+    WHERE org_id = :org_id AND machine_id = :machine_id AND id = :id
+    FOR UPDATE
+    """
+)
+_SET_RUNNING = text(
+    """
+    UPDATE machine_command SET status = 'running', updated_at = clock_timestamp()
+    WHERE id = :id
+    RETURNING id, status, exit_code, updated_at, finished_at
+    """
+)
+_SET_FINAL = text(
+    """
+    UPDATE machine_command
+    SET status = :status, exit_code = :exit_code, output = :output,
+        updated_at = clock_timestamp(), finished_at = clock_timestamp()
+    WHERE id = :id
+    RETURNING id, status, exit_code, updated_at, finished_at
+    """
+)
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A command's status after a report, and whether the report changed it."""
+
+    id: uuid.UUID
+    status: str
+    exit_code: int | None
+    updated_at: datetime
+    finished_at: datetime | None
+    changed: bool
+
+
+def report_status(
+    conn: Connection,
+    *,
+    org_id: str,
+    machine_id: str,
+    command_id: uuid.UUID,
+    status: str,
+    exit_code: int | None = None,
+    output: str | None = None,
+) -> Reported:
+    """Move the machine's command forward to `status`, waking whoever waits on it.
+
+    The same status again changes nothing and succeeds (an agent repeating a report whose
+    answer it lost); a lower rank, a different final status, or any report before the
+    command was sent raises StatusConflict.
+    """
+    if status not in REPORTABLE:
+        raise ValueError(f"an agent cannot report {status!r}")
+    row = conn.execute(
+        _LOCK_FOR_AGENT, {"org_id": org_id, "machine_id": machine_id, "id": command_id}
+    ).one_or_none()
+    if row is None:
+        raise CommandNotFound(str(command_id))
+    if row.status == status:
+        return Reported(row.id, row.status, row.exit_code, row.updated_at, row.finished_at, False)
+    if row.status == "pending" or _RANK[status] <= _RANK[row.status]:
+        raise StatusConflict(row.status, status)
+    if status == "running":
+        updated = conn.execute(_SET_RUNNING, {"id": row.id}).one()
+    else:
+        kept = None if output is None else truncate_output(output)
+        updated = conn.execute(
+            _SET_FINAL,
+            {
+                "id": row.id,
+                "status": status,
+                "exit_code": exit_code,
+                "output": kept,
+            },
+        ).one()
+    wake_waiting(conn, wait_key(row.id))
+    return Reported(
+        updated.id, updated.status, updated.exit_code, updated.updated_at, updated.finished_at, True
+    )

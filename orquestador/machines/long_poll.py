@@ -1,0 +1,52 @@
+"""An agent's long poll: the machine's next command, waiting a bounded time for one to arrive.
+
+No transaction stays open while it waits: each look is one short transaction (claim the
+oldest pending command or find none), and between looks the thread sleeps. A command
+created meanwhile is handed out at the next look, at most POLL_SECONDS later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from orquestador.machines.commands import AgentCommand, claim_next
+
+# How long an empty look waits before the next one: the worst delay between a command's
+# creation and its agent getting it, against one indexed query per waiting agent.
+POLL_SECONDS = 0.25
+MAX_WAIT_SECONDS = 30.0
+
+
+def next_command(
+    engine: Engine,
+    *,
+    org_id: str,
+    machine_id: str,
+    wait_seconds: float,
+    stop: threading.Event | None = None,
+    poll_seconds: float = POLL_SECONDS,
+    on_empty_look: Callable[[], None] | None = None,
+) -> AgentCommand | None:
+    """The machine's oldest pending command, marked sent; None after `wait_seconds` with none.
+
+    `stop` ends the wait early (the server is shutting down); `on_empty_look` is called
+    after each look that found nothing, before sleeping (tests synchronise on it).
+    """
+    if not 0 <= wait_seconds <= MAX_WAIT_SECONDS:
+        raise ValueError(f"wait_seconds must be between 0 and {MAX_WAIT_SECONDS:g}")
+    pause = stop or threading.Event()
+    give_up_at = time.monotonic() + wait_seconds
+    while True:
+        with engine.begin() as conn:
+            command = claim_next(conn, org_id=org_id, machine_id=machine_id)
+        if command is not None:
+            return command
+        if on_empty_look is not None:
+            on_empty_look()
+        left = give_up_at - time.monotonic()
+        if left <= 0 or pause.wait(min(poll_seconds, left)):
+            return None
