@@ -334,8 +334,8 @@ def run_backlog(
     on_drained: Callable[[str], object] | None = None,
 ) -> dict:
     """Drain N accepted executions with `processes` workers. `on_ready(dsn)` runs once
-    the backlog is in place, right before the workers start; `on_drained(dsn)` once they
-    have stopped, before the scratch database is dropped. `postmaster` limits the server
+    the backlog is in place, right before the workers start; `on_drained(dsn)` once it is
+    drained, while the (idle) workers still run. `postmaster` limits the server
     CPU figure to that server's processes."""
     name = f"bench_worker_{uuid.uuid4().hex[:8]}"
     admin(dsn, f'CREATE DATABASE "{name}"')
@@ -371,9 +371,9 @@ def run_backlog(
             time.sleep(0.5)
         worker_cpu = sum(cpu_seconds(p.pid) for p in workers)
         server_cpu = server_cpu_seconds(postmaster) - server_before
-        peaks = stop_workers(workers)
         if on_drained is not None:
             on_drained(target)
+        peaks = stop_workers(workers)
         with engine.connect() as conn:
             first, last, failed = conn.execute(
                 text(
