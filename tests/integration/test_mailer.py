@@ -1,0 +1,229 @@
+"""The worker's mailer against a real SMTP server: one delivery per row, backoff, a bound."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from collections import Counter
+
+import pytest
+from sqlalchemy import text
+
+from orquestador.config import Settings
+from orquestador.errors import ConfigError
+from orquestador.notices.factory import mailer_loop
+from orquestador.notices.mailer import Backoff, MailerHooks
+from orquestador.notices.outbox import claim_due_emails
+from orquestador.notices.smtp import SmtpTarget
+from orquestador.notices.writing import message_id_for
+from tests.integration.notice_support import (
+    RECIPIENTS,
+    SENDER,
+    make_outbox_due,
+    new_mailer,
+    outbox,
+    queue_email,
+    running,
+    sender_for,
+    set_preferences,
+)
+from tests.integration.worker_support import wait_until
+from tests.smtp_sink import SmtpSink, free_port, running_sink, self_signed_certificate
+
+
+def _sent(engine) -> bool:
+    return all(row.status == "sent" for row in outbox(engine))
+
+
+def test_a_queued_email_is_delivered_once_with_the_message_id_of_its_key(runtime_engine):
+    set_preferences(runtime_engine)
+    key = "5b1c7e8a-0000-4000-8000-000000000001:notify"
+    notice = queue_email(runtime_engine, key)
+    with running_sink() as sink, running(new_mailer(runtime_engine, sink.url)):
+        [received] = sink.wait_for(1)
+        wait_until(lambda: _sent(runtime_engine), what="the row marked sent")
+
+    assert received.message_id == message_id_for(key)
+    assert received.message_id.endswith("@orquestador>") and len(received.message_id) == 78
+    assert received.rcpt_tos == RECIPIENTS
+    assert received.mail_from == "orquestador@example.com"
+    assert received.message["From"] == SENDER
+    assert received.message["Subject"].startswith("Disk almost full")
+    assert "3% free" in received.message.get_content()
+    [row] = outbox(runtime_engine)
+    assert (row.notice_id, row.attempts, row.lease_owner, row.last_error) == (
+        notice.notice_id,
+        1,
+        None,
+        None,
+    )
+    assert row.sent_at is not None
+
+
+def test_starttls_is_used_when_the_server_offers_it(runtime_engine, tmp_path):
+    certificate, key = self_signed_certificate(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(certificate, key)
+    client_tls = ssl.create_default_context(cafile=str(certificate))
+    set_preferences(runtime_engine)
+    queue_email(runtime_engine)
+    with running_sink(tls_context=server_tls) as sink:
+        sender = sender_for(sink.url, ssl_context=client_tls)
+        with running(new_mailer(runtime_engine, sink.url, sender=sender)):
+            [received] = sink.wait_for(1)
+            wait_until(lambda: _sent(runtime_engine), what="the row marked sent")
+
+    assert received.tls
+
+
+def test_two_mailers_at_once_never_deliver_the_same_row(runtime_engine):
+    set_preferences(runtime_engine)
+    for _ in range(20):
+        queue_email(runtime_engine)
+    # Both mailers hold a claim at the same moment before either delivers anything.
+    both_claimed = threading.Barrier(2, timeout=20)
+    first_claims: dict[str, int] = Counter()
+
+    def hold_first(owner):
+        def after_claim(email):
+            first_claims[owner] += 1
+            if first_claims[owner] == 1:
+                both_claimed.wait()
+
+        return MailerHooks(after_claim=after_claim)
+
+    with running_sink() as sink:
+        mailers = [
+            new_mailer(runtime_engine, sink.url, owner, hooks=hold_first(owner))
+            for owner in ("mailer-a", "mailer-b")
+        ]
+        with running(*mailers):
+            sink.wait_for(20)
+            wait_until(lambda: _sent(runtime_engine), what="every row marked sent")
+
+    received = sink.received()
+    assert len(received) == 20
+    assert len({message.message_id for message in received}) == 20
+    assert {row.attempts for row in outbox(runtime_engine)} == {1}
+    assert set(first_claims) == {"mailer-a", "mailer-b"}
+    assert sum(first_claims.values()) == 20
+
+
+def test_smtp_down_backs_off_then_delivers_when_it_comes_back(runtime_engine):
+    set_preferences(runtime_engine)
+    queue_email(runtime_engine)
+    sink = SmtpSink()  # its port, closed until started
+    mailer = new_mailer(runtime_engine, sink.url, backoff=Backoff(base_seconds=0.5, cap_seconds=1))
+    with running(mailer):
+        first = wait_until(
+            lambda: next((r for r in outbox(runtime_engine) if r.last_error), None),
+            what="a refused try",
+        )
+        assert first.status == "pending" and first.lease_owner is None
+        assert "ConnectionRefusedError" in first.last_error
+        with runtime_engine.connect() as conn:
+            later = conn.scalar(
+                text("SELECT next_attempt_at > clock_timestamp() FROM email_outbox")
+            )
+        assert later, "the next try waits"
+        wait_until(lambda: outbox(runtime_engine)[0].attempts >= 2, what="a second try")
+        sink.start()
+        try:
+            sink.wait_for(1)
+            wait_until(lambda: _sent(runtime_engine), what="the row marked sent")
+        finally:
+            sink.stop()
+
+    [row] = outbox(runtime_engine)
+    assert row.attempts >= 3 and row.last_error is None
+    assert len(sink.received()) == 1
+
+
+def test_the_backoff_grows_and_never_retries_at_once():
+    backoff = Backoff(base_seconds=5, cap_seconds=60)
+    assert backoff.delay(1, rand=lambda: 0) == 2.5
+    assert backoff.delay(3, rand=lambda: 1) == 20
+    assert backoff.delay(10, rand=lambda: 1) == 60
+    assert backoff.delay(10_000, rand=lambda: 0) == 30
+
+
+def test_after_the_bound_the_row_fails_with_a_safe_error_and_no_password(runtime_engine, caplog):
+    set_preferences(runtime_engine)
+    queue_email(runtime_engine)
+    port = free_port()  # nobody listens
+    url = f"smtps://mailer:pa55word-9z@127.0.0.1:{port}"
+    mailer = new_mailer(runtime_engine, url, max_attempts=3, backoff=Backoff(0.05, 0.1))
+    caplog.set_level(logging.DEBUG)
+    with running(mailer):
+        wait_until(lambda: outbox(runtime_engine)[0].status == "failed", what="given up")
+
+    [row] = outbox(runtime_engine)
+    assert row.attempts == 3
+    assert "ConnectionRefusedError" in row.last_error
+    assert "pa55word" not in row.last_error
+    assert "pa55word" not in caplog.text
+    assert "given up after 3 attempt(s)" in caplog.text
+
+
+def test_a_permanent_refusal_fails_at_once(runtime_engine):
+    set_preferences(runtime_engine, recipients=["nobody@invalid.example"])
+    queue_email(runtime_engine)
+    with running_sink() as sink:
+        sink.refuse_recipients = True
+        with running(new_mailer(runtime_engine, sink.url)):
+            wait_until(lambda: outbox(runtime_engine)[0].status == "failed", what="failed")
+
+    assert sink.received() == []
+
+    [row] = outbox(runtime_engine)
+    assert row.attempts == 1
+    assert "550" in row.last_error
+
+
+def test_an_expired_lease_is_claimed_again_and_a_live_one_is_not(runtime_engine):
+    set_preferences(runtime_engine)
+    queue_email(runtime_engine)
+    with runtime_engine.connect() as conn:
+        [first] = claim_due_emails(conn, "dead-mailer", lease_seconds=60)
+        assert claim_due_emails(conn, "other", lease_seconds=60) == []
+    make_outbox_due(runtime_engine)  # the lease runs out
+    with runtime_engine.connect() as conn:
+        [again] = claim_due_emails(conn, "other", lease_seconds=60)
+    assert (again.id, again.message_id, again.attempt) == (first.id, first.message_id, 2)
+    assert outbox(runtime_engine)[0].lease_owner == "other"
+
+
+def test_without_smtp_url_no_mailer_runs_and_one_line_says_so(runtime_engine, caplog):
+    caplog.set_level(logging.INFO, logger="orquestador.notices.factory")
+    assert mailer_loop(Settings.from_env({}), runtime_engine, "w1") is None
+    [line] = [r.getMessage() for r in caplog.records if "SMTP_URL" in r.getMessage()]
+    assert "queued e-mails wait" in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://mail.example.com", "smtp://", "smtp://mail.example.com:99999", "smtp://h/path"],
+)
+def test_an_unusable_smtp_url_is_refused_without_echoing_it(url):
+    with pytest.raises(ConfigError) as refused:
+        SmtpTarget.parse(url.replace("//", "//user:hunter2@", 1))
+    assert "hunter2" not in str(refused.value)
+
+
+def test_smtp_url_forms():
+    plain = SmtpTarget.parse("smtp://mail.example.com")
+    assert (plain.host, plain.port, plain.implicit_tls, plain.username) == (
+        "mail.example.com",
+        25,
+        False,
+        "",
+    )
+    secure = SmtpTarget.parse("smtps://me%40example.com:p%2Fss@mail.example.com:2465")
+    assert (secure.port, secure.implicit_tls, secure.username, secure.password) == (
+        2465,
+        True,
+        "me@example.com",
+        "p/ss",
+    )
+    assert "p/ss" not in repr(secure) and secure.describe() == "smtps://mail.example.com:2465"
