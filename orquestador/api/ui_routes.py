@@ -1,7 +1,346 @@
-"""The execution pages for people: server-rendered HTML, signed in with a cookie."""
+"""The execution pages for people: server-rendered HTML, signed in with a cookie.
+
+A person pastes a token at /ui/login; it is verified with the API's own verifier and
+kept in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) that only /ui paths
+receive. Every page reads through ResourceAccess exactly as the JSON API does, so a
+foreign execution is the same "not found" as a missing one. Pages carry no script at
+all and a strict Content-Security-Policy; templates are autoescaped, so names written
+by flow authors (states, transitions, keys) always show as text.
+"""
 
 from __future__ import annotations
 
-from flask import Blueprint
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-blueprint = Blueprint("ui", __name__)
+from flask import Blueprint, Response, g, redirect, render_template, request, url_for
+from werkzeug.exceptions import HTTPException
+
+from orquestador.api.access import ResourceAccess
+from orquestador.api.auth import SCOPE_REQUESTS_READ, Caller, InvalidToken
+from orquestador.api.context import api_context, engine
+from orquestador.api.execution_routes import (
+    cursor,
+    execution_filter,
+    read_execution,
+    read_view_facts,
+)
+from orquestador.api.problems import ApiProblem
+from orquestador.api.views import execution_views
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint(
+    "ui",
+    __name__,
+    url_prefix="/ui",
+    static_folder="static",
+    static_url_path="/static",
+    template_folder="templates",
+)
+
+SESSION_COOKIE = "orquestador_session"
+# A browser keeps at most about 4 KiB per cookie: a longer token could not be kept.
+MAX_TOKEN_CHARACTERS = 3800
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+
+# The filter links of the list, in the order a person looks for them.
+STATUS_LINKS = (
+    ("RECONCILIATION_REQUIRED", "Reconciliation queue"),
+    ("WAITING", "Waiting"),
+    ("RETRY_WAIT", "Retry wait"),
+    ("PENDING", "Pending"),
+    ("RUNNING", "Running"),
+    ("FAILED", "Failed"),
+    ("SUCCEEDED", "Succeeded"),
+    ("CANCELLED", "Cancelled"),
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --- signing in ----------------------------------------------------------------------
+
+
+def _cookie_caller() -> Caller | None:
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token or len(token) > MAX_TOKEN_CHARACTERS:
+        return None
+    try:
+        return api_context().verifier.verify(token)
+    except InvalidToken as refused:
+        # The reason is for operators; the token itself is never logged.
+        log.info("refused a session cookie: %s", refused)
+        return None
+
+
+def _safe_next(target: str | None) -> str:
+    """Where to go after signing in: only a page of this UI, never another site."""
+    default = url_for("ui.executions")
+    if not target or not target.startswith("/ui/") or target.startswith("//"):
+        return default
+    if "\\" in target or any(ord(c) < 0x20 for c in target):
+        return default
+    return target
+
+
+def signed_in(view: F) -> F:
+    """Demand a signed-in person who may read executions; the caller lands in `g.caller`."""
+
+    @functools.wraps(view)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        caller = _cookie_caller()
+        if caller is None:
+            target = request.full_path if request.query_string else request.path
+            response = redirect(url_for("ui.login", next=target), 303)
+            if SESSION_COOKIE in request.cookies:
+                _forget(response)  # expired or refused: no use sending it again
+            return response
+        if not caller.has_scope(SCOPE_REQUESTS_READ):
+            raise ApiProblem(
+                403,
+                "INSUFFICIENT_SCOPE",
+                f"Your token does not allow reading executions ({SCOPE_REQUESTS_READ}).",
+            )
+        g.caller = caller
+        return view(*args, **kwargs)
+
+    return guarded  # type: ignore[return-value]
+
+
+def _same_origin() -> bool:
+    """A form post from a page of this server, not from another site (login CSRF).
+
+    Browsers send Origin with every POST; Referer stands in when a proxy strips it.
+    """
+    source = request.headers.get("Origin") or request.headers.get("Referer")
+    if not source or source == "null":
+        return False
+    parts = urlsplit(source)
+    return parts.scheme in ("http", "https") and parts.netloc == request.host
+
+
+def _require_same_origin() -> None:
+    if not _same_origin():
+        raise ApiProblem(
+            403,
+            "CROSS_SITE_FORM",
+            "This form must be sent from a page of this server. Reload the page and try again.",
+        )
+
+
+def _forget(response: Response) -> None:
+    response.delete_cookie(
+        SESSION_COOKIE,
+        path="/ui",
+        secure=request.is_secure,
+        httponly=True,
+        samesite="Strict",
+    )
+
+
+@blueprint.get("/login")
+def login() -> Any:
+    if _cookie_caller() is not None:
+        return redirect(_safe_next(request.args.get("next")), 303)
+    return render_template("login.html", next=_safe_next(request.args.get("next")), error=None)
+
+
+@blueprint.post("/login")
+def login_submit() -> Any:
+    _require_same_origin()
+    token = request.form.get("token", "").strip()
+    next_page = _safe_next(request.form.get("next"))
+    error, status = None, 200
+    caller: Caller | None = None
+    if not token:
+        error, status = "Paste a token to sign in.", 400
+    elif len(token) > MAX_TOKEN_CHARACTERS:
+        error, status = "That token is too long to be kept by a browser.", 400
+    else:
+        try:
+            caller = api_context().verifier.verify(token)
+        except InvalidToken as refused:
+            log.info("refused a sign-in token: %s", refused)
+            error, status = "That token was not accepted: it is invalid or has expired.", 401
+        else:
+            if not caller.has_scope(SCOPE_REQUESTS_READ):
+                error, status = (
+                    f"That token does not allow reading executions ({SCOPE_REQUESTS_READ}).",
+                    403,
+                )
+    if error is not None:
+        page = render_template("login.html", next=next_page, error=error)
+        return Response(page, status=status, mimetype="text/html")
+    assert caller is not None
+    log.info("signed in to the execution pages", extra={"org": caller.org})
+    response = redirect(next_page, 303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        path="/ui",
+        secure=request.is_secure,
+        httponly=True,
+        samesite="Strict",
+    )
+    return response
+
+
+@blueprint.post("/logout")
+def logout() -> Any:
+    _require_same_origin()
+    response = redirect(url_for("ui.login"), 303)
+    _forget(response)
+    return response
+
+
+# --- pages ---------------------------------------------------------------------------
+
+
+@blueprint.get("")
+@blueprint.get("/")
+def home() -> Any:
+    return redirect(url_for("ui.executions"), 303)
+
+
+@blueprint.get("/executions")
+@signed_in
+def executions() -> Any:
+    page = execution_filter(request.args)
+    access = ResourceAccess(g.caller)
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            rows = access.list_executions(connection, page)
+            more, rows = len(rows) > page.limit, rows[: page.limit]
+            ids = [row.id for row in rows]
+            steps = access.steps_of(connection, ids) if ids else []
+            attempts = access.attempts_of(connection, ids) if ids else []
+            facts = read_view_facts(connection, access, ids)
+    views = execution_views(rows, steps, attempts, facts)
+    items = [_page_facts(row, view) for row, view in zip(rows, views, strict=True)]
+    next_args: dict[str, str] = {}
+    if more:
+        next_args = {"after": cursor(rows[-1])}
+        if page.status:
+            next_args["status"] = page.status
+        if page.simulation:
+            next_args["simulation"] = "true"
+    return render_template(
+        "executions.html",
+        caller=g.caller,
+        items=items,
+        status=page.status,
+        simulation=page.simulation,
+        status_links=STATUS_LINKS,
+        next_url=url_for("ui.executions", **next_args) if more else None,
+    )
+
+
+@blueprint.get("/executions/<execution_id>")
+@signed_in
+def execution_page(execution_id: str) -> Any:
+    try:
+        identifier = uuid.UUID(execution_id)
+    except ValueError:
+        raise _not_found() from None
+    found = read_execution(ResourceAccess(g.caller), identifier)
+    if found is None:
+        raise _not_found()
+    row, view = found
+    return render_template("execution.html", caller=g.caller, execution=_page_facts(row, view))
+
+
+@blueprint.get("/<path:anything>")
+def unknown(anything: str) -> Any:
+    raise _not_found()
+
+
+def _not_found() -> ApiProblem:
+    # One answer for a foreign, a missing and a malformed id: nothing to tell them apart.
+    return ApiProblem(404, "NOT_FOUND", "There is no such page, or you may not see it.")
+
+
+def _page_facts(row: Any, view: dict[str, Any]) -> dict[str, Any]:
+    """The view plus what a person reads it by: the flow's key and the state it left."""
+    return {
+        **view,
+        "flowKey": row.flow_key,
+        "flowVersion": row.flow_version,
+        "fromState": row.accepted_state,
+    }
+
+
+# --- answers -------------------------------------------------------------------------
+
+
+@blueprint.errorhandler(ApiProblem)
+def _problem_page(problem: ApiProblem) -> Response:
+    page = render_template(
+        "error.html",
+        caller=g.get("caller"),
+        status=problem.status,
+        title=HTTPStatus(problem.status).phrase,
+        detail=problem.detail,
+        problems=problem.problems,
+    )
+    return Response(page, status=problem.status, mimetype="text/html")
+
+
+@blueprint.errorhandler(HTTPException)
+def _http_error_page(error: HTTPException) -> Response:
+    # What werkzeug raises inside a page (a form over the size limit, say).
+    status = error.code or 500
+    page = render_template(
+        "error.html",
+        caller=g.get("caller"),
+        status=status,
+        title=HTTPStatus(status).phrase,
+        detail=None,
+        problems=[],
+    )
+    return Response(page, status=status, mimetype="text/html")
+
+
+@blueprint.after_request
+def _page_headers(response: Response) -> Response:
+    # No script, no inline style, no frames, forms only to this server.
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Frame-Options"] = "DENY"
+    # Same-origin: the sign-in form's Origin check still has what it needs.
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["Cross-Origin-Opener-Policy"] = "same-origin"
+    return response
+
+
+@blueprint.app_template_filter("when")
+def _when(value: str | None) -> str:
+    """An API timestamp as a person reads it, in UTC to the second."""
+    if not value:
+        return "—"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@blueprint.app_template_filter("as_text")
+def _as_text(value: Any) -> str:
+    """Any JSON value as plain text (the template escapes it)."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

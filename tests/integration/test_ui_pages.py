@@ -1,0 +1,216 @@
+"""The execution pages, through the app: sign-in, the list, then beside now, access."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import Engine
+
+from orquestador.api.ui_routes import SESSION_COOKIE, STATUS_LINKS
+from orquestador.db.schema import EXECUTION_STATUSES
+from tests.integration.api_support import OTHER_ORG, Api, running_api
+from tests.integration.execution_page_support import (
+    completed,
+    deadline_passed,
+    dry_run,
+    insert_command,
+    point_audit_at,
+)
+
+HOST = "http://localhost"
+
+
+@pytest.fixture
+def api(database) -> Iterator[Api]:
+    with running_api(database.runtime_dsn) as api:
+        yield api
+
+
+def signed_in(api: Api, **who) -> FlaskClient:
+    client = api.client()
+    response = client.post("/ui/login", data={"token": api.token(**who)}, headers={"Origin": HOST})
+    assert response.status_code == 303, response.get_data(as_text=True)
+    return client
+
+
+def text_of(html: str) -> str:
+    """The page's visible words, roughly: tags dropped, spaces squeezed."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def test_not_signed_in_goes_to_the_sign_in_page_and_comes_back(api: Api) -> None:
+    client = api.client()
+
+    response = client.get("/ui/executions?status=FAILED")
+
+    assert response.status_code == 303
+    assert response.headers["Location"].startswith("/ui/login?next=")
+    login = client.get(response.headers["Location"])
+    assert login.status_code == 200 and 'name="token"' in login.get_data(as_text=True)
+    answer = client.post(
+        "/ui/login",
+        data={"token": api.token(), "next": "/ui/executions?status=FAILED"},
+        headers={"Origin": HOST},
+    )
+    assert answer.headers["Location"] == "/ui/executions?status=FAILED"
+    assert client.get("/ui/executions?status=FAILED").status_code == 200
+
+
+def test_sign_in_never_sends_a_person_to_another_site(api: Api) -> None:
+    for target in ("https://evil.example/", "//evil.example/x", "/\\evil.example", "/api/v1/x"):
+        response = api.client().post(
+            "/ui/login", data={"token": api.token(), "next": target}, headers={"Origin": HOST}
+        )
+        assert response.headers["Location"] == "/ui/executions", target
+
+
+def test_the_page_of_a_deadline_exit_shows_sent_then_and_timed_out_now(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine, now="timed_out")
+
+    page = signed_in(api).get(f"/ui/executions/{arranged.execution_id}")
+
+    assert page.status_code == 200
+    words = text_of(page.get_data(as_text=True))
+    assert "Then, when the flow decided" in words
+    assert re.search(r"Then, when the flow decided .* Status sent .* Now Status timed_out", words)
+    assert "WAIT_DEADLINE_EXCEEDED" in words
+    assert "error exit chose the destination" in words
+    assert "Destination attention" in words
+    assert "the command was still sent at the deadline" in words
+
+
+def test_a_purged_command_reads_no_longer_in_the_records(api: Api, owner_engine: Engine) -> None:
+    arranged = deadline_passed(api, owner_engine, now="timed_out", purged=True)
+
+    words = text_of(
+        signed_in(api).get(f"/ui/executions/{arranged.execution_id}").get_data(as_text=True)
+    )
+
+    assert "no longer in the records" in words
+    assert "timed_out" not in words
+    # Then still says what the step saw; now never repeats it.
+    now = words.split("Now", 1)[1]
+    assert "sent" not in now.split("Steps")[0]
+
+
+def test_a_completed_run_shows_hit_policy_rules_destination_and_outcome(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = completed(api, owner_engine)
+
+    words = text_of(
+        signed_in(api).get(f"/ui/executions/{arranged.execution_id}").get_data(as_text=True)
+    )
+
+    assert "Hit policy FIRST" in words
+    assert "Matched rules ok" in words
+    assert "Destination off" in words
+    assert "Outcome DONE" in words
+
+
+def test_a_dry_run_shows_what_it_would_have_done_and_only_under_dry_runs(
+    api: Api, owner_engine: Engine
+) -> None:
+    simulated = dry_run(api, owner_engine)
+    client = signed_in(api)
+
+    page = text_of(client.get(f"/ui/executions/{simulated}").get_data(as_text=True))
+    listed = client.get("/ui/executions").get_data(as_text=True)
+    dry = client.get("/ui/executions?simulation=true").get_data(as_text=True)
+
+    assert "Would have done" in page
+    assert "send poweroff to machine m-1" in page
+    assert simulated not in listed
+    assert simulated in dry
+
+
+def test_the_reconciliation_queue_is_one_click_from_the_list(
+    api: Api, owner_engine: Engine
+) -> None:
+    parked = deadline_passed(api, owner_engine).execution_id
+    other = completed(api, owner_engine).execution_id
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "UPDATE execution SET status = 'RECONCILIATION_REQUIRED' WHERE id = %s", (parked,)
+        )
+    client = signed_in(api)
+
+    listing = client.get("/ui/executions").get_data(as_text=True)
+    link = re.search(r'href="([^"]+)">Reconciliation queue<', listing)
+    assert link is not None
+    queue = client.get(link.group(1).replace("&amp;", "&")).get_data(as_text=True)
+
+    assert parked in queue and other not in queue
+    assert parked in listing and other in listing
+
+
+def test_every_status_has_a_filter_link() -> None:
+    assert {status for status, _ in STATUS_LINKS} == set(EXECUTION_STATUSES)
+
+
+def test_foreign_missing_and_malformed_executions_are_the_same_page(
+    api: Api, owner_engine: Engine
+) -> None:
+    theirs = deadline_passed(api, owner_engine, org=OTHER_ORG).execution_id
+    client = signed_in(api)
+
+    pages = [
+        client.get(f"/ui/executions/{theirs}"),
+        client.get("/ui/executions/00000000-0000-4000-8000-000000000000"),
+        client.get("/ui/executions/not-an-id"),
+    ]
+
+    assert {p.status_code for p in pages} == {404}
+    assert len({p.get_data() for p in pages}) == 1
+    assert theirs not in pages[0].get_data(as_text=True)
+
+
+def test_another_owner_s_execution_is_hidden_unless_the_token_reads_all(
+    api: Api, owner_engine: Engine
+) -> None:
+    bobs = deadline_passed(api, owner_engine, sub="bob").execution_id
+
+    alice = signed_in(api)
+    auditor = signed_in(api, sub="auditor", scopes=["requests:read-all"])
+
+    assert alice.get(f"/ui/executions/{bobs}").status_code == 404
+    assert bobs not in alice.get("/ui/executions").get_data(as_text=True)
+    assert auditor.get(f"/ui/executions/{bobs}").status_code == 200
+
+
+def test_a_tampered_audit_row_shows_nothing_of_another_org_s_command(
+    api: Api, owner_engine: Engine
+) -> None:
+    arranged = deadline_passed(api, owner_engine, now="sent")
+    # A status this page could show only by reading the other organization's row.
+    foreign = insert_command(owner_engine, org=OTHER_ORG, status="succeeded", key="theirs:send")
+    point_audit_at(owner_engine, arranged.execution_id, foreign)
+
+    html = signed_in(api).get(f"/ui/executions/{arranged.execution_id}").get_data(as_text=True)
+
+    assert "no longer in the records" in text_of(html)
+    assert "succeeded" not in html
+    assert re.findall(r'class="command-status">([^<]*)<', html) == ["sent"]
+
+
+def test_a_bad_status_filter_is_a_400_page(api: Api) -> None:
+    response = signed_in(api).get("/ui/executions?status=BOGUS")
+
+    assert response.status_code == 400
+    assert response.mimetype == "text/html"
+    assert "/status" in response.get_data(as_text=True)
+
+
+def test_sign_out_forgets_the_cookie(api: Api) -> None:
+    client = signed_in(api)
+
+    response = client.post("/ui/logout", headers={"Origin": HOST})
+
+    assert response.status_code == 303
+    assert client.get_cookie(SESSION_COOKIE, path="/ui") is None
+    assert client.get("/ui/executions").status_code == 303
