@@ -2,6 +2,88 @@
 
 from __future__ import annotations
 
-from flask import Blueprint
+import uuid
 
-blueprint = Blueprint("dry_runs", __name__)
+from flask import Blueprint, Response, jsonify
+
+from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_scope
+from orquestador.api.body import read_json_object
+from orquestador.api.context import api_context, engine
+from orquestador.api.flow_store import find_flow
+from orquestador.api.openapi_automation import DRY_RUN_BODY
+from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.request_routes import check_request_data, insert_request
+from orquestador.api.transitions import queue_execution
+from orquestador.api.views import API_PREFIX
+from orquestador.domain.errors import Problem
+from orquestador.domain.flow_definition import FlowDefinition
+
+blueprint = Blueprint("dry_runs", __name__, url_prefix=f"{API_PREFIX}/flows")
+
+
+@blueprint.post("/<uuid:flow_id>/dry-runs")
+@requires_scope(SCOPE_FLOWS_ADMIN)
+def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
+    caller = current_caller()
+    body = read_json_object(DRY_RUN_BODY)
+    with engine().begin() as connection:
+        flow = find_flow(connection, org=caller.org, flow_id=flow_id)
+        if flow is None:
+            raise not_found()
+        definition = FlowDefinition.from_json(flow.definition)
+        state = body.get("state", definition.initial_state)
+        _check_state_and_transition(definition, state, body["transition"])
+        check_request_data(body["data"], flow.data_schema)
+        created = insert_request(
+            connection,
+            org=caller.org,
+            owner=caller.sub,
+            flow_row=flow,
+            data=body["data"],
+            machine_id=_machine_id(body["data"]),
+            state=state,
+            simulation=True,
+        )
+        execution_id = queue_execution(
+            connection,
+            request_row=created,
+            transition_id=body["transition"],
+            actor=caller.sub,
+            actor_snapshot=caller.snapshot(),
+            max_attempts=api_context().settings.execution_max_attempts,
+            simulation=True,
+        )
+    answer = {"executionId": str(execution_id), "requestId": str(created.id), "simulation": True}
+    return jsonify(answer), 202, {"Location": f"{API_PREFIX}/executions/{execution_id}"}
+
+
+def _check_state_and_transition(definition: FlowDefinition, state: str, transition: str) -> None:
+    if state not in definition.states:
+        raise ApiProblem(
+            422,
+            "STATE_UNKNOWN",
+            "The flow has no such state.",
+            problems=[Problem("/state", f"unknown state {state!r}")],
+        )
+    chosen = definition.transitions.get(transition)
+    if chosen is None:
+        raise ApiProblem(
+            422,
+            "TRANSITION_UNKNOWN",
+            "The flow has no such transition.",
+            problems=[Problem("/transition", "unknown transition id")],
+        )
+    if not chosen.leaves(state):
+        raise ApiProblem(
+            422,
+            "TRANSITION_NOT_ALLOWED",
+            f"The transition does not leave the state {state!r}.",
+            problems=[Problem("/transition", f"does not leave state {state!r}")],
+        )
+
+
+def _machine_id(data: dict[str, object]) -> str | None:
+    # A moment flow's data names its machine; the simulated request says so too, as the
+    # real one would, so a page or a simulated step reading the request finds it.
+    machine = data.get("machineId")
+    return machine if isinstance(machine, str) and 0 < len(machine) <= 200 else None

@@ -1,0 +1,1 @@
+"""Automation on machines: plans bind flows to moments, platform events start them."""

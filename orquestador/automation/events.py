@@ -1,0 +1,263 @@
+"""Platform events: each (organization, event id) starts the flow bound to its plan's moment once.
+
+Both ways in end here. POST /events records the row and processes it in the same
+transaction; a row the platform inserted itself is processed by the worker's consumer.
+Processing happens with the event row locked and only while `processed_at` is NULL, and
+it writes the event's outcome, the request, the accepted execution of the flow's `start`
+transition, its audit row and the NOTIFY in one transaction: exactly once, whoever wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, and_, func, select
+from sqlalchemy.dialects.postgresql import insert
+
+from orquestador.api.request_routes import insert_request
+from orquestador.api.transitions import queue_execution
+from orquestador.db.schema import audit_event, flow, hosting_plan, plan_flow_binding, platform_event
+from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.limits import MAX_DATA_BYTES
+from orquestador.domain.pointer_updates import validate_request_data
+
+log = logging.getLogger(__name__)
+
+# Who owns what the platform's own inserts start (no token names a caller there).
+PLATFORM_ACTOR = "platform"
+# Why an event started nothing.
+NO_BINDING = "NO_BINDING"
+REJECTED = "REJECTED"
+STARTED = "STARTED"
+# The audit row that keeps why an event was refused: its answer is rebuilt from it.
+REJECTED_KIND = "PLATFORM_EVENT_REJECTED"
+
+
+@dataclass(frozen=True)
+class PlatformEvent:
+    """An event as the platform sends it."""
+
+    org: str
+    id: str
+    moment: str
+    plan_id: str
+    machine_id: str
+    occurred_at: datetime | None = None
+    data: Any = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """On whose behalf the started request runs: its owner and the execution's actor snapshot."""
+
+    sub: str
+    snapshot: dict[str, Any]
+
+    @classmethod
+    def platform(cls, org: str) -> Actor:
+        return cls(PLATFORM_ACTOR, {"sub": PLATFORM_ACTOR, "org": org, "scopes": []})
+
+
+@dataclass(frozen=True)
+class EventAnswer:
+    """What became of an event; the same every time the event is asked about."""
+
+    event_id: str
+    outcome: str
+    request_id: uuid.UUID | None = None
+    execution_id: uuid.UUID | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def started(self) -> bool:
+        return self.outcome == STARTED
+
+    def body(self) -> dict[str, Any]:
+        if self.started:
+            return {
+                "eventId": self.event_id,
+                "requestId": str(self.request_id),
+                "executionId": str(self.execution_id),
+            }
+        body: dict[str, Any] = {"eventId": self.event_id, "started": False, "reason": self.outcome}
+        if self.problems:
+            body["problems"] = [p.as_dict() for p in self.problems]
+        return body
+
+
+def receive_event(
+    engine: Engine, event: PlatformEvent, actor: Actor, *, max_attempts: int
+) -> EventAnswer:
+    """Record the event and process it, or answer what its first delivery started."""
+    with engine.begin() as connection:
+        # A concurrent delivery of the same id waits here on the unique key until the
+        # first commits, then inserts nothing and reads the outcome below.
+        connection.execute(
+            insert(platform_event)
+            .values(
+                org_id=event.org,
+                id=event.id,
+                moment=event.moment,
+                plan_id=event.plan_id,
+                machine_id=event.machine_id,
+                occurred_at=event.occurred_at,
+                data=event.data,
+            )
+            .on_conflict_do_nothing(index_elements=["org_id", "id"])
+        )
+        row = connection.execute(
+            select(platform_event)
+            .where(platform_event.c.org_id == event.org, platform_event.c.id == event.id)
+            .with_for_update()
+        ).one()
+        if row.processed_at is None:
+            # Ours, or the platform's own insert that no consumer has reached yet.
+            return process_event(connection, row, actor, max_attempts=max_attempts)
+        return _recorded_answer(connection, row)
+
+
+def claim_unprocessed(connection: Connection, limit: int) -> list[Row]:
+    """Lock up to `limit` unprocessed events, oldest first, skipping those others hold."""
+    return list(
+        connection.execute(
+            select(platform_event)
+            .where(platform_event.c.processed_at.is_(None))
+            .order_by(platform_event.c.received_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    )
+
+
+def process_event(
+    connection: Connection, event: Row, actor: Actor, *, max_attempts: int
+) -> EventAnswer:
+    """Start the bound flow for a locked, unprocessed event row and record the outcome."""
+    bound = connection.execute(
+        select(flow.c.id, flow.c.definition, flow.c.data_schema)
+        .select_from(
+            hosting_plan.join(
+                plan_flow_binding, plan_flow_binding.c.plan_id == hosting_plan.c.id
+            ).join(
+                flow, and_(flow.c.id == plan_flow_binding.c.flow_id, flow.c.org_id == event.org_id)
+            )
+        )
+        .where(
+            hosting_plan.c.org_id == event.org_id,
+            hosting_plan.c.key == event.plan_id,
+            plan_flow_binding.c.moment == event.moment,
+        )
+    ).one_or_none()
+    if bound is None:
+        return _record(connection, event, EventAnswer(event.id, NO_BINDING))
+    definition = FlowDefinition.from_json(bound.definition)
+    start = definition.transitions.get(definition.start or "")
+    if start is None or not start.leaves(definition.initial_state):
+        # A flow published before `start` was required: it cannot say what to run.
+        problem = Problem(
+            "/start", "the bound flow names no start transition leaving its initial state"
+        )
+        return reject_event(connection, event, bound.id, [problem])
+    data = request_data(event)
+    try:
+        validate_request_data(data, bound.data_schema, max_bytes=MAX_DATA_BYTES)
+    except DataValidationError as exc:
+        return reject_event(connection, event, bound.id, exc.problems)
+    created = insert_request(
+        connection,
+        org=event.org_id,
+        owner=actor.sub,
+        flow_row=bound,
+        data=data,
+        machine_id=event.machine_id,
+    )
+    execution_id = queue_execution(
+        connection,
+        request_row=created,
+        transition_id=start.id,
+        actor=actor.sub,
+        actor_snapshot=actor.snapshot,
+        max_attempts=max_attempts,
+    )
+    answer = EventAnswer(event.id, STARTED, request_id=created.id, execution_id=execution_id)
+    log.info(
+        "platform event started its flow",
+        extra={"request_id": str(created.id), "execution_id": str(execution_id)},
+    )
+    return _record(connection, event, answer)
+
+
+def request_data(event: Row) -> dict[str, Any]:
+    """The request data of a moment-triggered flow (SPEC: machineId, planId, event)."""
+    occurred = event.occurred_at or event.received_at
+    return {
+        "machineId": event.machine_id,
+        "planId": event.plan_id,
+        "event": {
+            "id": event.id,
+            "moment": event.moment,
+            "occurredAt": occurred.isoformat(),
+            "data": event.data,
+        },
+    }
+
+
+def reject_event(
+    connection: Connection, event: Row, flow_id: uuid.UUID | None, problems: list[Problem]
+) -> EventAnswer:
+    """Record the event REJECTED, keeping why in an audit row its later answers read."""
+    connection.execute(
+        audit_event.insert().values(
+            org_id=event.org_id,
+            kind=REJECTED_KIND,
+            actor=None,
+            detail={
+                "eventId": event.id,
+                "flowId": None if flow_id is None else str(flow_id),
+                "problems": [p.as_dict() for p in problems],
+            },
+        )
+    )
+    return _record(connection, event, EventAnswer(event.id, REJECTED, problems=list(problems)))
+
+
+def _record(connection: Connection, event: Row, answer: EventAnswer) -> EventAnswer:
+    connection.execute(
+        platform_event.update()
+        .where(platform_event.c.org_id == event.org_id, platform_event.c.id == event.id)
+        .values(
+            outcome=answer.outcome,
+            request_id=answer.request_id,
+            execution_id=answer.execution_id,
+            processed_at=func.clock_timestamp(),
+        )
+    )
+    return answer
+
+
+def _recorded_answer(connection: Connection, event: Row) -> EventAnswer:
+    problems: list[Problem] = []
+    if event.outcome == REJECTED:
+        detail = connection.execute(
+            select(audit_event.c.detail)
+            .where(
+                audit_event.c.org_id == event.org_id,
+                audit_event.c.kind == REJECTED_KIND,
+                audit_event.c.detail["eventId"].astext == event.id,
+            )
+            .order_by(audit_event.c.id)
+            .limit(1)
+        ).scalar_one_or_none()
+        problems = [Problem(p["path"], p["message"]) for p in (detail or {}).get("problems", [])]
+    return EventAnswer(
+        event.id,
+        event.outcome,
+        request_id=event.request_id,
+        execution_id=event.execution_id,
+        problems=problems,
+    )
