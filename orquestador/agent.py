@@ -359,7 +359,13 @@ class Agent:
             return answer == 200
 
 
-def run_agent(api_url: str, token: str, commands: dict[str, CommandSpec]) -> int:
-    agent = Agent(AgentClient(api_url, token), commands)
+def run_agent(
+    api_url: str,
+    token: str,
+    commands: dict[str, CommandSpec],
+    *,
+    poll_wait_seconds: float = POLL_WAIT_SECONDS,
+) -> int:
+    agent = Agent(AgentClient(api_url, token), commands, poll_wait_seconds=poll_wait_seconds)
     agent.install_signal_handlers()
     return agent.run()

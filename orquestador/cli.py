@@ -166,6 +166,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate AGENT_COMMANDS_FILE and exit (0 valid, 2 with one line per problem)",
     )
+    agent.add_argument(
+        "--wait",
+        type=float,
+        default=20,
+        metavar="SECONDS",
+        help="how long each long poll waits on the API for a command, 0 to 30 "
+        "(default: %(default)g)",
+    )
     agent.set_defaults(handler=_agent)
     return parser
 
@@ -400,13 +408,15 @@ def _agent(args: argparse.Namespace) -> int:
                 "ORQUESTADOR_TOKEN is not set (an agent token: orquestador token --machine M "
                 "--org O)"
             )
+    if not 0 <= args.wait <= 30:
+        problems.append("--wait must be from 0 to 30 seconds")
     if problems:
         raise ConfigError(problems)
     assert commands is not None
     if args.check:
         print(f"{settings.agent_commands_file}: {len(commands)} commands, valid")
         return 0
-    return run_agent(settings.api_url, settings.api_token, commands)
+    return run_agent(settings.api_url, settings.api_token, commands, poll_wait_seconds=args.wait)
 
 
 def _check(args: argparse.Namespace) -> int:

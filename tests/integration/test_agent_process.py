@@ -1,0 +1,281 @@
+"""`orquestador agent` as a real process against a real API, running real commands."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jwt
+import pytest
+from api_support import ORG, api_settings
+from sqlalchemy import Engine, text
+
+from orquestador.api.app import create_app
+from orquestador.api.context import EXTENSION_KEY
+from orquestador.api.tokens import mint_token
+from orquestador.machines import create_command
+from orquestador.serve import serve_in_thread
+
+ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
+
+COMMANDS = """\
+[poweroff]
+argv = ["true"]
+timeout_seconds = 10
+
+[reboot]
+argv = ["sh", "-c", "echo rebooting; exit 3"]
+timeout_seconds = 10
+
+[reinstall]
+argv = ["sleep", "30"]
+timeout_seconds = 0.5
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ApiServer:
+    """The real app on a fixed port, which a test can stop and start again."""
+
+    def __init__(self, runtime_dsn: str) -> None:
+        self.settings = api_settings(runtime_dsn)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api/v1"
+        self._app = create_app(self.settings)
+        self._server = None
+
+    def start(self) -> None:
+        self._server, _ = serve_in_thread(self._app, "127.0.0.1", self.port)
+
+    def stop(self) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+
+    def dispose(self) -> None:
+        if self._server is not None:
+            self.stop()
+        self._app.extensions[EXTENSION_KEY].engine.dispose()
+
+
+@pytest.fixture
+def api(database) -> Iterator[ApiServer]:
+    server = ApiServer(database.runtime_dsn)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.dispose()
+
+
+@dataclass
+class AgentProcess:
+    process: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_for_line(self, fragment: str, timeout: float = 20) -> None:
+        with self.changed:
+            found = self.changed.wait_for(
+                lambda: any(fragment in line for line in self.lines), timeout
+            )
+        assert found, f"no line with {fragment!r}:\n" + "".join(self.lines)
+
+
+@contextmanager
+def running_agent(
+    api: ApiServer, commands_file: Path, machine: str = "m-1"
+) -> Iterator[AgentProcess]:
+    token = mint_token(api.settings, sub=f"machine:{machine}", org=ORG, scopes=["agent"])
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    env.update(
+        ORQUESTADOR_API_URL=api.url,
+        ORQUESTADOR_TOKEN=token,
+        AGENT_COMMANDS_FILE=str(commands_file),
+        LOG_LEVEL="INFO",
+    )
+    process = subprocess.Popen(
+        [*ORQUESTADOR, "agent", "--wait", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    agent = AgentProcess(process)
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            with agent.changed:
+                agent.lines.append(line)
+                agent.changed.notify_all()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        agent.wait_for_line("agent started")
+        yield agent
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        reader.join(5)
+
+
+@pytest.fixture
+def commands_file(tmp_path: Path) -> Path:
+    path = tmp_path / "agent-commands.toml"
+    path.write_text(COMMANDS)
+    return path
+
+
+def send(engine: Engine, name: str, machine: str = "m-1") -> str:
+    with engine.begin() as conn:
+        row = create_command(
+            conn,
+            org_id=ORG,
+            machine_id=machine,
+            command=name,
+            args=[],
+            external_key=f"{uuid.uuid4()}:send",
+        )
+    return str(row.id)
+
+
+def final_row(engine: Engine, command_id: str, timeout: float = 20) -> tuple:
+    """The command's (status, exit_code, output) once final; polls the database."""
+    give_up = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT status, exit_code, output FROM machine_command WHERE id = :id"),
+                {"id": command_id},
+            ).one()
+        if row.status in ("succeeded", "failed", "timed_out"):
+            return tuple(row)
+        assert time.monotonic() < give_up, f"command still {row.status}"
+        time.sleep(0.05)
+
+
+def test_the_agent_runs_commands_and_reports_each_outcome(
+    api: ApiServer, commands_file: Path, runtime_engine: Engine
+) -> None:
+    with running_agent(api, commands_file) as agent:
+        ok = send(runtime_engine, "poweroff")
+        failing = send(runtime_engine, "reboot")
+        slow = send(runtime_engine, "reinstall")
+        unknown = send(runtime_engine, "halt")  # not in the commands file
+        foreign = send(runtime_engine, "poweroff", machine="m-2")
+
+        assert final_row(runtime_engine, ok)[:2] == ("succeeded", 0)
+        assert final_row(runtime_engine, failing) == ("failed", 3, "rebooting\n")
+        assert final_row(runtime_engine, slow)[:2] == ("timed_out", None)
+        status, code, output = final_row(runtime_engine, unknown)
+        assert (status, code) == ("failed", None) and "unknown command 'halt'" in output
+        agent.process.send_signal(signal.SIGTERM)
+        assert agent.process.wait(15) == 0
+    assert "agent stopped" in "".join(agent.lines)
+    with runtime_engine.connect() as conn:
+        untouched = conn.execute(
+            text("SELECT status FROM machine_command WHERE id = :id"), {"id": foreign}
+        ).scalar_one()
+    assert untouched == "pending"  # another machine's command is not this agent's
+
+
+def test_the_agent_survives_an_api_restart(
+    api: ApiServer, commands_file: Path, runtime_engine: Engine
+) -> None:
+    with running_agent(api, commands_file) as agent:
+        api.stop()
+        agent.wait_for_line("API unreachable")
+        command_id = send(runtime_engine, "poweroff")
+        api.start()
+        agent.wait_for_line("API reachable again")
+
+        assert final_row(runtime_engine, command_id)[:2] == ("succeeded", 0)
+        agent.process.send_signal(signal.SIGTERM)
+        assert agent.process.wait(15) == 0
+    # One line for the outage, however many tries it took.
+    assert sum("API unreachable" in line for line in agent.lines) == 1
+
+
+def test_sigterm_while_waiting_on_a_long_poll_stops_at_once(
+    api: ApiServer, commands_file: Path
+) -> None:
+    with running_agent(api, commands_file) as agent:
+        started = time.monotonic()
+        agent.process.send_signal(signal.SIGTERM)
+        assert agent.process.wait(15) == 0
+    assert time.monotonic() - started < 5
+
+
+def test_a_bad_commands_file_is_refused_one_line_per_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'poweroff = "shutdown -h now"\n'
+        "[reboot]\nargv = []\ntimeout_seconds = 0\n"
+        '[reinstall]\nargv = ["no-such-program-here"]\ntimeout_seconds = 5\nshell = true\n'
+    )
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+
+    checked = subprocess.run(
+        [*ORQUESTADOR, "agent", "--check"],
+        env={**env, "AGENT_COMMANDS_FILE": str(bad)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert checked.returncode == 2
+    lines = checked.stderr.strip().splitlines()
+    assert len(lines) == 5, lines
+    assert all(line.startswith(f"orquestador: AGENT_COMMANDS_FILE {bad}: [") for line in lines)
+    joined = "\n".join(lines)
+    assert "[poweroff] must be a table" in joined
+    assert "[reboot]: argv must be a non-empty list" in joined
+    assert "[reboot]: timeout_seconds must be a number above 0" in joined
+    assert "[reinstall]: unknown key 'shell'" in joined
+    assert "'no-such-program-here' is not an executable" in joined
+
+
+def test_token_for_a_machine_has_the_agent_scope_and_names_the_machine() -> None:
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    env["JWT_SECRET"] = "machine-token-test-secret-" + "0" * 32
+
+    minted = subprocess.run(
+        [*ORQUESTADOR, "token", "--machine", "m-1", "--org", "acme"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    both = subprocess.run(
+        [*ORQUESTADOR, "token", "--machine", "m-1", "--org", "acme", "--scope", "flows:admin"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert minted.returncode == 0, minted.stderr
+    claims = jwt.decode(
+        minted.stdout.strip(), env["JWT_SECRET"], algorithms=["HS256"], audience="orquestador-api"
+    )
+    assert (claims["sub"], claims["org"], claims["scope"]) == ("machine:m-1", "acme", "agent")
+    assert both.returncode == 2 and "drop --scope" in both.stderr
