@@ -110,12 +110,17 @@ def _serve(settings: Settings, data_dir: Path | None) -> int:
     token = mint_token(
         settings, sub=DEV_SUBJECT, org=DEV_ORG, scopes=DEV_SCOPES, ttl_seconds=7 * 24 * 3600
     )
+    # One process: the API's /metrics already holds the worker's series too.
+    metrics = f"http://{settings.api_host}:{server.server_port}/metrics"
+    if worker is not None and worker.metrics_port:
+        metrics += f", worker http://{settings.api_host}:{worker.metrics_port}/metrics"
     print(
         "orquestador dev is running\n"
         f"  API:          http://{settings.api_host}:{server.server_port}/api/v1\n"
         f"  DATABASE_URL: {settings.database_url}\n"
         + (f"  data:         {data_dir}\n" if data_dir else "")
         + f"  worker:       {'on' if worker else 'off'}\n"
+        + f"  metrics:      {metrics}\n"
         f"  token:        {token}\n"
         f"  token holder: sub {DEV_SUBJECT}, org {DEV_ORG}, scopes {' '.join(DEV_SCOPES)}\n"
         f"  more tokens:  ORQUESTADOR_HOME={settings.home_path.resolve()} orquestador token "

@@ -6,7 +6,10 @@ import json
 import logging
 import re
 import sys
+from datetime import datetime
 from typing import Any, TextIO
+
+from pythonjsonlogger.json import JsonFormatter
 
 # Everything a LogRecord carries on its own; any other attribute came in through `extra`.
 _RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
@@ -60,6 +63,56 @@ class TextFormatter(logging.Formatter):
         return line if self.colour else _ANSI_ESCAPE.sub("", line)
 
 
+class JsonLineFormatter(JsonFormatter):  # type: ignore[misc]
+    """One JSON object per line: time, level, logger, message, the record's `extra`.
+
+    The same facts as TextFormatter: `exception` and `exception_message` (first line);
+    the traceback (`exc_info`) only from `tracebacks_from` up. Values that are not JSON
+    (UUIDs, datetimes) are written as strings.
+    """
+
+    def __init__(self, *, tracebacks_from: int = logging.ERROR) -> None:
+        super().__init__(
+            "{levelname}{name}{message}",
+            style="{",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",
+            json_default=_json_value,
+            json_ensure_ascii=False,
+        )
+        self.tracebacks_from = tracebacks_from
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_data, record, message_dict)
+        if "message" in log_data and isinstance(log_data["message"], str):
+            log_data["message"] = _ANSI_ESCAPE.sub("", log_data["message"])
+        exc_type, exc, _tb = record.exc_info or (None, None, None)
+        if exc_type is not None:
+            log_data["exception"] = exc_type.__name__
+            message = exception_message(exc)
+            if message:
+                log_data["exception_message"] = message
+        if record.levelno < self.tracebacks_from:
+            log_data.pop("exc_info", None)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def make_formatter(fmt: str, *, colour: bool = False, level: str = "INFO") -> logging.Formatter:
+    """The formatter for LOG_FORMAT (`text` or `json`); gunicorn's loggers use it too."""
+    level_number = logging.getLevelName(level.upper())
+    tracebacks_from = logging.DEBUG if level_number == logging.DEBUG else logging.ERROR
+    if fmt == "json":
+        return JsonLineFormatter(tracebacks_from=tracebacks_from)
+    return TextFormatter(colour=colour, tracebacks_from=tracebacks_from)
+
+
 def logfmt_value(value: Any) -> str:
     text = value if isinstance(value, str) else str(value)
     if _BARE_VALUE.fullmatch(text):
@@ -77,16 +130,13 @@ def exception_message(exc: BaseException | None) -> str:
 
 
 def configure(level: str, stream: TextIO | None = None, *, fmt: str = "text") -> None:
-    """Send every logger's lines to STREAM (stderr) once; colours only on a terminal."""
+    """Send every logger's lines to STREAM (stderr) once, as FMT (LOG_FORMAT: text or json).
+
+    Colours only for text on a terminal.
+    """
     stream = sys.stderr if stream is None else stream
     handler = logging.StreamHandler(stream)
-    level_number = logging.getLevelName(level.upper())
-    handler.setFormatter(
-        TextFormatter(
-            colour=_is_terminal(stream),
-            tracebacks_from=logging.DEBUG if level_number == logging.DEBUG else logging.ERROR,
-        )
-    )
+    handler.setFormatter(make_formatter(fmt, colour=_is_terminal(stream), level=level))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     # Alembic announces each of its plugins at INFO; nobody needs that on every start.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)

@@ -10,13 +10,16 @@ Callers import the object and update it; nothing else creates metrics. Which to 
   failed, retry, not_ready, unknown, simulated). ``capability`` is the adapter's
   ``name@version`` (a bounded set; never an id or an input value).
 - ``RETRIES_TOTAL.labels(capability=...).inc()``: when a retry is scheduled.
-- ``LEASE_LOST_TOTAL.inc()``: when a worker learns it no longer holds a lease (a renew
-  that matched no row, a fenced checkpoint or finish).
+- ``LEASE_LOST_TOTAL.inc()``: counted by the worker's lease table
+  (orquestador.worker.leases) when it signals a live job to stop: a renewal that no
+  longer matched its row, or a lease the heartbeat could not renew in time. The
+  executor does not count a fenced write again (it follows from the same loss).
 - ``CLAIM_BATCH_SIZE.observe(n)``: after each claim statement that returned rows.
 - ``QUEUE_DEPTH.labels(status=...).set(n)``, ``OLDEST_DUE_SECONDS.set(s)``,
   ``RECONCILIATION_REQUIRED.set(n)``, ``EMAIL_OUTBOX_DEPTH.set(n)``: sampled by the
   maintenance leader (orquestador.worker.maintenance); nobody else sets them, so the
-  whole fleet exposes one consistent value (take ``max`` across workers in PromQL).
+  whole fleet exposes one consistent value: the others report 0, so ``max`` across
+  workers in PromQL is the leader's value. ``MAINTENANCE_LEADER`` is 1 on the leader.
 - ``HTTP_REQUESTS_TOTAL.labels(route=..., status=...)`` and
   ``HTTP_REQUEST_DURATION_SECONDS.labels(route=...)``: the API's request hooks only;
   ``route`` is the URL rule template (``/api/v1/executions/<execution_id>``), never the
@@ -94,6 +97,13 @@ RECONCILIATION_REQUIRED = Gauge(
 EMAIL_OUTBOX_DEPTH = Gauge(
     "email_outbox_depth",
     "E-mails not yet delivered (pending in the outbox).",
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+MAINTENANCE_LEADER = Gauge(
+    "maintenance_leader",
+    "1 while this worker holds the maintenance lock (sum over workers: 1 when healthy).",
     namespace=NAMESPACE,
     multiprocess_mode="max",
 )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 import socket
+import tempfile
 import threading
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -25,6 +29,7 @@ from orquestador.api.app import (
 )
 from orquestador.api.problems import PROBLEM_MEDIA_TYPE, code_for_status, problem_document
 from orquestador.config import Settings
+from orquestador.logs import make_formatter
 
 REDACTED = "[redacted]"
 # Query parameters whose value may be a credential (`?access_token=`, `?jwt=`,
@@ -85,13 +90,50 @@ class _RedactingFilter(logging.Filter):
 
 
 class RedactingGunicornLogger(GunicornLogger):  # type: ignore[misc]
-    """gunicorn's logger; credential-like query values never reach its access or error lines."""
+    """gunicorn's logger in LOG_FORMAT; credential-like query values never reach its lines.
+
+    Access lines in `json` carry method, path, query (redacted), status, bytes and
+    duration as fields; in `text` they follow ACCESS_LOG_FORMAT. `log_format` is set by
+    `orquestador api`; a plain `gunicorn -c gunicorn.conf.py` reads LOG_FORMAT.
+    """
+
+    log_format: str | None = None
+
+    def _format(self) -> str:
+        return self.log_format or os.environ.get("LOG_FORMAT", "text").strip().lower() or "text"
 
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
+        formatter = make_formatter(self._format(), level=cfg.loglevel)
         for logger in (self.access_log, self.error_log):
+            for handler in logger.handlers:
+                handler.setFormatter(formatter)
             if not any(isinstance(f, _RedactingFilter) for f in logger.filters):
                 logger.addFilter(_RedactingFilter())
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> None:
+        if self._format() != "json":
+            super().access(resp, req, environ, request_time)
+            return
+        if not self.access_log_enabled:
+            return
+        atoms = self.atoms(resp, req, environ, request_time)
+        query = atoms.get("q") or ""
+        fields = {
+            "remote_addr": atoms["h"],
+            "method": atoms["m"],
+            "path": atoms["U"],
+            # The query string, its credential-like values replaced; never the raw one.
+            "query": redact_query_secrets(f"?{query}")[1:] if query else "",
+            "status": int(atoms["s"]) if str(atoms["s"]).isdigit() else atoms["s"],
+            "response_bytes": atoms["B"],
+            "duration_seconds": round(atoms["D"] / 1_000_000, 6),
+            "user_agent": atoms["a"],
+        }
+        try:
+            self.access_log.info("%s %s %s", atoms["m"], atoms["U"], atoms["s"], extra=fields)
+        except Exception:
+            self.error("Failed to log the access line")
 
 
 class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
@@ -121,29 +163,104 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
             self.log.debug("Failed to send error message.")
 
 
+# gunicorn waits this long for in-flight requests after SIGTERM before killing a worker;
+# above the worker's default drain (20 s), so one stop timeout (the units' and the
+# compose file's) fits every process of the image.
+GRACEFUL_TIMEOUT_SECONDS = 30
+# Request line (redacted), status, bytes, duration: what an operator greps for.
+ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms "%(a)s"'
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+# Set when the directory was made here (no PROMETHEUS_MULTIPROC_DIR given): removed on exit.
+_CREATED_METRICS_DIR = "_ORQUESTADOR_CREATED_METRICS_DIR"
+
+
+def prepare_metrics_dir() -> Path:
+    """Create or empty PROMETHEUS_MULTIPROC_DIR (a temporary one when unset); return it.
+
+    Values left by an earlier run would be added to this run's; the directory is
+    emptied before any worker starts. Set before the app (and its metrics) is loaded.
+    """
+    configured = os.environ.get(METRICS_DIR_VARIABLE, "").strip()
+    if configured:
+        path = Path(configured)
+        path.mkdir(parents=True, exist_ok=True)
+        for leftover in path.glob("*.db"):
+            leftover.unlink()
+    else:
+        path = Path(tempfile.mkdtemp(prefix="orquestador-metrics-"))
+        os.environ[METRICS_DIR_VARIABLE] = str(path)
+        os.environ[_CREATED_METRICS_DIR] = str(path)
+    # A metric made before this point keeps its in-memory value (nothing in the normal
+    # start-up makes one); those made later, in the workers, write to the directory.
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
+    return path
+
+
+def on_starting(server: Any) -> None:
+    """gunicorn hook (master, before any worker): a clean metrics directory."""
+    prepare_metrics_dir()
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook (master): a dead worker's live gauges stop counting."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    """gunicorn hook (master, last): remove a metrics directory this process made."""
+    created = os.environ.pop(_CREATED_METRICS_DIR, "")
+    if created:
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def gunicorn_options(settings: Settings) -> dict[str, Any]:
+    """Every gunicorn setting of the API: `orquestador api` and gunicorn.conf.py share them."""
+    return {
+        "wsgi_app": "orquestador.api.app:create_app()",
+        "bind": f"{settings.api_host}:{settings.api_port}",
+        "workers": settings.api_workers,
+        "worker_class": "orquestador.serve.ProblemThreadWorker",
+        "threads": 4,
+        "graceful_timeout": max(GRACEFUL_TIMEOUT_SECONDS, settings.worker_drain_seconds + 10),
+        "accesslog": "-",
+        "access_log_format": ACCESS_LOG_FORMAT,
+        "loglevel": settings.log_level.lower(),
+        "logger_class": "orquestador.serve.RedactingGunicornLogger",
+        # Set here rather than inherited, and checked by the app as well (docs/API.md,
+        # "Limits"): about 800 KB of head at most, and a bearer token whose claims are
+        # within the verifier's bounds fits one field several times over.
+        "limit_request_line": MAX_REQUEST_LINE_BYTES,
+        "limit_request_fields": MAX_HEADER_FIELDS,
+        "limit_request_field_size": MAX_HEADER_FIELD_BYTES,
+        # Newer gunicorn opens a control socket under $HOME; a service needs none, and
+        # a hardened unit (ProtectHome) would refuse it.
+        "control_socket_disable": True,
+        "on_starting": on_starting,
+        "child_exit": child_exit,
+        "on_exit": on_exit,
+    }
+
+
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         super().__init__()
 
     def load_config(self) -> None:
-        self.cfg.set("bind", f"{self._settings.api_host}:{self._settings.api_port}")
-        self.cfg.set("workers", self._settings.api_workers)
-        self.cfg.set("worker_class", ProblemThreadWorker)
-        self.cfg.set("threads", 4)
-        self.cfg.set("graceful_timeout", 20)
-        self.cfg.set("accesslog", "-")
-        self.cfg.set("logger_class", RedactingGunicornLogger)
-        # Set here rather than inherited, and checked by the app as well (docs/API.md,
-        # "Limits"): about 800 KB of head at most, and a bearer token whose claims are
-        # within the verifier's bounds fits one field several times over.
-        self.cfg.set("limit_request_line", MAX_REQUEST_LINE_BYTES)
-        self.cfg.set("limit_request_fields", MAX_HEADER_FIELDS)
-        self.cfg.set("limit_request_field_size", MAX_HEADER_FIELD_BYTES)
-        # Newer gunicorn opens a control socket under $HOME; a service needs none, and
-        # a hardened unit (ProtectHome) would refuse it.
-        if "control_socket_disable" in self.cfg.settings:
-            self.cfg.set("control_socket_disable", True)
+        options = gunicorn_options(self._settings)
+        # The format comes from these settings, not from the environment.
+        options["logger_class"] = type(
+            "SettingsGunicornLogger",
+            (RedactingGunicornLogger,),
+            {"log_format": self._settings.log_format},
+        )
+        for name, value in options.items():
+            if name in self.cfg.settings:  # an older gunicorn lacks some
+                self.cfg.set(name, value)
 
     def load(self) -> Any:
         # Each gunicorn worker builds its own app (and so its own engine) after the fork.

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from flask import Flask, Response, request
+from flask import Flask, Response, g, request
 from sqlalchemy import Engine
 
 from orquestador.actions import AdapterRegistry, load_registry
@@ -67,8 +68,11 @@ def create_app(
         # outputs with: those load the configured registry on first use instead.
         app.extensions[ADAPTERS_EXTENSION] = adapters
     register_error_handlers(app)
+    # Timing starts first and is recorded last, so refusals and problems count too.
+    app.before_request(_start_timer)
     app.before_request(_refuse_oversized_head)
     app.after_request(_add_hygiene_headers)
+    app.after_request(_record_request_metrics)
     app.register_blueprint(health_routes.blueprint)
     app.register_blueprint(openapi.blueprint)
     # A switched-off group has no routes at all, so it answers the same 404 as any
@@ -119,6 +123,29 @@ def _refuse_oversized_head() -> None:
             "HEADERS_TOO_LARGE",
             f"A header field is longer than {MAX_HEADER_FIELD_BYTES} bytes.",
         )
+
+
+# The route label of a request that matched no URL rule (404s, refused heads).
+UNMATCHED_ROUTE = "unmatched"
+
+
+def _start_timer() -> None:
+    g.orquestador_started = time.perf_counter()
+
+
+def _record_request_metrics(response: Response) -> Response:
+    # Imported here, not at the top: under gunicorn the multiprocess directory is set
+    # before the first metric is made (serve.py), and this runs only in a worker.
+    from orquestador.metrics import HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_TOTAL
+
+    # The URL rule's template, never the raw path: ids would make a series per request.
+    rule = request.url_rule
+    route = rule.rule if rule is not None else UNMATCHED_ROUTE
+    HTTP_REQUESTS_TOTAL.labels(route=route, status=str(response.status_code)).inc()
+    started = g.get("orquestador_started")
+    if started is not None:
+        HTTP_REQUEST_DURATION_SECONDS.labels(route=route).observe(time.perf_counter() - started)
+    return response
 
 
 def _add_hygiene_headers(response: Response) -> Response:

@@ -1,8 +1,9 @@
-"""Liveness and readiness probes, always on and unauthenticated."""
+"""Liveness and readiness probes and the Prometheus scrape, always on and unauthenticated."""
 
 from __future__ import annotations
 
 import logging
+import os
 
 from flask import Blueprint, Response, jsonify
 from sqlalchemy import text
@@ -38,3 +39,29 @@ def readyz() -> Response:
             headers={"Retry-After": "5"},
         )
     return jsonify({"status": "ok"})
+
+
+@blueprint.get("/metrics")
+def metrics() -> Response:
+    """Prometheus text format; under gunicorn, the sum over every worker process.
+
+    With PROMETHEUS_MULTIPROC_DIR set (serve.py sets it for gunicorn) each worker
+    writes its values to files there, and a scrape, whichever worker answers it, reads
+    them all; otherwise this process's own registry answers.
+    """
+    from prometheus_client import (
+        CONTENT_TYPE_LATEST,
+        REGISTRY,
+        CollectorRegistry,
+        generate_latest,
+        multiprocess,
+    )
+
+    import orquestador.metrics  # noqa: F401  every series is declared even before first use
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

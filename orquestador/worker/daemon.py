@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
 from sqlalchemy import Engine
 
@@ -24,6 +25,7 @@ from orquestador.worker.heartbeat import Heartbeat
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.leases import HeldLeases
 from orquestador.worker.listener import ReadyListener, libpq_conninfo
+from orquestador.worker.maintenance import MaintenanceLoop
 from orquestador.worker.messages import error_line
 from orquestador.worker.scheduler import Scheduler, Slots
 
@@ -92,11 +94,14 @@ class Worker:
             hooks=hooks,
         )
         self.listener = ReadyListener(libpq_conninfo(engine.url), self.wake) if listen else None
-        self.loops = background_loops(settings, engine, self.worker_id)
+        # Every worker runs the maintenance loop; its lock lets one at a time do the work.
+        self.maintenance = MaintenanceLoop(settings, engine, self.worker_id)
+        self.loops = [*background_loops(settings, engine, self.worker_id), self.maintenance]
         self._stop_requested = threading.Event()
         self._stopped = threading.Event()
         self._drained_cleanly = False
         self._stopper: threading.Thread | None = None
+        self.metrics_server: WSGIServer | None = None
 
     # --- running jobs -----------------------------------------------------------
 
@@ -133,12 +138,40 @@ class Worker:
 
     def start(self) -> None:
         log.info("worker starting", extra={"worker_id": self.worker_id})
+        self._start_metrics_server()
         self.heartbeat.start()
         if self.listener is not None:
             self.listener.start()
         self.scheduler.start()
         for loop in self.loops:
             loop.start()
+
+    def _start_metrics_server(self) -> None:
+        """Prometheus on WORKER_METRICS_PORT (off when empty), on API_HOST's address.
+
+        Started first: a busy port fails the start before any work is claimed.
+        """
+        port = self.settings.worker_metrics_port.strip()
+        if not port:
+            return
+        from prometheus_client import start_http_server
+
+        import orquestador.metrics  # noqa: F401  every series is declared before the first scrape
+
+        self.metrics_server, _thread = start_http_server(int(port), addr=self.settings.api_host)
+        log.info(
+            "worker metrics on http://%s:%d/metrics",
+            self.settings.api_host,
+            self.metrics_port,
+            extra={"worker_id": self.worker_id},
+        )
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the metrics server listens on (the real one when 0 was asked)."""
+        if self.metrics_server is None:
+            return None
+        return int(self.metrics_server.server_port)
 
     def request_stop(self) -> None:
         """Warm stop: claim nothing more now; let jobs finish within the drain time."""
@@ -175,6 +208,9 @@ class Worker:
             _join_started(self.listener)
         for loop in self.loops:
             _join_started(loop)
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         log.info("worker stopped", extra={"worker_id": self.worker_id})
         self._stopped.set()
 

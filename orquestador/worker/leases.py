@@ -7,6 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from orquestador.metrics import LEASE_LOST_TOTAL
 from orquestador.queue import Claim
 
 LeaseKey = tuple[uuid.UUID, int]
@@ -65,6 +66,8 @@ class HeldLeases:
             held = self._held.get(key)
         if held is None:
             return None
+        if not held.stop.is_set():
+            LEASE_LOST_TOTAL.inc()
         held.stop.set()
         return held.claim
 
@@ -72,6 +75,8 @@ class HeldLeases:
         with self._lock:
             overdue = [h for h in self._held.values() if h.valid_until <= now]
         for held in overdue:
+            if not held.stop.is_set():
+                LEASE_LOST_TOTAL.inc()
             held.stop.set()
         return [held.claim for held in overdue]
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
+from orquestador.metrics import CLAIM_BATCH_SIZE
 from orquestador.queue import Claim, claim_due_executions
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
@@ -168,6 +169,7 @@ class Scheduler(threading.Thread):
             claims = claim_due_executions(conn, self._owner, wanted, self._lease_seconds)
         if not claims:
             return claims
+        CLAIM_BATCH_SIZE.observe(len(claims))
         # The slots are taken before anything else can fail, and every claim goes
         # straight to a thread: nothing claimed waits in a local queue.
         self._slots.take(len(claims))

@@ -1,0 +1,20 @@
+"""gunicorn settings of the API, for running gunicorn itself: `gunicorn -c gunicorn.conf.py`.
+
+`orquestador api` applies the same settings (orquestador.serve.gunicorn_options) without
+this file; both read the environment (API_HOST, API_PORT, API_WORKERS, LOG_LEVEL,
+LOG_FORMAT, PROMETHEUS_MULTIPROC_DIR, ...). gthread workers; a graceful timeout above the
+worker's drain; access lines in LOG_FORMAT with credential-like query values redacted;
+a clean Prometheus multiprocess directory on start and dead workers marked on exit.
+"""
+
+from orquestador.config import Settings
+from orquestador.logs import configure as _configure_logging
+from orquestador.serve import gunicorn_options as _gunicorn_options
+
+_settings = Settings.from_env()
+_configure_logging(_settings.log_level, fmt=_settings.log_format)
+
+# gunicorn reads this module's names: wsgi_app, bind, workers, worker_class, threads,
+# graceful_timeout, accesslog, access_log_format, logger_class, the request-head
+# limits and the on_starting / child_exit / on_exit hooks.
+globals().update(_gunicorn_options(_settings))

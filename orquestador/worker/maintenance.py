@@ -1,0 +1,372 @@
+"""The maintenance loop: retention, queue gauges and the e-mail hand-off, by one leader.
+
+Every worker runs this loop (the daemon starts it beside the background loops); each
+pass, a worker first makes sure it holds the maintenance lock, a PostgreSQL session
+advisory lock taken on a connection of its own.
+The lock lives exactly as long as that connection: a worker that dies, or whose
+connection drops (a database restart, a failover), loses it, and another worker takes
+it at its next pass. So at any time at most one worker does the work, with no cron and
+no table of leaders. Everything a pass does is safe to repeat (bounded batches,
+SKIP LOCKED), so a pass interrupted by a lost connection leaves nothing half done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+from sqlalchemy import Connection, Engine, TextClause, text
+
+from orquestador.config import Settings
+from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
+from orquestador.metrics import (
+    EMAIL_OUTBOX_DEPTH,
+    MAINTENANCE_LEADER,
+    OLDEST_DUE_SECONDS,
+    QUEUE_DEPTH,
+    QUEUE_STATUSES,
+    RECONCILIATION_REQUIRED,
+)
+from orquestador.worker.background import Loop
+from orquestador.worker.listener import libpq_conninfo
+
+log = logging.getLogger(__name__)
+
+# The advisory lock key of the maintenance leader (a fixed bigint: every worker of one
+# database must use the same; no other part of the product takes advisory locks).
+MAINTENANCE_LOCK_KEY = 7_311_970_042_001
+# Rows deleted per statement (one transaction each), and statements per table per pass:
+# a pass stays short, and a large backlog drains over the next passes.
+RETENTION_BATCH = 500
+RETENTION_BATCHES_PER_PASS = 20
+# The lock connection notices a dead peer within about this long (TCP keepalives).
+_KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5}
+_CONNECT_TIMEOUT_SECONDS = 5
+
+
+class LeaderLock:
+    """pg_try_advisory_lock on a dedicated connection; held while that connection lives."""
+
+    def __init__(self, conninfo: str, key: int = MAINTENANCE_LOCK_KEY) -> None:
+        self._conninfo = conninfo
+        self._key = key
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self.held = False
+
+    def hold(self) -> bool:
+        """True when this process holds the lock now (taking it if it is free).
+
+        A connection that fails its check means the lock is gone with it (the server
+        ended the session); the error propagates after the connection is dropped, and
+        the next call starts over.
+        """
+        try:
+            if self._conn is None or self._conn.closed:
+                self.held = False
+                self._conn = psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    application_name="orquestador-maintenance",
+                    connect_timeout=_CONNECT_TIMEOUT_SECONDS,
+                    **_KEEPALIVE,
+                )
+            if self.held:
+                self._conn.execute("SELECT 1")
+            else:
+                row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
+                self.held = bool(row and row[0])
+            return self.held
+        except Exception:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Close the connection: the server drops the lock with the session."""
+        self.held = False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # An already broken connection has nothing left to release.
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+@dataclass
+class PassReport:
+    """What one pass of the leader did (tests and the pass's log line read it)."""
+
+    deleted: dict[str, int] = field(default_factory=dict)
+    handed_off: int = 0
+    queue_depth: dict[str, int] = field(default_factory=dict)
+    oldest_due_seconds: float = 0.0
+    reconciliation_required: int = 0
+    email_outbox_depth: int = 0
+
+
+# --- retention ----------------------------------------------------------------
+
+_DELETE_FINAL_COMMANDS = text(
+    """
+    DELETE FROM machine_command
+    WHERE id IN (
+        SELECT id FROM machine_command
+        WHERE status IN ('succeeded', 'failed', 'timed_out')
+          AND finished_at <= clock_timestamp() - make_interval(days => :days)
+        ORDER BY finished_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    """
+)
+
+# Delivered e-mails (and those given up on) past their age; a pending one never.
+_DELETE_FINAL_EMAILS = text(
+    """
+    DELETE FROM email_outbox
+    WHERE id IN (
+        SELECT id FROM email_outbox
+        WHERE status IN ('sent', 'failed')
+          AND coalesce(sent_at, created_at) <= clock_timestamp() - make_interval(days => :days)
+        ORDER BY coalesce(sent_at, created_at)
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    """
+)
+
+# Dismissed notices past their age. A notice's e-mail goes with it (ON DELETE CASCADE),
+# so one whose e-mail is still pending waits until the e-mail is settled.
+_DELETE_DISMISSED_NOTICES = text(
+    """
+    DELETE FROM panel_notice
+    WHERE id IN (
+        SELECT n.id FROM panel_notice n
+        WHERE n.dismissed_at <= clock_timestamp() - make_interval(days => :days)
+          AND NOT EXISTS (
+              SELECT 1 FROM email_outbox o WHERE o.notice_id = n.id AND o.status = 'pending'
+          )
+        ORDER BY n.dismissed_at
+        LIMIT :batch
+        FOR UPDATE OF n SKIP LOCKED
+    )
+    """
+)
+
+# Requests and executions are append-only for the runtime role; migration 0009's
+# function deletes simulated ones only (with executions, checkpoints and attempts).
+_PURGE_SIMULATIONS = text(
+    f"SELECT {PURGE_SIMULATIONS_FUNCTION}(make_interval(days => :days), :batch)"
+)
+
+
+def _delete_final_commands(conn: Connection, days: int, batch: int) -> int:
+    try:  # the machines area's own retention, when this build has it
+        from orquestador.machines.retention import delete_final_commands
+    except ImportError:
+        return conn.execute(_DELETE_FINAL_COMMANDS, {"days": days, "batch": batch}).rowcount
+    return delete_final_commands(conn, days, batch)
+
+
+Deleter = Callable[[Connection, int, int], int]
+
+
+def _rows_deleted_by(statement: TextClause) -> Deleter:
+    def delete_batch(conn: Connection, days: int, batch: int) -> int:
+        return int(conn.execute(statement, {"days": days, "batch": batch}).rowcount)
+
+    return delete_batch
+
+
+def _purge_simulations(conn: Connection, days: int, batch: int) -> int:
+    # Counts simulated requests; their executions and checkpoints go with them.
+    return int(conn.execute(_PURGE_SIMULATIONS, {"days": days, "batch": batch}).scalar_one())
+
+
+def retention_rules(settings: Settings) -> list[tuple[str, int, Deleter]]:
+    """(table, age in days, delete one batch) for every table with a retention period."""
+    return [
+        ("machine_command", settings.machine_command_retention_days, _delete_final_commands),
+        ("email_outbox", settings.email_retention_days, _rows_deleted_by(_DELETE_FINAL_EMAILS)),
+        (
+            "panel_notice",
+            settings.notice_retention_days,
+            _rows_deleted_by(_DELETE_DISMISSED_NOTICES),
+        ),
+        ("request", settings.simulation_retention_days, _purge_simulations),
+    ]
+
+
+def apply_retention(
+    engine: Engine,
+    settings: Settings,
+    *,
+    batch: int = RETENTION_BATCH,
+    batches_per_pass: int = RETENTION_BATCHES_PER_PASS,
+) -> tuple[dict[str, int], bool]:
+    """Delete what is past its age, batch by batch; (deleted per table, more left)."""
+    deleted: dict[str, int] = {}
+    more = False
+    for table, days, delete_batch in retention_rules(settings):
+        total = 0
+        for _ in range(batches_per_pass):
+            with engine.begin() as conn:
+                count = delete_batch(conn, days, batch)
+            total += count
+            if count < batch:
+                break
+        else:
+            more = True
+        deleted[table] = total
+    return deleted, more
+
+
+# --- gauges and hand-off ------------------------------------------------------------
+
+# Three counts, each served by a partial index of execution.
+_WAITING_DEPTH = text(
+    "SELECT status, count(*) FROM execution"
+    " WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') GROUP BY status"
+)
+_RUNNING_DEPTH = text("SELECT count(*) FROM execution WHERE status = 'RUNNING'")
+_RECONCILIATION_DEPTH = text(
+    "SELECT count(*) FROM execution WHERE status = 'RECONCILIATION_REQUIRED'"
+)
+# How long the oldest claimable execution has waited: due and not running, or running
+# under a lease that expired (its worker is gone).
+_OLDEST_DUE = text(
+    """
+    SELECT greatest(
+        (SELECT extract(epoch FROM clock_timestamp() - min(next_attempt_at))
+         FROM execution
+         WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING')
+           AND next_attempt_at <= clock_timestamp()),
+        (SELECT extract(epoch FROM clock_timestamp() - min(lease_expires_at))
+         FROM execution
+         WHERE status = 'RUNNING' AND lease_expires_at <= clock_timestamp()),
+        0)
+    """
+)
+_OUTBOX_DEPTH = text("SELECT count(*) FROM email_outbox WHERE status = 'pending'")
+# A mailer that died holding a row leaves an expired lease: clear it and make the row
+# due now, so any mailer takes it at once instead of after its backoff.
+_HAND_OFF = text(
+    """
+    UPDATE email_outbox
+    SET lease_owner = NULL, lease_expires_at = NULL,
+        next_attempt_at = least(next_attempt_at, clock_timestamp())
+    WHERE status = 'pending' AND lease_expires_at <= clock_timestamp()
+    """
+)
+
+
+def sample_gauges(conn: Connection, report: PassReport) -> None:
+    depth = {status: 0 for status in QUEUE_STATUSES}
+    depth.update({status: int(n) for status, n in conn.execute(_WAITING_DEPTH).all()})
+    depth["RUNNING"] = int(conn.execute(_RUNNING_DEPTH).scalar_one())
+    depth["RECONCILIATION_REQUIRED"] = int(conn.execute(_RECONCILIATION_DEPTH).scalar_one())
+    report.queue_depth = depth
+    report.oldest_due_seconds = float(conn.execute(_OLDEST_DUE).scalar_one())
+    report.reconciliation_required = depth["RECONCILIATION_REQUIRED"]
+    report.email_outbox_depth = int(conn.execute(_OUTBOX_DEPTH).scalar_one())
+    for status, n in depth.items():
+        QUEUE_DEPTH.labels(status=status).set(n)
+    OLDEST_DUE_SECONDS.set(report.oldest_due_seconds)
+    RECONCILIATION_REQUIRED.set(report.reconciliation_required)
+    EMAIL_OUTBOX_DEPTH.set(report.email_outbox_depth)
+
+
+def _zero_gauges() -> None:
+    # A worker that is not the leader reports 0, so `max` over all workers is the
+    # leader's value (a former leader would otherwise keep exposing stale numbers).
+    for status in QUEUE_STATUSES:
+        QUEUE_DEPTH.labels(status=status).set(0)
+    OLDEST_DUE_SECONDS.set(0)
+    RECONCILIATION_REQUIRED.set(0)
+    EMAIL_OUTBOX_DEPTH.set(0)
+
+
+# --- the loop ------------------------------------------------------------------
+
+
+class MaintenanceLoop(Loop):
+    """Every MAINTENANCE_INTERVAL_SECONDS: lead or stand by; the leader does one pass."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        worker_id: str,
+        *,
+        lock: LeaderLock | None = None,
+        on_pass: Callable[[PassReport], None] | None = None,
+    ) -> None:
+        super().__init__("maintenance", settings.maintenance_interval_seconds)
+        self.settings = settings
+        self.engine = engine
+        self.worker_id = worker_id
+        self.lock = lock or LeaderLock(libpq_conninfo(engine.url))
+        self.on_pass = on_pass
+        self.passes = 0  # passes this worker did as the leader
+        self._was_leader = False
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.lock.release()
+            if self._was_leader:
+                MAINTENANCE_LEADER.set(0)
+
+    def run_once(self) -> bool:
+        try:
+            leader = self.lock.hold()
+        except Exception:
+            self._step_down("its connection failed")
+            raise
+        if not leader:
+            self._step_down("another worker holds the lock")
+            return False
+        if not self._was_leader:
+            log.info("maintenance leadership taken", extra={"worker_id": self.worker_id})
+            self._was_leader = True
+            MAINTENANCE_LEADER.set(1)
+        return self.run_pass()
+
+    def _step_down(self, why: str) -> None:
+        if self._was_leader:
+            log.warning("maintenance leadership lost: %s", why, extra={"worker_id": self.worker_id})
+            self._was_leader = False
+            MAINTENANCE_LEADER.set(0)
+            _zero_gauges()
+
+    def run_pass(self) -> bool:
+        """One pass (the caller holds the lock); True when retention has more to delete."""
+        report = PassReport()
+        report.deleted, more = apply_retention(self.engine, self.settings)
+        with self.engine.begin() as conn:
+            report.handed_off = conn.execute(_HAND_OFF).rowcount
+        with self.engine.connect() as conn:
+            sample_gauges(conn, report)
+        with self._lock:
+            self.passes += 1
+        deleted = sum(report.deleted.values())
+        log.log(
+            logging.INFO if deleted or report.handed_off else logging.DEBUG,
+            "maintenance pass",
+            extra={
+                "worker_id": self.worker_id,
+                "deleted": deleted,
+                **{f"deleted_{table}": n for table, n in report.deleted.items() if n},
+                "handed_off": report.handed_off,
+                "oldest_due_seconds": round(report.oldest_due_seconds, 3),
+                "reconciliation_required": report.reconciliation_required,
+                "email_outbox_depth": report.email_outbox_depth,
+            },
+        )
+        if self.on_pass is not None:
+            self.on_pass(report)
+        return more

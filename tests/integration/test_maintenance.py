@@ -1,0 +1,379 @@
+"""The maintenance loop: retention deletes exactly what is past its age, by one leader."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
+
+from orquestador.db.engine import make_engine
+from orquestador.metrics import EMAIL_OUTBOX_DEPTH, QUEUE_DEPTH, RECONCILIATION_REQUIRED
+from orquestador.worker.listener import libpq_conninfo
+from orquestador.worker.maintenance import LeaderLock, MaintenanceLoop, PassReport
+from tests.integration.worker_support import (
+    ORG,
+    accept_transition,
+    create_request,
+    flow_definition,
+    publish_flow,
+    settings,
+    wait_until,
+)
+
+DAY = "interval '1 day'"
+
+
+def _command(engine: Engine, status: str, finished_days_ago: float | None) -> uuid.UUID:
+    with engine.begin() as conn:
+        return conn.execute(
+            text(
+                "INSERT INTO machine_command (org_id, machine_id, command, status, external_key,"
+                " created_at, finished_at)"
+                " VALUES (:org, 'm-1', 'reboot', :status, :key, now() - interval '400 days',"
+                f" now() - :days * {DAY}) RETURNING id"
+            ),
+            {
+                "org": ORG,
+                "status": status,
+                "key": uuid.uuid4().hex,
+                "days": finished_days_ago,
+            },
+        ).scalar_one()
+
+
+def _notice(engine: Engine, dismissed_days_ago: float | None) -> uuid.UUID:
+    with engine.begin() as conn:
+        return conn.execute(
+            text(
+                "INSERT INTO panel_notice (org_id, category, title, body, external_key,"
+                " created_at, dismissed_at)"
+                " VALUES (:org, 'automation', 't', 'b', :key, now() - interval '400 days',"
+                f" now() - :days * {DAY}) RETURNING id"
+            ),
+            {"org": ORG, "key": uuid.uuid4().hex, "days": dismissed_days_ago},
+        ).scalar_one()
+
+
+def _email(
+    engine: Engine, status: str, sent_days_ago: float | None, notice: uuid.UUID | None = None
+) -> uuid.UUID:
+    with engine.begin() as conn:
+        return conn.execute(
+            text(
+                "INSERT INTO email_outbox (org_id, notice_id, message_id, recipients, subject,"
+                " body, status, created_at, sent_at)"
+                " VALUES (:org, :notice, :mid, '[\"ops@example.com\"]', 's', 'b', :status,"
+                f" now() - interval '400 days', now() - :days * {DAY}) RETURNING id"
+            ),
+            {
+                "org": ORG,
+                "notice": notice,
+                "mid": f"<{uuid.uuid4().hex}@test>",
+                "status": status,
+                "days": sent_days_ago,
+            },
+        ).scalar_one()
+
+
+def _request_with_execution(
+    engine: Engine, *, simulation: bool, created_days_ago: float, finished: bool
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """A request with one execution (finished or not), a checkpoint and an attempt row."""
+    flow_id = publish_flow(engine, flow_definition([]))
+    request_id = create_request(engine, flow_id)
+    execution_id = accept_transition(engine, request_id, simulation=simulation)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"UPDATE request SET simulation = :sim, created_at = now() - :days * {DAY}"
+                " WHERE id = :id"
+            ),
+            {"sim": simulation, "days": created_days_ago, "id": request_id},
+        )
+        if finished:
+            conn.execute(
+                text(
+                    "UPDATE execution SET status = 'SUCCEEDED', finished_at = now() WHERE id = :id"
+                ),
+                {"id": execution_id},
+            )
+            conn.execute(
+                text("UPDATE request SET busy_execution_id = NULL WHERE id = :id"),
+                {"id": request_id},
+            )
+        conn.execute(
+            text(
+                "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+                " fencing_token, input_hash, external_key, effect, capability, adapter_version)"
+                " VALUES (:eid, 'a', 'SUCCEEDED', 1, 1, 'h', :key, 'READ_ONLY', 'test.read', 1)"
+            ),
+            {"eid": execution_id, "key": f"{execution_id}:a"},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token,"
+                " status, started_at) VALUES (:eid, 'a', 1, 1, 'SUCCEEDED', now())"
+            ),
+            {"eid": execution_id},
+        )
+    return request_id, execution_id
+
+
+def _exists(engine: Engine, table: str, row_id: uuid.UUID) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(f"SELECT count(*) FROM {table} WHERE id = :id"), {"id": row_id}
+            ).scalar_one()
+        )
+
+
+def _count(engine: Engine, sql: str, **params: Any) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql), params).scalar_one())
+
+
+def _one_pass(engine: Engine, **retention: int) -> PassReport:
+    """A maintenance loop's single pass as the leader, with these retention settings."""
+    reports: list[PassReport] = []
+    loop = MaintenanceLoop(settings(**retention), engine, "w-test", on_pass=reports.append)
+    try:
+        assert loop.run_once() is False
+    finally:
+        loop.lock.release()
+    (report,) = reports
+    return report
+
+
+def test_retention_deletes_what_is_past_its_age_and_nothing_else(owner_engine, runtime_engine):
+    old_final = _command(owner_engine, "succeeded", 3)
+    recent_final = _command(owner_engine, "failed", 0.5)
+    unfinished = _command(owner_engine, "running", None)  # created 400 days ago
+    old_sent = _email(owner_engine, "sent", 3)
+    recent_sent = _email(owner_engine, "sent", 0.5)
+    pending = _email(owner_engine, "pending", None)
+    old_dismissed = _notice(owner_engine, 3)
+    recent_dismissed = _notice(owner_engine, 0.5)
+    not_dismissed = _notice(owner_engine, None)
+    # An old dismissed notice whose e-mail is still pending stays until it is settled:
+    # deleting the notice would take the undelivered e-mail with it.
+    waiting_notice = _notice(owner_engine, 3)
+    waiting_email = _email(owner_engine, "pending", None, notice=waiting_notice)
+    old_simulation, old_simulated_execution = _request_with_execution(
+        owner_engine, simulation=True, created_days_ago=3, finished=True
+    )
+    recent_simulation, _ = _request_with_execution(
+        owner_engine, simulation=True, created_days_ago=0.5, finished=True
+    )
+    running_simulation, _ = _request_with_execution(
+        owner_engine, simulation=True, created_days_ago=3, finished=False
+    )
+    real_request, real_execution = _request_with_execution(
+        owner_engine, simulation=False, created_days_ago=300, finished=True
+    )
+    audit_before = _count(owner_engine, "SELECT count(*) FROM audit_event")
+
+    report = _one_pass(
+        runtime_engine,
+        machine_command_retention_days=1,
+        email_retention_days=1,
+        notice_retention_days=1,
+        simulation_retention_days=1,
+    )
+
+    assert report.deleted == {
+        "machine_command": 1,
+        "email_outbox": 1,
+        "panel_notice": 1,
+        "request": 1,
+    }
+    assert not _exists(owner_engine, "machine_command", old_final)
+    assert _exists(owner_engine, "machine_command", recent_final)
+    assert _exists(owner_engine, "machine_command", unfinished)
+    assert not _exists(owner_engine, "email_outbox", old_sent)
+    assert _exists(owner_engine, "email_outbox", recent_sent)
+    assert _exists(owner_engine, "email_outbox", pending)
+    assert not _exists(owner_engine, "panel_notice", old_dismissed)
+    assert _exists(owner_engine, "panel_notice", recent_dismissed)
+    assert _exists(owner_engine, "panel_notice", not_dismissed)
+    assert _exists(owner_engine, "panel_notice", waiting_notice)
+    assert _exists(owner_engine, "email_outbox", waiting_email)
+    assert not _exists(owner_engine, "request", old_simulation)
+    assert not _exists(owner_engine, "execution", old_simulated_execution)
+    for table in ("action_execution", "action_attempt"):
+        assert not _count(
+            owner_engine,
+            f"SELECT count(*) FROM {table} WHERE execution_id = :id",
+            id=old_simulated_execution,
+        )
+    assert _exists(owner_engine, "request", recent_simulation)
+    assert _exists(owner_engine, "request", running_simulation)
+    assert _exists(owner_engine, "request", real_request)
+    assert _exists(owner_engine, "execution", real_execution)
+    assert _count(
+        owner_engine,
+        "SELECT count(*) FROM action_attempt WHERE execution_id = :id",
+        id=real_execution,
+    )
+    # Audit rows are never touched, not even the purged simulation's.
+    assert _count(owner_engine, "SELECT count(*) FROM audit_event") == audit_before
+
+
+def test_zero_days_deletes_every_final_row_at_the_next_pass(owner_engine, runtime_engine):
+    just_finished = _command(owner_engine, "timed_out", 0)
+    pending_command = _command(owner_engine, "pending", None)
+    just_sent = _email(owner_engine, "sent", 0)
+    just_dismissed = _notice(owner_engine, 0)
+    new_simulation, _ = _request_with_execution(
+        owner_engine, simulation=True, created_days_ago=0, finished=True
+    )
+    new_real, _ = _request_with_execution(
+        owner_engine, simulation=False, created_days_ago=0, finished=True
+    )
+
+    report = _one_pass(
+        runtime_engine,
+        machine_command_retention_days=0,
+        email_retention_days=0,
+        notice_retention_days=0,
+        simulation_retention_days=0,
+    )
+
+    assert sum(report.deleted.values()) == 4
+    assert not _exists(owner_engine, "machine_command", just_finished)
+    assert not _exists(owner_engine, "email_outbox", just_sent)
+    assert not _exists(owner_engine, "panel_notice", just_dismissed)
+    assert not _exists(owner_engine, "request", new_simulation)
+    assert _exists(owner_engine, "machine_command", pending_command)
+    assert _exists(owner_engine, "request", new_real)
+
+
+def test_the_runtime_role_cannot_delete_real_history_itself(owner_engine, runtime_engine):
+    real_request, real_execution = _request_with_execution(
+        owner_engine, simulation=False, created_days_ago=300, finished=True
+    )
+    for table, row_id in (("execution", real_execution), ("request", real_request)):
+        with (
+            pytest.raises(ProgrammingError, match="permission denied"),
+            runtime_engine.begin() as conn,
+        ):
+            conn.execute(text(f"DELETE FROM {table} WHERE id = :id"), {"id": row_id})
+    # The purge function, its one way in, ignores a real request however old.
+    with runtime_engine.begin() as conn:
+        purged = conn.execute(
+            text("SELECT orquestador_purge_simulations(interval '0 days', 100)")
+        ).scalar_one()
+    assert purged == 0
+    assert _exists(owner_engine, "request", real_request)
+
+
+def test_the_leader_samples_the_queue_gauges_and_hands_off_expired_email_leases(
+    owner_engine, runtime_engine
+):
+    _request_with_execution(owner_engine, simulation=False, created_days_ago=0, finished=False)
+    _, blocked = _request_with_execution(
+        owner_engine, simulation=False, created_days_ago=0, finished=False
+    )
+    stuck = _email(owner_engine, "pending", None)
+    with owner_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE execution SET status = 'RECONCILIATION_REQUIRED', finished_at = NULL"
+                " WHERE id = :id"
+            ),
+            {"id": blocked},
+        )
+        conn.execute(
+            text(
+                "UPDATE execution SET next_attempt_at = now() - interval '90 seconds'"
+                " WHERE status = 'PENDING'"
+            )
+        )
+        # A mailer died holding this row: its lease expired, its retry is an hour away.
+        conn.execute(
+            text(
+                "UPDATE email_outbox SET lease_owner = 'dead-worker',"
+                " lease_expires_at = now() - interval '1 second',"
+                " next_attempt_at = now() + interval '1 hour' WHERE id = :id"
+            ),
+            {"id": stuck},
+        )
+
+    report = _one_pass(runtime_engine)
+
+    assert report.queue_depth["PENDING"] == 1
+    assert report.queue_depth["RECONCILIATION_REQUIRED"] == 1
+    assert report.queue_depth["RUNNING"] == 0
+    assert 89 <= report.oldest_due_seconds < 200
+    assert report.email_outbox_depth == 1
+    assert report.handed_off == 1
+    assert QUEUE_DEPTH.labels(status="PENDING")._value.get() == 1
+    assert RECONCILIATION_REQUIRED._value.get() == 1
+    assert EMAIL_OUTBOX_DEPTH._value.get() == 1
+    with owner_engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT lease_owner, next_attempt_at <= now() AS due FROM email_outbox"
+                " WHERE id = :id"
+            ),
+            {"id": stuck},
+        ).one()
+    assert row.lease_owner is None and row.due
+
+
+def test_three_workers_exactly_one_works_each_interval(database, runtime_engine):
+    interval = 0.3
+    passes: list[tuple[str, float]] = []
+    record = threading.Lock()
+    engines = [make_engine(database.runtime_dsn, pool_size=3) for _ in range(3)]
+    loops = []
+    for number, engine in enumerate(engines):
+        name = f"w{number}"
+
+        def note(report: PassReport, name: str = name) -> None:
+            with record:
+                passes.append((name, time.monotonic()))
+
+        loop = MaintenanceLoop(settings(maintenance_interval_seconds=1), engine, name, on_pass=note)
+        loop.interval_seconds = interval  # the setting is whole seconds; the test is short
+        loops.append(loop)
+    try:
+        for loop in loops:
+            loop.start()
+        wait_until(lambda: len(passes) >= 8, timeout=30, what="eight maintenance passes")
+    finally:
+        for loop in loops:
+            loop.stop()
+        for loop in loops:
+            loop.join(10)
+        for engine in engines:
+            engine.dispose()
+
+    workers = {name for name, _ in passes}
+    assert len(workers) == 1, f"more than one worker did maintenance: {workers}"
+    # One pass per interval: never two at once, never a long gap.
+    times = [at for _, at in passes]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= interval * 0.8
+    assert max(gaps) < interval * 6
+
+
+def test_a_lost_lock_connection_is_lost_leadership(database):
+    conninfo = libpq_conninfo(make_url(database.runtime_dsn))
+    first, second = LeaderLock(conninfo), LeaderLock(conninfo)
+    try:
+        assert first.hold() is True
+        assert second.hold() is False
+        first.release()  # the connection closes: the server frees the lock with it
+        assert second.hold() is True
+        assert first.hold() is False
+    finally:
+        first.release()
+        second.release()
