@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import JSONB_VALUE
 from orquestador.errors import ContractMismatch
-from orquestador.queue.fencing import FENCE, Claim, refuse_stale, still_holds
+from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale, still_holds
 from orquestador.queue.prepared import run_alone
 from orquestador.queue.transactions import one_statement
 
@@ -40,6 +41,9 @@ class CheckpointOutcome:
     # moves to this attempt). Only where the action's budget no longer matters: the
     # attempt base also restarts it.
     settles_earlier: bool = False
+    # What the step saw (an adapter's observe() or its error's observed), kept with the
+    # checkpoint; None keeps what an earlier round of the step saw.
+    observed: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in ("FAILED", "UNKNOWN"):
@@ -74,33 +78,37 @@ _START = text(
     )
     INSERT INTO action_execution AS a (
         execution_id, action_id, status, attempt, fencing_token, input_hash, external_key,
-        effect, capability, adapter_version, output, error_code, started_at, finished_at)
+        effect, capability, adapter_version, output, error_code, started_at, finished_at,
+        first_started_at)
     SELECT holder.id, :action_id, 'RUNNING', :attempt, :token, :input_hash, :external_key,
-           :effect, :capability, :adapter_version, NULL, NULL, clock_timestamp(), NULL
+           :effect, :capability, :adapter_version, NULL, NULL, clock_timestamp(), NULL,
+           clock_timestamp()
     FROM holder
     ON CONFLICT (execution_id, action_id) DO UPDATE
     SET status = 'RUNNING', attempt = EXCLUDED.attempt, fencing_token = EXCLUDED.fencing_token,
         input_hash = EXCLUDED.input_hash, external_key = EXCLUDED.external_key,
         effect = EXCLUDED.effect, capability = EXCLUDED.capability,
         adapter_version = EXCLUDED.adapter_version, output = NULL, error_code = NULL,
-        started_at = EXCLUDED.started_at, finished_at = NULL
+        started_at = EXCLUDED.started_at, finished_at = NULL,
+        -- Written by the step's first start only: later attempts, wait rounds and
+        -- reclaims keep it, so a deadline measured from it survives them all.
+        first_started_at = coalesce(a.first_started_at, EXCLUDED.first_started_at)
     -- A new attempt may replace a failed one or an interrupted safe one; never a success,
     -- never a different key, never an interrupted non-idempotent write.
     WHERE a.status <> 'SUCCEEDED'
       AND a.external_key = EXCLUDED.external_key
       AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE' AND a.status IN ('RUNNING', 'UNKNOWN'))
-    RETURNING a.action_id
+    RETURNING a.action_id, a.first_started_at
     """
 )
 
-_SUCCEED = text(
-    f"""
+_SUCCEED_TEMPLATE = """
     WITH holder AS (
         -- Lock and check the lease: a late return after a reclaim records nothing.
-        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+        SELECT e.id, e.org_id, e.request_id FROM execution e WHERE {fence} FOR UPDATE
     ), succeeded AS (
         UPDATE action_execution AS a
-        SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp()
+        SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp(){observed}
         FROM holder
         -- Both key columns by value, so that any plan finds the row by its primary key.
         WHERE a.execution_id = :execution_id AND a.action_id = :action_id
@@ -108,7 +116,7 @@ _SUCCEED = text(
           AND a.status = 'RUNNING' AND a.fencing_token = :token
         RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
                   a.finished_at
-    )
+    ){audit}
     -- The attempt's line in the history, in the same statement as the checkpoint.
     INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
                                 error_code, message, started_at, finished_at)
@@ -117,7 +125,34 @@ _SUCCEED = text(
     FROM succeeded
     RETURNING action_id
     """
-).bindparams(bindparam("output", type_=JSONB_VALUE))
+
+# A dry run's simulated call: the audit row saying what the step would have done goes
+# with the checkpoint, in the same statement, so one is never without the other.
+_SIMULATED_AUDIT = """, audited AS (
+        INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+        SELECT holder.org_id, 'ACTION_SIMULATED', holder.request_id, holder.id, :actor,
+               :simulated
+        FROM holder, succeeded
+    )"""
+
+# The hot path (no observation) keeps its statement as it was; the others set observed.
+_SUCCEED = text(_SUCCEED_TEMPLATE.format(fence=FENCE, observed="", audit="")).bindparams(
+    bindparam("output", type_=JSONB_VALUE)
+)
+_SUCCEED_OBSERVED = text(
+    _SUCCEED_TEMPLATE.format(fence=FENCE, observed=", observed = :observed", audit="")
+).bindparams(bindparam("output", type_=JSONB_VALUE), bindparam("observed", type_=JSONB_VALUE))
+_SUCCEED_SIMULATED = text(
+    _SUCCEED_TEMPLATE.format(
+        fence=FENCE,
+        observed=", observed = coalesce(:observed, a.observed)",
+        audit=_SIMULATED_AUDIT,
+    )
+).bindparams(
+    bindparam("output", type_=JSONB_VALUE),
+    bindparam("observed", type_=JSONB_VALUE),
+    bindparam("simulated", type_=JSONB_VALUE),
+)
 
 _END_ATTEMPT = text(
     f"""
@@ -129,7 +164,9 @@ _END_ATTEMPT = text(
         UPDATE action_execution AS a
         SET status = :status, error_code = :error_code, finished_at = clock_timestamp(),
             -- Settled by a lookup: the write rule counts only attempts after the base.
-            attempt_base = CASE WHEN :settles THEN a.attempt ELSE a.attempt_base END
+            attempt_base = CASE WHEN :settles THEN a.attempt ELSE a.attempt_base END,
+            -- The latest observation wins; an attempt that saw nothing keeps the last one.
+            observed = coalesce(:observed, a.observed)
         FROM holder
         WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'
         RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
@@ -144,7 +181,7 @@ _END_ATTEMPT = text(
     FROM ended
     RETURNING action_id
     """
-)
+).bindparams(bindparam("observed", type_=JSONB_VALUE))
 
 
 # The adapter's lookup found the write: the step succeeded with the provider's output.
@@ -192,8 +229,11 @@ _FOUND = text(
 ).bindparams(bindparam("output", type_=JSONB_VALUE))
 
 
-def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> None:
-    """Persist RUNNING before the adapter is called; LeaseLost if the claim is stale."""
+def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> datetime:
+    """Persist RUNNING before the adapter is called; the step's first start (database time).
+
+    LeaseLost if the claim is stale.
+    """
     row = run_alone(
         conn,
         _START,
@@ -217,13 +257,32 @@ def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> 
             f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
             "started again (succeeded, other key, or an interrupted non-idempotent write)"
         )
+    return row.first_started_at
 
 
-def succeed_checkpoint(conn: Connection, claim: Claim, action_id: str, output: Any) -> None:
-    """Persist the validated output as SUCCEEDED; LeaseLost if the claim is stale."""
-    row = run_alone(
-        conn, _SUCCEED, {**claim.params, "action_id": action_id, "output": output}
-    ).fetchone()
+def succeed_checkpoint(
+    conn: Connection,
+    claim: Claim,
+    action_id: str,
+    output: Any,
+    observed: dict[str, Any] | None = None,
+    simulated: dict[str, Any] | None = None,
+) -> None:
+    """Persist the validated output as SUCCEEDED; LeaseLost if the claim is stale.
+
+    `observed`: what the step saw, kept with the checkpoint. `simulated`: the detail of
+    the ACTION_SIMULATED audit row written with it (a dry run's simulated call).
+    """
+    params: dict[str, Any] = {**claim.params, "action_id": action_id, "output": output}
+    if simulated is not None:
+        params.update(observed=observed or None, simulated=simulated, actor=WORKER_ACTOR)
+        statement = _SUCCEED_SIMULATED
+    elif observed:
+        params["observed"] = observed
+        statement = _SUCCEED_OBSERVED
+    else:
+        statement = _SUCCEED
+    row = run_alone(conn, statement, params).fetchone()
     if row is None:
         raise refuse_stale(claim, f"succeed checkpoint {action_id}")
 
@@ -239,6 +298,7 @@ def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOut
             "error_code": outcome.error_code,
             "message": outcome.message,
             "settles": outcome.settles_earlier,
+            "observed": outcome.observed or None,
         },
     ).first()
     if row is None:

@@ -30,18 +30,22 @@ _CLAIM = text(
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
     ), waiting AS (
-        -- New work and retries whose backoff has elapsed, oldest due first, up to
-        -- what the abandoned rows left of :limit (the free executor slots).
+        -- New work, retries whose backoff has elapsed and waits that ran out or were
+        -- woken, oldest due first, up to what the abandoned rows left of :limit (the
+        -- free executor slots).
         SELECT id
         FROM execution
-        WHERE status IN ('PENDING', 'RETRY_WAIT') AND next_attempt_at <= now()
+        WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND next_attempt_at <= now()
         ORDER BY next_attempt_at, created_at, id
         LIMIT (SELECT :limit - count(*) FROM abandoned)
         FOR UPDATE SKIP LOCKED
     )
     UPDATE execution AS e
     SET status = 'RUNNING',
-        attempts = e.attempts + 1,
+        -- A wait's next round is the same attempt going on: it spends none. (A holder
+        -- that dies during the round leaves it RUNNING; that reclaim counts.)
+        attempts = e.attempts + CASE WHEN e.status = 'WAITING' THEN 0 ELSE 1 END,
+        wait_key = NULL,
         fencing_token = e.fencing_token + 1,
         lease_owner = :owner,
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),

@@ -15,6 +15,9 @@ from orquestador.queue.snapshots import LoadedExecution
 
 log = logging.getLogger(__name__)
 
+# The actor of every audit row the worker writes.
+WORKER_ACTOR = "system:worker"
+
 
 @dataclass(frozen=True)
 class Claim:

@@ -24,7 +24,8 @@ _LOAD = text(
                            'external_key', a.external_key, 'effect', a.effect,
                            'capability', a.capability, 'adapter_version', a.adapter_version,
                            'output', a.output, 'error_code', a.error_code,
-                           'attempt_base', a.attempt_base))
+                           'attempt_base', a.attempt_base,
+                           'first_started_at', a.first_started_at, 'observed', a.observed))
                 FROM action_execution a WHERE a.execution_id = e.id),
                '[]'::jsonb) AS checkpoints
     FROM execution e
@@ -40,5 +41,5 @@ def load_execution(conn: Connection, claim: Claim) -> LoadedExecution:
     row = run_alone(conn, _LOAD, claim.params).fetchone()
     if row is None:
         raise refuse_stale(claim, "load")
-    checkpoints = {c["action_id"]: Checkpoint(**c) for c in row.checkpoints}
+    checkpoints = {c["action_id"]: Checkpoint.from_json(c) for c in row.checkpoints}
     return LoadedExecution.from_row(row, checkpoints)

@@ -19,12 +19,11 @@ from sqlalchemy import Connection, bindparam, text
 from orquestador.db.schema import JSONB_VALUE
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
-from orquestador.queue.fencing import FENCE, Claim, lock_holder, refuse_stale
+from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, lock_holder, refuse_stale
 from orquestador.queue.prepared import pipelined, run
 
 log = logging.getLogger(__name__)
 
-WORKER_ACTOR = "system:worker"
 
 _LOCK_REQUEST = text(
     """
@@ -69,6 +68,9 @@ _WRITES = text(
                                   AND t.status = 'UNKNOWN'))), '{}') AS in_doubt
     FROM action_execution a
     WHERE a.execution_id = :execution_id AND a.effect <> 'READ_ONLY'
+      -- A dry run never calls a writer's invoke (its simulate, or nothing): no write
+      -- happened, none can be in doubt.
+      AND NOT EXISTS (SELECT 1 FROM execution x WHERE x.id = a.execution_id AND x.simulation)
     """
 )
 
@@ -144,12 +146,19 @@ _COMPLETE = text(
         WHERE id = :request_id AND busy_execution_id = :execution_id
         RETURNING revision
     ), audited AS (
-        -- The audit row explains the decision: transition, actions, hit policy, rules.
+        -- The audit row explains the decision: transition, actions, hit policy, rules,
+        -- and what each step saw when it was decided (observed: actionId -> facts), frozen here:
+        -- audit rows are never rewritten, whatever the world does afterwards.
         INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
         SELECT x.org_id, 'TRANSITION_COMPLETED', :request_id, :execution_id, :actor,
                :detail || jsonb_build_object('revision', moved.revision,
                                              'transitionId', x.transition_id,
                                              'fromState', x.accepted_state)
+               || coalesce((SELECT jsonb_build_object(
+                                       'observed', jsonb_object_agg(a.action_id, a.observed))
+                            FROM action_execution a
+                            WHERE a.execution_id = :execution_id AND a.observed IS NOT NULL
+                            HAVING count(*) > 0), '{{}}'::jsonb)
         FROM moved, execution AS x
         WHERE x.id = :execution_id
     )
@@ -164,6 +173,13 @@ _COMPLETE = text(
     bindparam("data", type_=JSONB_VALUE),
     bindparam("detail", type_=JSONB_VALUE),
     bindparam("result", type_=JSONB_VALUE),
+)
+
+_OBSERVED = text(
+    """
+    SELECT observed FROM action_execution
+    WHERE execution_id = :execution_id AND action_id = :action_id
+    """
 )
 
 _WAIT_FOR_RETRY = text(
@@ -448,7 +464,6 @@ def exit_on_error(
     claim: Claim,
     attempt_outcome: CheckpointOutcome,
     on_error_state: str,
-    observed: dict[str, Any],
     action_ids: Sequence[str],
 ) -> str:
     """Take a step's declared error exit: the request moves to `on_error_state`, audited.
@@ -481,6 +496,9 @@ def exit_on_error(
                 },
                 "error exit",
             )
+        observed = conn.execute(
+            _OBSERVED, {"execution_id": claim.execution_id, "action_id": action_id}
+        ).scalar()
         revision = conn.execute(
             _MOVE_REQUEST,
             {
@@ -500,7 +518,10 @@ def exit_on_error(
                 "fromState": execution.accepted_state,
                 "toState": on_error_state,
                 "revision": revision,
-                "observed": observed,
+                "message": attempt_outcome.message,
+                # What the failing step saw (the latest of its observations, as stored
+                # with the attempt's outcome just above), frozen with the decision.
+                "observed": {action_id: observed} if observed is not None else {},
                 "actionIds": list(action_ids),
                 "checkpoints": _evidence(conn, claim),
             },

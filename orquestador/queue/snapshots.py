@@ -24,6 +24,19 @@ class Checkpoint:
     output: Any
     error_code: str | None
     attempt_base: int = 0  # an approved retry's budget counts attempts after this one
+    first_started_at: datetime | None = None  # the step's first start, database time
+    observed: dict[str, Any] | None = None  # what the step saw last
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Checkpoint:
+        """From the load's JSON object (timestamps arrive as ISO 8601 text)."""
+        started = values.get("first_started_at")
+        return cls(
+            **{
+                **values,
+                "first_started_at": datetime.fromisoformat(started) if started else None,
+            }
+        )
 
     @property
     def attempts_in_budget(self) -> int:

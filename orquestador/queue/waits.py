@@ -1,13 +1,61 @@
-"""Durable waits: an execution parked WAITING on a key runs again when the key is woken."""
+"""Durable waits: an execution parked WAITING without a thread, woken by key or by time.
+
+A READ_ONLY step whose answer is not there yet (the adapter raised NotReady) parks the
+execution: its lease is given up, its job ends, and the claim takes it again once
+`next_attempt_at` has passed, like a retry whose backoff ran out. `wake_waiting` moves
+that time to now when what it waits for changes. A wait spends no attempt: the claim
+does not count a WAITING row's next round, and the step's attempt goes on under the
+same number with no line in the attempt history (a wait is not an ended attempt).
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+from datetime import datetime
+from typing import Any
 
-from orquestador.db.schema import EXECUTION_READY_CHANNEL
+from sqlalchemy import Connection, bindparam, text
+
+from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
+from orquestador.errors import ContractMismatch
+from orquestador.queue.fencing import FENCE, Claim, refuse_stale, still_holds
+from orquestador.queue.transactions import one_statement
+
+# The error code a waiting step's checkpoint carries between rounds.
+NOT_READY = "NOT_READY"
+
+# One fenced statement: the step's RUNNING checkpoint pauses (FAILED with NOT_READY, its
+# attempt number kept, what it saw stored) and the execution leaves RUNNING for WAITING
+# with its lease cleared. The holder CTE locks the row under the fence, as every holder
+# write does, and the outer UPDATE checks the fence again; both or neither happen.
+_PARK = text(
+    f"""
+    WITH holder AS (
+        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    ), paused AS (
+        UPDATE action_execution AS a
+        SET status = 'FAILED', error_code = '{NOT_READY}', finished_at = clock_timestamp(),
+            -- The latest observation wins; a round that saw nothing keeps the last one.
+            observed = coalesce(:observed, a.observed)
+        FROM holder
+        WHERE a.execution_id = holder.id AND a.action_id = :action_id
+          AND a.status = 'RUNNING' AND a.fencing_token = :token
+          -- Only a read may wait: nothing it did needs settling before the next round.
+          AND a.effect = 'READ_ONLY'
+        RETURNING a.action_id
+    )
+    UPDATE execution AS e
+    SET status = 'WAITING', wait_key = :wait_key,
+        next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
+        lease_owner = NULL, lease_expires_at = NULL, error_code = NULL,
+        updated_at = clock_timestamp()
+    FROM paused
+    WHERE {FENCE}
+    RETURNING e.next_attempt_at
+    """
+).bindparams(bindparam("observed", type_=JSONB_VALUE))
 
 # Due now: the claim takes a WAITING row once next_attempt_at has passed, so moving it
-# to the present is all a wake needs. The row keeps its wait_key until a claim takes it.
+# to the present is all a wake needs.
 _WAKE = text(
     """
     UPDATE execution SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -18,12 +66,48 @@ _WAKE = text(
 _NOTIFY = text("SELECT pg_notify(:channel, '')")
 
 
+def park_waiting(
+    conn: Connection,
+    claim: Claim,
+    action_id: str,
+    check_again_in: float,
+    wait_key: str | None,
+    observed: dict[str, Any] | None,
+) -> datetime:
+    """Park the execution WAITING on its RUNNING read `action_id`; when it is due again.
+
+    LeaseLost if the claim is stale; ContractMismatch if the step's checkpoint is not a
+    RUNNING read of this holder.
+    """
+    with one_statement(conn):
+        row = conn.execute(
+            _PARK,
+            {
+                **claim.params,
+                "action_id": action_id,
+                "wait_key": wait_key,
+                "delay_seconds": float(check_again_in),
+                "observed": observed or None,
+            },
+        ).first()
+        if row is None:
+            if not still_holds(conn, claim):
+                raise refuse_stale(claim, f"park waiting on {action_id}")
+            raise ContractMismatch(
+                f"checkpoint {action_id} of execution {claim.execution_id} is not a RUNNING "
+                "read of this holder; it cannot wait"
+            )
+    return row.next_attempt_at
+
+
 def wake_waiting(conn: Connection, wait_key: str) -> int:
     """Make every execution waiting on `wait_key` due now; how many there were.
 
     Runs in the caller's transaction, so the wake commits with the change that caused it
     (a command's new status, say). Workers hear of it through the ready channel once the
-    transaction commits; no notification when nothing waits on the key.
+    transaction commits; no notification when nothing waits on the key. A change that
+    lands while the execution is still RUNNING its round (not yet WAITING) wakes
+    nothing: that round parks until its own `check_again_in`, which bounds the delay.
     """
     woken = conn.execute(_WAKE, {"wait_key": wait_key}).rowcount
     if woken:

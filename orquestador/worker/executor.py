@@ -7,7 +7,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -22,6 +24,7 @@ from orquestador.actions import (
     Identity,
     LookupResult,
     NotFound,
+    NotReady,
     PermanentError,
     TransientError,
     Unknown,
@@ -61,6 +64,7 @@ from orquestador.queue import (
     succeed_checkpoint,
 )
 from orquestador.queue.outcomes import WORKER_ACTOR
+from orquestador.queue.waits import NOT_READY, park_waiting
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.calls import AdapterCalls, CallTimedOut
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
@@ -108,6 +112,26 @@ class _Step:
     inputs: dict[str, Any]
     external_key: str
     log_extra: dict[str, Any]
+    # A dry run calls the adapter's simulate (or, for a writer without one, nothing).
+    simulated: bool = False
+    first_started_at: datetime | None = None
+
+    @property
+    def risk(self) -> Effect:
+        """The effect a failure is judged by: a simulated call wrote nothing."""
+        return Effect.READ_ONLY if self.simulated else self.adapter.effect
+
+
+def _is_waiting(found: Checkpoint) -> bool:
+    # Parked by NotReady between two rounds of the same attempt.
+    return found.status == "FAILED" and found.error_code == NOT_READY
+
+
+def _simulation_unsupported(ctx: ActionContext) -> dict[str, Any]:
+    raise PermanentError(
+        "SIMULATION_UNSUPPORTED",
+        "the adapter writes and declares no simulate; a dry run never calls its invoke",
+    )
 
 
 @dataclass(frozen=True)
@@ -369,20 +393,40 @@ class _ExecutionRun:
             capability=adapter.capability,
             adapter_version=adapter.version,
         )
-        step = _Step(spec.id, adapter, inputs, key, extra)
+        # The simulation guarantee lives here, not in each adapter: a dry run never calls
+        # a writer's invoke. It calls simulate when the adapter has one (a read's too);
+        # a writer without it fails the step SIMULATION_UNSUPPORTED, a declared failure.
+        call: Callable[[ActionContext], Any] = adapter.invoke
+        simulated = False
+        if loaded.simulation and adapter.simulate is not None:
+            call, simulated = adapter.simulate, True
+        elif loaded.simulation and adapter.effect.writes:
+            call, simulated = _simulation_unsupported, True
         found = loaded.checkpoints.get(spec.id)
+        step = _Step(
+            spec.id,
+            adapter,
+            inputs,
+            key,
+            extra,
+            simulated=simulated,
+            first_started_at=found.first_started_at if found is not None else None,
+        )
         base = 0  # attempts before the budget: an operator's approved retry moves it
         if found is not None:
             recovered = self.recover(found, attempt, step)
             if recovered is not None:
                 return recovered[0]
-            attempt = ActionAttempt(**{**attempt.__dict__, "attempt": found.attempt + 1})
+            # A wait's next round goes on with the same attempt; anything else is a new one.
+            number = found.attempt if _is_waiting(found) else found.attempt + 1
+            attempt = ActionAttempt(**{**attempt.__dict__, "attempt": number})
             base = found.attempt_base
 
         try:
-            start_checkpoint(self.conn, claim, attempt)
+            first_started_at = start_checkpoint(self.conn, claim, attempt)
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
+        step = replace(step, first_started_at=first_started_at)
         if self.x.hooks.before_adapter:
             self.x.hooks.before_adapter(claim, spec.id)
         ctx = ActionContext(
@@ -393,11 +437,15 @@ class _ExecutionRun:
             identity=self.identity(),
             simulation=loaded.simulation,
             stop_event=self.stop,
+            first_started_at=first_started_at,
         )
         # No transaction is open here: the RUNNING checkpoint committed above. The call
         # runs on its own thread; at the deadline this job stops waiting for it.
         try:
-            output = self.x.calls.call(adapter.invoke, ctx, adapter.timeout_seconds, extra)
+            if call is _simulation_unsupported:
+                output = call(ctx)  # raises; nothing to run on a thread
+            else:
+                output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra)
         except CallTimedOut:
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
             message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
@@ -408,6 +456,17 @@ class _ExecutionRun:
             return self.uncertain(
                 step, attempt.attempt, attempt.attempt - base, "ADAPTER_TIMEOUT", message
             )
+        except NotReady as exc:
+            if adapter.effect.writes:
+                # The contract lets only a read wait. A writer saying "not ready" may have
+                # written already: judged like any other unexpected answer, as uncertain
+                # (retried under the same key, or settled by lookup or a person).
+                message = "NotReady raised by a writing adapter; only a read may wait"
+                log.warning("action outcome uncertain: %s", message, extra=extra)
+                return self.uncertain(
+                    step, attempt.attempt, attempt.attempt - base, "NOT_READY_FROM_WRITE", message
+                )
+            self.wait(step, exc, exc.observed or dict(ctx.observed))
         except TransientError as exc:
             message = attempt_message(exc, inputs)
             log.info(
@@ -429,7 +488,7 @@ class _ExecutionRun:
                 message,
                 extra={**extra, "error": "PermanentError", "error_code": exc.code},
             )
-            self.permanent(spec, exc, action_ids, message)
+            self.permanent(spec, exc, action_ids, message, exc.observed or dict(ctx.observed))
         except Exception as exc:  # UncertainError and anything unexpected: may have happened
             message = attempt_message(exc, inputs)
             log.warning(
@@ -449,13 +508,21 @@ class _ExecutionRun:
             else self.x.schemas.problems(adapter, "output", output)
         )
         if problems:
-            outcome = CheckpointOutcome(
-                spec.id, _interrupted_status(adapter.effect), "OUTPUT_INVALID"
-            )
-            if adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+            outcome = CheckpointOutcome(spec.id, _interrupted_status(step.risk), "OUTPUT_INVALID")
+            if step.risk is Effect.NON_IDEMPOTENT_WRITE:
                 self.reconcile("OUTPUT_INVALID", outcome, actionId=spec.id, paths=problems)
             self.fail("OUTPUT_INVALID", outcome, actionId=spec.id, paths=problems)
-        succeed_checkpoint(self.conn, claim, spec.id, output)
+        observed = dict(ctx.observed) or None
+        audit = None
+        if simulated:
+            audit = {
+                "actionId": spec.id,
+                "capability": adapter.capability,
+                "version": adapter.version,
+                "effect": adapter.effect.value,
+                "summary": str((observed or {}).get("summary") or f"would call {adapter.key}"),
+            }
+        succeed_checkpoint(self.conn, claim, spec.id, output, observed, audit)
         return output
 
     def recover(self, found: Checkpoint, attempt: ActionAttempt, step: _Step) -> tuple[Any] | None:
@@ -480,6 +547,8 @@ class _ExecutionRun:
             self.reconcile(ContractMismatch.code, actionId=found.action_id, mismatched=mismatched)
         if found.status == "SUCCEEDED":
             return (found.output,)
+        if _is_waiting(found):
+            return None  # the next round of the same attempt: nothing spent, nothing to settle
         interrupted = found.status in ("RUNNING", "UNKNOWN")
         exhausted = found.attempts_in_budget >= adapter.max_attempts
         non_idempotent = adapter.effect is Effect.NON_IDEMPOTENT_WRITE
@@ -554,7 +623,7 @@ class _ExecutionRun:
                 extra={**self.claim.log_extra, "action_id": action_id},
             )
             raise ExecutionEnded("RETRY_WAIT")
-        if not not_found and adapter.effect.writes and (status == "UNKNOWN" or attempt > 1):
+        if not not_found and step.risk.writes and (status == "UNKNOWN" or attempt > 1):
             # Out of attempts while this one, or an earlier one of the budget, may have
             # written: the write rule would park the execution. Ask the provider first.
             answer = self.look_up(step, attempt_number)
@@ -569,8 +638,7 @@ class _ExecutionRun:
         self, step: _Step, attempt_number: int, attempt: int, code: str, message: str
     ) -> Any:
         """The call may have written: look it up, retry, or park; the output if it was found."""
-        adapter = step.adapter
-        if adapter.effect is Effect.NON_IDEMPOTENT_WRITE:
+        if step.risk is Effect.NON_IDEMPOTENT_WRITE:
             answer = self.look_up(step, attempt_number)
             if isinstance(answer.result, Found):
                 return self.found(step, answer.result)
@@ -595,11 +663,28 @@ class _ExecutionRun:
         return self.retry_or_fail(
             step,
             attempt_number,
-            _interrupted_status(adapter.effect),
+            _interrupted_status(step.risk),
             code,
             attempt,
             message=message,
         )
+
+    def wait(self, step: _Step, exc: NotReady, observed: dict[str, Any]) -> None:
+        """Park the execution WAITING: lease given up, thread freed, no attempt spent."""
+        due = park_waiting(
+            self.conn,
+            self.claim,
+            step.action_id,
+            exc.check_again_in,
+            exc.wait_key,
+            observed or None,
+        )
+        log.info(
+            "not ready; waiting until %s",
+            due.isoformat(),
+            extra={**step.log_extra, "wait_key": exc.wait_key},
+        )
+        raise ExecutionEnded("WAITING")
 
     # --- lookups ------------------------------------------------------------
 
@@ -618,7 +703,8 @@ class _ExecutionRun:
         that is not a lookup result, or a Found whose output breaks the schema.
         """
         adapter = step.adapter
-        if adapter.lookup is None or adapter.lookup_timeout_seconds is None:
+        if adapter.lookup is None or adapter.lookup_timeout_seconds is None or step.simulated:
+            # A dry run's writer wrote nothing, and its provider is not asked anything.
             return _Answer(Unknown(), "NO_LOOKUP")
         loaded = self.loaded
         assert loaded is not None
@@ -633,6 +719,7 @@ class _ExecutionRun:
             identity=self.identity(),
             simulation=loaded.simulation,
             stop_event=stop,
+            first_started_at=step.first_started_at,
         )
         extra = {**step.log_extra, "attempt": attempt_number}
         try:
@@ -688,15 +775,17 @@ class _ExecutionRun:
         return result.output
 
     def permanent(
-        self, spec: ActionSpec, exc: PermanentError, action_ids: list[str], message: str
+        self,
+        spec: ActionSpec,
+        exc: PermanentError,
+        action_ids: list[str],
+        message: str,
+        observed: dict[str, Any],
     ) -> None:
-        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code, message)
+        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code, message, observed=observed or None)
         if spec.on_error:
-            observed = {"errorCode": exc.code, "message": message, **exc.observed}
             try:
-                status = exit_on_error(
-                    self.conn, self.claim, outcome, spec.on_error, observed, action_ids
-                )
+                status = exit_on_error(self.conn, self.claim, outcome, spec.on_error, action_ids)
             except RequestChanged:
                 self.fail("REQUEST_CHANGED", outcome, actionId=spec.id)
             raise ExecutionEnded(status)

@@ -21,6 +21,7 @@ from orquestador.queue import (
     succeed_checkpoint,
     write_attempt_outcome,
 )
+from orquestador.queue.waits import park_waiting
 from tests.integration.worker_support import (
     action,
     claim_one,
@@ -81,7 +82,14 @@ STALE_WRITES = {
     "fail_execution": lambda conn, c: fail_execution(conn, c, "BOOM"),
     "require_reconciliation": lambda conn, c: require_reconciliation(conn, c, "WHY"),
     "exit_on_error": lambda conn, c: exit_on_error(
-        conn, c, CheckpointOutcome("a", "FAILED", "NOPE"), "attention", {}, ["a"]
+        conn, c, CheckpointOutcome("a", "FAILED", "NOPE"), "attention", ["a"]
+    ),
+    "park_waiting": lambda conn, c: park_waiting(conn, c, "a", 60.0, "k", {"seen": 1}),
+    "succeed_checkpoint_observed": lambda conn, c: succeed_checkpoint(
+        conn, c, "a", {"late": True}, {"seen": 1}
+    ),
+    "succeed_checkpoint_simulated": lambda conn, c: succeed_checkpoint(
+        conn, c, "a", {"late": True}, None, {"actionId": "a"}
     ),
     "finish_execution": lambda conn, c: finish_execution(
         conn, c, Finish("done", "DONE", None, [], [], {"late": True})

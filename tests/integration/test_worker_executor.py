@@ -333,7 +333,7 @@ def test_permanent_error_takes_the_steps_error_exit(runtime_engine):
     req = request_row(runtime_engine, row.request_id)
     assert (req.state, req.busy_execution_id, req.revision) == ("attention", None, 3)
     (exit_row,) = audit(runtime_engine, eid, "STEP_ERROR_EXIT")
-    assert exit_row.detail["observed"]["command"] == "sent"
+    assert exit_row.detail["observed"] == {"wait": {"command": "sent"}}
     assert exit_row.detail["actionId"] == "wait" and exit_row.detail["toState"] == "attention"
     assert checkpoints(runtime_engine, eid)["wait"].status == "FAILED"
 
