@@ -1,11 +1,145 @@
-"""Built-in adapter(s) of this area; registered by register_builtins."""
+"""notify@1: a panel notice keyed by the step's external key, and e-mail only when asked.
+
+E-mail is opt-in on the node (`email`, default false) and still honours the
+organization's opt-out of the `automation` category; the output and a NOTICE_WRITTEN
+audit row say which it was. The e-mail itself is an `email_outbox` row written in the
+notice's transaction; the worker's mailer delivers it. A dry run writes the notice
+marked test and never an outbox row.
+"""
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from orquestador.actions.builtin.database import BuiltinDatabase
+from orquestador.actions.contracts import ActionContext, Adapter, Effect
+from orquestador.actions.lookup import Found, LookupResult, NotFound
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
+from orquestador.db.schema import panel_notice
+from orquestador.notices.vocabulary import CATEGORY_AUTOMATION, SEVERITIES, EmailOutcome
+from orquestador.notices.writing import NoticeDraft, WrittenNotice, write_notice
+
+MAX_TITLE_CHARACTERS = 200
+MAX_BODY_CHARACTERS = 20_000
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        # The title becomes the e-mail's Subject: one line, no control characters.
+        "title": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_TITLE_CHARACTERS,
+            "pattern": "^[^\\x00-\\x1f\\x7f]*$",
+        },
+        # PostgreSQL text cannot hold NUL; line breaks are welcome.
+        "body": {"type": "string", "maxLength": MAX_BODY_CHARACTERS, "pattern": "^[^\\x00]*$"},
+        "severity": {"enum": list(SEVERITIES)},
+        "email": {"type": "boolean"},
+    },
+    "required": ["title", "body"],
+    "additionalProperties": False,
+}
+
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "noticeId": {"type": "string", "format": "uuid"},
+        "email": {"enum": [outcome.value for outcome in EmailOutcome]},
+    },
+    "required": ["noticeId", "email"],
+    "additionalProperties": False,
+}
+
+# One short transaction; far below any lease.
+TIMEOUT_SECONDS = 10.0
+MAX_ATTEMPTS = 5
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def _draft(ctx: ActionContext) -> NoticeDraft:
+    inputs = ctx.inputs
+    return NoticeDraft(
+        org_id=ctx.identity.org_id,
+        external_key=ctx.external_key,
+        title=inputs["title"],
+        body=inputs["body"],
+        severity=inputs.get("severity", "info"),
+        category=CATEGORY_AUTOMATION,
+        request_id=_uuid(ctx.identity.request_id),
+        execution_id=_uuid(ctx.identity.execution_id),
+        actor=ctx.identity.actor,
+    )
+
+
+def _output(written: WrittenNotice) -> dict[str, Any]:
+    return {"noticeId": str(written.notice_id), "email": written.email.value}
+
+
+class Notify:
+    """The adapter's calls, on the built-ins' lazily made database."""
+
+    def __init__(self, database: BuiltinDatabase) -> None:
+        self._database = database
+
+    def invoke(self, ctx: ActionContext) -> dict[str, Any]:
+        if ctx.simulation:
+            # The engine calls simulate() in a dry run; should a simulated call ever
+            # reach here, it still mails nobody.
+            return self.simulate(ctx)
+        with self._database.engine.begin() as conn:
+            written = write_notice(
+                conn, _draft(ctx), email_requested=ctx.inputs.get("email", False)
+            )
+        ctx.observe({"noticeId": str(written.notice_id), "email": written.email.value})
+        return _output(written)
+
+    def simulate(self, ctx: ActionContext) -> dict[str, Any]:
+        """A dry run's notice: written and marked test, never an outbox row."""
+        with self._database.engine.begin() as conn:
+            written = write_notice(conn, _draft(ctx), email_requested=False, test=True)
+        ctx.observe({"summary": f"would notify: {ctx.inputs['title']}"})
+        return _output(written)
+
+    def lookup(self, ctx: ActionContext) -> LookupResult:
+        """Whether the notice of this step was written: its row is keyed by the external key."""
+        with self._database.engine.connect() as conn:
+            row = conn.execute(
+                panel_notice.select()
+                .with_only_columns(panel_notice.c.id, panel_notice.c.email)
+                .where(
+                    panel_notice.c.external_key == ctx.external_key,
+                    panel_notice.c.org_id == ctx.identity.org_id,
+                )
+            ).one_or_none()
+        if row is None:
+            return NotFound()
+        return Found({"noticeId": str(row.id), "email": row.email})
+
+
+def notify_adapter(database: BuiltinDatabase) -> Adapter:
+    calls = Notify(database)
+    return Adapter(
+        capability="notify",
+        version=1,
+        effect=Effect.IDEMPOTENT_WRITE,
+        input_schema=INPUT_SCHEMA,
+        output_schema=OUTPUT_SCHEMA,
+        timeout_seconds=TIMEOUT_SECONDS,
+        max_attempts=MAX_ATTEMPTS,
+        invoke=calls.invoke,
+        simulate=calls.simulate,
+        lookup=calls.lookup,
+    )
 
 
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
-    return None
+    registry.add(notify_adapter(database))
