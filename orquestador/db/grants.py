@@ -1,4 +1,4 @@
-"""Grants of the runtime role: per table in the migrations, all of RUNTIME_GRANTS on demand."""
+"""Grants of the runtime role (per table in the migrations, all on demand) and the platform role."""
 
 from __future__ import annotations
 
@@ -68,6 +68,36 @@ def apply_runtime_grants(connection: Connection, role: str) -> list[str]:
     for sequence in serial_sequences(connection, tables):
         connection.execute(text(f"GRANT USAGE ON SEQUENCE {sequence} TO {quote(role)}"))
     return tables
+
+
+# The platform's own role may only append events to its transactional outbox: it never
+# reads them back (its ids are its own) nor touches anything else of the product.
+PLATFORM_GRANTS: dict[str, tuple[str, ...]] = {"platform_event": ("INSERT",)}
+
+
+class PlatformRoleIsRuntimeRole(ValueError):
+    """PLATFORM_DATABASE_ROLE names the runtime role; give the platform a role of its own."""
+
+
+def apply_platform_grants(connection: Connection, role: str, runtime_role: str | None) -> None:
+    """Leave ROLE exactly PLATFORM_GRANTS on the product's tables: revoke the rest, then grant.
+
+    Revoking first makes a second run repair a role that was once given more. The runtime
+    role is refused: revoking its privileges would stop the product.
+    """
+    if role == runtime_role:
+        raise PlatformRoleIsRuntimeRole(PlatformRoleIsRuntimeRole.__doc__)
+    quote = connection.dialect.identifier_preparer.quote
+    for table in present_tables(connection):
+        connection.execute(text(f"REVOKE ALL ON TABLE {quote(table)} FROM {quote(role)}"))
+    for table, privileges in PLATFORM_GRANTS.items():
+        granted = ", ".join(privileges)
+        connection.execute(text(f"GRANT {granted} ON TABLE {quote(table)} TO {quote(role)}"))
+    log.info(
+        "platform role %r: %s",
+        role,
+        "; ".join(f"{', '.join(p)} on {t}" for t, p in PLATFORM_GRANTS.items()),
+    )
 
 
 def serial_sequences(connection: Connection, tables: list[str]) -> list[str]:

@@ -15,8 +15,12 @@ from sqlalchemy import Connection, create_engine, pool, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from orquestador.config import sqlalchemy_url
-from orquestador.db.grants import apply_runtime_grants
+from orquestador.config import Settings, sqlalchemy_url
+from orquestador.db.grants import (
+    PlatformRoleIsRuntimeRole,
+    apply_platform_grants,
+    apply_runtime_grants,
+)
 from orquestador.errors import OrquestadorError
 
 
@@ -104,11 +108,23 @@ def role_exists(url: str, role: str) -> bool:
         engine.dispose()
 
 
-def grant_runtime_role(url: str, role: str) -> list[str]:
-    """Re-apply every runtime grant to ROLE in one transaction; return the tables granted."""
+def grant_runtime_role(url: str, role: str, platform_role: str | None = None) -> list[str]:
+    """Re-apply every runtime grant to ROLE in one transaction; return the tables granted.
+
+    The platform role (`platform_role`, else PLATFORM_DATABASE_ROLE; none when empty) is
+    left with INSERT on platform_event and nothing else, in the same transaction.
+    """
+    if platform_role is None:
+        platform_role = Settings.from_env().platform_database_role
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     try:
         with _one_line_errors("grant failed"), engine.begin() as connection:
-            return apply_runtime_grants(connection, role)
+            tables = apply_runtime_grants(connection, role)
+            if platform_role:
+                try:
+                    apply_platform_grants(connection, platform_role, runtime_role=role)
+                except PlatformRoleIsRuntimeRole as error:
+                    raise MigrationFailed(f"grant failed: {error}") from None
+            return tables
     finally:
         engine.dispose()
