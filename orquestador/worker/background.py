@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
+from orquestador.automation.loop_factory import platform_event_consumer
 from orquestador.config import Settings
 from orquestador.notices.factory import mailer_loop
 from orquestador.worker.messages import error_line
@@ -73,7 +74,7 @@ class Loop(threading.Thread):
 
 # Each entry builds one loop for a worker; areas add theirs here.
 LoopFactory = Callable[[Settings, Engine, str], Loop | None]
-LOOP_FACTORIES: list[LoopFactory] = [mailer_loop]
+LOOP_FACTORIES: list[LoopFactory] = [mailer_loop, platform_event_consumer]
 
 
 def background_loops(settings: Settings, engine: Engine, worker_id: str) -> list[Loop]:
