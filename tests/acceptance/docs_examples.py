@@ -40,6 +40,15 @@ shell blocks alike, a NAME ending in `_URL` to the double's address
 (`http://127.0.0.1:PORT`), any other to `docs-secret`. The double's own record of what
 it performed is `GET $BILLING_URL/_double/writes` (any `_URL` of the file).
 
+A document whose examples need a machine's agent declares it with a line
+`<!-- machine agent: MACHINE commands file: NAME.toml -->` (NAME.toml one of the saved
+`file=` blocks). The test then starts the reference agent beside the server, as a reader
+does in a second terminal: an agent token minted in the folder with
+`orquestador token --machine MACHINE --org acme` (the dev token's organization), and
+`ORQUESTADOR_API_URL=<the dev API> ORQUESTADOR_TOKEN=<that token>
+AGENT_COMMANDS_FILE=NAME.toml orquestador agent`; it stops the agent (SIGTERM) before
+the server and expects it to exit 0.
+
 Any other block needs `<!-- not run: why -->` on the line above it (blank lines
 between are allowed), so nothing is skipped without a reason in the document itself.
 A shell block runs only when it says `run`: a plain `sh` block (an install, a
@@ -191,6 +200,22 @@ def integrations_environment(file_text: str, provider_url: str) -> dict[str, str
         name: provider_url if name.endswith("_URL") else "docs-secret"
         for name in sorted(set(_FILE_VARIABLE.findall(file_text)))
     }
+
+
+_MACHINE_AGENT = re.compile(
+    r"^\s*<!--\s*machine agent:\s*(?P<machine>[A-Za-z0-9_.-]+)\s+"
+    r"commands file:\s*(?P<file>[A-Za-z0-9_.-]+\.toml)\s*-->\s*$"
+)
+
+
+def machine_agent(document: Path, text: str | None = None) -> tuple[str, str] | None:
+    """(machine, commands file) of the agent a document's examples need, if it declares one."""
+    lines = (document.read_text("utf-8") if text is None else text).splitlines()
+    for line in lines:
+        found = _MACHINE_AGENT.match(line)
+        if found:
+            return found["machine"], found["file"]
+    return None
 
 
 _MODULE_FILE = re.compile(r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*)\.py$")

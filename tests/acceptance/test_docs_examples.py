@@ -43,6 +43,7 @@ from tests.acceptance.docs_examples import (
     documents,
     integrations_environment,
     integrations_file,
+    machine_agent,
     parse_json,
     read_blocks,
     unaccounted,
@@ -146,6 +147,24 @@ def test_a_document_declares_its_integrations_file_by_a_comment() -> None:
 )
 def test_a_declared_integrations_file_exists(document: Path) -> None:
     assert integrations_file(document).is_file(), integrations_file(document)
+
+
+def test_a_document_declares_its_machine_agent_by_a_comment() -> None:
+    document = ROOT / "docs" / "EXAMPLE.md"
+    marked = "text\n<!-- machine agent: m-1 commands file: agent-commands.toml -->\n"
+
+    assert machine_agent(document, marked) == ("m-1", "agent-commands.toml")
+    assert machine_agent(document, "<!-- machine agent: m-1 commands file: /etc/x.toml -->") is None
+
+
+@pytest.mark.parametrize(
+    "document",
+    [d for d in BLOCKS if machine_agent(d)],
+    ids=[str(d.relative_to(ROOT)) for d in BLOCKS if machine_agent(d)],
+)
+def test_a_declared_agent_commands_file_is_a_saved_block(document: Path) -> None:
+    _, name = machine_agent(document)
+    assert any(block.attributes.get("file") == name for block in ALL_BLOCKS), name
 
 
 def test_the_matcher_binds_elided_ids_and_accepts_any_timestamp() -> None:
@@ -330,6 +349,48 @@ def _running_dev(
     assert process.returncode == 0, "".join(output)
 
 
+@contextmanager
+def _running_agent(server: DevServer, machine: str, commands_file: str) -> Iterator[None]:
+    """`orquestador agent` for `machine`, with a token minted as a reader mints it."""
+    from orquestador.dev import DEV_ORG
+
+    env = _base_environment()
+    minted = subprocess.run(
+        [*ORQUESTADOR, "token", "--machine", machine, "--org", DEV_ORG],
+        cwd=server.folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert minted.returncode == 0, minted.stderr
+    env.update(
+        ORQUESTADOR_API_URL=server.api,
+        ORQUESTADOR_TOKEN=minted.stdout.strip(),
+        AGENT_COMMANDS_FILE=commands_file,
+    )
+    log = server.folder / f"agent-{machine}.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [*ORQUESTADOR, "agent"],
+            cwd=server.folder,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 0, log.read_text()
+
+
 def _dev_settings(document: Path) -> dict[str, str]:
     """How a reader starts the document's server: with the adapter modules it declares."""
     modules = adapter_modules(BLOCKS[document])
@@ -385,6 +446,10 @@ def test_examples_run_against_a_dev_server(
             shared = integrations_environment(routes.read_text("utf-8"), provider.url)
             settings = {**settings, "INTEGRATIONS_FILE": routes.name, **shared}
         server = stack.enter_context(_running_dev(database, folder, settings))
+        agent = machine_agent(document)
+        if agent is not None:
+            # Entered after the server, so it stops first, as a reader stops it.
+            stack.enter_context(_running_agent(server, *agent))
         _publish_flows(blocks, server)
         shell = [block for block in blocks if block.kind == ("sh", "run")]
         if not shell:
@@ -467,7 +532,11 @@ def _run_shell(
 
 
 def _server_tail(server: DevServer) -> str:
-    return "\nthe dev server's last lines:\n" + "".join(server.output[-20:])
+    agents = "".join(
+        f"\n{log.name}'s last lines:\n" + "\n".join(log.read_text().splitlines()[-10:])
+        for log in sorted(server.folder.glob("agent-*.log"))
+    )
+    return "\nthe dev server's last lines:\n" + "".join(server.output[-20:]) + agents
 
 
 def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> list[str]:
