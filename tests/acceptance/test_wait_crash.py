@@ -1,0 +1,117 @@
+"""A wait's deadline counts from the step's first start across a SIGKILL and a reclaim."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import text
+
+from tests.integration.worker_support import (
+    action,
+    audit,
+    checkpoints,
+    execution,
+    expire_lease,
+    flow_definition,
+    start_execution,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEADLINE_SECONDS = 6.0
+
+
+def _spawn(database, ledger: Path, role: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "WORKER_ENABLED": "true",
+        "DATABASE_URL": database.runtime_dsn,
+        # Above the built-in adapters' timeouts; the test expires the victim's lease itself.
+        "WORKER_LEASE_SECONDS": "12",
+        "WORKER_RENEW_SECONDS": "4",
+        "WORKER_CONCURRENCY": "2",
+        "WORKER_BATCH": "2",
+        "WORKER_POLL_MS": "100",
+        "WORKER_DRAIN_SECONDS": "5",
+        "ADAPTER_MODULES": "tests.acceptance.wait_adapters",
+        "CRASH_LEDGER": str(ledger),
+        "CRASH_ROLE": role,
+        "WAIT_DEADLINE_SECONDS": str(DEADLINE_SECONDS),
+        "LOG_LEVEL": "WARNING",
+    }
+    return subprocess.Popen([sys.executable, "-m", "orquestador.worker"], cwd=ROOT, env=env)
+
+
+def _ledger(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
+    database, runtime_engine, processes, tmp_path
+):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.touch()
+    eid = start_execution(
+        runtime_engine,
+        flow_definition([action("wait", "crash.wait", onError="attention")]),
+    )
+    victim = _spawn(database, ledger, "victim")
+    processes.append(victim)
+    wait_until(
+        lambda: any(e["event"] == "blocking" for e in _ledger(ledger)),
+        timeout=60,
+        what="the victim blocked in its third round",
+    )
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert execution(runtime_engine, eid).status == "RUNNING"
+    expire_lease(runtime_engine, eid)  # what the passing of time does to a dead holder's lease
+
+    survivor = _spawn(database, ledger, "survivor")
+    processes.append(survivor)
+    wait_until(
+        lambda: execution(runtime_engine, eid).status not in ("RUNNING", "WAITING"),
+        timeout=60,
+        what="the survivor reached the deadline",
+    )
+
+    row = execution(runtime_engine, eid)
+    assert (row.status, row.error_code, row.result["toState"]) == (
+        "FAILED",
+        "WAIT_DEADLINE_EXCEEDED",
+        "attention",
+    )
+    step = checkpoints(runtime_engine, eid)["wait"]
+    entries = _ledger(ledger)
+    # Every round of both processes saw the same first start: the database's, written once.
+    assert {e["firstStartedAt"] for e in entries} == {step.first_started_at.isoformat()}
+    assert {e["role"] for e in entries if e["event"] == "round"} == {"victim", "survivor"}
+    (deadline,) = [e for e in entries if e["event"] == "deadline"]
+    assert deadline["role"] == "survivor"
+    # The deadline was not restarted by the reclaim: it ran out one deadline after the
+    # first start, not one deadline after the survivor took over.
+    hit = datetime.fromisoformat(deadline["at"]) - step.first_started_at
+    assert timedelta(seconds=DEADLINE_SECONDS) <= hit < timedelta(seconds=DEADLINE_SECONDS + 3)
+    # Waits spent nothing; the killed round did (one claim, one reclaim).
+    assert row.attempts == 2
+    with runtime_engine.connect() as conn:
+        history = conn.execute(
+            text("""SELECT attempt, status, error_code FROM action_attempt
+                    WHERE execution_id = :id ORDER BY attempt"""),
+            {"id": eid},
+        ).all()
+    assert [tuple(h) for h in history] == [
+        (1, "FAILED", "INTERRUPTED"),
+        (2, "FAILED", "WAIT_DEADLINE_EXCEEDED"),
+    ]
+    (exit_row,) = audit(runtime_engine, eid, "STEP_ERROR_EXIT")
+    assert exit_row.detail["observed"]["wait"]["status"] == "sent"
