@@ -2,6 +2,182 @@
 
 from __future__ import annotations
 
-from flask import Blueprint
+import base64
+import binascii
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
-blueprint = Blueprint("notices", __name__)
+from flask import Blueprint, Response, jsonify, request
+from sqlalchemy import insert
+
+from orquestador.api.auth import SCOPE_NOTICES_READ, SCOPE_ORG_ADMIN, current_caller, requires_scope
+from orquestador.api.body import read_json_object
+from orquestador.api.context import engine
+from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.views import API_PREFIX
+from orquestador.db.schema import audit_event
+from orquestador.domain.errors import Problem
+from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
+from orquestador.notices.preferences import (
+    preference_problems,
+    read_preferences,
+    save_preferences,
+)
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint("notices", __name__, url_prefix=API_PREFIX)
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+MAX_CURSOR_CHARACTERS = 200
+AUDIT_PREFERENCES_CHANGED = "NOTIFICATION_PREFERENCES_CHANGED"
+
+PREFERENCES_BODY: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "optOut": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Categories whose notices are never e-mailed (known: automation).",
+        },
+        "recipients": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Plain addresses (ops@example.com) the organization's e-mails go to.",
+        },
+    },
+    "required": ["optOut", "recipients"],
+    "additionalProperties": False,
+}
+
+
+# --- notices -------------------------------------------------------------------------
+
+
+@blueprint.get("/notices")
+@requires_scope(SCOPE_NOTICES_READ)
+def listing() -> Response:
+    page = _notice_page(request.args)
+    with engine().connect() as conn:
+        rows = NoticeAccess(current_caller().org).list_notices(conn, page)
+    more, rows = len(rows) > page.limit, rows[: page.limit]
+    return jsonify(
+        {
+            "items": [notice_view(row) for row in rows],
+            "next": _cursor(rows[-1]) if more else None,
+        }
+    )
+
+
+@blueprint.post("/notices/<uuid:notice_id>/dismiss")
+@requires_scope(SCOPE_NOTICES_READ)
+def dismiss(notice_id: uuid.UUID) -> Response:
+    with engine().begin() as conn:
+        row = NoticeAccess(current_caller().org).dismiss(conn, notice_id)
+    if row is None:
+        raise not_found()
+    return jsonify(notice_view(row))
+
+
+# --- preferences ---------------------------------------------------------------------
+
+
+def _own_org(org: str) -> str:
+    # Another organization's preferences answer like a path that does not exist.
+    if org != current_caller().org:
+        raise not_found()
+    return org
+
+
+@blueprint.get("/orgs/<org>/notification-preferences")
+@requires_scope(SCOPE_ORG_ADMIN)
+def read_notification_preferences(org: str) -> Response:
+    org = _own_org(org)
+    with engine().connect() as conn:
+        return jsonify(read_preferences(conn, org).view())
+
+
+@blueprint.put("/orgs/<org>/notification-preferences")
+@requires_scope(SCOPE_ORG_ADMIN)
+def replace_notification_preferences(org: str) -> Response:
+    org = _own_org(org)
+    body = read_json_object(PREFERENCES_BODY)
+    problems = preference_problems(body["optOut"], body["recipients"])
+    if problems:
+        raise ApiProblem(
+            422,
+            "PREFERENCES_INVALID",
+            "Unknown categories or unusable addresses; `problems` names each.",
+            problems=problems,
+        )
+    caller = current_caller()
+    with engine().begin() as conn:
+        saved = save_preferences(conn, org, body["optOut"], body["recipients"])
+        conn.execute(
+            insert(audit_event).values(
+                org_id=org,
+                kind=AUDIT_PREFERENCES_CHANGED,
+                actor=caller.sub,
+                # Who changed what, without the addresses themselves.
+                detail={"optOut": saved.opt_out, "recipients": len(saved.recipients)},
+            )
+        )
+    log.info("notification preferences changed", extra={"org_id": org})
+    return jsonify(saved.view())
+
+
+# --- query parameters ----------------------------------------------------------------
+
+
+def _query_problem(name: str, message: str) -> ApiProblem:
+    return ApiProblem(
+        400,
+        "QUERY_INVALID",
+        "A query parameter is invalid.",
+        problems=[Problem(f"/{name}", message)],
+    )
+
+
+def _notice_page(args: Mapping[str, str]) -> NoticePage:
+    include = args.get("includeDismissed", "false")
+    if include not in ("true", "false"):
+        raise _query_problem("includeDismissed", "true or false")
+    limit = DEFAULT_PAGE_SIZE
+    limit_text = args.get("limit")
+    if limit_text is not None:
+        if not re.fullmatch(r"[0-9]{1,4}", limit_text) or not 1 <= int(limit_text) <= MAX_PAGE_SIZE:
+            raise _query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
+        limit = int(limit_text)
+    after = args.get("after")
+    return NoticePage(
+        limit=limit,
+        include_dismissed=include == "true",
+        after=_read_cursor(after) if after is not None else None,
+    )
+
+
+def _cursor(row: Any) -> str:
+    """Opaque to clients: where the page ended, as (created_at, id)."""
+    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _read_cursor(text: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        if len(text) > MAX_CURSOR_CHARACTERS:
+            raise ValueError("too long")
+        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
+        created, separator, identifier = (
+            base64.urlsafe_b64decode(padded).decode("utf-8").partition("|")
+        )
+        at = datetime.fromisoformat(created)
+        if not separator or at.tzinfo is None:
+            raise ValueError("not a cursor")
+        return at.astimezone(UTC), uuid.UUID(identifier)
+    except (ValueError, binascii.Error, OverflowError):
+        raise _query_problem("after", "not a cursor this API handed out") from None
