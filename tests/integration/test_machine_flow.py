@@ -1,0 +1,166 @@
+"""A flow that sends a command and waits for it, run by a real worker on the built-ins."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+
+from orquestador.actions import AdapterRegistry
+from orquestador.actions.builtin import register_builtins
+from orquestador.machines import claim_next, report_status
+from orquestador.worker.daemon import Worker
+from tests.integration.worker_support import (
+    ORG,
+    action,
+    audit,
+    execution,
+    flow_definition,
+    request_row,
+    settings,
+    start_execution,
+    status_is,
+    wait_until,
+)
+
+
+def decommission(deadline_seconds: int) -> dict:
+    return flow_definition(
+        [
+            action(
+                "send",
+                "machine.command",
+                input={"machineId": {"from": "/data/machineId"}, "command": {"const": "poweroff"}},
+                onError="attention",
+            ),
+            action(
+                "wait",
+                "machine.wait",
+                input={
+                    "commandId": {"from": "/actions/send/commandId"},
+                    "deadlineSeconds": {"const": deadline_seconds},
+                },
+                onError="attention",
+            ),
+        ],
+        decision={
+            "hitPolicy": "FIRST",
+            "inputs": ["/actions/wait/status"],
+            "rules": [
+                {"id": "ok", "when": ['"succeeded"'], "then": {"to": "done", "outcome": "DONE"}},
+                {"id": "other", "when": ["-"], "then": {"to": "attention", "outcome": "REVIEW"}},
+            ],
+        },
+        updates=[{"path": "/power", "from": "/actions/wait/status"}],
+    )
+
+
+@pytest.fixture
+def worker(database, runtime_engine: Engine) -> Iterator[Worker]:
+    configured = settings(database_url=database.runtime_dsn)
+    registry = AdapterRegistry()
+    register_builtins(registry, configured)
+    running = Worker(configured, runtime_engine, registry)
+    running.start()
+    yield running
+    running.stop(timeout=30)
+
+
+def command_of(engine: Engine) -> uuid.UUID:
+    """Take the machine's command as its agent would, once the worker has written it."""
+
+    def take():
+        with engine.begin() as conn:
+            return claim_next(conn, org_id=ORG, machine_id="m-1")
+
+    return wait_until(take, what="the command to be written").id
+
+
+def report(engine: Engine, command_id: uuid.UUID, status: str, exit_code: int | None = None):
+    with engine.begin() as conn:
+        return report_status(
+            conn,
+            org_id=ORG,
+            machine_id="m-1",
+            command_id=command_id,
+            status=status,
+            exit_code=exit_code,
+        )
+
+
+def test_the_flow_waits_without_a_thread_and_resumes_at_the_report(
+    worker: Worker, runtime_engine: Engine
+) -> None:
+    execution_id = start_execution(runtime_engine, decommission(60), {"machineId": "m-1"})
+    command_id = command_of(runtime_engine)
+    wait_until(status_is(runtime_engine, execution_id, "WAITING"), what="the wait to park")
+
+    with runtime_engine.connect() as conn:
+        parked = conn.execute(
+            text("SELECT wait_key, lease_owner FROM execution WHERE id = :id"),
+            {"id": execution_id},
+        ).one()
+    assert parked.wait_key == f"machine_command:{command_id}"
+    assert parked.lease_owner is None  # no worker holds it while it waits
+
+    report(runtime_engine, command_id, "running")
+    reported = time.monotonic()
+    report(runtime_engine, command_id, "succeeded", 0)
+    wait_until(status_is(runtime_engine, execution_id, "SUCCEEDED"), what="the flow to end")
+
+    # Woken by the report, not by the 30 s fallback.
+    assert time.monotonic() - reported < 10
+    row = execution(runtime_engine, execution_id)
+    assert row.result["toState"] == "done"
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.data["power"]) == ("done", "succeeded")
+
+
+def test_a_deadline_shorter_than_the_command_takes_the_error_exit_with_what_it_saw(
+    worker: Worker, runtime_engine: Engine
+) -> None:
+    execution_id = start_execution(runtime_engine, decommission(1), {"machineId": "m-1"})
+    command_id = command_of(runtime_engine)  # sent, and the agent says nothing more
+
+    wait_until(
+        status_is(runtime_engine, execution_id, "FAILED", "SUCCEEDED"),
+        what="the deadline to pass",
+    )
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).state == "attention"
+    [exit_row] = audit(runtime_engine, execution_id, "STEP_ERROR_EXIT")
+    assert exit_row.detail["errorCode"] == "WAIT_DEADLINE_EXCEEDED"
+    seen = exit_row.detail["observed"]["wait"]
+    assert (seen["commandId"], seen["status"]) == (str(command_id), "sent")
+    assert seen["seenAt"]
+
+    # The deadline did not cancel the command: the agent still reports, the audit stands.
+    assert report(runtime_engine, command_id, "succeeded", 0).changed
+    [after] = audit(runtime_engine, execution_id, "STEP_ERROR_EXIT")
+    assert after.detail == exit_row.detail
+
+
+def test_a_command_outside_the_allow_list_takes_the_error_exit_and_writes_nothing(
+    database, runtime_engine: Engine
+) -> None:
+    configured = settings(database_url=database.runtime_dsn, machine_commands="reboot")
+    registry = AdapterRegistry()
+    register_builtins(registry, configured)
+    running = Worker(configured, runtime_engine, registry)
+    running.start()
+    try:
+        execution_id = start_execution(runtime_engine, decommission(5), {"machineId": "m-1"})
+        wait_until(
+            status_is(runtime_engine, execution_id, "FAILED", "SUCCEEDED"),
+            what="the flow to end",
+        )
+    finally:
+        running.stop(timeout=30)
+
+    [exit_row] = audit(runtime_engine, execution_id, "STEP_ERROR_EXIT")
+    assert exit_row.detail["errorCode"] == "COMMAND_NOT_ALLOWED"
+    with runtime_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM machine_command")).scalar() == 0
