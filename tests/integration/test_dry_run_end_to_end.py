@@ -1,0 +1,161 @@
+"""A dry run through the API and a real worker: writers never invoked, wouldHaveDone listed."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from api_support import Api, running_api
+from automation_support import count
+from sqlalchemy import Engine, text
+from worker_support import settings, wait_until
+
+from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
+from orquestador.actions.builtin import register_builtins
+from orquestador.worker.daemon import Worker
+
+# Power a machine off, then charge for it: a command row and an invoice, were it real.
+CHARGED_POWER_OFF: dict[str, Any] = {
+    "key": "charged-power-off",
+    "trigger": "manual",
+    "dataSchema": {
+        "type": "object",
+        "required": ["machineId"],
+        "properties": {"machineId": {"type": "string"}},
+    },
+    "initialState": "new",
+    "states": ["new", "off", "attention"],
+    "transitions": [
+        {
+            "id": "power-off",
+            "from": ["new"],
+            "actions": [
+                {
+                    "id": "send",
+                    "capability": "machine.command",
+                    "version": 1,
+                    "input": {
+                        "machineId": {"from": "/data/machineId"},
+                        "command": {"const": "poweroff"},
+                    },
+                    "onError": "attention",
+                },
+                {
+                    "id": "wait",
+                    "capability": "machine.wait",
+                    "version": 1,
+                    "input": {
+                        "commandId": {"from": "/actions/send/commandId"},
+                        "deadlineSeconds": {"const": 30},
+                    },
+                    "onError": "attention",
+                },
+                {
+                    "id": "charge",
+                    "capability": "test.charge",
+                    "version": 1,
+                    "input": {"machineId": {"from": "/data/machineId"}},
+                },
+            ],
+            "decision": {
+                "hitPolicy": "FIRST",
+                "inputs": ["/actions/wait/status"],
+                "rules": [
+                    {"id": "ok", "when": ['"succeeded"'], "then": {"to": "off"}},
+                    {"id": "other", "when": ["-"], "then": {"to": "attention"}},
+                ],
+            },
+        }
+    ],
+}
+
+
+class Charge:
+    """A writer whose invoke must never run in a dry run: it raises, and counts."""
+
+    def __init__(self) -> None:
+        self.invoked = 0
+        self.simulated = 0
+        self._lock = threading.Lock()
+
+    def invoke(self, ctx: ActionContext) -> dict[str, Any]:
+        with self._lock:
+            self.invoked += 1
+        raise AssertionError("a dry run invoked a writer")
+
+    def simulate(self, ctx: ActionContext) -> dict[str, Any]:
+        with self._lock:
+            self.simulated += 1
+        ctx.observe({"summary": f"would charge for machine {ctx.inputs['machineId']}"})
+        return {"invoiceId": "simulated"}
+
+    def adapter(self) -> Adapter:
+        return Adapter(
+            capability="test.charge",
+            version=1,
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            input_schema={"type": "object"},
+            output_schema={"type": "object"},
+            timeout_seconds=5,
+            max_attempts=1,
+            invoke=self.invoke,
+            simulate=self.simulate,
+        )
+
+
+@pytest.fixture
+def charge() -> Charge:
+    return Charge()
+
+
+@pytest.fixture
+def registry(database, charge: Charge) -> AdapterRegistry:
+    registry = AdapterRegistry()
+    register_builtins(registry, settings(database_url=database.runtime_dsn))
+    registry.add(charge.adapter())
+    return registry
+
+
+@pytest.fixture
+def api(database, registry: AdapterRegistry) -> Iterator[Api]:
+    with running_api(database.runtime_dsn, registry=registry) as api:
+        yield api
+
+
+def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
+    api: Api, runtime_engine: Engine, registry: AdapterRegistry, charge: Charge
+) -> None:
+    flow_id = api.publish(CHARGED_POWER_OFF)["id"]
+    worker = Worker(settings(database_url=api.settings.database_url), runtime_engine, registry)
+    worker.start()
+    try:
+        response = api.post(
+            f"/flows/{flow_id}/dry-runs", {"data": {"machineId": "m-1"}, "transition": "power-off"}
+        )
+        assert response.status_code == 202, response.get_data(as_text=True)
+        location = response.headers["Location"]
+
+        def finished() -> dict[str, Any] | None:
+            view = api.client().get(location, headers=api.headers()).get_json()
+            return view if view["status"] in ("SUCCEEDED", "FAILED") else None
+
+        view = wait_until(finished, what="the dry run finished")
+    finally:
+        worker.stop(timeout=30)
+
+    assert view["status"] == "SUCCEEDED", json.dumps(view, indent=1)
+    assert view["simulation"] is True
+    assert [(d["actionId"], d["capability"], d["effect"]) for d in view["wouldHaveDone"]] == [
+        ("send", "machine.command", "IDEMPOTENT_WRITE"),
+        ("wait", "machine.wait", "READ_ONLY"),
+        ("charge", "test.charge", "NON_IDEMPOTENT_WRITE"),
+    ]
+    assert view["wouldHaveDone"][2]["summary"] == "would charge for machine m-1"
+    assert (charge.invoked, charge.simulated) == (0, 1)
+    assert count(runtime_engine, "machine_command") == 0
+    with runtime_engine.connect() as connection:
+        request = connection.execute(text("SELECT state, simulation FROM request")).one()
+    assert tuple(request) == ("off", True)
