@@ -1,0 +1,184 @@
+"""The execution pages in a real headless Chromium: sign in, the list, the reconciliation
+queue, a wait that ran out (then `sent`, now `timed_out`), a purged command, sign out.
+
+Each page's visible text is asserted and a screenshot of it saved to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.browser.browser_support import DESK, PHONE, screenshot, serving, start_chromium
+from tests.integration.api_support import Api, running_api
+from tests.integration.execution_page_support import completed, deadline_passed
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = start_chromium()
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def site(database, browser) -> Iterator[tuple[Api, str]]:
+    browser.delete_all_cookies()
+    browser.set_window_size(*DESK)
+    with running_api(database.runtime_dsn) as api, serving(api.app) as base:
+        yield api, base
+
+
+def _by_css(driver: Any, selector: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector)
+
+
+def _all_css(driver: Any, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def _text(driver: Any) -> str:
+    return _by_css(driver, "body").text
+
+
+def _navigates(driver: Any, click: Any) -> None:
+    """Click, then wait until the browser has loaded the page that click led to."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = _by_css(driver, "html")
+    click()
+    wait = WebDriverWait(driver, 20)
+    wait.until(expected_conditions.staleness_of(old))
+    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def _sign_in(driver: Any, token: str) -> None:
+    field = _by_css(driver, "input[name=token]")
+    field.clear()
+    field.send_keys(token)
+    _navigates(driver, _by_css(driver, "form.login button[type=submit]").click)
+
+
+def _policy_violations(driver: Any) -> list[str]:
+    return [
+        entry["message"]
+        for entry in driver.get_log("browser")
+        if "Content Security Policy" in entry["message"] or "Refused" in entry["message"]
+    ]
+
+
+def test_a_person_signs_in_finds_the_queue_and_reads_then_beside_now(
+    site: tuple[Api, str], browser: Any, owner_engine: Engine
+) -> None:
+    api, base = site
+    ran_out = deadline_passed(api, owner_engine, now="timed_out")
+    purged = deadline_passed(api, owner_engine, now="succeeded", purged=True)
+    parked = completed(api, owner_engine)
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "UPDATE execution SET status = 'RECONCILIATION_REQUIRED' WHERE id = %s",
+            (parked.execution_id,),
+        )
+    browser.get_log("browser")  # start the console record from here
+
+    # Not signed in: the list sends the person to the sign-in page.
+    browser.get(f"{base}/ui/executions")
+    assert browser.current_url.startswith(f"{base}/ui/login")
+    assert "Paste an API token" in _text(browser)
+    screenshot(browser, "login")
+
+    _sign_in(browser, api.token())
+    assert browser.current_url == f"{base}/ui/executions"
+    listing = _text(browser)
+    assert "Executions" in listing and "Reconciliation queue" in listing
+    # Each arrangement published the flow again: versions 1 to 3, newest first.
+    assert re.findall(r"decommission v(\d+) · power-off", listing) == ["3", "2", "1"]
+    # The cookie is HttpOnly: no script on the page could read it.
+    assert browser.execute_script("return document.cookie") == ""
+    # The stylesheet loaded under the policy: the header bar has its dark background.
+    bar = _by_css(browser, "header.bar").value_of_css_property("background-color")
+    assert bar in ("rgba(27, 31, 36, 1)", "rgb(27, 31, 36)")
+    screenshot(browser, "list")
+
+    _navigates(
+        browser,
+        _by_css(browser, "nav.filters").find_element("link text", "Reconciliation queue").click,
+    )
+    assert browser.current_url.endswith("status=RECONCILIATION_REQUIRED")
+    queue_links = [a.get_attribute("href") for a in _all_css(browser, "ul.executions a.title")]
+    assert queue_links == [f"{base}/ui/executions/{parked.execution_id}"]
+    assert "RECONCILIATION_REQUIRED" in _text(browser)
+    screenshot(browser, "reconciliation-queue")
+
+    browser.get(f"{base}/ui/executions/{ran_out.execution_id}")
+    page = _text(browser)
+    assert "FAILED" in page and "WAIT_DEADLINE_EXCEEDED" in page
+    assert "The step wait failed (WAIT_DEADLINE_EXCEEDED); its error exit chose" in page
+    assert "attention" in _by_css(browser, "section.decision").text
+    then = _by_css(browser, ".then")
+    now = _by_css(browser, ".now")
+    assert "Then, when the flow decided" in then.text
+    assert _by_css(then, ".command-status").text == "sent"
+    assert ran_out.command_id in then.text
+    assert _by_css(now, ".command-status").text == "timed_out"
+    screenshot(browser, "execution-deadline-then-sent-now-timed-out")
+
+    browser.get(f"{base}/ui/executions/{purged.execution_id}")
+    now = _by_css(browser, ".now")
+    assert "The command is no longer in the records." in now.text
+    assert "sent" not in now.text and "succeeded" not in now.text
+    assert _by_css(browser, ".then .command-status").text == "sent"
+    screenshot(browser, "execution-command-purged")
+
+    assert _policy_violations(browser) == []
+
+    _navigates(browser, _by_css(browser, "form.signout button").click)
+    assert browser.current_url == f"{base}/ui/login"
+    browser.get(f"{base}/ui/executions/{ran_out.execution_id}")
+    assert browser.current_url.startswith(f"{base}/ui/login")
+
+
+def test_a_refused_token_shows_why_and_keeps_no_session(
+    site: tuple[Api, str], browser: Any
+) -> None:
+    _, base = site
+    browser.get(f"{base}/ui/login")
+
+    _sign_in(browser, "this-is-not-a-token")
+
+    assert "That token was not accepted: it is invalid or has expired." in _text(browser)
+    assert browser.get_cookies() == []
+    screenshot(browser, "login-refused")
+
+
+def test_the_execution_page_fits_a_phone(
+    site: tuple[Api, str], browser: Any, owner_engine: Engine
+) -> None:
+    api, base = site
+    ran_out = deadline_passed(api, owner_engine, now="timed_out")
+    browser.get(f"{base}/ui/login")
+    _sign_in(browser, api.token())
+    browser.set_window_size(*PHONE)
+
+    browser.get(f"{base}/ui/executions/{ran_out.execution_id}")
+
+    width = browser.execute_script("return document.documentElement.clientWidth")
+    scrolled = browser.execute_script("return document.documentElement.scrollWidth")
+    assert scrolled <= width, "the page scrolls sideways on a phone"
+    then = _by_css(browser, ".then").rect
+    now = _by_css(browser, ".now").rect
+    assert now["y"] >= then["y"] + then["height"], "then and now stack on a narrow screen"
+    assert "no longer in the records" not in _text(browser)
+    screenshot(browser, "execution-on-a-phone")
