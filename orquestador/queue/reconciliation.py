@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
 
+from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
@@ -273,6 +274,8 @@ def resolve(
                 "status": status,
             },
         )
+    if status == "FAILED":
+        metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
     return status
 
 
@@ -393,4 +396,5 @@ def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, r
             actor,
             {"reason": reason, "fromStatus": execution.status},
         )
+    metrics.EXECUTIONS_TOTAL.labels(status="CANCELLED").inc()
     return "CANCELLED"

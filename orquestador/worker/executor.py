@@ -15,6 +15,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from sqlalchemy import Connection
 
+from orquestador import metrics
 from orquestador.actions import (
     ActionContext,
     Adapter,
@@ -127,6 +128,16 @@ def _is_waiting(found: Checkpoint) -> bool:
     return found.status == "FAILED" and found.error_code == NOT_READY
 
 
+# The statuses a run can leave an execution in, as orquestador_executions_total counts them.
+_COUNTED = frozenset(("SUCCEEDED", "FAILED", "RECONCILIATION_REQUIRED", "RETRY_WAIT", "WAITING"))
+
+
+def _timed(adapter: Adapter, outcome: str, began: float) -> None:
+    metrics.ACTION_DURATION_SECONDS.labels(capability=adapter.key, outcome=outcome).observe(
+        time.monotonic() - began
+    )
+
+
 def _simulation_unsupported(ctx: ActionContext) -> dict[str, Any]:
     raise PermanentError(
         "SIMULATION_UNSUPPORTED",
@@ -230,7 +241,15 @@ class Executor:
 
     def run(self, conn: Connection, claim: Claim, stop: threading.Event | None = None) -> str:
         """Run the claim to an outcome; return the status it ended in (or ABANDONED, ...)."""
-        run = _ExecutionRun(self, conn, claim, stop or threading.Event())
+        status = self._run(conn, claim, stop or threading.Event())
+        if status == LEASE_LOST:
+            metrics.LEASE_LOST_TOTAL.inc()
+        elif status in _COUNTED:
+            metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
+        return status
+
+    def _run(self, conn: Connection, claim: Claim, stop: threading.Event) -> str:
+        run = _ExecutionRun(self, conn, claim, stop)
         try:
             try:
                 return run.run()
@@ -441,12 +460,14 @@ class _ExecutionRun:
         )
         # No transaction is open here: the RUNNING checkpoint committed above. The call
         # runs on its own thread; at the deadline this job stops waiting for it.
+        began = time.monotonic()
         try:
             if call is _simulation_unsupported:
                 output = call(ctx)  # raises; nothing to run on a thread
             else:
                 output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra)
         except CallTimedOut:
+            _timed(adapter, "unknown", began)
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
             message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
             log.warning("adapter timed out, outcome uncertain: %s", message, extra=extra)
@@ -457,6 +478,7 @@ class _ExecutionRun:
                 step, attempt.attempt, attempt.attempt - base, "ADAPTER_TIMEOUT", message
             )
         except NotReady as exc:
+            _timed(adapter, "unknown" if adapter.effect.writes else "not_ready", began)
             if adapter.effect.writes:
                 # The contract lets only a read wait. A writer saying "not ready" may have
                 # written already: judged like any other unexpected answer, as uncertain
@@ -468,6 +490,7 @@ class _ExecutionRun:
                 )
             self.wait(step, exc, exc.observed or dict(ctx.observed))
         except TransientError as exc:
+            _timed(adapter, "retry", began)
             message = attempt_message(exc, inputs)
             log.info(
                 "action failed transiently: %s", message, extra={**extra, "error": "TransientError"}
@@ -482,6 +505,7 @@ class _ExecutionRun:
                 message,
             )
         except PermanentError as exc:
+            _timed(adapter, "failed", began)
             message = attempt_message(exc, inputs)
             log.info(
                 "action failed permanently: %s",
@@ -490,6 +514,7 @@ class _ExecutionRun:
             )
             self.permanent(spec, exc, action_ids, message, exc.observed or dict(ctx.observed))
         except Exception as exc:  # UncertainError and anything unexpected: may have happened
+            _timed(adapter, "unknown", began)
             message = attempt_message(exc, inputs)
             log.warning(
                 "action outcome uncertain: %s",
@@ -499,6 +524,7 @@ class _ExecutionRun:
             return self.uncertain(
                 step, attempt.attempt, attempt.attempt - base, "UNCERTAIN", message
             )
+        _timed(adapter, "simulated" if simulated else "succeeded", began)
         if self.x.hooks.after_adapter:
             self.x.hooks.after_adapter(claim, spec.id)
 
@@ -617,6 +643,7 @@ class _ExecutionRun:
             outcome = CheckpointOutcome(action_id, status, code, message)
             delay = self.x.retry.delay(attempt, retry_after)
             schedule_retry(self.conn, self.claim, outcome, delay, attempt)
+            metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
             log.info(
                 "retry scheduled in %.3fs",
                 delay,
