@@ -29,6 +29,7 @@ from orquestador.queue.reconciliation import (
     step_in_doubt,
 )
 from orquestador.queue.snapshots import Checkpoint, LoadedExecution
+from orquestador.queue.waits import park_waiting, wake_waiting
 
 __all__ = [
     "RETRY_APPROVED",
@@ -46,6 +47,7 @@ __all__ = [
     "fail_execution",
     "finish_execution",
     "load_execution",
+    "park_waiting",
     "record_found_write",
     "release_lease",
     "renew_leases",
@@ -55,5 +57,6 @@ __all__ = [
     "start_checkpoint",
     "step_in_doubt",
     "succeed_checkpoint",
+    "wake_waiting",
     "write_attempt_outcome",
 ]
