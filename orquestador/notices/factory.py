@@ -14,12 +14,12 @@ from sqlalchemy import Engine
 from orquestador.config import Settings
 
 if TYPE_CHECKING:
-    from orquestador.worker.background import Loop
+    from orquestador.notices.mailer import Mailer
 
 log = logging.getLogger(__name__)
 
 
-def mailer_loop(settings: Settings, engine: Engine, worker_id: str) -> Loop | None:
+def mailer_loop(settings: Settings, engine: Engine, worker_id: str) -> Mailer | None:
     """The mailer of this worker, or None with SMTP_URL empty (e-mails stay queued)."""
     if not settings.smtp_url:
         log.info("SMTP_URL is empty: this worker delivers no e-mail; queued e-mails wait")
