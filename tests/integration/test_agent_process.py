@@ -279,3 +279,19 @@ def test_token_for_a_machine_has_the_agent_scope_and_names_the_machine() -> None
     )
     assert (claims["sub"], claims["org"], claims["scope"]) == ("machine:m-1", "acme", "agent")
     assert both.returncode == 2 and "drop --scope" in both.stderr
+
+
+def test_the_agent_without_its_settings_names_each_missing_one() -> None:
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+
+    started = subprocess.run(
+        [*ORQUESTADOR, "agent"], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert started.returncode == 2
+    lines = started.stderr.strip().splitlines()
+    assert [line.split()[1] for line in lines] == [
+        "AGENT_COMMANDS_FILE",
+        "ORQUESTADOR_API_URL",
+        "ORQUESTADOR_TOKEN",
+    ]
