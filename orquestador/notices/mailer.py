@@ -88,26 +88,29 @@ class Mailer(Loop):
         self.hooks = hooks or MailerHooks()
 
     def run_once(self) -> bool:
+        # No connection is held while the SMTP server is talked to: the claim has
+        # committed, and the row is settled on a connection of its own afterwards.
         with self.engine.connect() as conn:
             claimed = claim_due_emails(conn, self.owner, self.lease_seconds)
-            if not claimed:
-                return False
-            for email in claimed:
-                self.deliver(conn, email)
-        return True
+        for email in claimed:
+            self.deliver(email)
+        return bool(claimed)
 
-    def deliver(self, conn: Connection, email: ClaimedEmail) -> None:
+    def deliver(self, email: ClaimedEmail) -> None:
         if self.hooks.after_claim:
             self.hooks.after_claim(email)
         outgoing = OutgoingEmail(email.message_id, email.recipients, email.subject, email.body)
         try:
             refused = self.sender.send(outgoing)
         except DeliveryFailed as exc:
-            self._failed(conn, email, exc)
+            with self.engine.connect() as conn:
+                self._failed(conn, email, exc)
             return
         if self.hooks.after_send:
             self.hooks.after_send(email)
-        if not mark_sent(conn, email, self.owner):
+        with self.engine.connect() as conn:
+            marked = mark_sent(conn, email, self.owner)
+        if not marked:
             log.warning("e-mail delivered after its lease was lost", extra=email.log_extra)
             return
         if refused:

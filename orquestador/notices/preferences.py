@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from orquestador.db.schema import notification_opt_out, notification_preference
@@ -116,6 +116,15 @@ def save_preferences(
     """Replace the organization's preferences (the caller holds the transaction)."""
     # Addresses differ only in case mostly by accident: the first spelling wins.
     recipients = _unique(recipients, key=str.lower)
+    # The preference row first: its upsert locks it, so concurrent replacements of one
+    # organization's preferences run one after the other, never interleaving opt-outs.
+    upsert = pg_insert(notification_preference).values(org_id=org_id, recipients=recipients)
+    conn.execute(
+        upsert.on_conflict_do_update(
+            index_elements=[notification_preference.c.org_id],
+            set_={"recipients": upsert.excluded.recipients, "updated_at": func.now()},
+        )
+    )
     conn.execute(
         delete(notification_opt_out).where(
             notification_opt_out.c.org_id == org_id,
@@ -124,17 +133,10 @@ def save_preferences(
     )
     for category in _unique(opt_out):
         conn.execute(
-            insert(notification_opt_out).values(
-                org_id=org_id, category=category, channel=CHANNEL_EMAIL
-            )
+            pg_insert(notification_opt_out)
+            .values(org_id=org_id, category=category, channel=CHANNEL_EMAIL)
+            .on_conflict_do_nothing()
         )
-    upsert = pg_insert(notification_preference).values(org_id=org_id, recipients=recipients)
-    conn.execute(
-        upsert.on_conflict_do_update(
-            index_elements=[notification_preference.c.org_id],
-            set_={"recipients": upsert.excluded.recipients, "updated_at": func.now()},
-        )
-    )
     return read_preferences(conn, org_id)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -218,3 +219,30 @@ def test_preferences_need_the_org_admin_scope(api):
     assert api.get(f"/orgs/{ORG}/notification-preferences", **READER).status_code == 403
     response = _put(api, {"optOut": [], "recipients": []}, scopes=["notices:read"])
     assert response.status_code == 403
+
+
+def test_sixteen_replacements_at_once_all_succeed_and_one_of_them_stands(api, runtime_engine):
+    start = threading.Barrier(16, timeout=20)
+    answers: list[int] = []
+    bodies = [
+        {"optOut": ["automation"] if n % 2 else [], "recipients": [f"ops{n}@example.com"]}
+        for n in range(16)
+    ]
+
+    def replace(body) -> None:
+        client = api.client()
+        headers = api.headers(**ADMIN)
+        start.wait()
+        path = f"/api/v1/orgs/{ORG}/notification-preferences"
+        answers.append(client.put(path, json=body, headers=headers).status_code)
+
+    threads = [threading.Thread(target=replace, args=(body,)) for body in bodies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert answers == [200] * 16
+    final = api.get(f"/orgs/{ORG}/notification-preferences", **ADMIN).get_json()
+    stood = {"optOut": final["optOut"], "recipients": final["recipients"]}
+    assert stood in bodies
