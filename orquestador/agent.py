@@ -107,6 +107,8 @@ class Outcome:
 
 
 def truncate(output: str) -> str:
+    # The API stores text: a NUL (binary output) would make it refuse the whole report.
+    output = output.replace("\x00", "\ufffd")
     if len(output) <= MAX_OUTPUT_CHARACTERS:
         return output
     return output[: MAX_OUTPUT_CHARACTERS - len(_TRUNCATED)] + _TRUNCATED
@@ -349,6 +351,11 @@ class Agent:
                     self._stopping = True
                 continue
             self._api_up()
+            if answer == 422 and outcome is not None and outcome.output:
+                # The output was refused: the status matters more, so send it without.
+                log.warning("the API refused the output; reporting %s without it", status)
+                outcome = Outcome(outcome.status, outcome.exit_code, "")
+                continue
             if answer != 200:
                 log.warning(
                     "the API answered %s to the %s report; dropped",

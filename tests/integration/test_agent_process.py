@@ -40,6 +40,10 @@ timeout_seconds = 10
 [reinstall]
 argv = ["sleep", "30"]
 timeout_seconds = 0.5
+
+[chatty]
+argv = ["sh", "-c", "printf 'a\\\\000b'; head -c 200000 /dev/zero | tr '\\\\000' x"]
+timeout_seconds = 10
 """
 
 
@@ -182,12 +186,18 @@ def test_the_agent_runs_commands_and_reports_each_outcome(
         slow = send(runtime_engine, "reinstall")
         unknown = send(runtime_engine, "halt")  # not in the commands file
         foreign = send(runtime_engine, "poweroff", machine="m-2")
+        chatty = send(runtime_engine, "chatty")
 
         assert final_row(runtime_engine, ok)[:2] == ("succeeded", 0)
         assert final_row(runtime_engine, failing) == ("failed", 3, "rebooting\n")
         assert final_row(runtime_engine, slow)[:2] == ("timed_out", None)
         status, code, output = final_row(runtime_engine, unknown)
         assert (status, code) == ("failed", None) and "unknown command 'halt'" in output
+        # Binary output does not lose the report; long output is cut at the bound.
+        status, code, output = final_row(runtime_engine, chatty)
+        assert (status, code) == ("succeeded", 0)
+        assert output.startswith("a\ufffdbxxx") and output.endswith("\n[output truncated]")
+        assert len(output) == 65536
         agent.process.send_signal(signal.SIGTERM)
         assert agent.process.wait(15) == 0
     assert "agent stopped" in "".join(agent.lines)
