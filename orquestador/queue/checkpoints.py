@@ -105,7 +105,7 @@ _START = text(
 _SUCCEED_TEMPLATE = """
     WITH holder AS (
         -- Lock and check the lease: a late return after a reclaim records nothing.
-        SELECT e.id, e.org_id, e.request_id FROM execution e WHERE {fence} FOR UPDATE
+        SELECT {holder} FROM execution e WHERE {fence} FOR UPDATE
     ), succeeded AS (
         UPDATE action_execution AS a
         SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp(){observed}
@@ -136,14 +136,17 @@ _SIMULATED_AUDIT = """, audited AS (
     )"""
 
 # The hot path (no observation) keeps its statement as it was; the others set observed.
-_SUCCEED = text(_SUCCEED_TEMPLATE.format(fence=FENCE, observed="", audit="")).bindparams(
-    bindparam("output", type_=JSONB_VALUE)
-)
+_SUCCEED = text(
+    _SUCCEED_TEMPLATE.format(holder="e.id", fence=FENCE, observed="", audit="")
+).bindparams(bindparam("output", type_=JSONB_VALUE))
 _SUCCEED_OBSERVED = text(
-    _SUCCEED_TEMPLATE.format(fence=FENCE, observed=", observed = :observed", audit="")
+    _SUCCEED_TEMPLATE.format(
+        holder="e.id", fence=FENCE, observed=", observed = :observed", audit=""
+    )
 ).bindparams(bindparam("output", type_=JSONB_VALUE), bindparam("observed", type_=JSONB_VALUE))
 _SUCCEED_SIMULATED = text(
     _SUCCEED_TEMPLATE.format(
+        holder="e.id, e.org_id, e.request_id",
         fence=FENCE,
         observed=", observed = coalesce(:observed, a.observed)",
         audit=_SIMULATED_AUDIT,
