@@ -26,6 +26,7 @@ from orquestador.machines import (
     next_command,
     report_status,
 )
+from orquestador.machines.bell import bell_for
 from orquestador.machines.commands import REPORTABLE
 from orquestador.machines.long_poll import MAX_WAIT_SECONDS
 
@@ -80,7 +81,16 @@ def take_next() -> Response | tuple[str, int]:
     caller = current_caller()
     machine = _machine_of(caller)
     wait = _wait_seconds()
-    command = next_command(engine(), org_id=caller.org, machine_id=machine, wait_seconds=wait)
+    database = engine()
+    # The bell listens on a connection of its own (psycopg's URL, without the driver name).
+    conninfo = database.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    command = next_command(
+        database,
+        org_id=caller.org,
+        machine_id=machine,
+        wait_seconds=wait,
+        bell=bell_for(conninfo),
+    )
     if command is None:
         return "", 204
     return jsonify(command.as_json())

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
+from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
 from orquestador.queue.waits import wake_waiting
 
 FINAL = frozenset(FINAL_COMMAND_STATUSES)
@@ -97,8 +98,10 @@ _INSERT = text(
     INSERT INTO machine_command (org_id, machine_id, command, args, external_key)
     VALUES (:org_id, :machine_id, :command, CAST(:args AS jsonb), :external_key)
     ON CONFLICT (external_key) DO NOTHING
+    RETURNING id
     """
 )
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 # The organization bounds the read of an existing row: an external key is unique
 # across organizations, and one organization never reads another's command.
 _BY_KEY = text(
@@ -135,7 +138,7 @@ def create_command(
     A retry of the same step (same external key) never makes a second command, whatever
     happened to the first call's answer.
     """
-    conn.execute(
+    inserted = conn.execute(
         _INSERT,
         {
             "org_id": org_id,
@@ -144,7 +147,16 @@ def create_command(
             "args": json.dumps(args),
             "external_key": external_key,
         },
-    )
+    ).one_or_none()
+    if inserted is not None:
+        # Heard once the transaction commits: the machine's waiting long polls look again.
+        conn.execute(
+            _NOTIFY,
+            {
+                "channel": NEW_COMMAND_CHANNEL,
+                "payload": notification_payload(org_id, machine_id),
+            },
+        )
     row = conn.execute(_BY_KEY, {"org_id": org_id, "key": external_key}).one_or_none()
     if row is None:
         # The key belongs to another organization's command: never show it.

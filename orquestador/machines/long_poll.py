@@ -1,8 +1,10 @@
 """An agent's long poll: the machine's next command, waiting a bounded time for one to arrive.
 
 No transaction stays open while it waits: each look is one short transaction (claim the
-oldest pending command or find none), and between looks the thread sleeps. A command
-created meanwhile is handed out at the next look, at most POLL_SECONDS later.
+oldest pending command or find none), and between looks the thread sleeps. With a bell
+(one LISTEN per process, rung when a command is written for the machine) it sleeps
+until the bell rings, looking again at least every BELL_FALLBACK_SECONDS; without one,
+or while the bell is not listening, it looks every POLL_SECONDS.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
+from orquestador.machines.bell import CommandBell
 from orquestador.machines.commands import AgentCommand, claim_next
 
 # How long an empty look waits before the next one: the worst delay between a command's
 # creation and its agent getting it, against one indexed query per waiting agent.
 POLL_SECONDS = 0.25
+# With the bell listening a look is needed only if a notification was lost.
+BELL_FALLBACK_SECONDS = 5.0
 MAX_WAIT_SECONDS = 30.0
 
 
@@ -27,8 +32,10 @@ def next_command(
     org_id: str,
     machine_id: str,
     wait_seconds: float,
+    bell: CommandBell | None = None,
     stop: threading.Event | None = None,
     poll_seconds: float = POLL_SECONDS,
+    bell_fallback_seconds: float = BELL_FALLBACK_SECONDS,
     on_empty_look: Callable[[], None] | None = None,
 ) -> AgentCommand | None:
     """The machine's oldest pending command, marked sent; None after `wait_seconds` with none.
@@ -38,15 +45,34 @@ def next_command(
     """
     if not 0 <= wait_seconds <= MAX_WAIT_SECONDS:
         raise ValueError(f"wait_seconds must be between 0 and {MAX_WAIT_SECONDS:g}")
-    pause = stop or threading.Event()
     give_up_at = time.monotonic() + wait_seconds
-    while True:
+
+    def look() -> AgentCommand | None:
         with engine.begin() as conn:
-            command = claim_next(conn, org_id=org_id, machine_id=machine_id)
-        if command is not None:
-            return command
-        if on_empty_look is not None:
-            on_empty_look()
-        left = give_up_at - time.monotonic()
-        if left <= 0 or pause.wait(min(poll_seconds, left)):
-            return None
+            return claim_next(conn, org_id=org_id, machine_id=machine_id)
+
+    if bell is None or wait_seconds == 0:
+        pause = stop or threading.Event()
+        while True:
+            command = look()
+            if command is not None:
+                return command
+            if on_empty_look is not None:
+                on_empty_look()
+            left = give_up_at - time.monotonic()
+            if left <= 0 or pause.wait(min(poll_seconds, left)):
+                return None
+    # Subscribed before the first look, so a command written after it rings the bell.
+    with bell.subscription(org_id, machine_id) as rung:
+        while True:
+            rung.clear()
+            command = look()
+            if command is not None:
+                return command
+            if on_empty_look is not None:
+                on_empty_look()
+            left = give_up_at - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                return None
+            interval = bell_fallback_seconds if bell.listening.is_set() else poll_seconds
+            rung.wait(min(interval, left))

@@ -21,6 +21,7 @@ from orquestador.machines import (
     next_command,
     report_status,
 )
+from orquestador.machines.bell import CommandBell
 
 ORG = "org-a"
 
@@ -320,3 +321,44 @@ def test_retention_deletes_old_final_commands_in_batches(
         assert delete_final_commands(conn, older_than_days=0, batch=10) == 1
         left = conn.execute(text("SELECT id, status FROM machine_command")).all()
     assert [tuple(r) for r in left] == [(ids[4], "pending")]
+
+
+def test_the_bell_wakes_a_long_poll_the_moment_a_command_is_written(
+    adapters: MachineAdapters, database, runtime_engine: Engine
+) -> None:
+    conninfo = database.runtime_url.set(drivername="postgresql")
+    bell = CommandBell(conninfo.render_as_string(hide_password=False), idle_seconds=1)
+    looked = threading.Event()
+    got: list = []
+
+    def poll() -> None:
+        # Looks only every 20 s on its own: an answer within seconds is the bell's doing.
+        got.append(
+            next_command(
+                runtime_engine,
+                org_id=ORG,
+                machine_id="m-1",
+                wait_seconds=25,
+                bell=bell,
+                poll_seconds=20,
+                bell_fallback_seconds=20,
+                on_empty_look=looked.set,
+            )
+        )
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    assert looked.wait(10) and bell.listening.wait(10)
+    command_id = send(adapters)
+    poller.join(5)
+
+    assert not poller.is_alive(), "the bell did not wake the long poll"
+    assert str(got[0].id) == command_id
+    # Nobody subscribes any more: the bell's thread closes its connection and ends.
+    gone = threading.Event()
+    for _ in range(100):
+        if not bell.running and not bell.listening.is_set():
+            gone.set()
+            break
+        gone.wait(0.1)
+    assert gone.is_set()
