@@ -220,3 +220,30 @@ def test_the_worker_loop_factory_builds_the_consumer(runtime_engine: Engine) -> 
     assert isinstance(loop, PlatformEventConsumer)
     assert loop.max_attempts == 7
     assert loop.interval_seconds <= 1.0
+
+
+def test_a_batch_cut_off_midway_leaves_nothing_and_the_next_round_starts_each_once(
+    api: Api, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    _bind(api)
+    _insert_events(runtime_engine, *({"id": f"e-{n}"} for n in range(5)))
+    # A consumer that processed three of its five events when its connection died (a
+    # worker killed, the database restarted): its transaction never committed.
+    doomed = runtime_engine.connect()
+    doomed.begin()
+    claimed = claim_unprocessed(doomed, 5)
+    for event in claimed[:3]:
+        process_event(doomed, event, Actor.platform(ORG), max_attempts=3)
+    pid = doomed.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    with owner_engine.connect() as killer:
+        # With a timeout it returns once the backend is gone and its locks released.
+        gone = killer.execute(text("SELECT pg_terminate_backend(:pid, 10000)"), {"pid": pid})
+        assert gone.scalar_one() is True
+    doomed.invalidate()
+    doomed.close()
+
+    assert count(runtime_engine, "execution") == 0
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 5
+    assert count(runtime_engine, "execution") == 5
+    assert count(runtime_engine, "request") == 5
+    assert {outcome for outcome, _ in _outcomes(runtime_engine).values()} == {"STARTED"}
