@@ -1,0 +1,83 @@
+"""The reference agent's commands: the file's checks and how one command runs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from orquestador.agent import CommandSpec, load_commands, run_command
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has ended; only its parent's record remains
+
+
+def test_a_timeout_kills_the_command_and_everything_it_started(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    spec = CommandSpec("slow", ("sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait"), 0.5)
+
+    started = time.monotonic()
+    outcome = run_command(spec, [])
+
+    assert outcome.status == "timed_out" and outcome.exit_code is None
+    assert time.monotonic() - started < 10
+    child = int(pid_file.read_text())
+    # SIGKILL is delivered asynchronously: give the kernel a moment to end the child.
+    give_up = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert not _alive(child)
+
+
+def test_server_args_are_ignored_unless_the_operator_passes_them() -> None:
+    ignored = CommandSpec("say", ("echo", "fixed"), 5)
+    passed = CommandSpec("say", ("echo", "fixed"), 5, pass_args=True)
+
+    assert run_command(ignored, ["; rm -rf /"]).output == "fixed\n"
+    # Each arg is one argv item, never parsed by a shell.
+    assert run_command(passed, ["$(id)", "; true"]).output == "fixed $(id) ; true\n"
+
+
+def test_a_program_that_cannot_start_is_a_failure(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.write_text("#!/bin/sh\n")  # not executable
+
+    outcome = run_command(CommandSpec("x", (str(gone),), 5), [])
+
+    assert (outcome.status, outcome.exit_code) == ("failed", None)
+    assert "cannot start" in outcome.output
+
+
+def test_a_valid_file_loads_every_command(tmp_path: Path) -> None:
+    path = tmp_path / "commands.toml"
+    path.write_text(
+        '[poweroff]\nargv = ["true"]\ntimeout_seconds = 5\n'
+        '[reinstall]\nargv = ["echo"]\ntimeout_seconds = 0.5\npass_args = true\n'
+    )
+
+    commands, problems = load_commands(path)
+
+    assert problems == []
+    assert commands == {
+        "poweroff": CommandSpec("poweroff", ("true",), 5.0),
+        "reinstall": CommandSpec("reinstall", ("echo",), 0.5, pass_args=True),
+    }
+
+
+def test_an_unreadable_or_invalid_file_is_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[poweroff\n")
+
+    assert len(load_commands(tmp_path / "missing.toml")[1]) == 1
+    assert "not valid TOML" in load_commands(broken)[1][0]
+    assert "no commands" in load_commands(_empty(tmp_path))[1][0]
+
+
+def _empty(tmp_path: Path) -> Path:
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    return path
