@@ -201,3 +201,62 @@ def silent_listener() -> Iterator[tuple[int, list[socket.socket]]]:
         for connection in accepted:
             connection.close()
         server.close()
+
+
+@contextmanager
+def trickling_server(delay_seconds: float, quit_reply: bytes = b"221 bye") -> Iterator[int]:
+    """A port whose server answers every SMTP line correctly, each after `delay_seconds`.
+
+    `quit_reply` is what it says to QUIT, after which it hangs up.
+    """
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def talk(connection: socket.socket) -> None:
+        with connection, connection.makefile("rb") as lines:
+            try:
+                time.sleep(delay_seconds)
+                connection.sendall(b"220 slow.example ESMTP\r\n")
+                in_data = False
+                for line in lines:
+                    if stop.is_set():
+                        return
+                    if in_data:
+                        if line.rstrip(b"\r\n") == b".":
+                            in_data = False
+                            time.sleep(delay_seconds)
+                            connection.sendall(b"250 taken\r\n")
+                        continue
+                    time.sleep(delay_seconds)
+                    if line.upper().startswith(b"QUIT"):
+                        connection.sendall(quit_reply + b"\r\n")
+                        return
+                    if line.upper().startswith(b"DATA"):
+                        in_data = True
+                        connection.sendall(b"354 go on\r\n")
+                    else:
+                        connection.sendall(b"250 ok\r\n")
+            except OSError:
+                return
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=talk, args=(connection,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()

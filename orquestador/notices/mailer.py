@@ -30,13 +30,14 @@ from orquestador.worker.background import Loop
 
 log = logging.getLogger(__name__)
 
-# Long enough for a slow server to take one message (every SMTP command may wait
-# SMTP_TIMEOUT_SECONDS); short enough that a dead worker's row is not late for long.
+# Longer than one whole SMTP exchange may take (smtp.DELIVERY_SECONDS); short enough
+# that a dead worker's row is not late for long.
 LEASE_SECONDS = 60.0
 POLL_SECONDS = 2.0
-MAX_ATTEMPTS = 12
+MAX_ATTEMPTS = 20
 BACKOFF_BASE_SECONDS = 5.0
-BACKOFF_CAP_SECONDS = 1800.0  # 12 attempts span at most a few hours
+# 20 attempts span 3 to 6 hours of failures before a row is given up.
+BACKOFF_CAP_SECONDS = 1800.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class Mailer(Loop):
         wake: threading.Event | None = None,
     ) -> None:
         super().__init__("mailer", poll_seconds, wake)
+        if sender.delivery_seconds >= lease_seconds:
+            raise ValueError("an SMTP exchange must end before the mailer's lease does")
         self.engine = engine
         self.sender = sender
         self.owner = owner

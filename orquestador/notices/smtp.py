@@ -12,15 +12,20 @@ from __future__ import annotations
 import smtplib
 import socket
 import ssl
+import time
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from orquestador.errors import ConfigError
 
-# Each network operation (connect, every command) waits at most this long.
+# Each network operation (connect, every command) waits at most this long, and the
+# whole exchange at most DELIVERY_SECONDS: a server that trickles its replies cannot
+# keep a message past the mailer's lease, after which another mailer may send it too.
 SMTP_TIMEOUT_SECONDS = 15.0
+DELIVERY_SECONDS = 40.0
 MAX_ERROR_CHARACTERS = 300
 _DEFAULT_PORTS = {"smtp": 25, "smtps": 465}
 
@@ -98,6 +103,49 @@ def build_message(email: OutgoingEmail, sender: str) -> EmailMessage:
     return message
 
 
+class _Deadline:
+    """Gives every command and reply of one exchange what is left of its deadline."""
+
+    sock: socket.socket | None
+
+    def __init__(self, *args: Any, deadline: float, step_seconds: float, **kwargs: Any) -> None:
+        self.deadline = deadline
+        self.step_seconds = step_seconds
+        super().__init__(*args, **kwargs)
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the SMTP exchange ran past its deadline")
+        if self.sock is not None:
+            self.sock.settimeout(min(self.step_seconds, left))
+
+    def send(self, s: Any) -> None:
+        self._arm()
+        super().send(s)  # type: ignore[misc]
+
+    def getreply(self) -> tuple[int, bytes]:
+        self._arm()
+        return super().getreply()  # type: ignore[misc]
+
+
+class _DeadlineSMTP(_Deadline, smtplib.SMTP):
+    pass
+
+
+class _DeadlineSMTPSSL(_Deadline, smtplib.SMTP_SSL):
+    pass
+
+
+def _say_goodbye(client: smtplib.SMTP) -> None:
+    """QUIT, and close whatever it answers: once the server took the message, a bad reply
+    to QUIT must not make it look undelivered (it would be sent again)."""
+    try:
+        client.quit()
+    except (smtplib.SMTPException, OSError):
+        client.close()
+
+
 class SmtpSender:
     """Sends each message over a connection of its own."""
 
@@ -107,12 +155,14 @@ class SmtpSender:
         sender: str,
         *,
         timeout_seconds: float = SMTP_TIMEOUT_SECONDS,
+        delivery_seconds: float = DELIVERY_SECONDS,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.target = target
         self.sender = sender
         self.envelope_sender = parseaddr(sender)[1] or sender
         self.timeout_seconds = timeout_seconds
+        self.delivery_seconds = delivery_seconds
         self._ssl_context = ssl_context
 
     def _context(self) -> ssl.SSLContext:
@@ -122,17 +172,16 @@ class SmtpSender:
         # gethostname, not smtplib's default getfqdn: a reverse lookup may hang for seconds.
         name = socket.gethostname()
         target = self.target
+        limits = {
+            "deadline": time.monotonic() + self.delivery_seconds,
+            "step_seconds": self.timeout_seconds,
+            "timeout": min(self.timeout_seconds, self.delivery_seconds),
+        }
         if target.implicit_tls:
-            return smtplib.SMTP_SSL(
-                target.host,
-                target.port,
-                local_hostname=name,
-                timeout=self.timeout_seconds,
-                context=self._context(),
+            return _DeadlineSMTPSSL(
+                target.host, target.port, local_hostname=name, context=self._context(), **limits
             )
-        return smtplib.SMTP(
-            target.host, target.port, local_hostname=name, timeout=self.timeout_seconds
-        )
+        return _DeadlineSMTP(target.host, target.port, local_hostname=name, **limits)
 
     def send(self, email: OutgoingEmail) -> list[str]:
         """Deliver `email`; the recipients the server refused (others were accepted)."""
@@ -162,7 +211,8 @@ class SmtpSender:
 
     def _send(self, email: OutgoingEmail) -> list[str]:
         message = build_message(email, self.sender)
-        with self._connect() as client:
+        client = self._connect()
+        try:
             client.ehlo()
             encrypted = self.target.implicit_tls
             if not encrypted and client.has_extn("starttls"):
@@ -179,6 +229,8 @@ class SmtpSender:
             refused = client.send_message(
                 message, from_addr=self.envelope_sender, to_addrs=email.recipients
             )
+        finally:
+            _say_goodbye(client)
         return sorted(refused)
 
     def _safe(self, text: str) -> str:

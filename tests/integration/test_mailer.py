@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -15,7 +16,7 @@ from orquestador.errors import ConfigError
 from orquestador.notices.factory import mailer_loop
 from orquestador.notices.mailer import Backoff, MailerHooks
 from orquestador.notices.outbox import claim_due_emails
-from orquestador.notices.smtp import SmtpTarget
+from orquestador.notices.smtp import DeliveryFailed, OutgoingEmail, SmtpTarget
 from orquestador.notices.writing import message_id_for
 from tests.integration.notice_support import (
     RECIPIENTS,
@@ -29,7 +30,13 @@ from tests.integration.notice_support import (
     set_preferences,
 )
 from tests.integration.worker_support import wait_until
-from tests.smtp_sink import SmtpSink, free_port, running_sink, self_signed_certificate
+from tests.smtp_sink import (
+    SmtpSink,
+    free_port,
+    running_sink,
+    self_signed_certificate,
+    trickling_server,
+)
 
 
 def _sent(engine) -> bool:
@@ -227,3 +234,30 @@ def test_smtp_url_forms():
         "p/ss",
     )
     assert "p/ss" not in repr(secure) and secure.describe() == "smtps://mail.example.com:2465"
+
+
+def test_a_server_that_trickles_cannot_hold_a_message_past_the_exchange_deadline():
+    email = OutgoingEmail("<x@orquestador>", ["ops@example.com"], "Subject", "Body")
+    with trickling_server(0.15) as port:
+        patient = sender_for(f"smtp://127.0.0.1:{port}", timeout_seconds=1, delivery_seconds=10)
+        assert patient.send(email) == []  # every reply comes, only slowly
+        hurried = sender_for(f"smtp://127.0.0.1:{port}", timeout_seconds=1, delivery_seconds=0.5)
+        started = time.monotonic()
+        with pytest.raises(DeliveryFailed) as failed:
+            hurried.send(email)
+    assert time.monotonic() - started < 1.0
+    # Cut by the deadline: at a command's start, or in the middle of waiting for a reply.
+    text = failed.value.safe_text
+    assert ("deadline" in text or "timed out" in text) and not failed.value.permanent
+
+
+def test_a_mailer_refuses_an_exchange_that_could_outlive_its_lease(runtime_engine):
+    sender = sender_for("smtp://127.0.0.1:25", delivery_seconds=60)
+    with pytest.raises(ValueError, match="lease"):
+        new_mailer(runtime_engine, "", sender=sender, lease_seconds=60)
+
+
+def test_a_bad_answer_to_quit_after_the_message_was_taken_is_still_a_delivery():
+    email = OutgoingEmail("<x@orquestador>", ["ops@example.com"], "Subject", "Body")
+    with trickling_server(0, quit_reply=b"554 what now") as port:
+        assert sender_for(f"smtp://127.0.0.1:{port}").send(email) == []
