@@ -505,7 +505,8 @@ class _ExecutionRun:
                 message,
             )
         except PermanentError as exc:
-            _timed(adapter, "failed", began)
+            if call is not _simulation_unsupported:  # nothing was called: nothing to time
+                _timed(adapter, "failed", began)
             message = attempt_message(exc, inputs)
             log.info(
                 "action failed permanently: %s",
