@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +12,8 @@ import pytest
 from api_support import OTHER_ORG, Api, problem, running_api
 from automation_support import AUTOMATION_SCOPES, count, moment_flow
 from sqlalchemy import Engine, text
+
+from orquestador.serve import serve_in_thread
 
 EVENT = {
     "id": "evt-1",
@@ -135,23 +139,31 @@ def test_sixteen_concurrent_deliveries_start_one_execution(
     api: Api, runtime_engine: Engine
 ) -> None:
     _bind(api)
+    server, _ = serve_in_thread(api.app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.server_port}/api/v1/events"
+    headers = {**_headers(api), "Content-Type": "application/json"}
     barrier = threading.Barrier(16)
     answers: list[tuple[int, Any]] = []
     lock = threading.Lock()
 
     def deliver() -> None:
-        client = api.client()
-        headers = _headers(api)
-        barrier.wait()
-        response = client.post("/api/v1/events", json=EVENT, headers=headers)
+        request = urllib.request.Request(
+            url, data=json.dumps(EVENT).encode(), headers=headers, method="POST"
+        )
+        barrier.wait(timeout=30)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = (response.status, json.loads(response.read()))
         with lock:
-            answers.append((response.status_code, response.get_json()))
+            answers.append(answer)
 
     threads = [threading.Thread(target=deliver) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=90)
+    finally:
+        server.shutdown()
 
     assert len(answers) == 16
     assert {status for status, _ in answers} == {202}
