@@ -164,3 +164,25 @@ def test_a_command_outside_the_allow_list_takes_the_error_exit_and_writes_nothin
     assert exit_row.detail["errorCode"] == "COMMAND_NOT_ALLOWED"
     with runtime_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM machine_command")).scalar() == 0
+
+
+def test_a_dry_run_touches_no_machine_and_says_what_it_would_have_sent(
+    worker: Worker, runtime_engine: Engine
+) -> None:
+    execution_id = start_execution(
+        runtime_engine, decommission(60), {"machineId": "m-1"}, simulation=True
+    )
+
+    wait_until(status_is(runtime_engine, execution_id, "SUCCEEDED", "FAILED"), what="the dry run")
+    row = execution(runtime_engine, execution_id)
+    assert (row.status, row.result["toState"]) == ("SUCCEEDED", "done")
+    with runtime_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM machine_command")).scalar() == 0
+        observed = conn.execute(
+            text(
+                "SELECT observed FROM action_execution "
+                "WHERE execution_id = :id AND action_id = 'send'"
+            ),
+            {"id": execution_id},
+        ).scalar_one()
+    assert observed == {"summary": "would send poweroff to machine m-1"}
