@@ -31,7 +31,15 @@ declare how values of several processes combine (``multiprocess_mode``).
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import Counter, Gauge, Histogram
+
+# In multiprocess mode each metric opens its file in PROMETHEUS_MULTIPROC_DIR as it is
+# made, so the directory must exist by now (gunicorn's start hook also empties it).
+_MULTIPROCESS_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
+if _MULTIPROCESS_DIR:
+    os.makedirs(_MULTIPROCESS_DIR, exist_ok=True)
 
 NAMESPACE = "orquestador"
 

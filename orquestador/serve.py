@@ -22,7 +22,7 @@ from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.workers.gthread import ThreadWorker
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from orquestador.api.app import (
+from orquestador.api.limits import (
     MAX_HEADER_FIELD_BYTES,
     MAX_HEADER_FIELDS,
     MAX_REQUEST_LINE_BYTES,

@@ -27,16 +27,18 @@ from orquestador.api.auth import TokenVerifier
 from orquestador.api.capabilities import KnowsCapabilities, capability_checker
 from orquestador.api.capability_routes import ADAPTERS_EXTENSION
 from orquestador.api.context import EXTENSION_KEY, ApiContext, LazyEngine
+from orquestador.api.limits import (
+    MAX_HEADER_FIELD_BYTES,
+    MAX_HEADER_FIELDS,
+    MAX_REQUEST_LINE_BYTES,
+)
 from orquestador.api.problems import ApiProblem, register_error_handlers
 from orquestador.config import Settings
 
 log = logging.getLogger(__name__)
 
-# The request head gunicorn accepts (serve.py hands it these). The app checks the same
-# itself, so the development server, whose own limits are looser, answers alike.
-MAX_REQUEST_LINE_BYTES = 4094
-MAX_HEADER_FIELDS = 100
-MAX_HEADER_FIELD_BYTES = 8190  # one "Name: value" line with its CRLF, as gunicorn counts
+# The request head gunicorn accepts (serve.py hands it the same limits). The app checks
+# them itself, so the development server, whose own limits are looser, answers alike.
 
 
 def create_app(

@@ -147,24 +147,36 @@ class Worker:
             loop.start()
 
     def _start_metrics_server(self) -> None:
-        """Prometheus on WORKER_METRICS_PORT (off when empty), on API_HOST's address.
+        """Metrics, /healthz and /readyz on WORKER_METRICS_PORT (off when empty), on API_HOST.
 
         Started first: a busy port fails the start before any work is claimed.
         """
         port = self.settings.worker_metrics_port.strip()
         if not port:
             return
-        from prometheus_client import start_http_server
-
         import orquestador.metrics  # noqa: F401  every series is declared before the first scrape
+        from orquestador.worker.probe import start_probe_server
 
-        self.metrics_server, _thread = start_http_server(int(port), addr=self.settings.api_host)
+        self.metrics_server = start_probe_server(self.settings.api_host, int(port), self.readiness)
         log.info(
             "worker metrics on http://%s:%d/metrics",
             self.settings.api_host,
             self.metrics_port,
             extra={"worker_id": self.worker_id},
         )
+
+    def readiness(self) -> dict[str, bool]:
+        """Each long-lived thread: running, and its last round reached the database."""
+        threads = {
+            "scheduler": self.scheduler.is_alive() and self.scheduler.healthy.is_set(),
+            "heartbeat": self.heartbeat.is_alive() and self.heartbeat.healthy.is_set(),
+        }
+        if self.listener is not None:
+            threads["listener"] = self.listener.is_alive() and self.listener.listening.is_set()
+        for loop in self.loops:
+            name = loop.name.removeprefix("orquestador-")
+            threads[name] = loop.is_alive() and loop.healthy.is_set()
+        return threads
 
     @property
     def metrics_port(self) -> int | None:

@@ -36,6 +36,9 @@ class Heartbeat(threading.Thread):
         self._renew_seconds = renew_seconds
         self._hooks = hooks
         self.stopped = threading.Event()
+        # Cleared while renewals fail: readiness reads it.
+        self.healthy = threading.Event()
+        self.healthy.set()
 
     def run(self) -> None:
         while not self.stopped.wait(self._renew_seconds):
@@ -45,6 +48,8 @@ class Heartbeat(threading.Thread):
         """One renewal round; public so tests can drive it without waiting."""
         held = self._leases.keys()
         if not held:
+            # Nothing to renew is nothing failing: an idle worker is not unready.
+            self.healthy.set()
             return
         if self._hooks.before_renew:
             self._hooks.before_renew(held)
@@ -53,12 +58,14 @@ class Heartbeat(threading.Thread):
             with self._engine.connect() as conn:
                 renewed = renew_leases(conn, self._owner, held, self._lease_seconds)
         except Exception as exc:
+            self.healthy.clear()
             log.warning(
                 "lease renewal failed: %s", error_line(exc), extra={"worker_id": self._owner}
             )
             for claim in self._leases.lose_overdue(time.monotonic()):
                 log.warning("lease presumed lost", extra=claim.log_extra)
             return
+        self.healthy.set()
         self._leases.renewed(renewed, started)
         for key in held:
             if key not in renewed:

@@ -103,6 +103,9 @@ class Scheduler(threading.Thread):
         self._wake = wake
         self._hooks = hooks
         self.stopped = threading.Event()  # set: claim nothing more
+        # Cleared while claims fail (the database away, a grant missing): readiness reads it.
+        self.healthy = threading.Event()
+        self.healthy.set()
         # Under a backlog, claim once this many slots are free (or GATHER_SECONDS passed).
         self._gather = max(1, min(batch, slots.capacity) // 2)
         # A claim that keeps failing (database away, a grant missing) is retried ever
@@ -131,6 +134,7 @@ class Scheduler(threading.Thread):
             except Exception as exc:
                 failures += 1
                 backlog = False
+                self.healthy.clear()
                 self.stopped.wait(self._after_failure(exc, failures))
                 continue
             if failures:
@@ -140,6 +144,7 @@ class Scheduler(threading.Thread):
                     extra={"worker_id": self._owner},
                 )
                 failures = 0
+            self.healthy.set()
             backlog = len(claimed) == wanted
             if not backlog:
                 if self._hooks.before_idle_wait:

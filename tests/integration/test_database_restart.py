@@ -9,6 +9,7 @@ the listener, the heartbeat, the scheduler and the background loops recovered.
 from __future__ import annotations
 
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -75,6 +76,12 @@ def _prepare(server: EmbeddedPostgres) -> tuple[str, str]:
     return owner_url, server.url(DATABASE, user=RUNTIME_ROLE)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _status(url: str, token: str | None = None) -> tuple[int, str]:
     request = urllib.request.Request(url)
     if token:
@@ -115,6 +122,7 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
         worker_renew_seconds=2,
         worker_poll_ms=100,
         maintenance_interval_seconds=1,
+        worker_metrics_port=str(_free_port()),
     )
     worker = Worker(worker_settings, engine, registry_of(reader))
     api_settings = Settings.from_env(
@@ -128,6 +136,7 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
     base = f"http://127.0.0.1:{http.server_port}"
     token = mint_token(api_settings, sub=OWNER, org=ORG, scopes=["requests:read"], ttl_seconds=600)
     one = f"{base}/api/v1/executions/{executions[0]}"
+    worker_ready = f"http://127.0.0.1:{worker_settings.worker_metrics_port}/readyz"
 
     def finished() -> int:
         with owner.connect() as conn:
@@ -144,6 +153,7 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
         wait_until(lambda: finished() >= 8, timeout=60, what="some executions to finish")
         wait_until(worker.listener.listening.is_set, timeout=10, what="the listener")
         wait_until(lambda: worker.maintenance.passes >= 1, timeout=10, what="a maintenance pass")
+        wait_until(lambda: _status(worker_ready)[0] == 200, timeout=30, what="the worker ready")
         gate.clear()  # calls in flight when the server goes away
         time.sleep(0.3)
 
@@ -158,6 +168,8 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
             timeout=10,
             what="the listener to notice",
         )
+        # The worker's readiness names what is failing while the server is away.
+        wait_until(lambda: _status(worker_ready)[0] == 503, timeout=10, what="the worker unready")
         passes_before = worker.maintenance.passes
         time.sleep(max(0.0, 2.0 - (time.monotonic() - outage_started)))
         server.start()
@@ -175,6 +187,7 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
         for loop in worker.loops:
             wait_until(loop.healthy.is_set, timeout=30, what=f"{loop.name} to recover")
         assert worker.scheduler.is_alive() and worker.heartbeat.is_alive()
+        wait_until(lambda: _status(worker_ready)[0] == 200, timeout=30, what="the worker ready")
     finally:
         gate.set()
         worker.stop(30)
