@@ -244,3 +244,28 @@ def test_events_need_the_events_write_scope(api: Api) -> None:
         "/api/v1/events", json=EVENT, headers=api.headers(scopes=["plans:admin"])
     )
     assert response.status_code == 403
+
+
+def test_publishing_a_moment_flow_without_start_is_refused_at_its_path(api: Api) -> None:
+    response = api.post("/flows", moment_flow(start=None), scopes=AUTOMATION_SCOPES)
+    assert response.status_code == 422
+    assert [p["path"] for p in problem(response)["problems"]] == ["/start"]
+
+
+def test_a_bound_flow_stored_before_start_was_required_rejects_its_events(
+    api: Api, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    flow_id = _bind(api)
+    with owner_engine.begin() as connection:
+        # As a flow published by an older version looks: no "start".
+        connection.execute(
+            text("UPDATE flow SET definition = definition - 'start' WHERE id = :id"),
+            {"id": flow_id},
+        )
+
+    response = _post_event(api, EVENT)
+
+    assert response.status_code == 200
+    assert response.get_json()["reason"] == "REJECTED"
+    assert [p["path"] for p in response.get_json()["problems"]] == ["/start"]
+    assert count(runtime_engine, "execution") == 0
