@@ -73,7 +73,12 @@ def test_timeouts_must_be_finite_and_below_the_lease():
 
 
 def test_load_registry_holds_only_noop_by_default_and_loads_operator_modules():
-    assert [a.key for a in load_registry(Settings.from_env({})).adapters()] == ["noop@1"]
+    assert [a.key for a in load_registry(Settings.from_env({})).adapters()] == [
+        "noop@1",
+        "machine.command@1",
+        "machine.wait@1",
+        "notify@1",
+    ]
     module = types.ModuleType("orq_test_operator_adapters")
     module.register = lambda registry: registry.add(_adapter())
     sys.modules[module.__name__] = module
