@@ -41,7 +41,8 @@ import throughput  # noqa: E402  (also puts the repository on sys.path)
 from orquestador.config import sqlalchemy_url  # noqa: E402
 from orquestador.db import embedded  # noqa: E402
 
-DISTRIBUTION_BIN = Path("/usr/lib/postgresql/15/bin")
+# Debian and Ubuntu install each major version's server under this folder.
+DISTRIBUTION_BINS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
 
 def has_pg_stat_statements(bin_dir: Path) -> bool:
@@ -57,7 +58,7 @@ def has_pg_stat_statements(bin_dir: Path) -> bool:
 
 def choose_bin(requested: str) -> Path:
     candidates = [Path(requested)] if requested else []
-    candidates.append(DISTRIBUTION_BIN)
+    candidates.extend(DISTRIBUTION_BINS)
     with contextlib.suppress(embedded.EmbeddedPostgresError):  # the wheel is optional
         candidates.append(embedded._wheel_package() / "pginstall" / "bin")
     for candidate in candidates:
