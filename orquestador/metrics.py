@@ -10,10 +10,10 @@ Callers import the object and update it; nothing else creates metrics. Which to 
   failed, retry, not_ready, unknown, simulated). ``capability`` is the adapter's
   ``name@version`` (a bounded set; never an id or an input value).
 - ``RETRIES_TOTAL.labels(capability=...).inc()``: when a retry is scheduled.
-- ``LEASE_LOST_TOTAL.inc()``: counted by the worker's lease table
-  (orquestador.worker.leases) when it signals a live job to stop: a renewal that no
-  longer matched its row, or a lease the heartbeat could not renew in time. The
-  executor does not count a fenced write again (it follows from the same loss).
+- ``LEASE_LOST_TOTAL.inc()``: once per job that lost its lease: by the executor when a
+  fenced write finds another holder (its run ends LEASE_LOST), else by the worker daemon
+  when the heartbeat stopped the job (a renewal that no longer matched its row, or a
+  lease it could not renew in time) and the job ended without writing.
 - ``CLAIM_BATCH_SIZE.observe(n)``: after each claim statement that returned rows.
 - ``QUEUE_DEPTH.labels(status=...).set(n)``, ``OLDEST_DUE_SECONDS.set(s)``,
   ``RECONCILIATION_REQUIRED.set(n)``, ``EMAIL_OUTBOX_DEPTH.set(n)``: sampled by the

@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.config import Settings
 from orquestador.db.engine import make_engine
+from orquestador.metrics import LEASE_LOST_TOTAL
 from orquestador.queue import Claim
 from orquestador.worker.background import background_loops
 from orquestador.worker.executor import Executor
@@ -30,6 +31,9 @@ from orquestador.worker.messages import error_line
 from orquestador.worker.scheduler import Scheduler, Slots
 
 log = logging.getLogger(__name__)
+
+# How a job ends when it stops without committing anything (executor.run's reports).
+_ENDED_WITHOUT_WRITING = frozenset(("ABANDONED", "LEFT_RUNNING", "ERROR"))
 
 # Job threads check out a connection per execution, many times a second under load;
 # a connection is pinged before use only after sitting idle this long.
@@ -129,7 +133,12 @@ class Worker:
             return "ERROR"
 
     def _job_done(self, claim: Claim, status: str) -> None:
-        self.leases.remove(claim)
+        held = self.leases.remove(claim)
+        # The executor counts a loss its own fenced write found (LEASE_LOST); a job the
+        # heartbeat stopped ends without writing (ABANDONED, LEFT_RUNNING, ERROR) and is
+        # counted here, once. A job that still committed its outcome lost nothing.
+        if held is not None and held.lost and status in _ENDED_WITHOUT_WRITING:
+            LEASE_LOST_TOTAL.inc()
         self.slots.give_back()
         if self.hooks.after_job:
             self.hooks.after_job(claim, status)

@@ -7,7 +7,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from orquestador.metrics import LEASE_LOST_TOTAL
 from orquestador.queue import Claim
 
 LeaseKey = tuple[uuid.UUID, int]
@@ -20,6 +19,9 @@ class HeldLease:
     # Local bound on the lease: if the heartbeat cannot reach the database, the job
     # stops by itself once this passes instead of trusting a lease it cannot renew.
     valid_until: float = 0.0
+    # Set when the heartbeat stopped the job because the lease is gone (not at a drain):
+    # the daemon counts the loss if the job's own end did not already report it.
+    lost: bool = False
 
 
 class HeldLeases:
@@ -40,9 +42,9 @@ class HeldLeases:
             self._held[self.key(claim)] = held
         return held
 
-    def remove(self, claim: Claim) -> None:
+    def remove(self, claim: Claim) -> HeldLease | None:
         with self._lock:
-            self._held.pop(self.key(claim), None)
+            return self._held.pop(self.key(claim), None)
 
     def keys(self) -> list[LeaseKey]:
         with self._lock:
@@ -66,8 +68,7 @@ class HeldLeases:
             held = self._held.get(key)
         if held is None:
             return None
-        if not held.stop.is_set():
-            LEASE_LOST_TOTAL.inc()
+        held.lost = True
         held.stop.set()
         return held.claim
 
@@ -75,8 +76,7 @@ class HeldLeases:
         with self._lock:
             overdue = [h for h in self._held.values() if h.valid_until <= now]
         for held in overdue:
-            if not held.stop.is_set():
-                LEASE_LOST_TOTAL.inc()
+            held.lost = True
             held.stop.set()
         return [held.claim for held in overdue]
 
