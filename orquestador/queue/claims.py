@@ -43,9 +43,9 @@ _CLAIM = text(
     UPDATE execution AS e
     SET status = 'RUNNING',
         -- A wait's next round is the same attempt going on: it spends none. (A holder
-        -- that dies during the round leaves it RUNNING; that reclaim counts.)
+        -- that dies during the round leaves it RUNNING; that reclaim counts.) wait_key
+        -- stays while the round runs, so a wake that lands meanwhile is not lost.
         attempts = e.attempts + CASE WHEN e.status = 'WAITING' THEN 0 ELSE 1 END,
-        wait_key = NULL,
         fencing_token = e.fencing_token + 1,
         lease_owner = :owner,
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),

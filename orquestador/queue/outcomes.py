@@ -126,6 +126,7 @@ _END_EXECUTION = text(
     UPDATE execution AS e
     SET status = :status, result = :result, error_code = :error_code,
         error_detail = :error_detail, lease_owner = NULL, lease_expires_at = NULL,
+        wait_key = NULL,
         finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED') THEN clock_timestamp() END,
         updated_at = clock_timestamp()
     WHERE {FENCE}
@@ -164,7 +165,7 @@ _COMPLETE = text(
     )
     UPDATE execution AS e
     SET status = 'SUCCEEDED', result = :result, error_code = NULL, error_detail = NULL,
-        lease_owner = NULL, lease_expires_at = NULL,
+        lease_owner = NULL, lease_expires_at = NULL, wait_key = NULL,
         finished_at = clock_timestamp(), updated_at = clock_timestamp()
     WHERE {FENCE}
     RETURNING e.id, (SELECT revision FROM moved) AS revision

@@ -111,7 +111,7 @@ _END = text(
     """
     UPDATE execution
     SET status = :status, result = :result, error_code = :error_code,
-        lease_owner = NULL, lease_expires_at = NULL,
+        lease_owner = NULL, lease_expires_at = NULL, wait_key = NULL,
         finished_at = clock_timestamp(), updated_at = clock_timestamp()
     WHERE id = :execution_id
     """

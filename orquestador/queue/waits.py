@@ -45,7 +45,13 @@ _PARK = text(
     )
     UPDATE execution AS e
     SET status = 'WAITING', wait_key = :wait_key,
-        next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
+        -- A wake on the same key that landed while this round ran (after its claim) may
+        -- be what the round did not see: due at once instead of after the delay.
+        next_attempt_at = CASE
+            WHEN e.wait_key = :wait_key AND e.next_attempt_at > :claimed_at
+            THEN clock_timestamp()
+            ELSE clock_timestamp() + make_interval(secs => :delay_seconds)
+        END,
         lease_owner = NULL, lease_expires_at = NULL, error_code = NULL,
         updated_at = clock_timestamp()
     FROM paused
@@ -55,11 +61,22 @@ _PARK = text(
 ).bindparams(bindparam("observed", type_=JSONB_VALUE))
 
 # Due now: the claim takes a WAITING row once next_attempt_at has passed, so moving it
-# to the present is all a wake needs.
+# to the present is all a wake needs. A round already RUNNING on the same key (a wait's
+# second round or later keeps its key while it runs) is marked the same way: its park
+# then sees the wake came after its claim and makes it due at once. Each UPDATE reads
+# through a partial index of its own status (few RUNNING rows, one per busy slot).
 _WAKE = text(
     """
-    UPDATE execution SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE status = 'WAITING' AND wait_key = :wait_key
+    WITH waiting AS (
+        UPDATE execution SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+        WHERE status = 'WAITING' AND wait_key = :wait_key
+        RETURNING id
+    ), running AS (
+        UPDATE execution SET next_attempt_at = clock_timestamp()
+        WHERE status = 'RUNNING' AND wait_key = :wait_key
+        RETURNING id
+    )
+    SELECT (SELECT count(*) FROM waiting) AS woken, (SELECT count(*) FROM running) AS marked
     """
 )
 
@@ -87,6 +104,7 @@ def park_waiting(
                 "action_id": action_id,
                 "wait_key": wait_key,
                 "delay_seconds": float(check_again_in),
+                "claimed_at": claim.claimed_at,
                 "observed": observed or None,
             },
         ).first()
@@ -106,10 +124,12 @@ def wake_waiting(conn: Connection, wait_key: str) -> int:
     Runs in the caller's transaction, so the wake commits with the change that caused it
     (a command's new status, say). Workers hear of it through the ready channel once the
     transaction commits; no notification when nothing waits on the key. A change that
-    lands while the execution is still RUNNING its round (not yet WAITING) wakes
-    nothing: that round parks until its own `check_again_in`, which bounds the delay.
+    lands while a later round on the same key runs makes that round's park due at once.
+    Only a first round, whose key nobody knows before the adapter names it, can miss a
+    change that lands between its read and its park: it waits its own `check_again_in`,
+    which bounds that delay.
     """
-    woken = conn.execute(_WAKE, {"wait_key": wait_key}).rowcount
+    woken = int(conn.execute(_WAKE, {"wait_key": wait_key}).one().woken)
     if woken:
         conn.execute(_NOTIFY, {"channel": EXECUTION_READY_CHANNEL})
     return woken

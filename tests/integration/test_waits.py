@@ -153,6 +153,49 @@ def test_twenty_not_ready_rounds_spend_no_attempt_and_keep_the_first_start(runti
     assert not audit(runtime_engine, eid, "RETRY_SCHEDULED")
 
 
+def test_a_wake_that_lands_while_a_later_round_runs_is_not_lost(runtime_engine):
+    key = "machine_command:c5"
+
+    def poll(ctx):
+        if len(wait.calls) == 2:
+            # The command's status changes while this round runs, after its read: the
+            # execution is RUNNING, not WAITING, when the wake comes.
+            with runtime_engine.begin() as conn:
+                assert wake_waiting(conn, key) == 0
+                assert wake_waiting(conn, "machine_command:other") == 0
+        if len(wait.calls) <= 2:
+            raise NotReady(3600, wait_key=key)
+        return {"status": "succeeded"}
+
+    wait = Double("test.wait", Effect.READ_ONLY, output=poll)
+    executor = Executor(registry_of(wait), settings())
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.wait")]))
+    assert run_once(runtime_engine, executor) == "WAITING"
+    assert _nothing_due(runtime_engine)
+    make_due(runtime_engine, eid)
+    assert run_once(runtime_engine, executor) == "WAITING"
+    # Due at once, not an hour later: the next claim takes it without any help.
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    assert len(wait.calls) == 3
+    assert execution(runtime_engine, eid).wait_key is None
+
+
+def test_a_wake_on_another_key_during_a_round_changes_nothing(runtime_engine):
+    def poll(ctx):
+        if len(wait.calls) == 2:
+            with runtime_engine.begin() as conn:
+                wake_waiting(conn, "machine_command:other")
+        raise NotReady(3600, wait_key="machine_command:mine")
+
+    wait = Double("test.wait", Effect.READ_ONLY, output=poll)
+    executor = Executor(registry_of(wait), settings())
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.wait")]))
+    assert run_once(runtime_engine, executor) == "WAITING"
+    make_due(runtime_engine, eid)
+    assert run_once(runtime_engine, executor) == "WAITING"
+    assert _nothing_due(runtime_engine)
+
+
 def test_a_failed_round_spends_an_attempt_and_the_retry_keeps_the_first_start(runtime_engine):
     calls = []
 
