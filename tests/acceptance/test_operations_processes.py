@@ -294,6 +294,11 @@ def test_metrics_and_json_logs_of_a_run_that_used_secrets(
     assert _samples(text, "orquestador_claim_batch_size_count")[""] >= 3  # first try + 2 retries
     assert _samples(text, "orquestador_queue_depth")['status="PENDING"'] == 0.0
     assert _samples(text, "orquestador_lease_lost_total")[""] == 0.0
+    # Two 503 answers: two retries of that capability, then one success.
+    assert _samples(text, "orquestador_retries_total") == {'capability="test.echo@1"': 2.0}
+    assert _samples(text, "orquestador_executions_total")['status="SUCCEEDED"'] == 1.0
+    calls = _samples(text, "orquestador_action_duration_seconds_count")
+    assert sum(calls.values()) == 3.0
 
     for process in (api, worker):
         process.send_signal(signal.SIGTERM)
