@@ -13,6 +13,7 @@ import smtplib
 import socket
 import ssl
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
@@ -89,11 +90,22 @@ class OutgoingEmail:
     body: str
 
 
+def one_line(text: str) -> str:
+    """`text` fit for a header: every control character and line separator becomes a space.
+
+    notify@1 refuses such titles; this keeps any other writer's row from poisoning the
+    outbox with a message that cannot be built.
+    """
+    return "".join(
+        " " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text
+    ).strip()
+
+
 def build_message(email: OutgoingEmail, sender: str) -> EmailMessage:
     message = EmailMessage()
     message["From"] = sender
     message["To"] = ", ".join(email.recipients)
-    message["Subject"] = email.subject
+    message["Subject"] = one_line(email.subject)
     # The same on every delivery of this notice: receivers deduplicate by it.
     message["Message-ID"] = email.message_id
     message["Date"] = formatdate(usegmt=True)
@@ -210,7 +222,14 @@ class SmtpSender:
             ) from None
 
     def _send(self, email: OutgoingEmail) -> list[str]:
-        message = build_message(email, self.sender)
+        try:
+            message = build_message(email, self.sender)
+        except (ValueError, TypeError) as exc:
+            # No server will ever take it: give the row up instead of retrying it.
+            raise DeliveryFailed(
+                self._safe(f"the message cannot be built: {type(exc).__name__}: {exc}"),
+                permanent=True,
+            ) from None
         client = self._connect()
         try:
             client.ehlo()

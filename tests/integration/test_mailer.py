@@ -261,3 +261,21 @@ def test_a_bad_answer_to_quit_after_the_message_was_taken_is_still_a_delivery():
     email = OutgoingEmail("<x@orquestador>", ["ops@example.com"], "Subject", "Body")
     with trickling_server(0, quit_reply=b"554 what now") as port:
         assert sender_for(f"smtp://127.0.0.1:{port}").send(email) == []
+
+
+def test_a_subject_or_body_of_any_script_arrives_as_written_on_one_line():
+    title = "Máquina m-1 reinstalada ✓ \u2028 (line separator made a space)"
+    body = "Olá,\nmundo ✓\n" + "y" * 2000
+    with running_sink() as sink:
+        sender_for(sink.url).send(OutgoingEmail("<u@orquestador>", RECIPIENTS, title, body))
+        [received] = sink.wait_for(1)
+    assert received.message["Subject"] == title.replace("\u2028", " ")
+    # Lines travel as CRLF, as SMTP wants them.
+    assert received.message.get_content().replace("\r\n", "\n").rstrip("\n") == body
+
+
+def test_a_message_that_cannot_be_built_is_given_up_not_retried():
+    sender = sender_for("smtp://127.0.0.1:9")  # never reached
+    with pytest.raises(DeliveryFailed) as failed:
+        sender.send(OutgoingEmail("<bad\n@orquestador>", RECIPIENTS, "Subject", "Body"))
+    assert failed.value.permanent

@@ -237,6 +237,8 @@ def test_a_simulated_execution_mails_nobody(runtime_engine, worker, sink):
     ("inputs", "path"),
     [
         ({"title": "two\r\nlines", "body": ""}, "/title"),
+        ({"title": "two\u2028lines", "body": ""}, "/title"),
+        ({"title": "bell\x07", "body": ""}, "/title"),
         ({"title": "", "body": ""}, "/title"),
         ({"title": "t", "body": "nul\x00"}, "/body"),
         ({"title": "t", "body": "", "severity": "loud"}, "/severity"),

@@ -27,12 +27,13 @@ MAX_BODY_CHARACTERS = 20_000
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        # The title becomes the e-mail's Subject: one line, no control characters.
+        # The title becomes the e-mail's Subject: one line, so no control characters and
+        # none of the line and paragraph separators a header cannot hold.
         "title": {
             "type": "string",
             "minLength": 1,
             "maxLength": MAX_TITLE_CHARACTERS,
-            "pattern": "^[^\\x00-\\x1f\\x7f]*$",
+            "pattern": "^[^\\x00-\\x1f\\x7f\\x{85}\\x{2028}\\x{2029}]*$",
         },
         # PostgreSQL text cannot hold NUL; line breaks are welcome.
         "body": {"type": "string", "maxLength": MAX_BODY_CHARACTERS, "pattern": "^[^\\x00]*$"},
