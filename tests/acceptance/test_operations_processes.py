@@ -288,7 +288,8 @@ def test_metrics_and_json_logs_of_a_run_that_used_secrets(
     def sampled() -> str | None:
         text = _call(worker_metrics)[1]
         leader = _samples(text or "", "orquestador_maintenance_leader")
-        return text if leader.get("") == 1.0 else None
+        depth = _samples(text or "", "orquestador_queue_depth")
+        return text if leader.get("") == 1.0 and depth else None
 
     text = _wait_for(sampled, 30, "the maintenance leader's first pass")
     assert _samples(text, "orquestador_claim_batch_size_count")[""] >= 3  # first try + 2 retries
