@@ -202,6 +202,47 @@ def defines(k: int) -> list[str]:
     return [arg for name, value in values.items() for arg in ("-D", f"{name}={value}")]
 
 
+def batched_rates(
+    dsn: str, shapes: list[tuple[int, int]], seconds: int, runs: int, rows: int
+) -> list[dict]:
+    """Median executions/s of the batched script for each (clients, k), on a scratch
+    database migrated the usual way and refilled by baseline_setup.sql before each run."""
+    name = f"bench_batched_{uuid.uuid4().hex[:8]}"
+    throughput.admin(dsn, f'CREATE DATABASE "{name}"')
+    url = throughput.with_database(dsn, name)
+    target = throughput.libpq(url)
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    results = []
+    try:
+        migrate.upgrade(migrate.alembic_config(url=url, runtime_role=None))
+        definition = json.dumps(protocol_script.flow_definition())
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "batched.pgb"
+            path.write_text(script() + "\n")
+            for clients, k in shapes:
+                rates = []
+                for _ in range(runs):
+                    throughput.psql_file(
+                        target, HERE / "baseline_setup.sql", nrows=str(rows), definition=definition
+                    )
+                    throughput.pgbench_rate(target, seconds, clients, path, defines(k))
+                    with engine.connect() as conn:
+                        done, steps, audits, released = conn.execute(_WRITTEN).one()
+                    if not done or not (done == steps == audits == released):
+                        # Every finished execution must have all of its rows: a sketch
+                        # that loses a write would measure the wrong thing.
+                        raise RuntimeError(
+                            f"{clients}x{k}: {done} executions, {steps} checkpoints, "
+                            f"{audits} audit rows, {released} requests moved"
+                        )
+                    rates.append(done / seconds)
+                results.append({"clients": clients, "k": k, "rate": statistics.median(rates)})
+    finally:
+        engine.dispose()
+        throughput.admin(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -221,57 +262,16 @@ def main() -> int:
 
     ceiling = throughput.same_protocol_baseline(args.dsn, args.seconds, args.runs, 10, 60_000)
     print(f"one at a time, the product's statements, 10 clients: {ceiling:.0f}/s", flush=True)
-    name = f"bench_batched_{uuid.uuid4().hex[:8]}"
-    throughput.admin(args.dsn, f'CREATE DATABASE "{name}"')
-    url = throughput.with_database(args.dsn, name)
-    target = throughput.libpq(url)
-    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
-    results = []
-    try:
-        migrate.upgrade(migrate.alembic_config(url=url, runtime_role=None))
-        definition = json.dumps(protocol_script.flow_definition())
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "batched.pgb"
-            path.write_text(script() + "\n")
-            for shape in args.shapes.split(","):
-                clients, k = (int(x) for x in shape.split("x"))
-                rates = []
-                for _ in range(args.runs):
-                    throughput.psql_file(
-                        target,
-                        HERE / "baseline_setup.sql",
-                        nrows=str(args.rows),
-                        definition=definition,
-                    )
-                    throughput.pgbench_rate(target, args.seconds, clients, path, defines(k))
-                    with engine.connect() as conn:
-                        done, steps, audits, released = conn.execute(_WRITTEN).one()
-                    if not done or not (done == steps == audits == released):
-                        # Every finished execution must have all of its rows: a sketch
-                        # that loses a write would measure the wrong thing.
-                        raise RuntimeError(
-                            f"{shape}: {done} executions, {steps} checkpoints, "
-                            f"{audits} audit rows, {released} requests moved"
-                        )
-                    rates.append(done / args.seconds)
-                rate = statistics.median(rates)
-                row = {
-                    "clients": clients,
-                    "k": k,
-                    "rate": round(rate),
-                    "of_ceiling": rate / ceiling,
-                }
-                results.append(row)
-                print(json.dumps(row), flush=True)
-    finally:
-        engine.dispose()
-        throughput.admin(args.dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
+    results = batched_rates(args.dsn, shapes, args.seconds, args.runs, args.rows)
     print()
     print("| pgbench clients | executions per statement (k) | executions/s | of one-at-a-time |")
     print("|---|---|---|---|")
     print(f"| 10 | 1 (the product's statements) | {ceiling:,.0f} | 1 |")
     for row in results:
-        print(f"| {row['clients']} | {row['k']} | {row['rate']:,} | {row['of_ceiling']:.2f} |")
+        print(
+            f"| {row['clients']} | {row['k']} | {row['rate']:,.0f} | {row['rate'] / ceiling:.2f} |"
+        )
     return 0
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import batched_protocol  # noqa: E402
 import throughput  # noqa: E402  (also puts the repository on sys.path)
 
 PGQUEUER = "pgqueuer[asyncpg]==1.6.0"
@@ -220,6 +221,11 @@ def main() -> int:
     parser.add_argument(
         "--processes", default="4", help="extra one-action runs with these worker counts"
     )
+    parser.add_argument(
+        "--batched",
+        default="2x5",
+        help="pgbench clients x executions per statement of batched_protocol.py; empty skips",
+    )
     parser.add_argument("--baseline-seconds", type=int, default=10)
     parser.add_argument("--baseline-runs", type=int, default=3)
     parser.add_argument("--idle-count", type=int, default=200)
@@ -243,6 +249,11 @@ def main() -> int:
         print(f"same-protocol pgbench ceiling: {same:.0f}/s", flush=True)
         reference = throughput.reference_baseline(dsn, *timing, HERE / "reference")
         print(f"reference pgbench ceiling: {reference:.0f}/s", flush=True)
+        batched = []
+        if args.batched:
+            shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.batched.split(",")]
+            batched = batched_protocol.batched_rates(dsn, shapes, *timing[:2], 100_000)
+            print("batched pgbench ceiling:", json.dumps(batched), flush=True)
         pgq = run_peer(python, folder / "pgqueuer_runner.py", dsn, args.pgqueuer_n, "pgqueuer")
         print("pgqueuer:", json.dumps(pgq), flush=True)
         ours: dict[str, dict] = {}
@@ -267,8 +278,18 @@ def main() -> int:
     cpu = lambda r: f"{r['worker_cpu_ms_per_job']:.2f} / {r['backend_cpu_ms_per_execution']:.2f}"  # noqa: E731
     rows = [
         ("measurement", "rate", "ratio", "CPU ms per job: worker / its backends"),
-        ("pgbench, same-protocol ceiling (10 clients)", f"{same:,.0f}/s", "", ""),
+        ("pgbench, our protocol one execution at a time (10 clients)", f"{same:,.0f}/s", "", ""),
         ("pgbench, reference queue ceiling (10 clients)", f"{reference:,.0f}/s", "", ""),
+        *(
+            (
+                f"pgbench, our protocol {b['k']} executions per statement ({b['clients']} "
+                "clients; batched_protocol.py)",
+                f"{b['rate']:,.0f}/s",
+                f"{b['rate'] / same:.2f} of the one-at-a-time ceiling",
+                "",
+            )
+            for b in batched
+        ),
         (
             "PgQueuer 1.6.0, concurrency_limit=10, no-op",
             f"{pgq['rate']:,.0f}/s",
