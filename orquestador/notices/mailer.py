@@ -109,6 +109,14 @@ class Mailer(Loop):
             with self.engine.connect() as conn:
                 self._failed(conn, email, exc)
             return
+        except Exception as exc:
+            # Unforeseen: counted like any failed delivery, so the bound still applies
+            # and one row cannot stall the loop. Only the class: the text may hold data.
+            log.exception("e-mail delivery raised %s", type(exc).__name__, extra=email.log_extra)
+            unforeseen = DeliveryFailed(f"unexpected {type(exc).__name__}", permanent=False)
+            with self.engine.connect() as conn:
+                self._failed(conn, email, unforeseen)
+            return
         if self.hooks.after_send:
             self.hooks.after_send(email)
         with self.engine.connect() as conn:

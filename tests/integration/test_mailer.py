@@ -279,3 +279,23 @@ def test_a_message_that_cannot_be_built_is_given_up_not_retried():
     with pytest.raises(DeliveryFailed) as failed:
         sender.send(OutgoingEmail("<bad\n@orquestador>", RECIPIENTS, "Subject", "Body"))
     assert failed.value.permanent
+
+
+def test_an_unforeseen_error_counts_as_a_failed_attempt_and_the_bound_holds(runtime_engine):
+    set_preferences(runtime_engine)
+    queue_email(runtime_engine)
+
+    class Broken:
+        delivery_seconds = 1.0
+
+        def send(self, email):
+            raise RuntimeError("something nobody planned for")
+
+    mailer = new_mailer(
+        runtime_engine, "", sender=Broken(), max_attempts=2, backoff=Backoff(0.05, 0.1)
+    )
+    with running(mailer):
+        wait_until(lambda: outbox(runtime_engine)[0].status == "failed", what="given up")
+    [row] = outbox(runtime_engine)
+    assert (row.attempts, row.last_error) == (2, "unexpected RuntimeError")
+    assert mailer.healthy.is_set()
