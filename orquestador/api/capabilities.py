@@ -22,8 +22,8 @@ def capability_checker(
     """The publishing check of each action's capability; with no registry, the configured one.
 
     A capability the registry does not know is refused. So is an adapter that runs
-    only in dry runs (NO_OP): dry runs are not available yet, so a published flow
-    naming it could only fail SIMULATION_ONLY at run time. A stand-in registry that
+    only in simulation (NO_OP, for benchmarks): a published flow naming it could only
+    fail SIMULATION_ONLY when run for real. A stand-in registry that
     only answers `knows` has no adapters, hence none that runs only in dry runs.
     """
     known = registry if registry is not None else load_registry(settings)
@@ -33,8 +33,8 @@ def capability_checker(
             return f"unknown capability {capability} version {version}"
         if isinstance(known, AdapterRegistry) and known.get(capability, version).simulation_only:
             return (
-                f"{capability} version {version} runs only in dry runs, which are not "
-                "available yet; a published flow cannot use it"
+                f"{capability} version {version} only simulates and never runs for real;"
+                " a published flow cannot use it"
             )
         return None
 

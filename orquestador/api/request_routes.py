@@ -157,9 +157,11 @@ def transition(request_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
         raise ApiProblem(
             422,
             "SIMULATION_NOT_AVAILABLE",
-            'Dry runs are not available yet; leave out "simulation" to run the '
-            "transition for real.",
-            problems=[Problem("/simulation", "dry runs are not available yet")],
+            "A request's transition always runs for real; a dry run starts from the "
+            'flow (POST /flows/{flowId}/dry-runs). Leave out "simulation".',
+            problems=[
+                Problem("/simulation", "dry runs start from the flow: POST /flows/{id}/dry-runs")
+            ],
         )
     command = TransitionCommand(
         request_id=request_id,

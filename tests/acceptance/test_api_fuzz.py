@@ -30,6 +30,10 @@ SCOPES = [
     "requests:read-all",
     "executions:reconcile",
     "executions:cancel",
+    "plans:admin",
+    "events:write",
+    "notices:read",
+    "org:admin",
 ]
 
 FLOW = {

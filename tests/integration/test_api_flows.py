@@ -169,8 +169,8 @@ def test_a_flow_naming_a_dry_run_only_adapter_is_refused_at_its_path(database) -
     assert body["problems"] == [
         {
             "path": "/transitions/0/actions/0/capability",
-            "message": "noop version 1 runs only in dry runs, which are not available yet; "
-            "a published flow cannot use it",
+            "message": "noop version 1 only simulates and never runs for real;"
+            " a published flow cannot use it",
         }
     ]
 

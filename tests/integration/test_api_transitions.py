@@ -99,9 +99,12 @@ def test_a_dry_run_is_refused_until_dry_runs_exist_and_nothing_moves(
     assert response.status_code == 422
     refused = problem(response)
     assert refused["code"] == "SIMULATION_NOT_AVAILABLE"
-    assert "not available yet" in refused["detail"]
+    assert "/dry-runs" in refused["detail"]
     assert refused["problems"] == [
-        {"path": "/simulation", "message": "dry runs are not available yet"}
+        {
+            "path": "/simulation",
+            "message": "dry runs start from the flow: POST /flows/{id}/dry-runs",
+        }
     ]
     assert _executions(runtime_engine, request_id) == []
     after = api.get(f"/requests/{request_id}").get_json()

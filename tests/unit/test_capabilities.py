@@ -16,8 +16,7 @@ def test_the_configured_registry_refuses_unknown_capabilities_and_dry_run_only_a
     problem = capability_checker(Settings.from_env({}))
     assert problem("acme.invoice", 1) == "unknown capability acme.invoice version 1"
     assert problem("noop", 1) == (
-        "noop version 1 runs only in dry runs, which are not available yet; "
-        "a published flow cannot use it"
+        "noop version 1 only simulates and never runs for real; a published flow cannot use it"
     )
 
 

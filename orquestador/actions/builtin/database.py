@@ -10,6 +10,14 @@ from orquestador.db.engine import make_engine
 
 # Adapter calls run on the worker's call threads; a few connections serve them.
 POOL_SIZE = 4
+# A built-in's call is a statement or two; it must still stay below any lease the operator
+# chose, or the worker would refuse to start.
+BUILTIN_TIMEOUT_SECONDS = 10.0
+
+
+def builtin_timeout_seconds(lease_seconds: float) -> float:
+    """The timeout of a built-in adapter's call: 10 s, or half the lease when that is less."""
+    return min(BUILTIN_TIMEOUT_SECONDS, lease_seconds / 2)
 
 
 class BuiltinDatabase:

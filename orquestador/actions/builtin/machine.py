@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from orquestador.actions.builtin.database import BuiltinDatabase
+from orquestador.actions.builtin.database import BuiltinDatabase, builtin_timeout_seconds
 from orquestador.actions.contracts import ActionContext, Adapter, Effect
 from orquestador.actions.errors import NotReady, PermanentError
 from orquestador.actions.registry import AdapterRegistry
@@ -181,7 +181,7 @@ def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDat
             effect=Effect.IDEMPOTENT_WRITE,
             input_schema=COMMAND_INPUT,
             output_schema=COMMAND_OUTPUT,
-            timeout_seconds=10,
+            timeout_seconds=builtin_timeout_seconds(settings.worker_lease_seconds),
             max_attempts=3,
             invoke=adapters.send,
             simulate=adapters.simulate_send,
@@ -194,7 +194,7 @@ def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDat
             effect=Effect.READ_ONLY,
             input_schema=WAIT_INPUT,
             output_schema=WAIT_OUTPUT,
-            timeout_seconds=10,
+            timeout_seconds=builtin_timeout_seconds(settings.worker_lease_seconds),
             max_attempts=3,
             invoke=adapters.wait,
             simulate=adapters.simulate_wait,
