@@ -149,7 +149,13 @@ EXECUTION: dict[str, Any] = {
                 "additionalProperties": False,
                 "properties": {
                     "actionId": {"type": "string"},
-                    "status": {"enum": ["RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN"]},
+                    "status": {
+                        "enum": ["RUNNING", "WAITING", "SUCCEEDED", "FAILED", "UNKNOWN"],
+                        "description": (
+                            "WAITING: a durable wait between its rounds (the execution is"
+                            " WAITING); it has not failed."
+                        ),
+                    },
                     "startedAt": _TIMESTAMP,
                     "finishedAt": _TIMESTAMP,
                     "errorCode": {"type": "string"},

@@ -10,11 +10,15 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from orquestador.queue.waits import NOT_READY
+
 API_PREFIX = "/api/v1"
 
 # ExecutionView shows at most these keys of execution.result: the business outcome,
 # never raw provider output.
 _RESULT_KEYS = {"outcome": "outcome", "toState": "toState"}
+
+_UNFINISHED = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 
 
 def timestamp(value: datetime | None) -> str | None:
@@ -205,7 +209,10 @@ def execution_view(
         by_action.setdefault(attempt.action_id, []).append(attempt)
     body["steps"] = [
         _step_view(
-            step, by_action.get(step.action_id, []), row.next_attempt_at if waiting else None
+            step,
+            by_action.get(step.action_id, []),
+            row.next_attempt_at if waiting else None,
+            paused=row.status in _UNFINISHED,
         )
         for step in steps
     ]
@@ -335,8 +342,18 @@ def _history(step: Row, ended: list[Row]) -> list[dict[str, Any]]:
     return history
 
 
-def _step_view(step: Row, ended: list[Row], next_attempt_at: datetime | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"actionId": step.action_id, "status": step.status}
+def _step_view(
+    step: Row, ended: list[Row], next_attempt_at: datetime | None, *, paused: bool = False
+) -> dict[str, Any]:
+    # Between the rounds of a durable wait the checkpoint rests FAILED with NOT_READY;
+    # to a reader of an unfinished execution that step is waiting, not failed.
+    if paused and step.status == "FAILED" and step.error_code == NOT_READY:
+        body: dict[str, Any] = {"actionId": step.action_id, "status": "WAITING"}
+        if step.started_at is not None:
+            body["startedAt"] = timestamp(step.started_at)
+        body["attempts"] = _history(step, ended)
+        return body
+    body = {"actionId": step.action_id, "status": step.status}
     if step.started_at is not None:
         body["startedAt"] = timestamp(step.started_at)
     if step.finished_at is not None:

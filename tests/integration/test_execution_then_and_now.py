@@ -12,6 +12,7 @@ from orquestador.api.schemas import EXECUTION
 from tests.integration.api_support import OTHER_ORG, Api, problem, running_api
 from tests.integration.execution_page_support import (
     SEEN_AT,
+    accepted,
     completed,
     deadline_passed,
     dry_run,
@@ -183,3 +184,30 @@ def test_a_foreign_execution_with_observations_is_the_same_404_as_a_missing_one(
 
     assert foreign.status_code == missing.status_code == 404
     assert problem(foreign) == problem(missing)
+
+
+def test_a_wait_between_its_rounds_reads_waiting_not_failed(api: Api, owner_engine: Engine) -> None:
+    _, _, execution_id = accepted(api)
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+            " fencing_token, input_hash, external_key, effect, capability, adapter_version,"
+            " error_code) VALUES (%s, 'wait', 'FAILED', 1, 1, 'hash', %s, 'READ_ONLY',"
+            " 'machine.wait', 1, 'NOT_READY')",
+            (execution_id, f"{execution_id}:wait"),
+        )
+        connection.exec_driver_sql(
+            "UPDATE execution SET status = 'WAITING', next_attempt_at = now() + interval '30 s'"
+            " WHERE id = %s",
+            (execution_id,),
+        )
+
+    waiting = _step(_view(api, execution_id), "wait")
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "UPDATE execution SET status = 'CANCELLED' WHERE id = %s", (execution_id,)
+        )
+    cancelled = _step(_view(api, execution_id), "wait")
+
+    assert (waiting["status"], "errorCode" in waiting) == ("WAITING", False)
+    assert (cancelled["status"], cancelled["errorCode"]) == ("FAILED", "NOT_READY")
