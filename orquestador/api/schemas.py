@@ -285,7 +285,14 @@ EXECUTION_PAGE: dict[str, Any] = {
     "required": ["items", "next"],
     "additionalProperties": False,
     "properties": {
-        "items": {"type": "array", "items": EXECUTION, "description": "Newest first."},
+        "items": {
+            "type": "array",
+            "items": EXECUTION,
+            "description": (
+                "Newest first. Dry runs (simulated executions) are left out; `simulation=true`"
+                " lists only them."
+            ),
+        },
         "next": {
             "type": ["string", "null"],
             "description": "Pass as `after` for the next page; null on the last page.",
