@@ -12,7 +12,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from orquestador.actions.builtin.database import BuiltinDatabase
+from orquestador.actions.builtin.database import (
+    BUILTIN_TIMEOUT_SECONDS,
+    BuiltinDatabase,
+    builtin_timeout_seconds,
+)
 from orquestador.actions.contracts import ActionContext, Adapter, Effect
 from orquestador.actions.lookup import Found, LookupResult, NotFound
 from orquestador.actions.registry import AdapterRegistry
@@ -54,8 +58,6 @@ OUTPUT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-# One short transaction; far below any lease.
-TIMEOUT_SECONDS = 10.0
 MAX_ATTEMPTS = 5
 
 
@@ -126,7 +128,9 @@ class Notify:
         return Found({"noticeId": str(row.id), "email": row.email})
 
 
-def notify_adapter(database: BuiltinDatabase) -> Adapter:
+def notify_adapter(
+    database: BuiltinDatabase, timeout_seconds: float = BUILTIN_TIMEOUT_SECONDS
+) -> Adapter:
     calls = Notify(database)
     return Adapter(
         capability="notify",
@@ -134,7 +138,8 @@ def notify_adapter(database: BuiltinDatabase) -> Adapter:
         effect=Effect.IDEMPOTENT_WRITE,
         input_schema=INPUT_SCHEMA,
         output_schema=OUTPUT_SCHEMA,
-        timeout_seconds=TIMEOUT_SECONDS,
+        # One short transaction; below any lease.
+        timeout_seconds=timeout_seconds,
         max_attempts=MAX_ATTEMPTS,
         invoke=calls.invoke,
         simulate=calls.simulate,
@@ -143,4 +148,4 @@ def notify_adapter(database: BuiltinDatabase) -> Adapter:
 
 
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
-    registry.add(notify_adapter(database))
+    registry.add(notify_adapter(database, builtin_timeout_seconds(settings.worker_lease_seconds)))
