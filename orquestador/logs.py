@@ -6,6 +6,8 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -113,6 +115,30 @@ def make_formatter(fmt: str, *, colour: bool = False, level: str = "INFO") -> lo
     return TextFormatter(colour=colour, tracebacks_from=tracebacks_from)
 
 
+# Fields every line written in the current context carries (an API request's route and
+# ids): set by the code that knows them, read by ContextFilter on the handler.
+_CONTEXT: ContextVar[Mapping[str, Any] | None] = ContextVar("orquestador_log_context", default=None)
+
+
+def bind_context(**fields: Any) -> Token[Mapping[str, Any] | None]:
+    """Add FIELDS to every line logged in this context until `reset_context(token)`."""
+    return _CONTEXT.set({**(_CONTEXT.get() or {}), **fields})
+
+
+def reset_context(token: Token[Mapping[str, Any] | None]) -> None:
+    _CONTEXT.reset(token)
+
+
+class ContextFilter(logging.Filter):
+    """Copies the bound context into each record; a field given in `extra` wins."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in (_CONTEXT.get() or {}).items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
 def logfmt_value(value: Any) -> str:
     text = value if isinstance(value, str) else str(value)
     if _BARE_VALUE.fullmatch(text):
@@ -137,6 +163,7 @@ def configure(level: str, stream: TextIO | None = None, *, fmt: str = "text") ->
     stream = sys.stderr if stream is None else stream
     handler = logging.StreamHandler(stream)
     handler.setFormatter(make_formatter(fmt, colour=_is_terminal(stream), level=level))
+    handler.addFilter(ContextFilter())
     logging.basicConfig(level=level.upper(), handlers=[handler])
     # Alembic announces each of its plugins at INFO; nobody needs that on every start.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -34,6 +35,7 @@ from orquestador.api.limits import (
 )
 from orquestador.api.problems import ApiProblem, register_error_handlers
 from orquestador.config import Settings
+from orquestador.logs import bind_context, reset_context
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ def create_app(
     app.before_request(_refuse_oversized_head)
     app.after_request(_add_hygiene_headers)
     app.after_request(_record_request_metrics)
+    app.teardown_request(_end_log_context)
     app.register_blueprint(health_routes.blueprint)
     app.register_blueprint(openapi.blueprint)
     # A switched-off group has no routes at all, so it answers the same 404 as any
@@ -133,6 +136,26 @@ UNMATCHED_ROUTE = "unmatched"
 
 def _start_timer() -> None:
     g.orquestador_started = time.perf_counter()
+    # Every line logged while serving names the route and the ids in its path (never the
+    # query string or the body): `execution_id`, `request_id`, `flow_id`, ...
+    rule = request.url_rule
+    fields: dict[str, str] = {
+        "route": rule.rule if rule is not None else UNMATCHED_ROUTE,
+        "method": request.method,
+    }
+    for name, value in (request.view_args or {}).items():
+        if name.endswith("_id"):
+            fields[name] = str(value)
+    g.orquestador_log_context = bind_context(**fields)
+
+
+def _end_log_context(error: BaseException | None) -> None:
+    token = g.pop("orquestador_log_context", None)
+    if token is not None:
+        # A response streamed from another context cannot reset this one; it ends with
+        # the request's own context anyway.
+        with contextlib.suppress(ValueError):
+            reset_context(token)
 
 
 def _record_request_metrics(response: Response) -> Response:
