@@ -145,8 +145,11 @@ def test_the_reconciliation_queue_is_one_click_from_the_list(
     assert link is not None
     queue = client.get(link.group(1).replace("&amp;", "&")).get_data(as_text=True)
 
-    assert parked in queue and other not in queue
-    assert parked in listing and other in listing
+    assert parked[:8] in queue and other[:8] not in queue
+    assert parked[:8] in listing and other[:8] in listing
+    page = text_of(client.get(f"/ui/executions/{parked}").get_data(as_text=True))
+    assert "A person must decide what happened" in page
+    assert f"orquestador executions evidence {parked}" in page
 
 
 def test_every_status_has_a_filter_link() -> None:
