@@ -441,6 +441,16 @@ def _check(args: argparse.Namespace) -> int:
             print(f"orquestador: {problem}", file=sys.stderr)
         if route_problems:
             return 2
+    if settings.smtp_url:
+        from orquestador.errors import ConfigError
+        from orquestador.notices.smtp import SmtpTarget
+
+        try:
+            SmtpTarget.parse(settings.smtp_url)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"orquestador: {problem}", file=sys.stderr)
+            return 2
     problems = unreachable_databases(settings)
     if settings.database_url and not any(p.startswith("DATABASE_URL:") for p in problems):
         problems += runtime_privilege_problems(settings)

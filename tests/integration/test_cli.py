@@ -102,6 +102,13 @@ def test_check_reports_an_unreachable_database() -> None:
     assert result.stderr.startswith("orquestador: DATABASE_URL: cannot connect")
 
 
+def test_check_refuses_an_unusable_smtp_url_without_echoing_its_password() -> None:
+    result = _run(["check"], {"SMTP_URL": "smtp://mailer:s3cret-pw@mail.example.com:587/inbox"})
+    assert result.returncode == 2
+    assert result.stderr.startswith("orquestador: SMTP_URL: ")
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
 def test_check_passes_on_a_migrated_database_with_the_runtime_role(
     empty_database_url: str, runtime_url: str
 ) -> None:
