@@ -128,7 +128,22 @@ def _same_origin() -> bool:
     if not source or source == "null":
         return False
     parts = urlsplit(source)
-    return parts.scheme in ("http", "https") and parts.netloc == request.host
+    # Behind a reverse proxy the Host may be the upstream's; the proxy's X-Forwarded-Host
+    # names the one the browser used. A page of another site can make a browser send
+    # neither header with its own value, so either is safe to compare with.
+    hosts = {request.host, _forwarded("X-Forwarded-Host")}
+    return parts.scheme in ("http", "https") and parts.netloc in hosts - {""}
+
+
+def _forwarded(name: str) -> str:
+    """The first (the client-facing) value of a proxy's X-Forwarded-* header."""
+    return request.headers.get(name, "").split(",")[0].strip()
+
+
+def _over_https() -> bool:
+    # A TLS-terminating proxy says so in X-Forwarded-Proto. Believing it can only make
+    # the cookie stricter (Secure), never send it over plain HTTP.
+    return request.is_secure or _forwarded("X-Forwarded-Proto").lower() == "https"
 
 
 def _require_same_origin() -> None:
@@ -144,7 +159,7 @@ def _forget(response: Response) -> None:
     response.delete_cookie(
         SESSION_COOKIE,
         path="/ui",
-        secure=request.is_secure,
+        secure=_over_https(),
         httponly=True,
         samesite="Strict",
     )
@@ -190,7 +205,7 @@ def login_submit() -> Any:
         SESSION_COOKIE,
         token,
         path="/ui",
-        secure=request.is_secure,
+        secure=_over_https(),
         httponly=True,
         samesite="Strict",
     )

@@ -246,3 +246,21 @@ def test_names_written_by_flow_authors_show_as_text(api: Api, owner_engine: Engi
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<img" not in page
     assert re.search(r"&#34;&gt;&lt;img src=x&gt;|&quot;&gt;&lt;img src=x&gt;", page)
+
+
+def test_behind_a_tls_proxy_the_cookie_is_secure_and_the_public_host_is_the_origin(
+    api: Api,
+) -> None:
+    proxied = {
+        "Host": "orquestador-api:8000",
+        "X-Forwarded-Host": "ops.example.com",
+        "X-Forwarded-Proto": "https",
+        "Origin": "https://ops.example.com",
+    }
+
+    response = _login(api.client(), api.token(), **proxied)
+    foreign = _login(api.client(), api.token(), **{**proxied, "Origin": "https://evil.example"})
+
+    (cookie,) = _set_cookies(response)
+    assert "Secure" in cookie and "HttpOnly" in cookie
+    assert foreign.status_code == 403 and _set_cookies(foreign) == []
