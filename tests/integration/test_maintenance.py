@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ from orquestador.db.engine import make_engine
 from orquestador.metrics import EMAIL_OUTBOX_DEPTH, QUEUE_DEPTH, RECONCILIATION_REQUIRED
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.maintenance import LeaderLock, MaintenanceLoop, PassReport
+from tests.db_support import RUNTIME_ROLE
 from tests.integration.worker_support import (
     ORG,
     accept_transition,
@@ -377,3 +379,33 @@ def test_a_lost_lock_connection_is_lost_leadership(database):
     finally:
         first.release()
         second.release()
+
+
+def test_a_missing_grant_stops_one_tables_retention_not_the_pass(
+    owner_engine, runtime_engine, caplog
+):
+    old_final = _command(owner_engine, "succeeded", 3)
+    with owner_engine.begin() as conn:
+        conn.execute(
+            text(
+                "REVOKE EXECUTE ON FUNCTION orquestador_purge_simulations(interval, integer)"
+                f" FROM {RUNTIME_ROLE}"
+            )
+        )
+    try:
+        with caplog.at_level(logging.WARNING, logger="orquestador.worker.maintenance"):
+            report = _one_pass(runtime_engine, machine_command_retention_days=1)
+    finally:
+        with owner_engine.begin() as conn:
+            conn.execute(
+                text(
+                    "GRANT EXECUTE ON FUNCTION orquestador_purge_simulations(interval, integer)"
+                    f" TO {RUNTIME_ROLE}"
+                )
+            )
+    assert report.deleted["machine_command"] == 1
+    assert report.deleted["request"] == 0
+    assert not _exists(owner_engine, "machine_command", old_final)
+    assert "PENDING" in report.queue_depth  # the gauges were still sampled
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("retention of request")]
+    assert "permission denied" in line.getMessage()
