@@ -8,6 +8,7 @@ the listener, the heartbeat, the scheduler and the background loops recovered.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import tempfile
@@ -49,6 +50,7 @@ RUNTIME_ROLE = "orquestador_restart_runtime"
 DATABASE = "orquestador_restart"
 EXECUTIONS = 40
 JWT_SECRET = "restart-test-signing-key-0123456789"
+SCOPES = ["requests:read", "requests:write", "flows:admin", "executions:reconcile"]
 
 
 @pytest.fixture
@@ -93,6 +95,19 @@ def _status(url: str, token: str | None = None) -> tuple[int, str]:
         return error.code, error.headers.get("Content-Type", "")
 
 
+def _call(method: str, url: str, token: str, body: Any = None) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Content-Type", "")
+
+
 def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostgres) -> None:
     owner_url, runtime_url = _prepare(server)
     engine = make_engine(runtime_url, pool_size=8, ping_after_idle_seconds=1)
@@ -112,9 +127,8 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
         "test.read", Effect.READ_ONLY, output=read, max_attempts=10, timeout_seconds=3
     )
     flow_id = publish_flow(owner, flow_definition([action("r", "test.read")]))
-    executions = [
-        accept_transition(owner, create_request(owner, flow_id)) for _ in range(EXECUTIONS)
-    ]
+    requests = [create_request(owner, flow_id) for _ in range(EXECUTIONS)]
+    executions = [accept_transition(owner, request_id) for request_id in requests]
 
     worker_settings = settings(
         database_url=runtime_url,
@@ -129,12 +143,13 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
         {},
         database_url=runtime_url,
         request_api_enabled=True,
+        flow_admin_enabled=True,
         jwt_secret=JWT_SECRET,
     )
     app = create_app(api_settings, registry=registry_of(reader))
     http, _ = serve_in_thread(app, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{http.server_port}"
-    token = mint_token(api_settings, sub=OWNER, org=ORG, scopes=["requests:read"], ttl_seconds=600)
+    token = mint_token(api_settings, sub=OWNER, org=ORG, scopes=SCOPES, ttl_seconds=600)
     one = f"{base}/api/v1/executions/{executions[0]}"
     worker_ready = f"http://127.0.0.1:{worker_settings.worker_metrics_port}/readyz"
 
@@ -163,6 +178,26 @@ def test_everything_survives_an_immediate_database_restart(server: EmbeddedPostg
         assert status == 503 and content_type.startswith("application/problem+json")
         status, content_type = _status(one, token)
         assert status == 503 and content_type.startswith("application/problem+json")
+        # Reads and writes of every kind: a problem saying the database is away, never 500.
+        request_id = requests[0]
+        calls: list[tuple[str, str, dict[str, Any] | None]] = [
+            ("GET", "/api/v1/executions", None),
+            ("GET", f"/api/v1/executions/{executions[0]}/evidence", None),
+            ("GET", f"/api/v1/requests/{request_id}", None),
+            ("GET", "/api/v1/flows", None),
+            ("POST", "/api/v1/requests", {"flowId": str(flow_id), "data": {}}),
+            (
+                "POST",
+                f"/api/v1/requests/{request_id}/transitions",
+                {"transition": "go", "expectedRevision": 2},
+            ),
+        ]
+        for method, path, body in calls:
+            status, content_type = _call(method, f"{base}{path}", token, body)
+            assert (status, content_type.split(";")[0]) == (503, "application/problem+json"), (
+                method,
+                path,
+            )
         wait_until(
             lambda: not worker.listener.listening.is_set(),
             timeout=10,
