@@ -77,7 +77,12 @@ _EXECUTION_COLUMNS = (
 
 # The audit rows that froze what a step saw, explain a decision or list a dry run's
 # simulated calls.
-VIEW_AUDIT_KINDS = ("TRANSITION_COMPLETED", "STEP_ERROR_EXIT", "ACTION_SIMULATED")
+VIEW_AUDIT_KINDS = (
+    "TRANSITION_COMPLETED",
+    "STEP_ERROR_EXIT",
+    "TRANSITION_FAILED",
+    "ACTION_SIMULATED",
+)
 
 
 class ResourceAccess:

@@ -229,13 +229,14 @@ EXECUTION: dict[str, Any] = {
             "type": "object",
             "description": (
                 "How the destination was chosen, from the audit: `by: rules` (the decision"
-                " table's hit policy and matched rules) or `by: errorExit` (a failing step's"
-                " declared error exit). Present once the execution has decided."
+                " table's hit policy and matched rules), `by: errorExit` (a failing step's"
+                " declared error exit) or `by: operator` (a reconciliation gave up on it)."
+                " Present once the execution has decided."
             ),
             "required": ["by", "toState", "outcome"],
             "additionalProperties": False,
             "properties": {
-                "by": {"enum": ["rules", "errorExit"]},
+                "by": {"enum": ["rules", "errorExit", "operator"]},
                 "hitPolicy": {"type": ["string", "null"]},
                 "ruleIds": {"type": "array", "items": {"type": "string"}},
                 "actionId": {"type": ["string", "null"]},

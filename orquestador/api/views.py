@@ -122,6 +122,11 @@ def read_facts(
                 }
             )
             continue
+        if event.kind == "TRANSITION_FAILED":
+            # An operator gave up on it: theirs is the last decision; what the steps
+            # saw before stays as it was.
+            decision = _decision(event.kind, detail)
+            continue
         if event.kind not in ("TRANSITION_COMPLETED", "STEP_ERROR_EXIT"):
             continue
         frozen = detail.get("observed")
@@ -160,6 +165,13 @@ def _command_id(facts: Any) -> uuid.UUID | None:
 
 
 def _decision(kind: str, detail: dict[str, Any]) -> dict[str, Any]:
+    if kind == "TRANSITION_FAILED":
+        return {
+            "by": "operator",
+            "errorCode": detail.get("errorCode"),
+            "toState": detail.get("toState"),
+            "outcome": "RECONCILED_FAILED",
+        }
     if kind == "STEP_ERROR_EXIT":
         # No table decided: the failing step's declared error exit did.
         return {

@@ -211,3 +211,41 @@ def test_a_wait_between_its_rounds_reads_waiting_not_failed(api: Api, owner_engi
 
     assert (waiting["status"], "errorCode" in waiting) == ("WAITING", False)
     assert (cancelled["status"], cancelled["errorCode"]) == ("FAILED", "NOT_READY")
+
+
+def test_an_operator_s_fail_decision_is_the_decision_shown(api: Api, owner_engine: Engine) -> None:
+    _, _, execution_id = accepted(api)
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+            " fencing_token, input_hash, external_key, effect, capability, adapter_version,"
+            " error_code) VALUES (%s, 'send', 'UNKNOWN', 1, 1, 'hash', %s,"
+            " 'IDEMPOTENT_WRITE', 'machine.command', 1, 'UNCERTAIN_OUTCOME')",
+            (execution_id, f"{execution_id}:send"),
+        )
+        connection.exec_driver_sql(
+            "UPDATE execution SET status = 'RECONCILIATION_REQUIRED',"
+            " error_code = 'UNCERTAIN_OUTCOME' WHERE id = %s",
+            (execution_id,),
+        )
+    assert "decision" not in _view(api, execution_id)
+
+    decided = api.post(
+        f"/executions/{execution_id}/reconciliation",
+        {"actionId": "send", "decision": "fail", "reason": "the machine is gone"},
+        scopes=["executions:reconcile", "requests:read"],
+    )
+
+    assert decided.status_code == 200, decided.get_data(as_text=True)
+    assert decided.get_json()["decision"] == {
+        "by": "operator",
+        "errorCode": "UNCERTAIN_OUTCOME",
+        "toState": "attention",
+        "outcome": "RECONCILED_FAILED",
+    }
+    assert _view(api, execution_id)["decision"]["by"] == "operator"
+    client = api.client()
+    client.post("/ui/login", data={"token": api.token()}, headers={"Origin": "http://localhost"})
+    page = client.get(f"/ui/executions/{execution_id}").get_data(as_text=True)
+    assert "An operator decided the effect could not be settled and gave up" in page
+    assert "RECONCILED_FAILED" in page
