@@ -217,3 +217,34 @@ def test_sign_out_forgets_the_cookie(api: Api) -> None:
     assert response.status_code == 303
     assert client.get_cookie(SESSION_COOKIE, path="/ui") is None
     assert client.get("/ui/executions").status_code == 303
+
+
+def test_the_list_reads_the_same_number_of_statements_for_one_execution_or_many(
+    api: Api, owner_engine: Engine
+) -> None:
+    from sqlalchemy import event
+
+    from orquestador.api.context import EXTENSION_KEY
+
+    deadline_passed(api, owner_engine)
+    client = signed_in(api)
+    statements: list[str] = []
+    engine = api.app.extensions[EXTENSION_KEY].engine.get()
+
+    def count(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert client.get("/ui/executions").status_code == 200
+        one = len(statements)
+        for _ in range(4):
+            deadline_passed(api, owner_engine)
+        statements.clear()
+        page = client.get("/ui/executions").get_data(as_text=True)
+        five = len(statements)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+    assert page.count("WAIT_DEADLINE_EXCEEDED") == 5
+    assert five == one
