@@ -243,9 +243,9 @@ def execution_view(
 
 def _then_and_now(step: dict[str, Any], facts: ExecutionFacts) -> None:
     """Beside what the step saw then, the command as it is now (or that it is gone)."""
-    if step["actionId"] not in facts.observed:
+    seen = facts.observed.get(step["actionId"])
+    if seen is None:  # the step saw nothing worth freezing
         return
-    seen = facts.observed[step["actionId"]]
     step["observed"] = seen
     if not isinstance(seen, dict) or "commandId" not in seen:
         return
