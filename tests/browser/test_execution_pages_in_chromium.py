@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from tests.browser.browser_support import DESK, PHONE, screenshot, serving, start_chromium
 from tests.integration.api_support import Api, running_api
-from tests.integration.execution_page_support import completed, deadline_passed
+from tests.integration.execution_page_support import completed, deadline_passed, dry_run
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +182,25 @@ def test_the_execution_page_fits_a_phone(
     assert now["y"] >= then["y"] + then["height"], "then and now stack on a narrow screen"
     assert "no longer in the records" not in _text(browser)
     screenshot(browser, "execution-on-a-phone")
+
+
+def test_a_dry_run_reads_would_have_done_and_sits_under_dry_runs(
+    site: tuple[Api, str], browser: Any, owner_engine: Engine
+) -> None:
+    api, base = site
+    simulated = dry_run(api, owner_engine)
+    browser.get(f"{base}/ui/login")
+    _sign_in(browser, api.token())
+    assert "No executions here." in _text(browser)
+
+    _navigates(browser, _by_css(browser, "nav.filters").find_element("link text", "Dry runs").click)
+    links = [a.get_attribute("href") for a in _all_css(browser, "ul.executions a.title")]
+    assert links == [f"{base}/ui/executions/{simulated}"]
+    screenshot(browser, "dry-runs")
+
+    browser.get(links[0])
+    section = _by_css(browser, "section.dry-run")
+    assert "Nothing was sent to a machine" in section.text
+    assert "Would have done" in section.text
+    assert "send (machine.command, IDEMPOTENT_WRITE): send poweroff to machine m-1" in section.text
+    screenshot(browser, "execution-dry-run")
