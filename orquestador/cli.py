@@ -182,19 +182,31 @@ def _parser() -> argparse.ArgumentParser:
 ALL_SETTINGS: tuple[str, ...] = tuple(
     name for names in environment_sections().values() for name in names
 )
-_ADAPTERS_AND_LOGS = ("ADAPTER_MODULES", "INTEGRATIONS_FILE", "LOG_LEVEL")
+_ADAPTERS_AND_LOGS = (
+    "ADAPTER_MODULES",
+    "INTEGRATIONS_FILE",
+    "MACHINE_COMMANDS",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+)
 MIGRATE_SETTINGS = (
     "MIGRATION_DATABASE_URL",
     "RUNTIME_DATABASE_ROLE",
+    "PLATFORM_DATABASE_ROLE",
     "DATABASE_URL",
     "ORQUESTADOR_HOME",
     "LOG_LEVEL",
+    "LOG_FORMAT",
 )
 WORKER_SETTINGS = (
     "DATABASE_URL",
     "WORKER_ENABLED",
     *environment_sections()["worker"],
     *environment_sections()["retries"],
+    *environment_sections()["e-mail"],
+    *environment_sections()["retention"],
+    *environment_sections()["operations"],
+    "MACHINE_COMMAND_RETENTION_DAYS",
     *_ADAPTERS_AND_LOGS,
 )
 API_SETTINGS = (

@@ -7,7 +7,7 @@ import logging
 from alembic import op
 from sqlalchemy import Connection, text
 
-from orquestador.db.schema import RUNTIME_GRANTS
+from orquestador.db.schema import PURGE_SIMULATIONS_SIGNATURE, RUNTIME_GRANTS
 
 log = logging.getLogger("orquestador.migrations")
 
@@ -67,7 +67,19 @@ def apply_runtime_grants(connection: Connection, role: str) -> list[str]:
         connection.execute(text(f"GRANT {privileges} ON TABLE {quote(table)} TO {quote(role)}"))
     for sequence in serial_sequences(connection, tables):
         connection.execute(text(f"GRANT USAGE ON SEQUENCE {sequence} TO {quote(role)}"))
+    if purge_function_present(connection):
+        connection.execute(
+            text(f"GRANT EXECUTE ON FUNCTION {PURGE_SIMULATIONS_SIGNATURE} TO {quote(role)}")
+        )
     return tables
+
+
+def purge_function_present(connection: Connection) -> bool:
+    """Whether migration 0009's purge function exists in this database."""
+    found = connection.execute(
+        text("SELECT to_regprocedure(:f)"), {"f": PURGE_SIMULATIONS_SIGNATURE}
+    ).scalar()
+    return found is not None
 
 
 # The platform's own role may only append events to its transactional outbox: it never

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
 from orquestador.config import Settings, sqlalchemy_url
-from orquestador.db.grants import serial_sequences
-from orquestador.db.schema import RUNTIME_GRANTS
+from orquestador.db.grants import purge_function_present, serial_sequences
+from orquestador.db.schema import PURGE_SIMULATIONS_SIGNATURE, RUNTIME_GRANTS
 
 # Every (table, privilege) the worker and the API use, as the connected role sees it.
 # to_regclass is NULL for a table that is missing or in a schema the role may not use.
@@ -79,7 +79,17 @@ def _privilege_problems(connection: Connection) -> list[str]:
     ]
     for sequence in sequences:
         problems.append(f"DATABASE_URL: role {role!r} lacks USAGE on sequence {sequence}")
-    if lacking or sequences:
+    purge = (
+        purge_function_present(connection)
+        and not connection.execute(
+            text("SELECT has_function_privilege(:f, 'EXECUTE')"), {"f": PURGE_SIMULATIONS_SIGNATURE}
+        ).scalar()
+    )
+    if purge:
+        problems.append(
+            f"DATABASE_URL: role {role!r} lacks EXECUTE on function {PURGE_SIMULATIONS_SIGNATURE}"
+        )
+    if lacking or sequences or purge:
         problems.append(
             f"grant them as the owner: RUNTIME_DATABASE_ROLE={role} orquestador migrate grant"
         )

@@ -464,6 +464,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges
 # simulated requests (with their executions, checkpoints and attempts), and nothing else.
 PURGE_SIMULATIONS_FUNCTION = "orquestador_purge_simulations"
+PURGE_SIMULATIONS_SIGNATURE = f"{PURGE_SIMULATIONS_FUNCTION}(interval, integer)"
 
 # Accepting a transition notifies this channel in the same transaction, so an idle
 # worker claims at once instead of waiting for its next poll.

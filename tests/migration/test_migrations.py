@@ -13,7 +13,7 @@ from sqlalchemy import Connection, create_engine, inspect, pool, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from orquestador.db import migrate
-from orquestador.db.schema import RUNTIME_GRANTS, metadata
+from orquestador.db.schema import PURGE_SIMULATIONS_SIGNATURE, RUNTIME_GRANTS, metadata
 from tests.db_support import (
     RUNTIME_ROLE,
     TestServer,
@@ -252,6 +252,17 @@ def test_runtime_role_cannot_run_ddl_or_rewrite_audit(
     engine.dispose()
 
 
+def _may_purge_simulations(server: TestServer, name: str) -> bool:
+    engine = _engine(server.url(name))
+    with engine.connect() as connection:
+        allowed = connection.execute(
+            text("SELECT has_function_privilege(:role, :f, 'EXECUTE')"),
+            {"role": RUNTIME_ROLE, "f": PURGE_SIMULATIONS_SIGNATURE},
+        ).scalar_one()
+    engine.dispose()
+    return bool(allowed)
+
+
 def _runtime_grants(server: TestServer, name: str) -> dict[str, set[str]]:
     engine = _engine(server.url(name))
     with engine.connect() as connection:
@@ -289,3 +300,4 @@ def test_granting_again_repairs_a_database_migrated_without_the_role(
         migrate.grant_runtime_role(url, RUNTIME_ROLE)
         granted = _runtime_grants(server, name)
         assert granted == {t: set(p) for t, p in RUNTIME_GRANTS.items()}
+        assert _may_purge_simulations(server, name)
