@@ -63,20 +63,20 @@ _PARK = text(
 # Due now: the claim takes a WAITING row once next_attempt_at has passed, so moving it
 # to the present is all a wake needs. A round already RUNNING on the same key (a wait's
 # second round or later keeps its key while it runs) is marked the same way: its park
-# then sees the wake came after its claim and makes it due at once. Each UPDATE reads
-# through a partial index of its own status (few RUNNING rows, one per busy slot).
+# then sees the wake came after its claim and makes it due at once. One UPDATE covers
+# both statuses on purpose: when a park is committing at the same moment, the row this
+# statement found RUNNING is re-checked after the park's lock is gone and is WAITING by
+# then; it must still match, or the wake would be lost between the two.
 _WAKE = text(
     """
-    WITH waiting AS (
+    WITH touched AS (
         UPDATE execution SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-        WHERE status = 'WAITING' AND wait_key = :wait_key
-        RETURNING id
-    ), running AS (
-        UPDATE execution SET next_attempt_at = clock_timestamp()
-        WHERE status = 'RUNNING' AND wait_key = :wait_key
-        RETURNING id
+        WHERE status IN ('WAITING', 'RUNNING') AND wait_key = :wait_key
+        RETURNING status
     )
-    SELECT (SELECT count(*) FROM waiting) AS woken, (SELECT count(*) FROM running) AS marked
+    SELECT count(*) FILTER (WHERE status = 'WAITING') AS woken,
+           count(*) FILTER (WHERE status = 'RUNNING') AS marked
+    FROM touched
     """
 )
 

@@ -107,8 +107,19 @@ def test_wait_is_not_ready_before_the_deadline_and_answers_a_final_status(
     with pytest.raises(NotReady) as waiting:
         adapters.wait(ctx)
     assert waiting.value.wait_key == f"machine_command:{command_id}"
-    assert 0 < waiting.value.check_again_in <= 30
+    # The first round looks again within a second: a change landing between its read and
+    # its park (before its wait key is recorded) is seen then.
+    assert 0 < waiting.value.check_again_in <= 1
     assert waiting.value.observed["status"] == "pending"
+    later = context(
+        {"commandId": command_id, "deadlineSeconds": 600},
+        first_started_at=started - timedelta(seconds=20),
+    )
+    with pytest.raises(NotReady) as still:
+        adapters.wait(later)
+    # Later rounds keep their key while they run and are woken at once; they look again
+    # less often the longer they have waited, up to 30 s.
+    assert 20 <= still.value.check_again_in <= 30
 
     with runtime_engine.begin() as conn:
         claim_next(conn, org_id=ORG, machine_id="m-1")

@@ -22,12 +22,14 @@ from tests.integration.worker_support import (
     attempt_history,
     audit,
     checkpoints,
+    claim_one,
     execution,
     flow_definition,
     make_due,
     registry_of,
     request_row,
     run_once,
+    scripted,
     settings,
     start_execution,
     status_is,
@@ -178,6 +180,51 @@ def test_a_wake_that_lands_while_a_later_round_runs_is_not_lost(runtime_engine):
     assert run_once(runtime_engine, executor) == "SUCCEEDED"
     assert len(wait.calls) == 3
     assert execution(runtime_engine, eid).wait_key is None
+
+
+def test_a_wake_racing_the_park_that_commits_under_it_is_not_lost(runtime_engine):
+    # A later round holds its key while RUNNING. The wake's UPDATE finds the row RUNNING,
+    # blocks on the park's row lock, and re-checks the row once the park commits: it is
+    # WAITING by then, and must still be made due, or the wake falls between the two.
+    key = "machine_command:c6"
+    wait = Double("test.wait", Effect.READ_ONLY, output=scripted(NotReady(3600, wait_key=key)))
+    executor = Executor(registry_of(wait), settings())
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.wait")]))
+    assert run_once(runtime_engine, executor) == "WAITING"
+    make_due(runtime_engine, eid)
+    claim_one(runtime_engine, "w2")  # the next round: RUNNING, key kept
+    woken: list[int] = []
+
+    def wake() -> None:
+        with runtime_engine.begin() as conn:
+            woken.append(wake_waiting(conn, key))
+
+    with runtime_engine.connect() as park:
+        park.execute(
+            text("""UPDATE execution SET status = 'WAITING', lease_owner = NULL,
+                        lease_expires_at = NULL,
+                        next_attempt_at = clock_timestamp() + interval '1 hour'
+                    WHERE id = :id"""),
+            {"id": eid},
+        )
+        waker = threading.Thread(target=wake)
+        waker.start()
+        wait_until(lambda: _blocked_on_a_lock(runtime_engine), what="the wake to block")
+        park.commit()
+    waker.join(10)
+    assert woken == [1]
+    assert execution(runtime_engine, eid).next_attempt_at <= datetime.now(UTC)
+
+
+def _blocked_on_a_lock(engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text("""SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'
+                          AND query LIKE '%wait_key%'""")
+            ).scalar_one()
+        )
 
 
 def test_a_wake_on_another_key_during_a_round_changes_nothing(runtime_engine):

@@ -32,6 +32,11 @@ MAX_DEADLINE_SECONDS = 86400
 # A parked wait looks again at least this often even if no wake arrives (a lost
 # notification, a status changed by hand): the wake is the fast path, this the bound.
 POLL_FALLBACK_SECONDS = 30.0
+# The first round looks again this soon. A status change wakes a parked execution by its
+# wait key, which the first round has not recorded yet while it reads: a change landing
+# between that read and the park is seen at this second look instead. Later rounds keep
+# their wait key and are woken at once; their interval grows with the time waited.
+FIRST_RECHECK_SECONDS = 1.0
 
 COMMAND_INPUT: dict[str, Any] = {
     "type": "object",
@@ -144,8 +149,10 @@ class MachineAdapters:
             }
         left = _deadline(ctx, command) - command.read_at
         if left > timedelta(0):
+            waited = (command.read_at - _started(ctx, command)).total_seconds()
+            interval = min(POLL_FALLBACK_SECONDS, max(FIRST_RECHECK_SECONDS, waited))
             raise NotReady(
-                min(max(left.total_seconds(), 0.001), POLL_FALLBACK_SECONDS),
+                min(max(left.total_seconds(), 0.001), interval),
                 wait_key=wait_key(command.id),
                 observed=seen,
             )
@@ -165,11 +172,14 @@ def _seen(command: Command) -> dict[str, Any]:
     return {"commandId": str(command.id), "status": command.status, "seenAt": seen_at}
 
 
+def _started(ctx: ActionContext, command: Command) -> datetime:
+    # Without a recorded first start (a caller that does not pass one) the wait counts
+    # from the command's creation, just before the wait began: its deadline still ends it.
+    return ctx.first_started_at or command.created_at
+
+
 def _deadline(ctx: ActionContext, command: Command) -> datetime:
-    # Without a recorded first start (a caller that does not pass one) the deadline
-    # counts from the command's creation, just before the wait began: it still ends.
-    started = ctx.first_started_at or command.created_at
-    return started + timedelta(seconds=ctx.inputs["deadlineSeconds"])
+    return _started(ctx, command) + timedelta(seconds=ctx.inputs["deadlineSeconds"])
 
 
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
