@@ -10,7 +10,7 @@ from sqlalchemy.exc import DBAPIError
 from orquestador.automation.events import Actor, claim_unprocessed, process_event, reject_event
 from orquestador.db.engine import is_retriable
 from orquestador.domain.errors import Problem
-from orquestador.worker.background import Loop
+from orquestador.worker.loop import Loop
 
 log = logging.getLogger(__name__)
 

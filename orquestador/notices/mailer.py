@@ -26,7 +26,7 @@ from orquestador.notices.outbox import (
     mark_sent,
 )
 from orquestador.notices.smtp import DeliveryFailed, OutgoingEmail, SmtpSender
-from orquestador.worker.background import Loop
+from orquestador.worker.loop import Loop
 
 log = logging.getLogger(__name__)
 

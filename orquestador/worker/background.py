@@ -1,83 +1,45 @@
-"""Long-lived worker threads that do one thing every interval and survive database outages.
-
-The daemon starts every loop `background_loops` returns after the scheduler, and stops
-them before it reports itself stopped. A loop that fails (the database restarting, say)
-logs one line and tries again after a capped backoff; it never ends the process.
+"""The loops a worker runs beside its scheduler: the platform event consumer, the mailer, and
+maintenance. The daemon starts them after the scheduler and stops them before it reports
+itself stopped.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from orquestador.automation.loop_factory import platform_event_consumer
+from orquestador.automation.consumer import PlatformEventConsumer
 from orquestador.config import Settings
-from orquestador.notices.factory import mailer_loop
-from orquestador.worker.messages import error_line
+from orquestador.notices.mailer import Mailer
+from orquestador.notices.smtp import SmtpSender, SmtpTarget
+from orquestador.worker.loop import Loop
+from orquestador.worker.maintenance import MaintenanceLoop
 
 log = logging.getLogger(__name__)
 
-# After a failure a loop waits this long, doubling up to the cap, before trying again.
-FAILURE_BACKOFF_SECONDS = 0.5
-FAILURE_BACKOFF_CAP_SECONDS = 10.0
 
-
-class Loop(threading.Thread):
-    """Calls `run_once()` every `interval_seconds`, or at once when `wake` is set."""
-
-    def __init__(
-        self,
-        name: str,
-        interval_seconds: float,
-        wake: threading.Event | None = None,
-    ) -> None:
-        super().__init__(name=f"orquestador-{name}", daemon=True)
-        self.interval_seconds = interval_seconds
-        self.wake = wake or threading.Event()
-        self.stopped = threading.Event()
-        # Cleared while the last round failed: readiness and tests read it.
-        self.healthy = threading.Event()
-        self.healthy.set()
-
-    def run_once(self) -> bool:
-        """One round; True when there may be more to do at once (no wait before the next)."""
-        raise NotImplementedError
-
-    def run(self) -> None:
-        backoff = FAILURE_BACKOFF_SECONDS
-        while not self.stopped.is_set():
-            try:
-                more = self.run_once()
-            except Exception as exc:
-                if self.healthy.is_set():
-                    log.warning("%s failed: %s; trying again", self.name, error_line(exc))
-                self.healthy.clear()
-                self.stopped.wait(backoff)
-                backoff = min(backoff * 2, FAILURE_BACKOFF_CAP_SECONDS)
-                continue
-            if not self.healthy.is_set():
-                log.info("%s recovered", self.name)
-            self.healthy.set()
-            backoff = FAILURE_BACKOFF_SECONDS
-            if more:
-                continue
-            self.wake.wait(self.interval_seconds)
-            self.wake.clear()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.wake.set()
-
-
-# Each entry builds one loop for a worker; areas add theirs here.
-LoopFactory = Callable[[Settings, Engine, str], Loop | None]
-LOOP_FACTORIES: list[LoopFactory] = [mailer_loop, platform_event_consumer]
+def mailer(settings: Settings, engine: Engine, worker_id: str) -> Mailer | None:
+    """The mailer of this worker, or None with SMTP_URL empty (e-mails stay queued)."""
+    if not settings.smtp_url:
+        log.info("SMTP_URL is empty: this worker delivers no e-mail; queued e-mails wait")
+        return None
+    target = SmtpTarget.parse(settings.smtp_url)
+    log.info("mailer delivers over %s as %s", target.describe(), settings.smtp_from)
+    return Mailer(engine, SmtpSender(target, settings.smtp_from), worker_id)
 
 
 def background_loops(settings: Settings, engine: Engine, worker_id: str) -> list[Loop]:
-    """The loops this worker runs (a factory may return None: switched off)."""
-    loops = (factory(settings, engine, worker_id) for factory in LOOP_FACTORIES)
-    return [loop for loop in loops if loop is not None]
+    """Every loop this worker runs; the mailer only when SMTP_URL is set.
+
+    Every worker consumes platform events (SKIP LOCKED shares them) and runs maintenance
+    (its advisory lock lets one worker at a time do the work).
+    """
+    loops: list[Loop] = [
+        PlatformEventConsumer(engine, max_attempts=settings.execution_max_attempts),
+        MaintenanceLoop(settings, engine, worker_id),
+    ]
+    found = mailer(settings, engine, worker_id)
+    if found is not None:
+        loops.append(found)
+    return loops

@@ -98,9 +98,8 @@ class Worker:
             hooks=hooks,
         )
         self.listener = ReadyListener(libpq_conninfo(engine.url), self.wake) if listen else None
-        # Every worker runs the maintenance loop; its lock lets one at a time do the work.
-        self.maintenance = MaintenanceLoop(settings, engine, self.worker_id)
-        self.loops = [*background_loops(settings, engine, self.worker_id), self.maintenance]
+        self.loops = background_loops(settings, engine, self.worker_id)
+        self.maintenance = next(loop for loop in self.loops if isinstance(loop, MaintenanceLoop))
         self._stop_requested = threading.Event()
         self._stopped = threading.Event()
         self._drained_cleanly = False

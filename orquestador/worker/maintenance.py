@@ -32,8 +32,8 @@ from orquestador.metrics import (
     QUEUE_STATUSES,
     RECONCILIATION_REQUIRED,
 )
-from orquestador.worker.background import Loop
 from orquestador.worker.listener import libpq_conninfo
+from orquestador.worker.loop import Loop
 from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ from sqlalchemy import text
 
 from orquestador.config import Settings
 from orquestador.errors import ConfigError
-from orquestador.notices.factory import mailer_loop
 from orquestador.notices.mailer import Backoff, MailerHooks
 from orquestador.notices.outbox import claim_due_emails
 from orquestador.notices.smtp import DeliveryFailed, OutgoingEmail, SmtpTarget
 from orquestador.notices.writing import message_id_for
+from orquestador.worker.background import mailer as worker_mailer
 from tests.integration.notice_support import (
     RECIPIENTS,
     SENDER,
@@ -202,8 +202,8 @@ def test_an_expired_lease_is_claimed_again_and_a_live_one_is_not(runtime_engine)
 
 
 def test_without_smtp_url_no_mailer_runs_and_one_line_says_so(runtime_engine, caplog):
-    caplog.set_level(logging.INFO, logger="orquestador.notices.factory")
-    assert mailer_loop(Settings.from_env({}), runtime_engine, "w1") is None
+    caplog.set_level(logging.INFO, logger="orquestador.worker.background")
+    assert worker_mailer(Settings.from_env({}), runtime_engine, "w1") is None
     [line] = [r.getMessage() for r in caplog.records if "SMTP_URL" in r.getMessage()]
     assert "queued e-mails wait" in line
 

@@ -15,7 +15,7 @@ from worker_support import registry_of, settings, wait_until
 
 from orquestador.automation.consumer import PlatformEventConsumer, consume_platform_events
 from orquestador.automation.events import Actor, claim_unprocessed, process_event
-from orquestador.automation.loop_factory import platform_event_consumer
+from orquestador.worker.background import background_loops
 from orquestador.worker.daemon import Worker
 
 ORG = "org-a"
@@ -215,8 +215,9 @@ def _status(engine: Engine, execution_id: Any) -> str:
         ).scalar_one()
 
 
-def test_the_worker_loop_factory_builds_the_consumer(runtime_engine: Engine) -> None:
-    loop = platform_event_consumer(settings(execution_max_attempts=7), runtime_engine, "w1")
+def test_every_worker_runs_the_consumer(runtime_engine: Engine) -> None:
+    loops = background_loops(settings(execution_max_attempts=7), runtime_engine, "w1")
+    [loop] = [loop for loop in loops if isinstance(loop, PlatformEventConsumer)]
     assert isinstance(loop, PlatformEventConsumer)
     assert loop.max_attempts == 7
     assert loop.interval_seconds <= 1.0
