@@ -216,6 +216,12 @@ def _core_paths() -> dict[str, Any]:
                         {"type": "string", "maxLength": 200},
                         "The `next` of the previous page (opaque).",
                     ),
+                    query_parameter(
+                        "simulation",
+                        {"type": "boolean", "default": False},
+                        "true lists only dry runs (simulated executions); without it they "
+                        "are left out.",
+                    ),
                 ],
                 "responses": {
                     "200": json_response(ref("ExecutionPage"), "One page."),
