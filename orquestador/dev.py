@@ -117,6 +117,8 @@ def _serve(settings: Settings, data_dir: Path | None) -> int:
     print(
         "orquestador dev is running\n"
         f"  API:          http://{settings.api_host}:{server.server_port}/api/v1\n"
+        f"  pages:        http://{settings.api_host}:{server.server_port}/ui/login"
+        " (sign in with the token below)\n"
         f"  DATABASE_URL: {settings.database_url}\n"
         + (f"  data:         {data_dir}\n" if data_dir else "")
         + f"  worker:       {'on' if worker else 'off'}\n"
