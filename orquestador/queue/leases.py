@@ -14,17 +14,30 @@ from orquestador.queue.transactions import one_statement
 # number of round trips. A row renews only while RUNNING under the exact owner and
 # token and while its lease is still valid by database time, so an expired lease
 # never comes back to life, even if no one has reclaimed it yet.
+#
+# The rows are locked first, in id order, as the protocol writer locks the executions
+# of a batch (`queue/batches.py`): two statements that lock several executions in the
+# same order never wait on each other in a cycle.
 _RENEW = text(
     """
+    WITH held AS (
+        SELECT e.id
+        FROM execution AS e
+        JOIN unnest(CAST(:ids AS uuid[]), CAST(:tokens AS bigint[])) AS h(id, token)
+          ON e.id = h.id
+        WHERE e.id = ANY (CAST(:ids AS uuid[]))
+          AND e.fencing_token = h.token
+          AND e.status = 'RUNNING'
+          AND e.lease_owner = :owner
+          AND e.lease_expires_at > clock_timestamp()
+        ORDER BY e.id
+        FOR UPDATE OF e
+    )
     UPDATE execution AS e
     SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
         updated_at = clock_timestamp()
-    FROM unnest(CAST(:ids AS uuid[]), CAST(:tokens AS bigint[])) AS held(id, token)
+    FROM held
     WHERE e.id = held.id
-      AND e.fencing_token = held.token
-      AND e.status = 'RUNNING'
-      AND e.lease_owner = :owner
-      AND e.lease_expires_at > clock_timestamp()
     RETURNING e.id, e.fencing_token
     """
 )

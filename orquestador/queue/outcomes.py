@@ -331,18 +331,8 @@ def schedule_retry(
             raise refuse_stale(claim, "schedule retry")
 
 
-def finish_execution(
-    conn: Connection,
-    claim: Claim,
-    finish: Finish,
-    before_commit: Callable[[], None] | None = None,
-) -> None:
-    """Commit the transition: request data/state/revision, result, TRANSITION_COMPLETED audit.
-
-    Raises LeaseLost, RequestChanged (state, revision, holder or flow moved since
-    acceptance) or ContractMismatch (an expected checkpoint is not SUCCEEDED); in
-    every case nothing of the finish is kept and the checkpoints stay as they were.
-    """
+def finish_documents(finish: Finish) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The TRANSITION_COMPLETED detail (before what SQL adds) and the execution result."""
     # The transition id and the state it left come from the execution row, in SQL.
     detail = {
         "actionIds": finish.action_ids,
@@ -357,6 +347,22 @@ def finish_execution(
         "ruleIds": finish.rule_ids,
         "hitPolicy": finish.hit_policy,
     }
+    return detail, result
+
+
+def finish_execution(
+    conn: Connection,
+    claim: Claim,
+    finish: Finish,
+    before_commit: Callable[[], None] | None = None,
+) -> None:
+    """Commit the transition: request data/state/revision, result, TRANSITION_COMPLETED audit.
+
+    Raises LeaseLost, RequestChanged (state, revision, holder or flow moved since
+    acceptance) or ContractMismatch (an expected checkpoint is not SUCCEEDED); in
+    every case nothing of the finish is kept and the checkpoints stay as they were.
+    """
+    detail, result = finish_documents(finish)
     with conn.begin():
         # BEGIN, both locks (request first, then execution) and the write go in one
         # round trip; the server runs them in that order. The checks below read what

@@ -55,13 +55,11 @@ from orquestador.queue import (
     end_attempt,
     exit_on_error,
     fail_execution,
-    finish_execution,
     load_execution,
     record_found_write,
     release_lease,
     require_reconciliation,
     schedule_retry,
-    start_checkpoint,
     succeed_checkpoint,
 )
 from orquestador.queue.outcomes import WORKER_ACTOR
@@ -69,7 +67,9 @@ from orquestador.queue.waits import NOT_READY, park_waiting
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.calls import AdapterCalls, CallTimedOut
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
+from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.messages import attempt_message, error_line
+from orquestador.worker.protocol_writer import ProtocolWriter, WriterStats
 
 log = logging.getLogger(__name__)
 
@@ -233,15 +233,46 @@ class Executor:
     ) -> None:
         self.registry = registry
         self.lease_seconds = settings.worker_lease_seconds
+        self.concurrency = settings.worker_concurrency
         self.retry = RetryPolicy.from_settings(settings)
         self.hooks = hooks
         self.flows = FlowCache()
         self.schemas = SchemaCache()
         self.calls = AdapterCalls(keep_idle=settings.worker_concurrency)
+        # The hot writes of every job go through one writer, made with the first
+        # connection a job brings (its engine's database); `busy` counts running jobs.
+        self._writer: ProtocolWriter | None = None
+        self._writer_lock = threading.Lock()
+        self._busy = 0
+
+    def writer(self, conn: Connection) -> ProtocolWriter:
+        """The protocol writer of this executor's jobs (see worker/protocol_writer.py)."""
+        writer = self._writer
+        if writer is None:
+            with self._writer_lock:
+                writer = self._writer
+                if writer is None:
+                    writer = self._writer = ProtocolWriter(
+                        libpq_conninfo(conn.engine.url),
+                        conn.dialect,
+                        busy_jobs=lambda: self._busy,
+                        max_batch=max(2 * self.concurrency, 16),
+                    )
+        return writer
+
+    def writer_stats(self) -> WriterStats:
+        """What the writer did so far (nothing yet when no job wrote)."""
+        return self._writer.stats if self._writer is not None else WriterStats()
 
     def run(self, conn: Connection, claim: Claim, stop: threading.Event | None = None) -> str:
         """Run the claim to an outcome; return the status it ended in (or ABANDONED, ...)."""
-        status = self._run(conn, claim, stop or threading.Event())
+        with self._writer_lock:
+            self._busy += 1
+        try:
+            status = self._run(conn, claim, stop or threading.Event())
+        finally:
+            with self._writer_lock:
+                self._busy -= 1
         if status == LEASE_LOST:
             metrics.LEASE_LOST_TOTAL.inc()
         elif status in _COUNTED:
@@ -266,8 +297,11 @@ class Executor:
             return LEASE_LOST
 
     def close(self) -> None:
-        """End the idle adapter-call threads (a call still running keeps its own)."""
+        """End the idle adapter-call threads (a call still running keeps its own) and the
+        writer's thread once what is queued is written (a later write starts it again)."""
         self.calls.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 class _ExecutionRun:
@@ -349,8 +383,8 @@ class _ExecutionRun:
         )
         hook = self.x.hooks.before_finish_commit
         try:
-            finish_execution(
-                self.conn, claim, finish, before_commit=(lambda: hook(claim)) if hook else None
+            self.x.writer(self.conn).finish(
+                claim, finish, before_commit=(lambda: hook(claim)) if hook else None
             )
         except RequestChanged:
             self.fail("REQUEST_CHANGED")
@@ -442,7 +476,7 @@ class _ExecutionRun:
             base = found.attempt_base
 
         try:
-            first_started_at = start_checkpoint(self.conn, claim, attempt)
+            first_started_at = self.x.writer(self.conn).start(claim, attempt)
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
         step = replace(step, first_started_at=first_started_at)
@@ -549,7 +583,10 @@ class _ExecutionRun:
                 "effect": adapter.effect.value,
                 "summary": str((observed or {}).get("summary") or f"would call {adapter.key}"),
             }
-        succeed_checkpoint(self.conn, claim, spec.id, output, observed, audit)
+        if audit is None:
+            self.x.writer(self.conn).succeed(claim, spec.id, output, observed)
+        else:  # a dry run's simulated call: its audit row goes with the checkpoint
+            succeed_checkpoint(self.conn, claim, spec.id, output, observed, audit)
         return output
 
     def recover(self, found: Checkpoint, attempt: ActionAttempt, step: _Step) -> tuple[Any] | None:

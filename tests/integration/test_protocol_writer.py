@@ -1,0 +1,275 @@
+"""The protocol writer: many jobs' rows in one transaction, each row answered on its own."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from orquestador.errors import LeaseLost, RequestChanged
+from orquestador.queue import ActionAttempt, Claim, Finish, claim_due_executions
+from orquestador.worker.executor import Executor
+from orquestador.worker.listener import libpq_conninfo
+from orquestador.worker.protocol_writer import ProtocolWriter
+from tests.integration.worker_support import RecordingAdapter as Double
+from tests.integration.worker_support import (
+    action,
+    audit,
+    checkpoints,
+    execution,
+    flow_definition,
+    registry_of,
+    request_row,
+    run_once,
+    settings,
+    start_execution,
+    wait_until,
+)
+
+
+def _writer(engine) -> ProtocolWriter:
+    return ProtocolWriter(libpq_conninfo(engine.url), engine.dialect, idle_seconds=1.0)
+
+
+def _claims(engine, count: int) -> list[Claim]:
+    for _ in range(count):
+        start_execution(engine, flow_definition([action("a", "test.write")]), {"n": 1})
+    with engine.connect() as conn:
+        claims = claim_due_executions(conn, "w1", count, 30)
+    assert len(claims) == count
+    return claims
+
+
+def _attempt(claim: Claim, effect: str = "IDEMPOTENT_WRITE") -> ActionAttempt:
+    return ActionAttempt(
+        action_id="a",
+        attempt=1,
+        input_hash="h",
+        external_key=f"{claim.execution_id}:a",
+        effect=effect,
+        capability="test.write",
+        adapter_version=1,
+    )
+
+
+def _finish(data: dict[str, Any]) -> Finish:
+    return Finish(
+        to_state="done", outcome=None, hit_policy=None, rule_ids=[], action_ids=["a"], data=data
+    )
+
+
+def _xmin(engine, table: str, execution_id: uuid.UUID) -> int:
+    # The id of the transaction that wrote the row last.
+    with engine.connect() as conn:
+        return conn.execute(
+            text(f"SELECT xmin::text::bigint FROM {table} WHERE execution_id = :id"),
+            {"id": execution_id},
+        ).scalar_one()
+
+
+def _in_one_batch(writer: ProtocolWriter, calls: list[Any]) -> list[Future[Any]]:
+    """Run `calls` (each a job's write) so that the writer takes them as one batch.
+
+    A first write holds the writer inside its own batch until every call is queued.
+    """
+    entered = threading.Event()
+    batches: list[int] = []
+
+    def before(rows: list[Any]) -> None:
+        batches.append(len(rows))
+        if len(batches) == 1:
+            entered.set()
+            wait_until(lambda: writer.queued() >= len(calls) - 1, what="rows queued")
+
+    writer.before_batch = before
+    pool = ThreadPoolExecutor(max_workers=len(calls))
+    try:
+        plug = pool.submit(calls[0])
+        entered.wait(10)
+        futures = [pool.submit(call) for call in calls[1:]]
+        plug.result(10)
+        for future in futures:
+            future.exception(10)
+    finally:
+        pool.shutdown(wait=True)
+        writer.before_batch = None
+    assert batches[:2] == [1, len(calls) - 1]
+    return futures
+
+
+def test_several_jobs_running_checkpoints_commit_in_one_transaction(runtime_engine):
+    plug, *claims = _claims(runtime_engine, 4)
+    writer = _writer(runtime_engine)
+    calls = [lambda c=c: writer.start(c, _attempt(c)) for c in (plug, *claims)]
+    futures = _in_one_batch(writer, calls)
+    assert all(future.result() is not None for future in futures)
+    xmins = {_xmin(runtime_engine, "action_execution", c.execution_id) for c in claims}
+    assert len(xmins) == 1  # one transaction wrote all three
+    assert _xmin(runtime_engine, "action_execution", plug.execution_id) not in xmins
+    for claim in claims:
+        assert checkpoints(runtime_engine, claim.execution_id)["a"].status == "RUNNING"
+    assert writer.stats.batches == 2 and writer.stats.rows == 4
+    writer.close()
+
+
+def test_a_fenced_out_row_is_lease_lost_for_its_job_only(runtime_engine):
+    plug, first, stale, last = _claims(runtime_engine, 4)
+    writer = _writer(runtime_engine)
+    for claim in (plug, first, stale, last):
+        writer.start(claim, _attempt(claim))
+    # Another worker reclaimed one of them: its token moved on.
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE execution SET fencing_token = fencing_token + 1 WHERE id = :id"),
+            {"id": stale.execution_id},
+        )
+    calls = [
+        lambda c=c: writer.succeed(c, "a", {"done": str(c.execution_id)}, None)
+        for c in (plug, first, stale, last)
+    ]
+    done_first, done_stale, done_last = _in_one_batch(writer, calls)
+    assert isinstance(done_stale.exception(), LeaseLost)
+    assert done_first.result() is None and done_last.result() is None
+    assert checkpoints(runtime_engine, stale.execution_id)["a"].status == "RUNNING"
+    for claim in (first, last):
+        row = checkpoints(runtime_engine, claim.execution_id)["a"]
+        assert (row.status, row.output) == ("SUCCEEDED", {"done": str(claim.execution_id)})
+    assert _xmin(runtime_engine, "action_execution", first.execution_id) == _xmin(
+        runtime_engine, "action_execution", last.execution_id
+    )
+    writer.close()
+
+
+def test_a_row_that_breaks_a_constraint_fails_alone_and_its_neighbours_commit(runtime_engine):
+    plug, first, bad, last = _claims(runtime_engine, 4)
+    writer = _writer(runtime_engine)
+    calls = [
+        lambda c=c: writer.start(c, _attempt(c, "BOGUS" if c is bad else "IDEMPOTENT_WRITE"))
+        for c in (plug, first, bad, last)
+    ]
+    done_first, done_bad, done_last = _in_one_batch(writer, calls)
+    assert isinstance(done_bad.exception(), IntegrityError)
+    assert done_first.result() is not None and done_last.result() is not None
+    assert "a" not in checkpoints(runtime_engine, bad.execution_id)
+    for claim in (first, last):
+        assert checkpoints(runtime_engine, claim.execution_id)["a"].status == "RUNNING"
+    assert writer.stats.splits >= 1
+    writer.close()
+
+
+def test_two_finishes_in_one_batch_each_keep_their_own_atomicity(runtime_engine):
+    plug, kept, changed = _claims(runtime_engine, 3)
+    accepted = request_row(runtime_engine, kept.request_id).revision
+    writer = _writer(runtime_engine)
+    for claim in (plug, kept, changed):
+        writer.start(claim, _attempt(claim))
+        writer.succeed(claim, "a", {"ok": True}, None)
+    # An operator moved one request since acceptance.
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE request SET revision = revision + 1, state = 'other' WHERE id = :id"),
+            {"id": changed.request_id},
+        )
+    calls = [
+        lambda c=c: writer.finish(c, _finish({"n": 2, "by": str(c.execution_id)}))
+        for c in (plug, kept, changed)
+    ]
+    done_kept, done_changed = _in_one_batch(writer, calls)
+    assert done_kept.result() is None
+    assert isinstance(done_changed.exception(), RequestChanged)
+
+    row = execution(runtime_engine, kept.execution_id)
+    assert (row.status, row.lease_owner) == ("SUCCEEDED", None)
+    request = request_row(runtime_engine, kept.request_id)
+    assert (request.state, request.revision, request.busy_execution_id) == (
+        "done",
+        accepted + 1,
+        None,
+    )
+    assert request.data == {"n": 2, "by": str(kept.execution_id)}
+    (completed,) = audit(runtime_engine, kept.execution_id, "TRANSITION_COMPLETED")
+    assert completed.detail["revision"] == accepted + 1
+
+    # The refused one: nothing of its finish, everything as the operator left it.
+    row = execution(runtime_engine, changed.execution_id)
+    assert (row.status, row.result) == ("RUNNING", None)
+    request = request_row(runtime_engine, changed.request_id)
+    assert (request.state, request.revision) == ("other", accepted + 1)
+    assert request.busy_execution_id == changed.execution_id and request.data == {"n": 1}
+    assert not audit(runtime_engine, changed.execution_id, "TRANSITION_COMPLETED")
+    writer.close()
+
+
+def test_a_finish_whose_seam_raises_fails_alone(runtime_engine):
+    plug, kept, failing = _claims(runtime_engine, 3)
+    accepted = request_row(runtime_engine, failing.request_id).revision
+    writer = _writer(runtime_engine)
+    for claim in (plug, kept, failing):
+        writer.start(claim, _attempt(claim))
+        writer.succeed(claim, "a", {"ok": True}, None)
+
+    def explode() -> None:
+        raise RuntimeError("injected before commit")
+
+    calls = [
+        lambda c=c: writer.finish(c, _finish({}), explode if c is failing else None)
+        for c in (plug, kept, failing)
+    ]
+    done_kept, done_failing = _in_one_batch(writer, calls)
+    assert done_kept.result() is None
+    with pytest.raises(RuntimeError):
+        done_failing.result()
+    assert execution(runtime_engine, kept.execution_id).status == "SUCCEEDED"
+    assert execution(runtime_engine, failing.execution_id).status == "RUNNING"
+    assert request_row(runtime_engine, failing.request_id).revision == accepted
+    assert not audit(runtime_engine, failing.execution_id, "TRANSITION_COMPLETED")
+    writer.close()
+
+
+def test_a_lone_job_is_written_at_once_without_waiting_for_company(runtime_engine):
+    write = Double("test.write")
+    executor = Executor(registry_of(write), settings())
+    start_execution(runtime_engine, flow_definition([action("a", "test.write")]))
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    stats = executor.writer_stats()
+    # RUNNING, SUCCEEDED and the finish: three rows, each its own transaction, written
+    # as soon as it arrived (no bounded wait taken: no other job was running).
+    assert (stats.rows, stats.batches, stats.gather_waits) == (3, 3, 0)
+    executor.close()
+
+
+def test_concurrent_jobs_share_transactions_and_all_succeed(runtime_engine):
+    # Ten jobs at once through one executor: every execution ends SUCCEEDED with its
+    # audit row, and the writer needed fewer transactions than rows.
+    gate = threading.Barrier(10, timeout=10)
+
+    def together(ctx):
+        gate.wait()
+        return {"ok": True}
+
+    write = Double("test.write", output=together)
+    executor = Executor(registry_of(write), settings(worker_concurrency=10))
+    ids = [
+        start_execution(runtime_engine, flow_definition([action("a", "test.write")]))
+        for _ in range(10)
+    ]
+    with runtime_engine.connect() as conn:
+        claims = claim_due_executions(conn, "w1", 10, 30)
+
+    def run(claim: Claim) -> str:
+        with runtime_engine.connect() as conn:
+            return executor.run(conn, claim)
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        statuses = list(pool.map(run, claims))
+    assert statuses == ["SUCCEEDED"] * 10
+    for execution_id in ids:
+        assert len(audit(runtime_engine, execution_id, "TRANSITION_COMPLETED")) == 1
+    stats = executor.writer_stats()
+    assert stats.rows == 30 and stats.batches < 30
+    executor.close()
