@@ -54,13 +54,27 @@ def _text(driver: Any) -> str:
 
 def _navigates(driver: Any, click: Any) -> None:
     """Click, then wait until the browser has loaded the page that click led to."""
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = _by_css(driver, "html")
+
+    def replaced(_: Any) -> bool:
+        # The old page's root is gone once the new page loads. Chromium reports a node of
+        # an unloaded document either as stale or as "does not belong to the document".
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
     click()
     wait = WebDriverWait(driver, 20)
-    wait.until(expected_conditions.staleness_of(old))
+    wait.until(replaced)
     wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
