@@ -98,10 +98,13 @@ class ProfiledPostgres(embedded.EmbeddedPostgres):
         return int((self.data_dir / "postmaster.pid").read_text().split()[0])
 
 
-_BIND = re.compile(r"(?<![:\w]):\w+|\$\d+")
+_BIND = re.compile(r"(?<![:\w]):\w+|\$\d+|%\(\w+\)s")
 # pg_stat_statements shows constants as $n too, and psycopg adds casts to what it binds.
 _CONSTANT = re.compile(r"'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b|\b(?:null|true|false)\b", re.I)
 _CAST = re.compile(r"::\s*[\w.]+(?:\[\])?")
+
+
+_SQL_START = re.compile(r"\s*(WITH|SELECT|INSERT|UPDATE|DELETE)\b", re.I)
 
 
 def shape(sql: str) -> str:
@@ -113,15 +116,17 @@ def shape(sql: str) -> str:
 
 
 def queue_statements() -> dict[str, str]:
-    """shape -> "module.CONSTANT" for every text() constant in orquestador.queue, now."""
+    """shape -> "module.CONSTANT" for every statement constant in orquestador.queue, now."""
     import orquestador.queue as queue
 
     named: dict[str, str] = {}
     for info in pkgutil.iter_modules(queue.__path__):
         module = importlib.import_module(f"orquestador.queue.{info.name}")
         for attr, value in vars(module).items():
-            if isinstance(value, TextClause):
-                named.setdefault(shape(value.text), f"queue/{info.name}.py {attr}")
+            sql = value.text if isinstance(value, TextClause) else value
+            # text() constants, and plain strings of SQL (the multi-row statements).
+            if isinstance(sql, str) and _SQL_START.match(sql):
+                named.setdefault(shape(sql), f"queue/{info.name}.py {attr}")
     return named
 
 
