@@ -28,9 +28,14 @@ HERE = Path(__file__).resolve().parent
 
 # (step, pattern over "function (file)" frames); a sample can count for several steps.
 STEPS = [
+    # One execution at a time (before the protocol writer, and off its path after it).
     ("finish (finish_execution: pipelined locks and complete, COMMIT)", r"finish_execution "),
     ("RUNNING checkpoint (start_checkpoint)", r"start_checkpoint "),
     ("SUCCEEDED checkpoint (succeed_checkpoint)", r"succeed_checkpoint "),
+    (
+        "protocol writer thread (worker/protocol_writer.py, queue/batches.py)",
+        r"\(orquestador/(worker/protocol_writer|queue/batches)\.py:",
+    ),
     ("claim (Scheduler.claim_once, handing claims to threads)", r"claim_once "),
     ("adapter call hand-off (AdapterCalls, call thread)", r"\(orquestador/worker/calls\.py:"),
     ("request data validated (validate_request_data)", r"validate_request_data "),
