@@ -45,9 +45,15 @@ from orquestador.queue.checkpoints import ActionAttempt
 from orquestador.queue.fencing import WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.outcomes import Finish, finish_documents
 
+# Each statement takes its rows as one JSON array of objects (`jsonb_to_recordset`):
+# one parameter, whatever the batch's size, so the prepared plan never changes and
+# the driver encodes one document instead of an array per column. The ids also go
+# through an array (`ANY (ARRAY(...))`): a generic plan cannot know how few rows the
+# input holds, and would otherwise hash-join it with a scan of the whole table.
+
 # The fence of one row, as FENCE in fencing.py, with the row's own owner and token.
 _ROW_FENCE = """
-    e.id = ANY (%(ids)s::uuid[])
+    e.id = ANY (ARRAY(SELECT execution_id FROM input))
     AND e.id = i.execution_id
     AND e.status = 'RUNNING'
     AND e.lease_owner = i.owner
@@ -58,7 +64,7 @@ _ROW_FENCE = """
 LOCK_REQUESTS = """
     SELECT r.id, r.state, r.revision, r.flow_id, r.busy_execution_id
     FROM request r
-    WHERE r.id = ANY (%(request_ids)s::uuid[])
+    WHERE r.id = ANY (ARRAY(SELECT jsonb_array_elements_text(%(request_ids)s::jsonb)::uuid))
     ORDER BY r.id
     FOR UPDATE
 """
@@ -66,15 +72,16 @@ LOCK_REQUESTS = """
 # Sorted, then locked: rows are locked in id order. What a finish's checks read
 # comes back with its row (for the others it is not computed).
 LOCK_EXECUTIONS = f"""
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+            AS i(execution_id uuid, token bigint, owner text, finishing boolean)
+    )
     SELECT e.id, e.fencing_token, e.flow_id, e.accepted_state, e.accepted_revision,
            CASE WHEN i.finishing THEN
                coalesce((SELECT array_agg(a.action_id) FROM action_execution a
                          WHERE a.execution_id = e.id AND a.status = 'SUCCEEDED'), '{{}}')
            END AS succeeded
-    FROM execution e
-    JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[],
-                %(finishing)s::bool[]) AS i(execution_id, token, owner, finishing)
-      ON e.id = i.execution_id
+    FROM input i JOIN execution e ON e.id = i.execution_id
     WHERE {_ROW_FENCE}
     ORDER BY e.id
     FOR UPDATE OF e
@@ -84,15 +91,13 @@ LOCK_EXECUTIONS = f"""
 # then the RUNNING checkpoint, under the same conditions. `written` is false for a
 # row that holds its lease but may not start again (a ContractMismatch).
 START_MANY = f"""
-    WITH holder AS (
-        SELECT i.* FROM execution e
-        JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[],
-                    %(action_ids)s::text[], %(attempts)s::int[], %(input_hashes)s::text[],
-                    %(external_keys)s::text[], %(effects)s::text[], %(capabilities)s::text[],
-                    %(adapter_versions)s::int[])
-          AS i(execution_id, token, owner, action_id, attempt, input_hash, external_key,
-               effect, capability, adapter_version)
-          ON e.id = i.execution_id
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+            AS i(execution_id uuid, token bigint, owner text, action_id text, attempt int,
+                 input_hash text, external_key text, effect text, capability text,
+                 adapter_version int)
+    ), holder AS (
+        SELECT i.* FROM input i JOIN execution e ON e.id = i.execution_id
         WHERE {_ROW_FENCE}
         ORDER BY e.id
         FOR UPDATE OF e
@@ -138,12 +143,12 @@ START_MANY = f"""
 # Per row, what checkpoints._SUCCEED does (and _SUCCEED_OBSERVED: a row without an
 # observation keeps the stored one).
 SUCCEED_MANY = f"""
-    WITH holder AS (
-        SELECT i.* FROM execution e
-        JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[],
-                    %(action_ids)s::text[], %(outputs)s::jsonb[], %(observed)s::jsonb[])
-          AS i(execution_id, token, owner, action_id, output, observed)
-          ON e.id = i.execution_id
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+            AS i(execution_id uuid, token bigint, owner text, action_id text, output jsonb,
+                 observed jsonb)
+    ), holder AS (
+        SELECT i.* FROM input i JOIN execution e ON e.id = i.execution_id
         WHERE {_ROW_FENCE}
         ORDER BY e.id
         FOR UPDATE OF e
@@ -173,15 +178,14 @@ SUCCEED_MANY = f"""
 # this execution, every expected checkpoint SUCCEEDED), so a row that fails them
 # writes nothing and its neighbours are written. The caller reads why from the locks.
 FINISH_MANY = f"""
-    WITH holder AS (
+    WITH input AS (
+        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+            AS i(execution_id uuid, token bigint, owner text, request_id uuid, state text,
+                 data jsonb, detail jsonb, result jsonb, expected jsonb)
+    ), holder AS (
         SELECT i.*, e.org_id, e.flow_id, e.transition_id, e.accepted_state,
                e.accepted_revision
-        FROM execution e
-        JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[],
-                    %(request_ids)s::uuid[], %(states)s::text[], %(data)s::jsonb[],
-                    %(details)s::jsonb[], %(results)s::jsonb[], %(expected)s::jsonb[])
-          AS i(execution_id, token, owner, request_id, state, data, detail, result, expected)
-          ON e.id = i.execution_id
+        FROM input i JOIN execution e ON e.id = i.execution_id
         WHERE {_ROW_FENCE}
         ORDER BY e.id
         FOR UPDATE OF e
@@ -278,56 +282,79 @@ class RowFailed(Exception):
         self.error = error
 
 
-def _json(value: Any) -> Jsonb | None:
-    # None is SQL NULL, never the JSON value null (as JSONB_VALUE in db/schema.py).
-    return None if value is None else Jsonb(value)
+def _fence(claim: Claim) -> dict[str, Any]:
+    return {"execution_id": str(claim.execution_id), "token": claim.token, "owner": claim.owner}
+
+
+def _rows(rows: list[dict[str, Any]]) -> Jsonb:
+    # A JSON null arrives as SQL NULL in jsonb_to_recordset: None stays "no value",
+    # as JSONB_VALUE in db/schema.py makes it for single rows.
+    return Jsonb(rows)
 
 
 def _key(claim: Claim) -> tuple[uuid.UUID, int]:
     return (claim.execution_id, claim.token)
 
 
-def _fence_params(rows: Sequence[Row]) -> dict[str, Any]:
-    return {
-        "ids": [row.claim.execution_id for row in rows],
-        "tokens": [row.claim.token for row in rows],
-        "owners": [row.claim.owner for row in rows],
-    }
-
-
 def _start_params(rows: list[StartRow]) -> dict[str, Any]:
     return {
-        **_fence_params(rows),
-        "action_ids": [row.attempt.action_id for row in rows],
-        "attempts": [row.attempt.attempt for row in rows],
-        "input_hashes": [row.attempt.input_hash for row in rows],
-        "external_keys": [row.attempt.external_key for row in rows],
-        "effects": [row.attempt.effect for row in rows],
-        "capabilities": [row.attempt.capability for row in rows],
-        "adapter_versions": [row.attempt.adapter_version for row in rows],
+        "rows": _rows(
+            [
+                {
+                    **_fence(row.claim),
+                    "action_id": row.attempt.action_id,
+                    "attempt": row.attempt.attempt,
+                    "input_hash": row.attempt.input_hash,
+                    "external_key": row.attempt.external_key,
+                    "effect": row.attempt.effect,
+                    "capability": row.attempt.capability,
+                    "adapter_version": row.attempt.adapter_version,
+                }
+                for row in rows
+            ]
+        )
     }
 
 
 def _succeed_params(rows: list[SucceedRow]) -> dict[str, Any]:
     return {
-        **_fence_params(rows),
-        "action_ids": [row.action_id for row in rows],
-        "outputs": [_json(row.output) for row in rows],
-        "observed": [_json(row.observed or None) for row in rows],
+        "rows": _rows(
+            [
+                {
+                    **_fence(row.claim),
+                    "action_id": row.action_id,
+                    "output": row.output,
+                    "observed": row.observed or None,
+                }
+                for row in rows
+            ]
+        )
     }
 
 
 def _finish_params(rows: list[FinishRow]) -> dict[str, Any]:
-    documents = [finish_documents(row.finish) for row in rows]
+    values = []
+    for row in rows:
+        detail, result = finish_documents(row.finish)
+        values.append(
+            {
+                **_fence(row.claim),
+                "request_id": str(row.claim.request_id),
+                "state": row.finish.to_state,
+                "data": row.finish.data,
+                "detail": detail,
+                "result": result,
+                "expected": list(row.finish.action_ids),
+            }
+        )
+    return {"rows": _rows(values), "actor": WORKER_ACTOR}
+
+
+def _lock_params(rows: Sequence[Row]) -> dict[str, Any]:
     return {
-        **_fence_params(rows),
-        "request_ids": [row.claim.request_id for row in rows],
-        "states": [row.finish.to_state for row in rows],
-        "data": [_json(row.finish.data) for row in rows],
-        "details": [Jsonb(detail) for detail, _ in documents],
-        "results": [Jsonb(result) for _, result in documents],
-        "expected": [Jsonb(list(row.finish.action_ids)) for row in rows],
-        "actor": WORKER_ACTOR,
+        "rows": _rows(
+            [{**_fence(row.claim), "finishing": isinstance(row, FinishRow)} for row in rows]
+        )
     }
 
 
@@ -384,18 +411,13 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
             conn.execute("BEGIN")
             requests = (
                 statements.run(
-                    LOCK_REQUESTS, {"request_ids": [row.claim.request_id for row in finishes]}
+                    LOCK_REQUESTS,
+                    {"request_ids": Jsonb([str(row.claim.request_id) for row in finishes])},
                 )
                 if finishes
                 else None
             )
-            locked = statements.run(
-                LOCK_EXECUTIONS,
-                {
-                    **_fence_params(rows),
-                    "finishing": [isinstance(row, FinishRow) for row in rows],
-                },
-            )
+            locked = statements.run(LOCK_EXECUTIONS, _lock_params(rows))
             started = statements.run(START_MANY, _start_params(starts)) if starts else None
             succeeded = (
                 statements.run(SUCCEED_MANY, _succeed_params(succeeds)) if succeeds else None
