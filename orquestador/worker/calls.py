@@ -14,8 +14,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -25,7 +23,53 @@ class CallTimedOut(Exception):
     """The adapter did not return before its deadline; its outcome is unknown."""
 
 
-_Work = tuple[Callable[[Any], Any], Any, "Future[Any]", dict[str, Any]]
+class _Answer:
+    """A call's answer, waited for until a deadline; an abandoned call's answer is dropped.
+
+    Bare locks rather than a Future: a job makes this hand-off for every action, and
+    a Future's condition variable costs several times as much.
+    """
+
+    __slots__ = ("_done", "_error", "_lock", "_state", "_value")
+
+    _PENDING, _ANSWERED, _ABANDONED = 0, 1, 2
+
+    def __init__(self) -> None:
+        self._state = self._PENDING
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()  # guards _state
+        self._done = threading.Lock()  # released once answered
+        self._done.acquire()
+
+    def give(self, value: Any, error: BaseException | None) -> bool:
+        """From the call thread; False when the caller no longer listens."""
+        with self._lock:
+            if self._state == self._ABANDONED:
+                return False
+            self._state = self._ANSWERED
+            self._value, self._error = value, error
+        self._done.release()
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        """True once answered; False (and abandoned for good) when `timeout` ran out."""
+        if self._done.acquire(timeout=timeout):
+            return True
+        with self._lock:
+            if self._state == self._PENDING:
+                self._state = self._ABANDONED
+                return False
+        self._done.acquire()  # it answered in the instant between the two
+        return True
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+_Work = tuple[Callable[[Any], Any], Any, _Answer, dict[str, Any]]
 
 
 class _CallThread(threading.Thread):
@@ -39,7 +83,7 @@ class _CallThread(threading.Thread):
             work = self.inbox.get()
             if work is None:
                 return
-            function, argument, future, log_extra = work
+            function, argument, answer, log_extra = work
             result: Any = None
             failure: BaseException | None = None
             try:
@@ -49,14 +93,9 @@ class _CallThread(threading.Thread):
             # Back to the idle list before the caller hears, so that its next call
             # finds this thread instead of starting another one.
             keep = self._owner.give_back(self)
-            try:
-                if failure is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(failure)
-            except InvalidStateError:
+            if not answer.give(result, failure):
                 log.warning("adapter returned after its deadline; result dropped", extra=log_extra)
-            del work, function, argument, future, result, failure
+            del work, function, argument, answer, result, failure
             if not keep:
                 return
 
@@ -79,16 +118,12 @@ class AdapterCalls:
         log_extra: dict[str, Any] | None = None,
     ) -> Any:
         """The call's result or exception; CallTimedOut once `timeout` seconds have passed."""
-        future: Future[Any] = Future()
-        self._take().inbox.put((function, argument, future, log_extra or {}))
-        try:
-            return future.result(timeout=max(0.0, timeout))
-        except FutureTimeout:
-            # A pending future can always be cancelled: from now on the thread's
-            # late answer finds it cancelled and is dropped.
-            if future.cancel():
-                raise CallTimedOut() from None
-            return future.result()  # it answered in the instant between the two
+        answer = _Answer()
+        self._take().inbox.put((function, argument, answer, log_extra or {}))
+        if not answer.wait(max(0.0, timeout)):
+            # Abandoned: from now on the thread's late answer is dropped.
+            raise CallTimedOut()
+        return answer.result()
 
     def _take(self) -> _CallThread:
         with self._lock:

@@ -1,8 +1,8 @@
 """The protocol writer: one thread that writes the hot rows of many jobs in one transaction.
 
 Jobs do not write their RUNNING checkpoints, SUCCEEDED checkpoints and finishes
-themselves. Each hands its row to the writer and waits for that row's own answer
-(a future): the writer takes everything queued, writes it with `queue.batches`
+themselves. Each hands its row to the writer and waits for that row's own answer:
+the writer takes everything queued, writes it with `queue.batches`
 (multi-row statements, one transaction, one round trip) and answers each row. What
 arrives while a batch is being written forms the next one, so the busier the
 worker, the larger the batches, and the fewer statements and commits per execution.
@@ -19,7 +19,7 @@ worker, the larger the batches, and the fewer statements and commits per executi
   more. A lost connection fails every row of the batch with the same error, as each
   job's own statement would have failed: each job leaves RUNNING and its
   checkpoints for lease recovery, as before.
-- **Durable before answered**: a future is answered only after COMMIT returned, so
+- **Durable before answered**: a row is answered only after COMMIT returned, so
   a job calls its adapter only once its RUNNING checkpoint is committed, and runs
   its next action only once the SUCCEEDED one is.
 
@@ -35,7 +35,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -72,12 +71,35 @@ class WriterStats:
 
 
 class _Pending:
-    __slots__ = ("future", "retried", "row")
+    """One row and its answer; set once, by the writer thread, and waited for by its job.
+
+    A bare lock is the cheapest wake-up there is (a Future's condition variable costs
+    several times as much, and the writer answers thousands of rows a second).
+    """
+
+    __slots__ = ("_done", "_error", "_value", "answered", "retried", "row")
 
     def __init__(self, row: Row) -> None:
         self.row = row
-        self.future: Future[Any] = Future()
         self.retried = False  # a lone row that lost a race is tried once more
+        self.answered = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    def answer(self, value: Any = None, error: BaseException | None = None) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        self._value, self._error = value, error
+        self._done.release()
+
+    def wait(self) -> Any:
+        self._done.acquire()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 _STOP = object()
@@ -141,7 +163,7 @@ class ProtocolWriter:
                     target=self._loop, name="orquestador-writer", daemon=True
                 )
                 self._thread.start()
-        return pending.future.result()
+        return pending.wait()
 
     def queued(self) -> int:
         """Rows waiting for the writer (approximate while jobs come and go)."""
@@ -212,7 +234,7 @@ class ProtocolWriter:
                 self.before_batch([item.row for item in batch])
             answers = write_rows(self._connection(), [item.row for item in batch])
         except RowFailed as failed:
-            batch[failed.index].future.set_exception(failed.error)
+            batch[failed.index].answer(error=failed.error)
             rest = batch[: failed.index] + batch[failed.index + 1 :]
             if rest:
                 self._write_batch(rest)
@@ -230,9 +252,9 @@ class ProtocolWriter:
         self.stats.rows += len(batch)
         for item, answer in zip(batch, answers, strict=True):
             if isinstance(answer, BaseException):
-                item.future.set_exception(answer)
+                item.answer(error=answer)
             else:
-                item.future.set_result(answer)
+                item.answer(answer)
 
     def _failed(self, batch: list[_Pending], failed: BatchFailed) -> None:
         error = self._translated(failed.error, failed.sql)
@@ -262,8 +284,7 @@ class ProtocolWriter:
     @staticmethod
     def _fail_all(batch: Sequence[_Pending], error: BaseException) -> None:
         for item in batch:
-            if not item.future.done():
-                item.future.set_exception(error)
+            item.answer(error=error)
 
     def _translated(self, exc: psycopg.Error, sql: str) -> DBAPIError:
         # As queue/prepared.py raises them: SQLAlchemy's classes, never the parameters.
