@@ -15,7 +15,9 @@ dropped afterwards:
   polling_interval_sec=0.01, drained by one launched DBOS process. Rate: N over the
   first `started_at_epoch_ms` to the last `updated_at` of its workflow_status rows.
 - ours (benchmarks/throughput.py): the same-protocol and reference pgbench ceilings,
-  idle acceptance-to-start, and backlogs of one and of two no-op actions per transition
+  the batched pgbench ceiling (batched_protocol.py: --batched, the product's
+  one-at-a-time script and k executions per statement on the same data), idle
+  acceptance-to-start, and backlogs of one and of two no-op actions per transition
   (one process, concurrency 10), plus one-action backlogs with more processes
   (--processes). Rate: N over the first start to the last finish.
 
