@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -96,15 +97,21 @@ def test_the_flow_waits_without_a_thread_and_resumes_at_the_report(
 ) -> None:
     execution_id = start_execution(runtime_engine, decommission(60), {"machineId": "m-1"})
     command_id = command_of(runtime_engine)
-    wait_until(status_is(runtime_engine, execution_id, "WAITING"), what="the wait to park")
 
-    with runtime_engine.connect() as conn:
-        parked = conn.execute(
-            text("SELECT wait_key, lease_owner FROM execution WHERE id = :id"),
-            {"id": execution_id},
-        ).one()
-    assert parked.wait_key == f"machine_command:{command_id}"
-    assert parked.lease_owner is None  # no worker holds it while it waits
+    def parked() -> Any:
+        # Status and lease read together: the wait's next round may claim it again soon.
+        with runtime_engine.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT wait_key, lease_owner FROM execution"
+                    " WHERE id = :id AND status = 'WAITING'"
+                ),
+                {"id": execution_id},
+            ).first()
+
+    row = wait_until(parked, what="the wait to park")
+    assert row.wait_key == f"machine_command:{command_id}"
+    assert row.lease_owner is None  # no worker holds it while it waits
 
     report(runtime_engine, command_id, "running")
     reported = time.monotonic()
