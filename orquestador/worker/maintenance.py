@@ -24,6 +24,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from orquestador.config import Settings
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
+from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
     EMAIL_OUTBOX_DEPTH,
     MAINTENANCE_LEADER,
@@ -110,20 +111,6 @@ class PassReport:
 
 # --- retention ----------------------------------------------------------------
 
-_DELETE_FINAL_COMMANDS = text(
-    """
-    DELETE FROM machine_command
-    WHERE id IN (
-        SELECT id FROM machine_command
-        WHERE status IN ('succeeded', 'failed', 'timed_out')
-          AND finished_at <= clock_timestamp() - make_interval(days => :days)
-        ORDER BY finished_at
-        LIMIT :batch
-        FOR UPDATE SKIP LOCKED
-    )
-    """
-)
-
 # Delivered e-mails (and those given up on) past their age; a pending one never.
 _DELETE_FINAL_EMAILS = text(
     """
@@ -164,14 +151,6 @@ _PURGE_SIMULATIONS = text(
 )
 
 
-def _delete_final_commands(conn: Connection, days: int, batch: int) -> int:
-    try:  # the machines area's own retention, when this build has it
-        from orquestador.machines.retention import delete_final_commands
-    except ImportError:
-        return conn.execute(_DELETE_FINAL_COMMANDS, {"days": days, "batch": batch}).rowcount
-    return delete_final_commands(conn, days, batch)
-
-
 Deleter = Callable[[Connection, int, int], int]
 
 
@@ -190,7 +169,7 @@ def _purge_simulations(conn: Connection, days: int, batch: int) -> int:
 def retention_rules(settings: Settings) -> list[tuple[str, int, Deleter]]:
     """(table, age in days, delete one batch) for every table with a retention period."""
     return [
-        ("machine_command", settings.machine_command_retention_days, _delete_final_commands),
+        ("machine_command", settings.machine_command_retention_days, delete_final_commands),
         ("email_outbox", settings.email_retention_days, _rows_deleted_by(_DELETE_FINAL_EMAILS)),
         (
             "panel_notice",
