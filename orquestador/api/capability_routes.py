@@ -41,9 +41,9 @@ def capability_view(adapter: Adapter) -> dict[str, Any]:
     """What a flow author may know of an adapter: its declared contract, nothing it runs with.
 
     The invoke and lookup functions, and whatever they close over (URLs, headers,
-    secrets), stay out. A dry run calls `simulate` (built-ins) or returns a route's
-    `example` instead of calling; an adapter with neither (the attribute may be absent)
-    cannot simulate unless it runs only in simulation.
+    secrets), stay out. A dry run calls `simulate` instead (built-ins, and routes that
+    declare an `example`); an adapter without it cannot simulate unless it runs only in
+    simulation.
     """
     return {
         "capability": adapter.capability,
@@ -52,9 +52,7 @@ def capability_view(adapter: Adapter) -> dict[str, Any]:
         "inputSchema": adapter.input_schema,
         "outputSchema": adapter.output_schema,
         "canLookUp": adapter.lookup is not None,
-        "canSimulate": adapter.simulation_only
-        or adapter.simulate is not None
-        or getattr(adapter, "example", None) is not None,
+        "canSimulate": adapter.simulation_only or adapter.simulate is not None,
         "timeoutSeconds": adapter.timeout_seconds,
         "maxAttempts": adapter.max_attempts,
     }

@@ -9,6 +9,7 @@ the URL or its query, since those may carry secrets.
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import json
 import logging
@@ -75,6 +76,15 @@ def http_adapter(route: Route) -> Adapter:
         def lookup(ctx: ActionContext) -> LookupResult:
             return look_up(route, ctx)
 
+    simulate = None
+    if route.example is not None:
+        example = route.example
+
+        def simulate(ctx: ActionContext) -> dict[str, Any]:
+            # A dry run answers the operator's example and calls nobody.
+            ctx.observe({"summary": f"would call {route.method} {route.capability}"})
+            return copy.deepcopy(example)
+
     return Adapter(
         capability=route.capability,
         version=route.version,
@@ -84,6 +94,7 @@ def http_adapter(route: Route) -> Adapter:
         timeout_seconds=route.timeout_seconds,
         max_attempts=route.max_attempts,
         invoke=lambda ctx: call(route, ctx),
+        simulate=simulate,
         lookup=lookup,
         lookup_timeout_seconds=(route.lookup.timeout_seconds if route.lookup else None),
     )

@@ -6,7 +6,6 @@ import sys
 import types
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -29,13 +28,6 @@ MODULE = "orq_test_capability_adapters"
 # What the adapter reaches its provider with: none of it may leave through the API.
 PROVIDER_URL = "https://billing.invalid/v1/invoices"
 PROVIDER_TOKEN = "sk_live_capability_secret_0123456789"
-
-
-@dataclass(frozen=True)
-class _WithExample(Adapter):
-    """An adapter that declares what a dry run returns (Adapter may not have the field yet)."""
-
-    example: dict[str, Any] | None = None
 
 
 def _create_invoice(ctx: ActionContext) -> dict[str, Any]:
@@ -64,7 +56,7 @@ INVOICE_V1 = Adapter(
     max_attempts=3,
     invoke=_create_invoice,
 )
-QUOTE = _WithExample(
+QUOTE = Adapter(
     capability="acme.quote",
     version=1,
     effect=Effect.READ_ONLY,
@@ -73,7 +65,7 @@ QUOTE = _WithExample(
     timeout_seconds=5,
     max_attempts=2,
     invoke=_create_invoice,
-    example={"price": 10},
+    simulate=lambda ctx: {"price": 10},  # what a dry run answers instead of calling
 )
 
 

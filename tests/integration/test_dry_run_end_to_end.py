@@ -8,13 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from api_support import Api, running_api
+from api_support import ORG, Api, running_api
 from automation_support import count
+from route_provider import RouteProvider
 from sqlalchemy import Engine, text
 from worker_support import settings, wait_until
 
 from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.actions.builtin import register_builtins
+from orquestador.integrations.http_adapter import http_adapter
+from orquestador.integrations.routes import load_routes
 from orquestador.worker.daemon import Worker
 
 # Power a machine off, then charge for it: a command row and an invoice, were it real.
@@ -58,6 +61,22 @@ CHARGED_POWER_OFF: dict[str, Any] = {
                     "capability": "test.charge",
                     "version": 1,
                     "input": {"machineId": {"from": "/data/machineId"}},
+                },
+                {
+                    "id": "invoice",
+                    "capability": "billing.invoice",
+                    "version": 1,
+                    "input": {"amount": {"const": 42}},
+                },
+                {
+                    "id": "tell",
+                    "capability": "notify",
+                    "version": 1,
+                    "input": {
+                        "title": {"const": "Machine off"},
+                        "body": {"const": "m-1 was powered off"},
+                        "email": {"const": True},
+                    },
                 },
             ],
             "decision": {
@@ -111,11 +130,38 @@ def charge() -> Charge:
     return Charge()
 
 
+# An operator's HTTP route with the example a dry run answers instead of calling.
+INVOICE_ROUTE = """
+[[route]]
+capability = "billing.invoice"
+version = 1
+effect = "NON_IDEMPOTENT_WRITE"
+method = "POST"
+url = "${BILLING_URL}/v1/invoices"
+timeout_seconds = 2
+max_attempts = 1
+input_schema = { type = "object", required = ["amount"] }
+output_schema = { type = "object", required = ["id"] }
+response = { id = "/id" }
+example = { id = "inv_example" }
+"""
+
+
 @pytest.fixture
-def registry(database, charge: Charge) -> AdapterRegistry:
+def provider() -> Iterator[RouteProvider]:
+    with RouteProvider().serve() as served:
+        yield served
+
+
+@pytest.fixture
+def registry(database, charge: Charge, provider: RouteProvider, tmp_path) -> AdapterRegistry:
     registry = AdapterRegistry()
     register_builtins(registry, settings(database_url=database.runtime_dsn))
     registry.add(charge.adapter())
+    path = tmp_path / "integrations.toml"
+    path.write_text(INVOICE_ROUTE)
+    for route in load_routes(path, {"BILLING_URL": provider.url}, lease_seconds=30):
+        registry.add(http_adapter(route))
     return registry
 
 
@@ -126,8 +172,21 @@ def api(database, registry: AdapterRegistry) -> Iterator[Api]:
 
 
 def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
-    api: Api, runtime_engine: Engine, registry: AdapterRegistry, charge: Charge
+    api: Api,
+    runtime_engine: Engine,
+    registry: AdapterRegistry,
+    charge: Charge,
+    provider: RouteProvider,
 ) -> None:
+    # Everything a real run would need to write: e-mail recipients, a provider.
+    with runtime_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO notification_preference (org_id, recipients)"
+                " VALUES (:org, '[\"ops@example.com\"]')"
+            ),
+            {"org": ORG},
+        )
     flow_id = api.publish(CHARGED_POWER_OFF)["id"]
     worker = Worker(settings(database_url=api.settings.database_url), runtime_engine, registry)
     worker.start()
@@ -152,10 +211,19 @@ def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
         ("send", "machine.command", "IDEMPOTENT_WRITE"),
         ("wait", "machine.wait", "READ_ONLY"),
         ("charge", "test.charge", "NON_IDEMPOTENT_WRITE"),
+        ("invoice", "billing.invoice", "NON_IDEMPOTENT_WRITE"),
+        ("tell", "notify", "IDEMPOTENT_WRITE"),
     ]
     assert view["wouldHaveDone"][2]["summary"] == "would charge for machine m-1"
     assert (charge.invoked, charge.simulated) == (0, 1)
+    # Nothing reached the world: no command row, no provider call, no e-mail queued;
+    # the notice is written, marked as a test.
     assert count(runtime_engine, "machine_command") == 0
+    assert provider.received == []
+    assert count(runtime_engine, "email_outbox") == 0
+    with runtime_engine.connect() as connection:
+        notices = connection.execute(text("SELECT test, email FROM panel_notice")).all()
+    assert [tuple(n) for n in notices] == [(True, "simulation")]
     with runtime_engine.connect() as connection:
         request = connection.execute(text("SELECT state, simulation FROM request")).one()
     assert tuple(request) == ("off", True)
