@@ -286,12 +286,15 @@ def test_metrics_and_json_logs_of_a_run_that_used_secrets(
     worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def sampled() -> str | None:
+        # The leader samples every second; a pass that ran before the execution ended
+        # still counts it, so wait for one that ran after.
         text = _call(worker_metrics)[1]
         leader = _samples(text or "", "orquestador_maintenance_leader")
         depth = _samples(text or "", "orquestador_queue_depth")
-        return text if leader.get("") == 1.0 and depth else None
+        settled = depth.get('status="PENDING"') == 0.0 and depth.get('status="RUNNING"') == 0.0
+        return text if leader.get("") == 1.0 and settled else None
 
-    text = _wait_for(sampled, 30, "the maintenance leader's first pass")
+    text = _wait_for(sampled, 30, "a maintenance pass after the execution ended")
     assert _samples(text, "orquestador_claim_batch_size_count")[""] >= 3  # first try + 2 retries
     assert _samples(text, "orquestador_queue_depth")['status="PENDING"'] == 0.0
     assert _samples(text, "orquestador_lease_lost_total")[""] == 0.0
