@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from flask import Blueprint, Response, g, jsonify, request
@@ -31,6 +28,7 @@ from orquestador.api.body import pointer, read_json_object
 from orquestador.api.capability_routes import ADAPTERS_EXTENSION as ADAPTERS_EXTENSION
 from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import api_context, engine
+from orquestador.api.paging import cursor, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CANCEL_BODY, RECONCILIATION_BODY
 from orquestador.api.views import (
@@ -58,7 +56,6 @@ blueprint = Blueprint("executions", __name__, url_prefix=f"{API_PREFIX}/executio
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-MAX_CURSOR_CHARACTERS = 200
 
 # ADAPTERS_EXTENSION is imported above under its own name: tests and embedders have
 # named it through this module.
@@ -322,38 +319,29 @@ def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:
     return [Problem(path, invalid.message) for path in invalid.paths]
 
 
-def _query_problem(name: str, message: str) -> ApiProblem:
-    return ApiProblem(
-        400,
-        "QUERY_INVALID",
-        "A query parameter is invalid.",
-        problems=[Problem(f"/{name}", message)],
-    )
-
-
 def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
     status = args.get("status")
     if status is not None and status not in EXECUTION_STATUSES:
-        raise _query_problem("status", f"one of {', '.join(EXECUTION_STATUSES)}")
+        raise query_problem("status", f"one of {', '.join(EXECUTION_STATUSES)}")
     limit_text = args.get("limit")
     limit = DEFAULT_PAGE_SIZE
     if limit_text is not None:
         if not re.fullmatch(r"[0-9]{1,4}", limit_text) or not (
             1 <= int(limit_text) <= MAX_PAGE_SIZE
         ):
-            raise _query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
+            raise query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
         limit = int(limit_text)
     after_text = args.get("after")
     simulation = args.get("simulation", "false")
     if simulation not in ("true", "false"):
-        raise _query_problem("simulation", "true or false")
+        raise query_problem("simulation", "true or false")
     return ExecutionFilter(
         simulation=simulation == "true",
         limit=limit,
         status=status,
         flow_id=_uuid_argument(args, "flowId"),
         request_id=_uuid_argument(args, "requestId"),
-        after=_read_cursor(after_text) if after_text is not None else None,
+        after=read_cursor(after_text) if after_text is not None else None,
     )
 
 
@@ -364,26 +352,4 @@ def _uuid_argument(args: Mapping[str, str], name: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise _query_problem(name, "a UUID") from None
-
-
-def cursor(row: Any) -> str:
-    """Opaque to clients: where the page ended, as (created_at, id)."""
-    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def _read_cursor(text: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        if len(text) > MAX_CURSOR_CHARACTERS:
-            raise ValueError("too long")
-        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
-        created, separator, identifier = (
-            base64.urlsafe_b64decode(padded).decode("utf-8").partition("|")
-        )
-        at = datetime.fromisoformat(created)
-        if not separator or at.tzinfo is None:
-            raise ValueError("not a cursor")
-        return at.astimezone(UTC), uuid.UUID(identifier)
-    except (ValueError, binascii.Error, OverflowError):
-        raise _query_problem("after", "not a cursor this API handed out") from None
+        raise query_problem(name, "a UUID") from None

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -17,10 +14,10 @@ from sqlalchemy import insert
 from orquestador.api.auth import SCOPE_NOTICES_READ, SCOPE_ORG_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import engine
+from orquestador.api.paging import cursor, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.db.schema import audit_event
-from orquestador.domain.errors import Problem
 from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 from orquestador.notices.preferences import (
     preference_problems,
@@ -34,7 +31,6 @@ blueprint = Blueprint("notices", __name__, url_prefix=API_PREFIX)
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-MAX_CURSOR_CHARACTERS = 200
 AUDIT_PREFERENCES_CHANGED = "NOTIFICATION_PREFERENCES_CHANGED"
 
 PREFERENCES_BODY: dict[str, Any] = {
@@ -69,7 +65,7 @@ def listing() -> Response:
     return jsonify(
         {
             "items": [notice_view(row) for row in rows],
-            "next": _cursor(rows[-1]) if more else None,
+            "next": cursor(rows[-1]) if more else None,
         }
     )
 
@@ -134,50 +130,19 @@ def replace_notification_preferences(org: str) -> Response:
 # --- query parameters ----------------------------------------------------------------
 
 
-def _query_problem(name: str, message: str) -> ApiProblem:
-    return ApiProblem(
-        400,
-        "QUERY_INVALID",
-        "A query parameter is invalid.",
-        problems=[Problem(f"/{name}", message)],
-    )
-
-
 def _notice_page(args: Mapping[str, str]) -> NoticePage:
     include = args.get("includeDismissed", "false")
     if include not in ("true", "false"):
-        raise _query_problem("includeDismissed", "true or false")
+        raise query_problem("includeDismissed", "true or false")
     limit = DEFAULT_PAGE_SIZE
     limit_text = args.get("limit")
     if limit_text is not None:
         if not re.fullmatch(r"[0-9]{1,4}", limit_text) or not 1 <= int(limit_text) <= MAX_PAGE_SIZE:
-            raise _query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
+            raise query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
         limit = int(limit_text)
     after = args.get("after")
     return NoticePage(
         limit=limit,
         include_dismissed=include == "true",
-        after=_read_cursor(after) if after is not None else None,
+        after=read_cursor(after) if after is not None else None,
     )
-
-
-def _cursor(row: Any) -> str:
-    """Opaque to clients: where the page ended, as (created_at, id)."""
-    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def _read_cursor(text: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        if len(text) > MAX_CURSOR_CHARACTERS:
-            raise ValueError("too long")
-        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
-        created, separator, identifier = (
-            base64.urlsafe_b64decode(padded).decode("utf-8").partition("|")
-        )
-        at = datetime.fromisoformat(created)
-        if not separator or at.tzinfo is None:
-            raise ValueError("not a cursor")
-        return at.astimezone(UTC), uuid.UUID(identifier)
-    except (ValueError, binascii.Error, OverflowError):
-        raise _query_problem("after", "not a cursor this API handed out") from None

@@ -27,11 +27,11 @@ from orquestador.api.access import ResourceAccess
 from orquestador.api.auth import SCOPE_REQUESTS_READ, Caller, InvalidToken
 from orquestador.api.context import api_context, engine
 from orquestador.api.execution_routes import (
-    cursor,
     execution_filter,
     read_execution,
     read_view_facts,
 )
+from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
 from orquestador.api.views import execution_views
 
