@@ -18,43 +18,12 @@ from tests.integration.api_support import Api, running_api
 from tests.integration.worker_support import (
     ORG,
     OWNER,
-    action,
-    flow_definition,
+    decommission,
     settings,
     start_execution,
     status_is,
     wait_until,
 )
-
-
-def _decommission(deadline_seconds: int) -> dict:
-    return flow_definition(
-        [
-            action(
-                "send",
-                "machine.command",
-                input={"machineId": {"from": "/data/machineId"}, "command": {"const": "poweroff"}},
-                onError="attention",
-            ),
-            action(
-                "wait",
-                "machine.wait",
-                input={
-                    "commandId": {"from": "/actions/send/commandId"},
-                    "deadlineSeconds": {"const": deadline_seconds},
-                },
-                onError="attention",
-            ),
-        ],
-        decision={
-            "hitPolicy": "FIRST",
-            "inputs": ["/actions/wait/status"],
-            "rules": [
-                {"id": "ok", "when": ['"succeeded"'], "then": {"to": "done", "outcome": "DONE"}},
-                {"id": "other", "when": ["-"], "then": {"to": "attention", "outcome": "REVIEW"}},
-            ],
-        },
-    )
 
 
 @pytest.fixture
@@ -110,7 +79,7 @@ def _wait_step(api: Api, execution_id: uuid.UUID) -> dict:
 def test_a_deadline_run_out_shows_sent_then_timed_out_now_and_later_that_it_was_purged(
     worker: Worker, runtime_engine: Engine, api: Api
 ) -> None:
-    execution_id = start_execution(runtime_engine, _decommission(1), {"machineId": "m-1"})
+    execution_id = start_execution(runtime_engine, decommission(1), {"machineId": "m-1"})
     command_id = _sent(runtime_engine)
     wait_until(status_is(runtime_engine, execution_id, "FAILED"), what="the deadline to pass")
 
@@ -137,7 +106,7 @@ def test_a_deadline_run_out_shows_sent_then_timed_out_now_and_later_that_it_was_
 def test_a_command_that_succeeds_in_time_shows_the_rule_that_decided(
     worker: Worker, runtime_engine: Engine, api: Api
 ) -> None:
-    execution_id = start_execution(runtime_engine, _decommission(60), {"machineId": "m-1"})
+    execution_id = start_execution(runtime_engine, decommission(60), {"machineId": "m-1"})
     command_id = _sent(runtime_engine)
     # Reported once the wait has parked: a report that lands while the wait's round is
     # still running wakes nothing, and the round sleeps its own check_again_in first.

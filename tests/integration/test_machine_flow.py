@@ -16,47 +16,15 @@ from orquestador.machines import claim_next, report_status
 from orquestador.worker.daemon import Worker
 from tests.integration.worker_support import (
     ORG,
-    action,
     audit,
+    decommission,
     execution,
-    flow_definition,
     request_row,
     settings,
     start_execution,
     status_is,
     wait_until,
 )
-
-
-def decommission(deadline_seconds: int) -> dict:
-    return flow_definition(
-        [
-            action(
-                "send",
-                "machine.command",
-                input={"machineId": {"from": "/data/machineId"}, "command": {"const": "poweroff"}},
-                onError="attention",
-            ),
-            action(
-                "wait",
-                "machine.wait",
-                input={
-                    "commandId": {"from": "/actions/send/commandId"},
-                    "deadlineSeconds": {"const": deadline_seconds},
-                },
-                onError="attention",
-            ),
-        ],
-        decision={
-            "hitPolicy": "FIRST",
-            "inputs": ["/actions/wait/status"],
-            "rules": [
-                {"id": "ok", "when": ['"succeeded"'], "then": {"to": "done", "outcome": "DONE"}},
-                {"id": "other", "when": ["-"], "then": {"to": "attention", "outcome": "REVIEW"}},
-            ],
-        },
-        updates=[{"path": "/power", "from": "/actions/wait/status"}],
-    )
 
 
 @pytest.fixture

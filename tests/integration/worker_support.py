@@ -327,3 +327,35 @@ def registry_of(*doubles: RecordingAdapter) -> AdapterRegistry:
     for double in doubles:
         registry.add(double.adapter())
     return registry
+
+
+def decommission(deadline_seconds: int) -> dict:
+    """The docs' decommission transition on the machine built-ins: send poweroff, wait."""
+    return flow_definition(
+        [
+            action(
+                "send",
+                "machine.command",
+                input={"machineId": {"from": "/data/machineId"}, "command": {"const": "poweroff"}},
+                onError="attention",
+            ),
+            action(
+                "wait",
+                "machine.wait",
+                input={
+                    "commandId": {"from": "/actions/send/commandId"},
+                    "deadlineSeconds": {"const": deadline_seconds},
+                },
+                onError="attention",
+            ),
+        ],
+        decision={
+            "hitPolicy": "FIRST",
+            "inputs": ["/actions/wait/status"],
+            "rules": [
+                {"id": "ok", "when": ['"succeeded"'], "then": {"to": "done", "outcome": "DONE"}},
+                {"id": "other", "when": ["-"], "then": {"to": "attention", "outcome": "REVIEW"}},
+            ],
+        },
+        updates=[{"path": "/power", "from": "/actions/wait/status"}],
+    )
