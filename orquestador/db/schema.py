@@ -466,6 +466,11 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
 PURGE_SIMULATIONS_FUNCTION = "orquestador_purge_simulations"
 PURGE_SIMULATIONS_SIGNATURE = f"{PURGE_SIMULATIONS_FUNCTION}(interval, integer)"
 
+# Migration 0010: the protocol writer's batch in one call (queue/batches.py), run with
+# the caller's rights.
+WRITE_BATCH_FUNCTION = "orquestador_write_batch"
+WRITE_BATCH_SIGNATURE = f"{WRITE_BATCH_FUNCTION}(jsonb, jsonb, jsonb, jsonb, jsonb, text)"
+
 # Accepting a transition notifies this channel in the same transaction, so an idle
 # worker claims at once instead of waiting for its next poll.
 EXECUTION_READY_CHANNEL = "orquestador_execution_ready"

@@ -62,6 +62,7 @@ from orquestador.queue import (
     schedule_retry,
     succeed_checkpoint,
 )
+from orquestador.queue.batches import SucceedRow
 from orquestador.queue.outcomes import WORKER_ACTOR
 from orquestador.queue.waits import NOT_READY, park_waiting
 from orquestador.worker.backoff import RetryPolicy
@@ -316,16 +317,26 @@ class _ExecutionRun:
         self.stop = stop
         self.outputs: dict[str, Any] = {}
         self.loaded: LoadedExecution | None = None
+        # The last step's SUCCEEDED checkpoint, held back to ride in the finish's
+        # transaction; written on its own before any other ending.
+        self.held_back: SucceedRow | None = None
 
     # --- outcomes -----------------------------------------------------------
 
+    def write_held_back(self) -> None:
+        if self.held_back is not None:
+            row, self.held_back = self.held_back, None
+            self.x.writer(self.conn).succeed(row.claim, row.action_id, row.output, row.observed)
+
     def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
+        self.write_held_back()
         status = fail_execution(self.conn, self.claim, code, attempt_outcome=outcome, detail=detail)
         raise ExecutionEnded(status)
 
     def reconcile(
         self, reason: str, outcome: CheckpointOutcome | None = None, **detail: Any
     ) -> None:
+        self.write_held_back()
         require_reconciliation(
             self.conn, self.claim, reason, attempt_outcome=outcome, detail=detail
         )
@@ -352,12 +363,14 @@ class _ExecutionRun:
         if transition is None:
             self.fail("TRANSITION_UNKNOWN", transitionId=loaded.transition_id)
         assert transition is not None
+        action_ids = [a.id for a in transition.actions]
         for spec in transition.actions:
             if self.stop.is_set():
                 release_lease(self.conn, claim)
                 log.info("stopping between actions; lease released", extra=claim.log_extra)
                 return ABANDONED
-            self.outputs[spec.id] = self.run_action(spec, [a.id for a in transition.actions])
+            last = spec is transition.actions[-1]
+            self.outputs[spec.id] = self.run_action(spec, action_ids, hold_back=last)
 
         context = build_context(loaded.data, self.outputs, loaded.request_id, loaded.accepted_state)
         try:
@@ -378,13 +391,14 @@ class _ExecutionRun:
             outcome=decided.outcome,
             hit_policy=decided.hit_policy,
             rule_ids=list(decided.rule_ids),
-            action_ids=[a.id for a in transition.actions],
+            action_ids=action_ids,
             data=data,
         )
         hook = self.x.hooks.before_finish_commit
+        riding, self.held_back = self.held_back, None
         try:
             self.x.writer(self.conn).finish(
-                claim, finish, before_commit=(lambda: hook(claim)) if hook else None
+                claim, finish, before_commit=(lambda: hook(claim)) if hook else None, succeed=riding
             )
         except RequestChanged:
             self.fail("REQUEST_CHANGED")
@@ -393,8 +407,18 @@ class _ExecutionRun:
         except LeaseLost:
             raise
         except Exception as exc:
-            # Everything of the finish rolled back; the checkpoints and RUNNING stay,
-            # and the next holder of the lease finishes from them without re-invoking.
+            # Everything of the finish rolled back, the riding checkpoint too: it is
+            # written on its own now. The checkpoints and RUNNING stay, and the next
+            # holder of the lease finishes from them without re-invoking.
+            self.held_back = riding
+            try:
+                self.write_held_back()
+            except Exception as again:
+                log.warning(
+                    "SUCCEEDED checkpoint not written after a failed finish: %s",
+                    error_line(again),
+                    extra=claim.log_extra,
+                )
             log.warning(
                 "finish failed, left for lease recovery: %s", error_line(exc), extra=claim.log_extra
             )
@@ -402,7 +426,9 @@ class _ExecutionRun:
         log.info("execution succeeded", extra=claim.log_extra)
         return "SUCCEEDED"
 
-    def run_action(self, spec: ActionSpec, action_ids: list[str]) -> Any:
+    def run_action(self, spec: ActionSpec, action_ids: list[str], *, hold_back: bool) -> Any:
+        """Run one step to its output; with `hold_back`, a safe-to-repeat step's SUCCEEDED
+        checkpoint is kept for the finish's transaction instead of written now."""
         loaded = self.loaded
         assert loaded is not None
         claim = self.claim
@@ -583,7 +609,13 @@ class _ExecutionRun:
                 "effect": adapter.effect.value,
                 "summary": str((observed or {}).get("summary") or f"would call {adapter.key}"),
             }
-        if audit is None:
+        if audit is None and hold_back and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
+            # Repeating this step is safe, so its checkpoint may commit with the finish
+            # (one transaction less per execution): a crash before that commit leaves it
+            # RUNNING, as a crash a moment after the call always could. A non-idempotent
+            # write's success is never left to ride: it commits before anything else.
+            self.held_back = SucceedRow(claim, spec.id, output, observed)
+        elif audit is None:
             self.x.writer(self.conn).succeed(claim, spec.id, output, observed)
         else:  # a dry run's simulated call: its audit row goes with the checkpoint
             succeed_checkpoint(self.conn, claim, spec.id, output, observed, audit)

@@ -149,10 +149,19 @@ class ProtocolWriter:
         self._write(SucceedRow(claim, action_id, output, observed or None))
 
     def finish(
-        self, claim: Claim, finish: Finish, before_commit: Callable[[], None] | None = None
+        self,
+        claim: Claim,
+        finish: Finish,
+        before_commit: Callable[[], None] | None = None,
+        succeed: SucceedRow | None = None,
     ) -> None:
-        """The transition, committed atomically. As `queue.finish_execution`."""
-        self._write(FinishRow(claim, finish, before_commit))
+        """The transition, committed atomically. As `queue.finish_execution`.
+
+        With `succeed`, the last step's SUCCEEDED checkpoint is written first in the
+        same transaction (see FinishRow). RequestChanged or ContractMismatch raised here
+        come after a commit that wrote it; any other error means nothing was written.
+        """
+        self._write(FinishRow(claim, finish, before_commit, succeed))
 
     def _write(self, row: Row) -> Any:
         pending = _Pending(row)

@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from orquestador.errors import LeaseLost, RequestChanged
 from orquestador.queue import ActionAttempt, Claim, Finish, claim_due_executions
+from orquestador.queue.batches import SucceedRow
 from orquestador.worker.executor import Executor
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.protocol_writer import ProtocolWriter
@@ -237,9 +238,10 @@ def test_a_lone_job_is_written_at_once_without_waiting_for_company(runtime_engin
     start_execution(runtime_engine, flow_definition([action("a", "test.write")]))
     assert run_once(runtime_engine, executor) == "SUCCEEDED"
     stats = executor.writer_stats()
-    # RUNNING, SUCCEEDED and the finish: three rows, each its own transaction, written
-    # as soon as it arrived (no bounded wait taken: no other job was running).
-    assert (stats.rows, stats.batches, stats.gather_waits) == (3, 3, 0)
+    # RUNNING, then the finish with the last SUCCEEDED riding in it: two rows, each its
+    # own transaction, written as soon as it arrived (no bounded wait taken: no other
+    # job was running).
+    assert (stats.rows, stats.batches, stats.gather_waits) == (2, 2, 0)
     executor.close()
 
 
@@ -271,5 +273,43 @@ def test_concurrent_jobs_share_transactions_and_all_succeed(runtime_engine):
     for execution_id in ids:
         assert len(audit(runtime_engine, execution_id, "TRANSITION_COMPLETED")) == 1
     stats = executor.writer_stats()
-    assert stats.rows == 30 and stats.batches < 30
+    assert stats.rows == 20 and stats.batches < 20
     executor.close()
+
+
+def test_a_riding_checkpoint_stays_written_when_its_finish_is_refused(runtime_engine):
+    (claim,) = _claims(runtime_engine, 1)
+    writer = _writer(runtime_engine)
+    writer.start(claim, _attempt(claim))
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE request SET revision = revision + 1, state = 'other' WHERE id = :id"),
+            {"id": claim.request_id},
+        )
+    riding = SucceedRow(claim, "a", {"ok": True}, None)
+    with pytest.raises(RequestChanged):
+        writer.finish(claim, _finish({"n": 2}), succeed=riding)
+    # The transaction committed: the step's success is kept, the finish is not.
+    row = checkpoints(runtime_engine, claim.execution_id)["a"]
+    assert (row.status, row.output) == ("SUCCEEDED", {"ok": True})
+    assert execution(runtime_engine, claim.execution_id).status == "RUNNING"
+    writer.close()
+
+
+def test_a_riding_checkpoint_is_rolled_back_with_its_failed_finish(runtime_engine):
+    (claim,) = _claims(runtime_engine, 1)
+    writer = _writer(runtime_engine)
+    writer.start(claim, _attempt(claim))
+
+    def explode() -> None:
+        raise RuntimeError("injected before commit")
+
+    riding = SucceedRow(claim, "a", {"ok": True}, None)
+    with pytest.raises(RuntimeError):
+        writer.finish(claim, _finish({"n": 2}), explode, succeed=riding)
+    # All or nothing: the job hears an error that is not a refusal and writes it alone.
+    assert checkpoints(runtime_engine, claim.execution_id)["a"].status == "RUNNING"
+    writer.succeed(claim, "a", {"ok": True}, None)
+    writer.finish(claim, _finish({"n": 2}))
+    assert execution(runtime_engine, claim.execution_id).status == "SUCCEEDED"
+    writer.close()

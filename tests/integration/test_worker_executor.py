@@ -435,3 +435,59 @@ def test_a_stale_worker_returning_late_cannot_overwrite_the_new_result(runtime_e
     assert req.data == {"by": "fresh"} and req.revision == 3
     assert checkpoints(runtime_engine, eid)["w"].output == {"echo": "fresh"}
     assert len(audit(runtime_engine, eid, "TRANSITION_COMPLETED")) == 1
+
+
+def _writers(engine, execution_id) -> dict[str, int]:
+    # The id of the transaction that last wrote each row of the execution.
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT 'execution' AS row, xmin::text::bigint AS tx FROM execution"
+                " WHERE id = :id UNION ALL SELECT action_id, xmin::text::bigint"
+                " FROM action_execution WHERE execution_id = :id"
+            ),
+            {"id": execution_id},
+        ).all()
+    return {row.row: row.tx for row in rows}
+
+
+def test_a_safe_last_steps_success_commits_with_the_finish(runtime_engine):
+    first, second = _doubles()
+    eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
+    assert run_once(runtime_engine, Executor(registry_of(first, second), settings())) == (
+        "SUCCEEDED"
+    )
+    written = _writers(runtime_engine, eid)
+    # One transaction less per execution: the last checkpoint rode in the finish's; the
+    # first step's SUCCEEDED committed on its own before the second step began.
+    assert written["second"] == written["execution"]
+    assert written["first"] != written["execution"]
+    assert {v.status for v in checkpoints(runtime_engine, eid).values()} == {"SUCCEEDED"}
+
+
+def test_a_non_idempotent_last_steps_success_commits_before_the_finish(runtime_engine):
+    pay = Double("test.pay", Effect.NON_IDEMPOTENT_WRITE)
+    eid = start_execution(runtime_engine, flow_definition([action("pay", "test.pay")]))
+    assert run_once(runtime_engine, Executor(registry_of(pay), settings())) == "SUCCEEDED"
+    written = _writers(runtime_engine, eid)
+    # Never left to ride: a crash inside the finish must not turn a done payment into
+    # a doubt, so its SUCCEEDED is durable before the finish begins.
+    assert written["pay"] != written["execution"]
+
+
+def test_a_failed_decision_keeps_the_last_steps_success(runtime_engine):
+    # The decision's data fails the schema after the last step, a write, succeeded: the
+    # held-back SUCCEEDED checkpoint is written first, so the write is known done and
+    # the request stays blocked for an operator instead of being released as FAILED.
+    write = Double("test.write", output=lambda ctx: {"n": "not a number"})
+    definition = flow_definition(
+        [action("w", "test.write")], updates=[{"path": "/n", "from": "/actions/w/n"}]
+    )
+    definition["dataSchema"] = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    eid = start_execution(runtime_engine, definition, {"n": 1})
+    assert run_once(runtime_engine, Executor(registry_of(write), settings())) == (
+        "RECONCILIATION_REQUIRED"
+    )
+    assert execution(runtime_engine, eid).error_code == "DATA_INVALID"
+    cp = checkpoints(runtime_engine, eid)["w"]
+    assert (cp.status, cp.output) == ("SUCCEEDED", {"n": "not a number"})

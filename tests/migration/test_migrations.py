@@ -13,7 +13,12 @@ from sqlalchemy import Connection, create_engine, inspect, pool, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from orquestador.db import migrate
-from orquestador.db.schema import PURGE_SIMULATIONS_SIGNATURE, RUNTIME_GRANTS, metadata
+from orquestador.db.schema import (
+    PURGE_SIMULATIONS_SIGNATURE,
+    RUNTIME_GRANTS,
+    WRITE_BATCH_SIGNATURE,
+    metadata,
+)
 from tests.db_support import (
     RUNTIME_ROLE,
     TestServer,
@@ -171,6 +176,15 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         assert first_starts == 0
 
     _step(server, name, "0009")
+
+    _step(server, name, "0010")
+    with engine.connect() as connection:
+        # The protocol writer's batch function, run with the caller's rights.
+        definer = connection.execute(
+            text("SELECT prosecdef FROM pg_proc WHERE oid = to_regprocedure(:f)"),
+            {"f": WRITE_BATCH_SIGNATURE},
+        ).scalar_one()
+        assert definer is False
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
