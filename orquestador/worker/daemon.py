@@ -122,8 +122,7 @@ class Worker:
 
     def _run_job(self, claim: Claim, stop: threading.Event) -> str:
         try:
-            with self.engine.connect() as conn:
-                return self.executor.run(conn, claim, stop)
+            return self.executor.run(self.engine, claim, stop)
         except Exception as exc:
             # A database failure mid-run: RUNNING and the checkpoints stay for recovery.
             log.warning(

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from orquestador import metrics
 from orquestador.actions import (
@@ -240,13 +240,13 @@ class Executor:
         self.flows = FlowCache()
         self.schemas = SchemaCache()
         self.calls = AdapterCalls(keep_idle=settings.worker_concurrency)
-        # The hot writes of every job go through one writer, made with the first
-        # connection a job brings (its engine's database); `busy` counts running jobs.
+        # The hot writes of every job go through one writer, made with the first job's
+        # engine (its database); `busy` counts running jobs.
         self._writer: ProtocolWriter | None = None
         self._writer_lock = threading.Lock()
         self._busy = 0
 
-    def writer(self, conn: Connection) -> ProtocolWriter:
+    def writer(self, source: Engine | Connection) -> ProtocolWriter:
         """The protocol writer of this executor's jobs (see worker/protocol_writer.py)."""
         writer = self._writer
         if writer is None:
@@ -254,8 +254,8 @@ class Executor:
                 writer = self._writer
                 if writer is None:
                     writer = self._writer = ProtocolWriter(
-                        libpq_conninfo(conn.engine.url),
-                        conn.dialect,
+                        libpq_conninfo(source.engine.url),
+                        source.dialect,
                         busy_jobs=lambda: self._busy,
                         max_batch=max(2 * self.concurrency, 16),
                     )
@@ -265,12 +265,18 @@ class Executor:
         """What the writer did so far (nothing yet when no job wrote)."""
         return self._writer.stats if self._writer is not None else WriterStats()
 
-    def run(self, conn: Connection, claim: Claim, stop: threading.Event | None = None) -> str:
-        """Run the claim to an outcome; return the status it ended in (or ABANDONED, ...)."""
+    def run(
+        self, source: Engine | Connection, claim: Claim, stop: threading.Event | None = None
+    ) -> str:
+        """Run the claim to an outcome; return the status it ended in (or ABANDONED, ...).
+
+        Given an engine, the run takes a connection from its pool only when it needs one
+        of its own, and gives it back when it ends.
+        """
         with self._writer_lock:
             self._busy += 1
         try:
-            status = self._run(conn, claim, stop or threading.Event())
+            status = self._run(source, claim, stop or threading.Event())
         finally:
             with self._writer_lock:
                 self._busy -= 1
@@ -280,8 +286,8 @@ class Executor:
             metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
         return status
 
-    def _run(self, conn: Connection, claim: Claim, stop: threading.Event) -> str:
-        run = _ExecutionRun(self, conn, claim, stop)
+    def _run(self, source: Engine | Connection, claim: Claim, stop: threading.Event) -> str:
+        run = _ExecutionRun(self, source, claim, stop)
         try:
             try:
                 return run.run()
@@ -289,13 +295,15 @@ class Executor:
                 # A checkpoint is not what this run expected (written by someone else,
                 # or for something else): never overwrite or reuse it; an operator decides.
                 require_reconciliation(
-                    conn, claim, ContractMismatch.code, detail={"why": exc.message}
+                    run.conn, claim, ContractMismatch.code, detail={"why": exc.message}
                 )
                 return "RECONCILIATION_REQUIRED"
         except ExecutionEnded as ended:
             return ended.status
         except LeaseLost:
             return LEASE_LOST
+        finally:
+            run.close()
 
     def close(self) -> None:
         """End the idle adapter-call threads (a call still running keeps its own) and the
@@ -309,10 +317,15 @@ class _ExecutionRun:
     """The state of one attempt at one execution."""
 
     def __init__(
-        self, executor: Executor, conn: Connection, claim: Claim, stop: threading.Event
+        self,
+        executor: Executor,
+        source: Engine | Connection,
+        claim: Claim,
+        stop: threading.Event,
     ) -> None:
         self.x = executor
-        self.conn = conn
+        self.source = source
+        self._conn: Connection | None = source if isinstance(source, Connection) else None
         self.claim = claim
         self.stop = stop
         self.outputs: dict[str, Any] = {}
@@ -321,12 +334,27 @@ class _ExecutionRun:
         # transaction; written on its own before any other ending.
         self.held_back: SucceedRow | None = None
 
+    @property
+    def conn(self) -> Connection:
+        """The job's own connection, taken from the pool when first needed: a first
+        holder's run that succeeds needs none (its writes go through the writer)."""
+        if self._conn is None:
+            assert isinstance(self.source, Engine)
+            self._conn = self.source.connect()
+        return self._conn
+
+    def close(self) -> None:
+        """Give back the connection this run took (one it was handed stays its owner's)."""
+        if self._conn is not None and self._conn is not self.source:
+            self._conn.close()
+        self._conn = None
+
     # --- outcomes -----------------------------------------------------------
 
     def write_held_back(self) -> None:
         if self.held_back is not None:
             row, self.held_back = self.held_back, None
-            self.x.writer(self.conn).succeed(row.claim, row.action_id, row.output, row.observed)
+            self.x.writer(self.source).succeed(row.claim, row.action_id, row.output, row.observed)
 
     def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
         self.write_held_back()
@@ -397,7 +425,7 @@ class _ExecutionRun:
         hook = self.x.hooks.before_finish_commit
         riding, self.held_back = self.held_back, None
         try:
-            self.x.writer(self.conn).finish(
+            self.x.writer(self.source).finish(
                 claim, finish, before_commit=(lambda: hook(claim)) if hook else None, succeed=riding
             )
         except RequestChanged:
@@ -502,7 +530,7 @@ class _ExecutionRun:
             base = found.attempt_base
 
         try:
-            first_started_at = self.x.writer(self.conn).start(claim, attempt)
+            first_started_at = self.x.writer(self.source).start(claim, attempt)
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
         step = replace(step, first_started_at=first_started_at)
@@ -616,7 +644,7 @@ class _ExecutionRun:
             # write's success is never left to ride: it commits before anything else.
             self.held_back = SucceedRow(claim, spec.id, output, observed)
         elif audit is None:
-            self.x.writer(self.conn).succeed(claim, spec.id, output, observed)
+            self.x.writer(self.source).succeed(claim, spec.id, output, observed)
         else:  # a dry run's simulated call: its audit row goes with the checkpoint
             succeed_checkpoint(self.conn, claim, spec.id, output, observed, audit)
         return output

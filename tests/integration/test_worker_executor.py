@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from orquestador.actions import Effect, PermanentError, TransientError, UncertainError
 from orquestador.worker.executor import LEASE_LOST, LEFT_RUNNING, Executor
@@ -491,3 +491,25 @@ def test_a_failed_decision_keeps_the_last_steps_success(runtime_engine):
     assert execution(runtime_engine, eid).error_code == "DATA_INVALID"
     cp = checkpoints(runtime_engine, eid)["w"]
     assert (cp.status, cp.output) == ("SUCCEEDED", {"n": "not a number"})
+
+
+def test_a_run_takes_a_pooled_connection_only_when_it_needs_one(runtime_engine):
+    checkouts: list[object] = []
+    event.listen(runtime_engine, "checkout", lambda *args: checkouts.append(args))
+    first, second = _doubles()
+    executor = Executor(registry_of(first, second), settings())
+    start_execution(runtime_engine, _decision_flow(), {"n": 2})
+    claim = claim_one(runtime_engine)
+    checkouts.clear()
+    # A first holder that succeeds writes through the writer only: no connection of its own.
+    assert executor.run(runtime_engine, claim) == "SUCCEEDED"
+    assert checkouts == []
+
+    failing = Double("test.write", output=lambda ctx: (_ for _ in ()).throw(PermanentError("NOPE")))
+    start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    claim = claim_one(runtime_engine)
+    checkouts.clear()
+    # Failing is written on the job's own connection, taken then and given back after.
+    assert Executor(registry_of(failing), settings()).run(runtime_engine, claim) == "FAILED"
+    assert len(checkouts) == 1
+    assert runtime_engine.pool.checkedout() == 0
