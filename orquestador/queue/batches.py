@@ -57,14 +57,6 @@ WRITE_BATCH = f"""
 
 
 @dataclass(frozen=True)
-class StartRow:
-    """Persist RUNNING before the adapter is called; answered with the step's first start."""
-
-    claim: Claim
-    attempt: ActionAttempt
-
-
-@dataclass(frozen=True)
 class SucceedRow:
     """Persist the validated output as SUCCEEDED, with what the step observed (or None)."""
 
@@ -75,6 +67,19 @@ class SucceedRow:
 
 
 @dataclass(frozen=True)
+class StartRow:
+    """Persist RUNNING before the adapter is called; answered with the step's first start.
+
+    `succeed` is the previous step's SUCCEEDED checkpoint when it rides in the same
+    transaction (see FinishRow): durable, like the RUNNING row, before the call.
+    """
+
+    claim: Claim
+    attempt: ActionAttempt
+    succeed: SucceedRow | None = None
+
+
+@dataclass(frozen=True)
 class FinishRow:
     """Commit the decided transition; `before_commit` is the test seam of the finish.
 
@@ -82,6 +87,7 @@ class FinishRow:
     transaction, written before the finish's checks: the two commit together or not
     at all (the job writes the checkpoint alone when the transaction fails), and a
     finish refused after the transaction committed leaves the checkpoint written.
+    A refused riding checkpoint (a lost lease) is the row's answer.
     """
 
     claim: Claim
@@ -166,7 +172,7 @@ def _params(rows: Sequence[Row]) -> dict[str, Any]:
     starts = [row for row in rows if isinstance(row, StartRow)]
     finishes = [row for row in rows if isinstance(row, FinishRow)]
     succeeds = [row for row in rows if isinstance(row, SucceedRow)] + [
-        row.succeed for row in finishes if row.succeed is not None
+        row.succeed for row in rows if not isinstance(row, SucceedRow) and row.succeed
     ]
     return {
         "request_ids": _rows([str(row.claim.request_id) for row in finishes]),
@@ -263,13 +269,16 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
 
     answers: list[Any] = []
     for row in rows:
-        if isinstance(row, StartRow):
-            answers.append(_start_answer(row, started.get(_key(row.claim))))
-        elif isinstance(row, SucceedRow):
+        if isinstance(row, SucceedRow):
             answers.append(_succeed_answer(row, succeeded))
+            continue
+        refused = _succeed_answer(row.succeed, succeeded) if row.succeed else None
+        if refused is not None:
+            answers.append(refused)
+        elif isinstance(row, StartRow):
+            answers.append(_start_answer(row, started.get(_key(row.claim))))
         else:
-            refused = _succeed_answer(row.succeed, succeeded) if row.succeed else None
-            answers.append(refused or _finish_answer(row, locked, requests, finished_ids))
+            answers.append(_finish_answer(row, locked, requests, finished_ids))
     return answers
 
 

@@ -330,14 +330,20 @@ class _ExecutionRun:
         self.stop = stop
         self.outputs: dict[str, Any] = {}
         self.loaded: LoadedExecution | None = None
-        # The last step's SUCCEEDED checkpoint, held back to ride in the finish's
-        # transaction; written on its own before any other ending.
+        # A safe step's SUCCEEDED checkpoint, held back to ride in the transaction of
+        # the next write through the writer (the next step's RUNNING, or the finish).
         self.held_back: SucceedRow | None = None
 
     @property
     def conn(self) -> Connection:
         """The job's own connection, taken from the pool when first needed: a first
-        holder's run that succeeds needs none (its writes go through the writer)."""
+        holder's run that succeeds needs none (its writes go through the writer).
+
+        Whatever the run does on it comes after the held-back checkpoint is written:
+        every way out but the finish (a failure, a retry, a wait, a lookup's finding, a
+        lease given back) is judged with the step's success durable.
+        """
+        self.write_held_back()
         if self._conn is None:
             assert isinstance(self.source, Engine)
             self._conn = self.source.connect()
@@ -356,15 +362,33 @@ class _ExecutionRun:
             row, self.held_back = self.held_back, None
             self.x.writer(self.source).succeed(row.claim, row.action_id, row.output, row.observed)
 
+    def riding(self) -> SucceedRow | None:
+        """The held-back checkpoint, handed to the write it now rides in."""
+        row, self.held_back = self.held_back, None
+        return row
+
+    def write_alone(self, riding: SucceedRow | None, error: Exception) -> None:
+        """After a write it rode in failed as a transaction, write the checkpoint alone."""
+        if riding is None:
+            return
+        self.held_back = riding
+        try:
+            self.write_held_back()
+        except Exception as again:
+            log.warning(
+                "SUCCEEDED checkpoint not written after %s: %s",
+                error_line(error),
+                error_line(again),
+                extra=self.claim.log_extra,
+            )
+
     def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
-        self.write_held_back()
         status = fail_execution(self.conn, self.claim, code, attempt_outcome=outcome, detail=detail)
         raise ExecutionEnded(status)
 
     def reconcile(
         self, reason: str, outcome: CheckpointOutcome | None = None, **detail: Any
     ) -> None:
-        self.write_held_back()
         require_reconciliation(
             self.conn, self.claim, reason, attempt_outcome=outcome, detail=detail
         )
@@ -397,8 +421,7 @@ class _ExecutionRun:
                 release_lease(self.conn, claim)
                 log.info("stopping between actions; lease released", extra=claim.log_extra)
                 return ABANDONED
-            last = spec is transition.actions[-1]
-            self.outputs[spec.id] = self.run_action(spec, action_ids, hold_back=last)
+            self.outputs[spec.id] = self.run_action(spec, action_ids)
 
         context = build_context(loaded.data, self.outputs, loaded.request_id, loaded.accepted_state)
         try:
@@ -423,7 +446,7 @@ class _ExecutionRun:
             data=data,
         )
         hook = self.x.hooks.before_finish_commit
-        riding, self.held_back = self.held_back, None
+        riding = self.riding()
         try:
             self.x.writer(self.source).finish(
                 claim, finish, before_commit=(lambda: hook(claim)) if hook else None, succeed=riding
@@ -438,15 +461,7 @@ class _ExecutionRun:
             # Everything of the finish rolled back, the riding checkpoint too: it is
             # written on its own now. The checkpoints and RUNNING stay, and the next
             # holder of the lease finishes from them without re-invoking.
-            self.held_back = riding
-            try:
-                self.write_held_back()
-            except Exception as again:
-                log.warning(
-                    "SUCCEEDED checkpoint not written after a failed finish: %s",
-                    error_line(again),
-                    extra=claim.log_extra,
-                )
+            self.write_alone(riding, exc)
             log.warning(
                 "finish failed, left for lease recovery: %s", error_line(exc), extra=claim.log_extra
             )
@@ -454,9 +469,9 @@ class _ExecutionRun:
         log.info("execution succeeded", extra=claim.log_extra)
         return "SUCCEEDED"
 
-    def run_action(self, spec: ActionSpec, action_ids: list[str], *, hold_back: bool) -> Any:
-        """Run one step to its output; with `hold_back`, a safe-to-repeat step's SUCCEEDED
-        checkpoint is kept for the finish's transaction instead of written now."""
+    def run_action(self, spec: ActionSpec, action_ids: list[str]) -> Any:
+        """Run one step to its output. A safe-to-repeat step's SUCCEEDED checkpoint is
+        held back for the next write through the writer instead of written now."""
         loaded = self.loaded
         assert loaded is not None
         claim = self.claim
@@ -529,10 +544,16 @@ class _ExecutionRun:
             attempt = ActionAttempt(**{**attempt.__dict__, "attempt": number})
             base = found.attempt_base
 
+        riding = self.riding()  # the previous step's success, durable before this call
         try:
-            first_started_at = self.x.writer(self.source).start(claim, attempt)
+            first_started_at = self.x.writer(self.source).start(claim, attempt, riding)
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            self.write_alone(riding, exc)
+            raise
         step = replace(step, first_started_at=first_started_at)
         if self.x.hooks.before_adapter:
             self.x.hooks.before_adapter(claim, spec.id)
@@ -637,9 +658,9 @@ class _ExecutionRun:
                 "effect": adapter.effect.value,
                 "summary": str((observed or {}).get("summary") or f"would call {adapter.key}"),
             }
-        if audit is None and hold_back and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
-            # Repeating this step is safe, so its checkpoint may commit with the finish
-            # (one transaction less per execution): a crash before that commit leaves it
+        if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
+            # Repeating this step is safe, so its checkpoint may commit with the next
+            # write (one transaction less per step): a crash before that commit leaves it
             # RUNNING, as a crash a moment after the call always could. A non-idempotent
             # write's success is never left to ride: it commits before anything else.
             self.held_back = SucceedRow(claim, spec.id, output, observed)

@@ -136,9 +136,15 @@ class ProtocolWriter:
 
     # --- what jobs call -------------------------------------------------------
 
-    def start(self, claim: Claim, attempt: ActionAttempt) -> datetime:
-        """RUNNING, committed; the step's first start. As `queue.start_checkpoint`."""
-        answer = self._write(StartRow(claim, attempt))
+    def start(
+        self, claim: Claim, attempt: ActionAttempt, succeed: SucceedRow | None = None
+    ) -> datetime:
+        """RUNNING, committed; the step's first start. As `queue.start_checkpoint`.
+
+        With `succeed`, the previous step's SUCCEEDED checkpoint is written in the same
+        transaction (see StartRow); errors mean what they mean for `finish`.
+        """
+        answer = self._write(StartRow(claim, attempt, succeed))
         assert isinstance(answer, datetime)
         return answer
 

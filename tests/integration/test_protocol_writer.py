@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -312,4 +313,31 @@ def test_a_riding_checkpoint_is_rolled_back_with_its_failed_finish(runtime_engin
     writer.succeed(claim, "a", {"ok": True}, None)
     writer.finish(claim, _finish({"n": 2}))
     assert execution(runtime_engine, claim.execution_id).status == "SUCCEEDED"
+    writer.close()
+
+
+def test_a_start_carries_the_previous_steps_success_and_a_stale_one_writes_neither(
+    runtime_engine,
+):
+    kept, stale = _claims(runtime_engine, 2)
+    writer = _writer(runtime_engine)
+    for claim in (kept, stale):
+        writer.start(claim, _attempt(claim))
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE execution SET fencing_token = fencing_token + 1 WHERE id = :id"),
+            {"id": stale.execution_id},
+        )
+    for claim in (kept, stale):
+        nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
+        riding = SucceedRow(claim, "a", {"ok": True}, None)
+        if claim is stale:
+            with pytest.raises(LeaseLost):
+                writer.start(claim, nxt, riding)
+        else:
+            writer.start(claim, nxt, riding)
+    written = checkpoints(runtime_engine, kept.execution_id)
+    assert (written["a"].status, written["b"].status) == ("SUCCEEDED", "RUNNING")
+    refused = checkpoints(runtime_engine, stale.execution_id)
+    assert refused["a"].status == "RUNNING" and "b" not in refused
     writer.close()

@@ -451,18 +451,34 @@ def _writers(engine, execution_id) -> dict[str, int]:
     return {row.row: row.tx for row in rows}
 
 
-def test_a_safe_last_steps_success_commits_with_the_finish(runtime_engine):
+def test_a_safe_steps_success_rides_in_the_next_write_and_is_durable_before_the_next_call(
+    runtime_engine,
+):
     first, second = _doubles()
-    eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
-    assert run_once(runtime_engine, Executor(registry_of(first, second), settings())) == (
-        "SUCCEEDED"
+    seen_before_second: list[str] = []
+
+    def before_adapter(claim, action_id):
+        if action_id == "second":  # read from another connection: only what committed
+            seen_before_second.append(
+                checkpoints(runtime_engine, claim.execution_id)["first"].status
+            )
+
+    executor = Executor(
+        registry_of(first, second), settings(), WorkerHooks(before_adapter=before_adapter)
     )
+    eid = start_execution(runtime_engine, _decision_flow(), {"n": 2})
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    # The first step's SUCCEEDED rode with the second's RUNNING, and was committed
+    # before the second adapter was called.
+    assert seen_before_second == ["SUCCEEDED"]
+    # The last one rode in the finish's transaction.
     written = _writers(runtime_engine, eid)
-    # One transaction less per execution: the last checkpoint rode in the finish's; the
-    # first step's SUCCEEDED committed on its own before the second step began.
     assert written["second"] == written["execution"]
-    assert written["first"] != written["execution"]
     assert {v.status for v in checkpoints(runtime_engine, eid).values()} == {"SUCCEEDED"}
+    # Three writes for two steps and a finish (was five): each its own transaction here.
+    stats = executor.writer_stats()
+    assert (stats.rows, stats.batches) == (3, 3)
+    executor.close()
 
 
 def test_a_non_idempotent_last_steps_success_commits_before_the_finish(runtime_engine):
