@@ -2,8 +2,8 @@
 
 Jobs do not write their RUNNING checkpoints, SUCCEEDED checkpoints and finishes
 themselves. Each hands its row to the writer and waits for that row's own answer:
-the writer takes everything queued, writes it with `queue.batches`
-(multi-row statements, one transaction, one round trip) and answers each row. What
+the writer takes everything queued, writes it with `queue.batches` (one statement,
+one transaction, one round trip) and answers each row. What
 arrives while a batch is being written forms the next one, so the busier the
 worker, the larger the batches, and the fewer statements and commits per execution.
 
