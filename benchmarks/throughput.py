@@ -373,6 +373,27 @@ _WORK_LEFT = text(
 )
 
 
+# Where an execution's time goes, from the database's own timestamps: the claim
+# (`execution.started_at`), the first RUNNING checkpoint committed, the last step's
+# SUCCEEDED, the finish. Medians, in ms; and the mean claim-to-finish, from which the
+# slots busy on average follow (rate x mean, per process).
+_PHASES = text(
+    """WITH steps AS (
+           SELECT e.id, e.started_at, e.finished_at,
+                  min(a.started_at) AS first_running, max(a.finished_at) AS last_succeeded
+           FROM execution e JOIN action_execution a ON a.execution_id = e.id
+           WHERE e.status = 'SUCCEEDED'
+           GROUP BY e.id
+       )
+       SELECT percentile_cont(0.5) WITHIN GROUP (
+                  ORDER BY extract(epoch FROM first_running - started_at)) * 1000,
+              percentile_cont(0.5) WITHIN GROUP (
+                  ORDER BY extract(epoch FROM finished_at - first_running)) * 1000,
+              avg(extract(epoch FROM finished_at - started_at)) * 1000
+       FROM steps"""
+)
+
+
 def run_backlog(
     dsn: str,
     n: int,
@@ -439,6 +460,8 @@ def run_backlog(
                 )
             ).one()
         lat = latencies_ms(engine)
+        with engine.connect() as conn:
+            to_running, running_to_finish, mean_claim_to_finish = conn.execute(_PHASES).one()
         elapsed = (last - first).total_seconds()
         return {
             "actions": actions,
@@ -450,6 +473,14 @@ def run_backlog(
             "rate": round(done / elapsed, 1),
             "p50_ms": round(percentile(lat, 0.5), 1),
             "p99_ms": round(percentile(lat, 0.99), 1),
+            "phases_ms": {
+                "claim_to_first_running_p50": round(float(to_running), 2),
+                "first_running_to_finish_p50": round(float(running_to_finish), 2),
+                "claim_to_finish_mean": round(float(mean_claim_to_finish), 2),
+                "busy_slots_per_process": round(
+                    done / elapsed * float(mean_claim_to_finish) / 1000 / processes, 1
+                ),
+            },
             "peak_rss_mb": [round(p, 1) for p in peaks],
             # Includes start-up (imports, pool) and the drain; the server figure counts
             # every PostgreSQL process alive at the end, so other load on it shows up too.
