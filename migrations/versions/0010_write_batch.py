@@ -11,8 +11,8 @@ the server a protocol exchange per statement: on a small machine most of a batch
 time. This function runs the same statements, in the same order, inside one call,
 so a batch is one statement in its own implicit transaction.
 
-Each step is what it was as a statement of its own (see queue/batches.py for why each
-is shaped so):
+Each step is what it was as a statement of its own (queue/batches.py says why the
+rows go in as JSON and the ids through arrays; the comments in the body say the rest):
 
 1. lock the requests of the finish rows, in id order;
 2. lock every execution of the batch under its own fence (owner, token, live lease by
@@ -61,6 +61,8 @@ DECLARE
     v_succeeded jsonb := '[]';
     v_finished jsonb := '[]';
 BEGIN
+    -- 1. The finishes' requests, locked first and in id order, as every writer and the
+    --    API lock them (request, then execution). What a refusal needs comes back.
     IF p_finishes IS NOT NULL THEN
         SELECT coalesce(jsonb_agg(jsonb_build_array(
                    r.id, r.state, r.revision, r.flow_id, r.busy_execution_id)), '[]')
@@ -74,6 +76,9 @@ BEGIN
         ) r;
     END IF;
 
+    -- 2. Every execution of the batch, sorted then locked (so in id order), each under
+    --    its own fence. For a finish row, the actions already SUCCEEDED come back: why
+    --    a finish was refused is read from here (the others compute nothing).
     WITH input AS (
         SELECT * FROM jsonb_to_recordset(p_locks)
             AS i(execution_id uuid, token bigint, owner text, finishing boolean)
@@ -94,6 +99,10 @@ BEGIN
         FOR UPDATE OF e
     ) l;
 
+    -- 3. Per row, what checkpoints._START does: the replaced attempt's line in the
+    --    history, then the RUNNING checkpoint, under the same conditions. `written` is
+    --    false for a row that holds its lease but may not start again (succeeded,
+    --    another key, or an interrupted non-idempotent write): a ContractMismatch.
     IF p_starts IS NOT NULL THEN
         WITH input AS (
             SELECT * FROM jsonb_to_recordset(p_starts)
@@ -146,6 +155,9 @@ BEGIN
         FROM holder h LEFT JOIN written w ON w.execution_id = h.execution_id;
     END IF;
 
+    -- 4. Per row, what checkpoints._SUCCEED does (a row without an observation keeps
+    --    the stored one), with its line in the history. Riding rows are among them, so
+    --    step 5 sees them.
     IF p_succeeds IS NOT NULL THEN
         WITH input AS (
             SELECT * FROM jsonb_to_recordset(p_succeeds)
@@ -179,6 +191,10 @@ BEGIN
         FROM holder h LEFT JOIN succeeded s ON s.execution_id = h.execution_id;
     END IF;
 
+    -- 5. Per row, what outcomes._COMPLETE does once finish_execution's checks passed;
+    --    here the checks are part of the statement (request unchanged since acceptance
+    --    and held by this execution, every expected checkpoint SUCCEEDED), so a row that
+    --    fails them writes nothing and its neighbours are written.
     IF p_finishes IS NOT NULL THEN
         WITH input AS (
             SELECT * FROM jsonb_to_recordset(p_finishes)
