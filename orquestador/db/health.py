@@ -6,7 +6,12 @@ from sqlalchemy import Connection, Engine, create_engine, pool, text
 
 from orquestador.config import Settings, sqlalchemy_url
 from orquestador.db.grants import purge_function_present, serial_sequences
-from orquestador.db.schema import PURGE_SIMULATIONS_SIGNATURE, RUNTIME_GRANTS
+from orquestador.db.schema import (
+    PURGE_SIMULATIONS_SIGNATURE,
+    RUNTIME_GRANTS,
+    WRITE_BATCH_FUNCTION,
+    WRITE_BATCH_SIGNATURE,
+)
 
 # Every (table, privilege) the worker and the API use, as the connected role sees it.
 # to_regclass is NULL for a table that is missing or in a schema the role may not use.
@@ -93,6 +98,17 @@ def _privilege_problems(connection: Connection) -> list[str]:
         problems.append(
             f"grant them as the owner: RUNTIME_DATABASE_ROLE={role} orquestador migrate grant"
         )
+    if not invisible:
+        # The tables are there but the worker's write function is not: the database is at
+        # a revision older than this release (every worker write would fail).
+        batch = connection.execute(
+            text("SELECT to_regprocedure(:f) IS NOT NULL"), {"f": WRITE_BATCH_SIGNATURE}
+        ).scalar_one()
+        if not batch:
+            problems.append(
+                f"DATABASE_URL: function {WRITE_BATCH_FUNCTION} is missing: the database is "
+                "older than this release; run 'orquestador migrate upgrade' as the owner"
+            )
     return problems
 
 

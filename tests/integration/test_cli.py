@@ -252,6 +252,21 @@ def test_check_on_an_unmigrated_database_says_to_migrate(runtime_url: str) -> No
     assert "sees no table" in lines[0] and "orquestador migrate" in lines[0]
 
 
+def test_check_on_a_database_behind_this_release_says_to_upgrade(
+    empty_database_url: str, runtime_url: str
+) -> None:
+    env = {"MIGRATION_DATABASE_URL": empty_database_url, "RUNTIME_DATABASE_ROLE": RUNTIME_ROLE}
+    # Granted, but one revision short: the worker's batch function is not there yet.
+    assert _run(["migrate", "upgrade", "0009"], env).returncode == 0
+    result = _run(["check"], {"DATABASE_URL": runtime_url})
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "function orquestador_write_batch is missing" in line
+    assert "orquestador migrate upgrade" in line
+    assert _run(["migrate", "upgrade"], env).returncode == 0
+    assert _run(["check"], {"DATABASE_URL": runtime_url}).returncode == 0
+
+
 def test_grant_refuses_a_database_behind_the_code(empty_database_url: str) -> None:
     env = {"MIGRATION_DATABASE_URL": empty_database_url, "RUNTIME_DATABASE_ROLE": RUNTIME_ROLE}
     assert _run(["migrate", "upgrade", "0002"], env).returncode == 0
