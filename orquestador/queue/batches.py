@@ -36,6 +36,7 @@ and writes the halves again, so a bad row fails alone.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,7 +49,7 @@ from orquestador.db.schema import WRITE_BATCH_FUNCTION
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import ActionAttempt
 from orquestador.queue.fencing import WORKER_ACTOR, Claim, refuse_stale
-from orquestador.queue.outcomes import Finish, finish_documents
+from orquestador.queue.outcomes import Finish, finish_documents, request_change
 
 WRITE_BATCH = f"""
     SELECT {WRITE_BATCH_FUNCTION}(%(request_ids)s::jsonb, %(locks)s::jsonb, %(starts)s::jsonb,
@@ -191,7 +192,15 @@ class _Request(NamedTuple):
     state: str
     revision: int
     flow_id: str
-    busy_execution_id: str | None
+    busy_execution_id: uuid.UUID | None
+
+
+def _request(
+    id: str, state: str, revision: int, flow_id: str, busy_execution_id: str | None
+) -> _Request:
+    # The holder as a uuid, compared with the claim's as the one-execution finish does.
+    busy = uuid.UUID(busy_execution_id) if busy_execution_id else None
+    return _Request(id, state, revision, flow_id, busy)
 
 
 class _Locked(NamedTuple):
@@ -201,20 +210,6 @@ class _Locked(NamedTuple):
     accepted_state: str
     accepted_revision: int
     succeeded: list[str] | None  # for a finish row: its SUCCEEDED checkpoints
-
-
-def _request_change(request: _Request, execution: _Locked, claim: Claim) -> str | None:
-    # The same reasons, in the same order, as outcomes._request_change.
-    if request.busy_execution_id != str(claim.execution_id):
-        return "the request is no longer held by this execution"
-    if request.flow_id != execution.flow_id:
-        return "the request is pinned to another flow version"
-    if request.state != execution.accepted_state or request.revision != execution.accepted_revision:
-        return (
-            f"request is {request.state!r} at revision {request.revision}, accepted in "
-            f"{execution.accepted_state!r} at {execution.accepted_revision}"
-        )
-    return None
 
 
 def _call(conn: psycopg.Connection[Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +256,7 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
                 conn.execute("ROLLBACK")
         raise BatchFailed(exc, WRITE_BATCH) from exc
 
-    requests = {row[0]: _Request(*row) for row in written["requests"]}
+    requests = {row[0]: _request(*row) for row in written["requests"]}
     locked = {(row[0], row[1]): _Locked(*row) for row in written["locked"]}
     started = {(row[0], row[1]): row for row in written["started"]}
     succeeded = {(row[0], row[1]): row[2] for row in written["succeeded"]}
@@ -318,7 +313,7 @@ def _finish_answer(
     request = requests.get(str(claim.request_id))
     if request is None:
         return refuse_stale(claim, "finish")
-    change = _request_change(request, execution, claim)
+    change = request_change(request, execution, claim)
     if change:
         return RequestChanged(change)
     # The lock read the checkpoints before this transaction wrote the riding one.

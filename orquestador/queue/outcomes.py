@@ -259,7 +259,8 @@ def _lock_request_then_execution(conn: Connection, claim: Claim, what: str) -> t
     return request, execution
 
 
-def _request_change(request: Any, execution: Any, claim: Claim) -> str | None:
+def request_change(request: Any, execution: Any, claim: Claim) -> str | None:
+    """Why the request no longer matches what the execution accepted, or None."""
     if request.busy_execution_id != claim.execution_id:
         return "the request is no longer held by this execution"
     if request.flow_id != execution.flow_id:
@@ -387,7 +388,7 @@ def finish_execution(
         row = completed.fetchone()
         if execution is None or request is None:
             raise refuse_stale(claim, "finish")
-        change = _request_change(request, execution, claim)
+        change = request_change(request, execution, claim)
         if change:
             raise RequestChanged(change)
         missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]
@@ -485,7 +486,7 @@ def exit_on_error(
     action_id = attempt_outcome.action_id
     with conn.begin():
         request, execution = _lock_request_then_execution(conn, claim, "error exit")
-        change = _request_change(request, execution, claim)
+        change = request_change(request, execution, claim)
         if change:
             raise RequestChanged(change)
         write_attempt_outcome(conn, claim, attempt_outcome)
