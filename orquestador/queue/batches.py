@@ -134,17 +134,7 @@ def _key(claim: Claim) -> tuple[str, int]:
 
 
 def _start(row: StartRow) -> dict[str, Any]:
-    attempt = row.attempt
-    return {
-        **_fence(row.claim),
-        "action_id": attempt.action_id,
-        "attempt": attempt.attempt,
-        "input_hash": attempt.input_hash,
-        "external_key": attempt.external_key,
-        "effect": attempt.effect,
-        "capability": attempt.capability,
-        "adapter_version": attempt.adapter_version,
-    }
+    return {**_fence(row.claim), **row.attempt.params}
 
 
 def _succeed(row: SucceedRow) -> dict[str, Any]:

@@ -27,6 +27,19 @@ class ActionAttempt:
     capability: str
     adapter_version: int
 
+    @property
+    def params(self) -> dict[str, Any]:
+        """Its fields as statement parameters (the RUNNING checkpoint's columns)."""
+        return {
+            "action_id": self.action_id,
+            "attempt": self.attempt,
+            "input_hash": self.input_hash,
+            "external_key": self.external_key,
+            "effect": self.effect,
+            "capability": self.capability,
+            "adapter_version": self.adapter_version,
+        }
+
 
 @dataclass(frozen=True)
 class CheckpointOutcome:
@@ -240,16 +253,7 @@ def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> 
     row = run_alone(
         conn,
         _START,
-        {
-            **claim.params,
-            "action_id": attempt.action_id,
-            "attempt": attempt.attempt,
-            "input_hash": attempt.input_hash,
-            "external_key": attempt.external_key,
-            "effect": attempt.effect,
-            "capability": attempt.capability,
-            "adapter_version": attempt.adapter_version,
-        },
+        {**claim.params, **attempt.params},
     ).fetchone()
     if row is None:
         with one_statement(conn):
