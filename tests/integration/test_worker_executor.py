@@ -471,7 +471,9 @@ def test_a_safe_steps_success_rides_in_the_next_write_and_is_durable_before_the_
     # The first step's SUCCEEDED rode with the second's RUNNING, and was committed
     # before the second adapter was called.
     assert seen_before_second == ["SUCCEEDED"]
-    # The last one rode in the finish's transaction.
+    # The last one rode in the finish's transaction, which moved the request.
+    req = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (req.state, req.data, req.busy_execution_id) == ("done", {"n": 2, "result": 20}, None)
     written = _writers(runtime_engine, eid)
     assert written["second"] == written["execution"]
     assert {v.status for v in checkpoints(runtime_engine, eid).values()} == {"SUCCEEDED"}
@@ -485,6 +487,8 @@ def test_a_non_idempotent_last_steps_success_commits_before_the_finish(runtime_e
     pay = Double("test.pay", Effect.NON_IDEMPOTENT_WRITE)
     eid = start_execution(runtime_engine, flow_definition([action("pay", "test.pay")]))
     assert run_once(runtime_engine, Executor(registry_of(pay), settings())) == "SUCCEEDED"
+    req = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert req.busy_execution_id is None and req.revision == 3
     written = _writers(runtime_engine, eid)
     # Never left to ride: a crash inside the finish must not turn a done payment into
     # a doubt, so its SUCCEEDED is durable before the finish begins.
@@ -504,9 +508,13 @@ def test_a_failed_decision_keeps_the_last_steps_success(runtime_engine):
     assert run_once(runtime_engine, Executor(registry_of(write), settings())) == (
         "RECONCILIATION_REQUIRED"
     )
-    assert execution(runtime_engine, eid).error_code == "DATA_INVALID"
+    row = execution(runtime_engine, eid)
+    assert row.error_code == "DATA_INVALID"
     cp = checkpoints(runtime_engine, eid)["w"]
     assert (cp.status, cp.output) == ("SUCCEEDED", {"n": "not a number"})
+    # The request is neither moved nor released: blocked, with its data as accepted.
+    req = request_row(runtime_engine, row.request_id)
+    assert (req.state, req.data, req.busy_execution_id) == ("new", {"n": 1}, eid)
 
 
 def test_a_run_takes_a_pooled_connection_only_when_it_needs_one(runtime_engine):
