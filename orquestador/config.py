@@ -47,6 +47,10 @@ class Settings:
     worker_drain_seconds: int = _env("WORKER_DRAIN_SECONDS", "20", "worker")
     worker_id: str = _env("WORKER_ID", "", "worker")
     execution_max_attempts: int = _env("EXECUTION_MAX_ATTEMPTS", "10", "worker")
+    worker_lock_timeout_ms: int = _env("WORKER_LOCK_TIMEOUT_MS", "2000", "worker")
+    worker_statement_timeout_ms: int = _env("WORKER_STATEMENT_TIMEOUT_MS", "10000", "worker")
+    adapter_abandon_grace_seconds: float = _env("ADAPTER_ABANDON_GRACE_SECONDS", "30", "worker")
+    wait_max_seconds: int = _env("WAIT_MAX_SECONDS", "604800", "worker")
 
     retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
     retry_cap_seconds: float = _env("RETRY_CAP_SECONDS", "300", "retries")
@@ -172,6 +176,9 @@ class Settings:
             "worker_lease_seconds",
             "worker_renew_seconds",
             "execution_max_attempts",
+            "worker_lock_timeout_ms",
+            "worker_statement_timeout_ms",
+            "wait_max_seconds",
             "api_port",
             "api_workers",
             "api_max_body_bytes",
@@ -185,6 +192,7 @@ class Settings:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
             "worker_drain_seconds",
+            "adapter_abandon_grace_seconds",
             "jwt_leeway_seconds",
             "retry_after_min_seconds",
             "machine_command_retention_days",
@@ -200,6 +208,14 @@ class Settings:
                 f"WORKER_LEASE_SECONDS={self.worker_lease_seconds}, or a late heartbeat loses "
                 "the lease while the action still runs"
             )
+        if self.worker_statement_timeout_ms >= self.worker_lease_seconds * 1000 / 2:
+            problems.append(
+                f"WORKER_STATEMENT_TIMEOUT_MS={self.worker_statement_timeout_ms} must be below half "
+                f"of WORKER_LEASE_SECONDS={self.worker_lease_seconds} (in milliseconds): a "
+                "statement that waits longer outlives the lease it writes under"
+            )
+        if self.worker_lock_timeout_ms > self.worker_statement_timeout_ms:
+            problems.append("WORKER_LOCK_TIMEOUT_MS must not be above WORKER_STATEMENT_TIMEOUT_MS")
         if self.retry_cap_seconds < self.retry_base_seconds:
             problems.append("RETRY_CAP_SECONDS must not be below RETRY_BASE_SECONDS")
         if self.retry_after_max_seconds < self.retry_after_min_seconds:
