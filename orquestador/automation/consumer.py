@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from orquestador.automation.events import Actor, claim_unprocessed, process_event, reject_event
-from orquestador.db.engine import is_retriable
-from orquestador.domain.errors import Problem
+from orquestador.automation.events import Actor, claim_unprocessed, process_or_reject
 from orquestador.worker.loop import Loop
-
-log = logging.getLogger(__name__)
 
 # An inserted event waits at most this long for an idle consumer; the query behind a
 # round reads a partial index of unprocessed rows, so polling this often costs little.
@@ -26,26 +19,17 @@ def consume_platform_events(
     """Process one batch of unprocessed events in one transaction; return how many.
 
     Rows other consumers (or POST /events) hold are skipped, so workers share the
-    backlog without waiting on each other. Each event runs in a savepoint: one the
-    database refuses for good is recorded REJECTED instead of blocking the rest forever.
+    backlog without waiting on each other. Each event runs in a savepoint: one that
+    cannot be processed (its data unreadable, the database refusing its request, any
+    unexpected failure) is recorded REJECTED with why in this same round instead of
+    blocking the rest forever. A passing database failure (the connection lost) fails
+    the round, and every event of it is taken again by the next.
     """
     with engine.begin() as connection:
         events = claim_unprocessed(connection, batch_size)
         for event in events:
             actor = Actor.platform(event.org_id)
-            try:
-                with connection.begin_nested():
-                    process_event(connection, event, actor, max_attempts=max_attempts)
-            except DBAPIError as error:
-                if is_retriable(error):
-                    raise
-                log.error(
-                    "platform event refused by the database: %s",
-                    type(getattr(error, "orig", None) or error).__name__,
-                    extra={"org_id": event.org_id, "event_id": event.id},
-                )
-                problem = Problem("", "the database refused the event's request")
-                reject_event(connection, event, None, [problem])
+            process_or_reject(connection, event, actor, max_attempts=max_attempts)
     return len(events)
 
 

@@ -5,25 +5,34 @@ transaction; a row the platform inserted itself is processed by the worker's con
 Processing happens with the event row locked and only while `processed_at` is NULL, and
 it writes the event's outcome, the request, the accepted execution of the flow's `start`
 transition, its audit row and the NOTIFY in one transaction: exactly once, whoever wins.
+
+An event that cannot be processed (data PostgreSQL stores but Python cannot read, data
+too large, any unexpected failure) is recorded REJECTED with why on its first attempt,
+in a savepoint of its own, so it never stands in front of the events behind it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, and_, func, select
+from sqlalchemy import Connection, Engine, Row, Text, and_, case, cast, func, select
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import DBAPIError
 
 from orquestador.api.request_routes import insert_request
 from orquestador.api.transitions import queue_execution
+from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, flow, hosting_plan, plan_flow_binding, platform_event
 from orquestador.domain.errors import DataValidationError, Problem
 from orquestador.domain.flow_definition import FlowDefinition
-from orquestador.domain.limits import MAX_DATA_BYTES
+from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, MAX_EVENT_DATA_TEXT_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,12 @@ REJECTED = "REJECTED"
 STARTED = "STARTED"
 # The audit row that keeps why an event was refused: its answer is rebuilt from it.
 REJECTED_KIND = "PLATFORM_EVENT_REJECTED"
+# Every column but `data`, which is read alone inside the event's savepoint
+# (`read_event_data`): PostgreSQL stores documents Python cannot load (nested thousands
+# deep, numbers of thousands of digits), and loading one with a batch would fail the batch.
+_EVENT_COLUMNS = tuple(column for column in platform_event.c if column.name != "data")
+# Where an event's data sits in the request data, for the problems that point into it.
+_DATA_PATH = "/event/data"
 
 
 @dataclass(frozen=True)
@@ -111,13 +126,13 @@ def receive_event(
             .on_conflict_do_nothing(index_elements=["org_id", "id"])
         )
         row = connection.execute(
-            select(platform_event)
+            select(*_EVENT_COLUMNS)
             .where(platform_event.c.org_id == event.org, platform_event.c.id == event.id)
             .with_for_update()
         ).one()
         if row.processed_at is None:
             # Ours, or the platform's own insert that no consumer has reached yet.
-            return process_event(connection, row, actor, max_attempts=max_attempts)
+            return process_or_reject(connection, row, actor, max_attempts=max_attempts)
         return _recorded_answer(connection, row)
 
 
@@ -125,7 +140,7 @@ def claim_unprocessed(connection: Connection, limit: int) -> list[Row]:
     """Lock up to `limit` unprocessed events, oldest first, skipping those others hold."""
     return list(
         connection.execute(
-            select(platform_event)
+            select(*_EVENT_COLUMNS)
             .where(platform_event.c.processed_at.is_(None))
             .order_by(platform_event.c.received_at)
             .limit(limit)
@@ -134,10 +149,51 @@ def claim_unprocessed(connection: Connection, limit: int) -> list[Row]:
     )
 
 
+def process_or_reject(
+    connection: Connection, event: Row, actor: Actor, *, max_attempts: int
+) -> EventAnswer:
+    """Process a locked, unprocessed event in a savepoint; record it REJECTED if that fails.
+
+    Any failure but a passing one of the database (`is_retriable`: the connection went
+    away, a deadlock) is the event's own and would recur on every attempt, so only the
+    savepoint is rolled back and the event is set aside with why, in the caller's
+    transaction; the events behind it go on. A passing failure is raised: the caller's
+    whole transaction is lost and every event in it is there for the next attempt.
+    """
+    try:
+        with connection.begin_nested():
+            return process_event(connection, event, actor, max_attempts=max_attempts)
+    except DBAPIError as error:
+        if is_retriable(error) or connection.invalidated:
+            raise
+        cause = type(error.orig or error).__name__
+        problem = Problem("", "the database refused the event's request")
+    except Exception as error:
+        if connection.invalidated:
+            raise
+        cause = type(error).__name__
+        problem = Problem(
+            "",
+            f"the event could not be processed (an unexpected {cause}); "
+            "it is set aside and will not be tried again",
+        )
+    # The class only: an exception's message may quote the event's data.
+    log.error(
+        "platform event could not be processed, rejected: %s",
+        cause,
+        extra={"org_id": event.org_id, "event_id": event.id},
+    )
+    return reject_event(connection, event, None, [problem])
+
+
 def process_event(
     connection: Connection, event: Row, actor: Actor, *, max_attempts: int
 ) -> EventAnswer:
-    """Start the bound flow for a locked, unprocessed event row and record the outcome."""
+    """Start the bound flow for a locked, unprocessed event row and record the outcome.
+
+    Failures other than the data's are raised: `process_or_reject` is the way in that
+    turns them into a recorded refusal.
+    """
     bound = connection.execute(
         select(flow.c.id, flow.c.definition, flow.c.data_schema)
         .select_from(
@@ -163,8 +219,8 @@ def process_event(
             "/start", "the bound flow names no start transition leaving its initial state"
         )
         return reject_event(connection, event, bound.id, [problem])
-    data = request_data(event)
     try:
+        data = request_data(event, read_event_data(connection, event))
         validate_request_data(data, bound.data_schema, max_bytes=MAX_DATA_BYTES)
     except DataValidationError as exc:
         return reject_event(connection, event, bound.id, exc.problems)
@@ -192,7 +248,59 @@ def process_event(
     return _record(connection, event, answer)
 
 
-def request_data(event: Row) -> dict[str, Any]:
+def read_event_data(connection: Connection, event: Row) -> Any:
+    """The event's stored data, or `DataValidationError` saying why it cannot be used.
+
+    The data is fetched as text, and only when that text is not too large, then parsed
+    here with bounds of our own, so that a document the driver could not load becomes a
+    problem at `/event/data` rather than an exception that fails the event's batch.
+    """
+    stored_text = cast(platform_event.c.data, Text)
+    size = func.octet_length(stored_text)
+    stored = connection.execute(
+        select(
+            size.label("size"),
+            case((size <= MAX_EVENT_DATA_TEXT_BYTES, stored_text)).label("text"),
+        ).where(platform_event.c.org_id == event.org_id, platform_event.c.id == event.id)
+    ).one()
+    if stored.text is None:
+        reason = (
+            f"is {stored.size} bytes as stored, more than the request data may hold "
+            f"({MAX_DATA_BYTES} bytes as JSON)"
+        )
+        raise DataValidationError([Problem(_DATA_PATH, reason)])
+    try:
+        return json.loads(stored.text, parse_int=_whole_number, parse_float=_finite_number)
+    except RecursionError:
+        # Python's reader gives up about a thousand levels down, far past the limit.
+        reason = f"nests deeper than {MAX_DATA_DEPTH} levels"
+        raise DataValidationError([Problem(_DATA_PATH, reason)]) from None
+    except _UnreadableNumber as exc:
+        raise DataValidationError([Problem(_DATA_PATH, str(exc))]) from None
+
+
+class _UnreadableNumber(ValueError):
+    """A number in stored data that has no faithful Python value."""
+
+
+def _whole_number(text: str) -> int:
+    # int() refuses more digits than the interpreter's limit (4300 by default) with a
+    # message about sys settings; say what is wrong with the data instead.
+    digits = len(text) - text.startswith("-")
+    limit = sys.get_int_max_str_digits()
+    if limit and digits > limit:
+        raise _UnreadableNumber(f"holds a number of {digits} digits; at most {limit} are read")
+    return int(text)
+
+
+def _finite_number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _UnreadableNumber("holds a number too large for a double-precision float")
+    return value
+
+
+def request_data(event: Row, event_data: Any) -> dict[str, Any]:
     """The request data of a moment-triggered flow (SPEC: machineId, planId, event)."""
     occurred = event.occurred_at or event.received_at
     return {
@@ -202,7 +310,7 @@ def request_data(event: Row) -> dict[str, Any]:
             "id": event.id,
             "moment": event.moment,
             "occurredAt": occurred.isoformat(),
-            "data": event.data,
+            "data": event_data,
         },
     }
 

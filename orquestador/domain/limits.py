@@ -20,6 +20,12 @@ from orquestador.domain.errors import Problem
 
 MAX_DATA_BYTES = 262_144  # canonical JSON of the request data (256 KiB)
 MAX_DATA_DEPTH = 64  # nesting of the request data, as for any API body
+# A platform event's data is read back as the text PostgreSQL prints for it, and only up
+# to this size: the platform can store far more than the request data may hold, and a
+# consumer must not load it to find that out. PostgreSQL's text adds a space after each
+# separator and prints numbers in full, so this leaves room above MAX_DATA_BYTES, which
+# still judges the data once it is read.
+MAX_EVENT_DATA_TEXT_BYTES = 4 * MAX_DATA_BYTES
 
 # --- data schemas -----------------------------------------------------------------
 

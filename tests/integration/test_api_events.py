@@ -269,3 +269,62 @@ def test_a_bound_flow_stored_before_start_was_required_rejects_its_events(
     assert response.get_json()["reason"] == "REJECTED"
     assert [p["path"] for p in response.get_json()["problems"]] == ["/start"]
     assert count(runtime_engine, "execution") == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Valid JSON nested far past any limit: refused before anything recursive reads it.
+        '{"id": "evt-deep", "moment": "provisioned", "planId": "vps", "machineId": "m-1",'
+        ' "data": {"deep": ' + "[" * 10_000 + "]" * 10_000 + "}}",
+        '{"id": "evt-nul", "moment": "provisioned", "planId": "vps", "machineId": "m-1",'
+        ' "data": {"hostname": "web\\u0000"}}',
+        '{"id": "evt-nul", "moment": "provisioned", "planId": "vps", "machineId": "m-1",'
+        ' "data": {"host\\u0000name": "web-1"}}',
+        '{"id": "evt\\u0000", "moment": "provisioned", "planId": "vps", "machineId": "m-1"}',
+    ],
+    ids=["nested-10000-deep", "nul-in-a-string", "nul-in-a-key", "nul-in-the-id"],
+)
+def test_a_deep_or_nul_holding_body_is_a_4xx_problem_and_records_nothing(
+    api: Api, runtime_engine: Engine, body: str
+) -> None:
+    _bind(api)
+
+    response = api.client().post(
+        "/api/v1/events", data=body, content_type="application/json", headers=_headers(api)
+    )
+
+    assert 400 <= response.status_code < 500, response.get_data(as_text=True)
+    assert problem(response)["code"] in ("MALFORMED_JSON", "BODY_INVALID")
+    assert count(runtime_engine, "platform_event") == 0
+    assert count(runtime_engine, "request") == 0
+
+
+def test_asking_about_a_poison_row_the_platform_inserted_answers_why_it_was_rejected(
+    api: Api, runtime_engine: Engine
+) -> None:
+    _bind(api)
+    with runtime_engine.begin() as connection:
+        # The platform's own insert: PostgreSQL stores data nested 10,000 deep, which
+        # Python cannot read back.
+        connection.execute(
+            text(
+                "INSERT INTO platform_event (org_id, id, moment, plan_id, machine_id, data)"
+                " VALUES ('org-a', 'evt-deep', 'provisioned', 'vps', 'm-1', CAST(:data AS jsonb))"
+            ),
+            {"data": '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}"},
+        )
+
+    response = _post_event(api, {**EVENT, "id": "evt-deep"})
+
+    assert response.status_code == 200, response.get_data(as_text=True)
+    body = response.get_json()
+    assert (body["started"], body["reason"]) == (False, "REJECTED")
+    assert body["problems"] == [{"path": "/event/data", "message": "nests deeper than 64 levels"}]
+    assert _post_event(api, {**EVENT, "id": "evt-deep"}).get_json() == body
+    with runtime_engine.connect() as connection:
+        outcome = connection.execute(
+            text("SELECT outcome FROM platform_event WHERE id = 'evt-deep'")
+        ).scalar_one()
+    assert outcome == "REJECTED"
+    assert count(runtime_engine, "request") == 0

@@ -11,6 +11,7 @@ import pytest
 from api_support import Api, running_api
 from automation_support import AUTOMATION_SCOPES, count, moment_flow
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 from worker_support import registry_of, settings, wait_until
 
 from orquestador.automation.consumer import PlatformEventConsumer, consume_platform_events
@@ -248,3 +249,173 @@ def test_a_batch_cut_off_midway_leaves_nothing_and_the_next_round_starts_each_on
     assert count(runtime_engine, "execution") == 5
     assert count(runtime_engine, "request") == 5
     assert {outcome for outcome, _ in _outcomes(runtime_engine).values()} == {"STARTED"}
+
+
+def _insert_raw(engine: Engine, *events: tuple[str, str, str]) -> None:
+    """Rows whose data is JSON text as the platform wrote it (Python cannot build all of it)."""
+    with engine.begin() as connection:
+        for event_id, plan, data in events:
+            connection.execute(
+                text(
+                    "INSERT INTO platform_event (org_id, id, moment, plan_id, machine_id, data)"
+                    " VALUES (:org, :id, 'provisioned', :plan, 'm-1', CAST(:data AS jsonb))"
+                ),
+                {"org": ORG, "id": event_id, "plan": plan, "data": data},
+            )
+
+
+def _asked(api: Api, event_id: str, plan: str = "vps") -> Any:
+    """What the platform hears when it asks about an event it inserted."""
+    response = api.client().post(
+        "/api/v1/events",
+        json={"id": event_id, "moment": "provisioned", "planId": plan, "machineId": "m-1"},
+        headers=api.headers(scopes=AUTOMATION_SCOPES),
+    )
+    assert response.status_code in (200, 202), response.get_data(as_text=True)
+    return response.get_json()
+
+
+def _started_event_ids(engine: Engine) -> list[str]:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                text(
+                    "SELECT request.data -> 'event' ->> 'id' FROM execution"
+                    " JOIN request ON request.id = execution.request_id"
+                )
+            ).scalars()
+        )
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        # PostgreSQL stores it; Python's JSON reader gives up a thousand levels down.
+        ('{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}", "nests deeper than 64 levels"),
+        # PostgreSQL stores it; Python reads integers of at most 4300 digits.
+        ('{"n": 1' + "0" * 5_000 + "}", "digits"),
+        # Far more than the request data may hold: refused before it is read.
+        ('{"blob": "' + "x" * 1_100_000 + '"}', "bytes"),
+    ],
+    ids=["nested-10000-deep", "number-of-5000-digits", "over-a-mebibyte"],
+)
+def test_a_poison_event_is_rejected_with_why_and_the_event_behind_it_starts_in_the_same_round(
+    api: Api, runtime_engine: Engine, data: str, reason: str
+) -> None:
+    _bind(api)
+    _insert_raw(
+        runtime_engine,
+        ("e-poison", "vps", data),
+        ("e-good", "vps", '{"hostname": "web-1"}'),
+    )
+
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 2
+
+    assert _started_event_ids(runtime_engine) == ["e-good"]
+    assert count(runtime_engine, "request") == 1
+    good = _asked(api, "e-good")
+    assert good["eventId"] == "e-good" and "executionId" in good
+    poison = _asked(api, "e-poison")
+    assert (poison["started"], poison["reason"]) == (False, "REJECTED")
+    [problem] = poison["problems"]
+    assert problem["path"] == "/event/data"
+    assert reason in problem["message"]
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 0
+    assert count(runtime_engine, "execution") == 1
+
+
+def test_a_nul_character_cannot_reach_the_consumer(api: Api, runtime_engine: Engine) -> None:
+    # jsonb has no NUL character: PostgreSQL refuses the platform's insert itself, so its
+    # transaction fails and no row exists to poison a round.
+    _bind(api)
+    for data in ('{"hostname": "web\\u0000"}', '{"host\\u0000name": "web-1"}'):
+        with pytest.raises(DBAPIError, match="u0000"):
+            _insert_raw(runtime_engine, ("e-nul", "vps", data))
+    _insert_raw(runtime_engine, ("e-good", "vps", '{"hostname": "web-1"}'))
+
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 1
+    assert _started_event_ids(runtime_engine) == ["e-good"]
+
+
+def test_an_event_whose_processing_fails_unexpectedly_is_rejected_and_the_rest_go_on(
+    api: Api, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    broken = _bind(api, plan="broken")
+    _bind(api, plan="vps")
+    with owner_engine.begin() as connection:
+        # A stored flow that no longer reads as one (a defect, a hand edit): building it
+        # fails in the middle of the event's processing, not in the database.
+        connection.execute(
+            text("UPDATE flow SET definition = definition - 'states' WHERE id = :id"),
+            {"id": broken},
+        )
+    _insert_raw(
+        runtime_engine,
+        ("e-broken", "broken", '{"hostname": "web-1"}'),
+        ("e-good", "vps", '{"hostname": "web-2"}'),
+    )
+
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 2
+
+    assert _started_event_ids(runtime_engine) == ["e-good"]
+    assert count(runtime_engine, "request") == 1
+    rejected = _asked(api, "e-broken", plan="broken")
+    assert (rejected["started"], rejected["reason"]) == (False, "REJECTED")
+    [problem] = rejected["problems"]
+    assert "could not be processed" in problem["message"]
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 0
+
+
+@pytest.mark.parametrize(
+    "interruption",
+    [
+        # The database went away: the round's connection is gone.
+        "pg_terminate_backend(:pid, 10000)",
+        # A passing failure the connection survives (as a statement timeout): recording
+        # the event REJECTED here would be wrong, and the round could still commit.
+        "pg_cancel_backend(:pid)",
+    ],
+    ids=["connection-lost", "statement-cancelled"],
+)
+def test_a_passing_database_failure_mid_round_leaves_every_event_for_the_next_round(
+    api: Api, runtime_engine: Engine, owner_engine: Engine, interruption: str
+) -> None:
+    _bind(api)
+    _insert_events(runtime_engine, {"id": "e-none", "moment": "deleted"}, {"id": "e-start"})
+    failures: list[BaseException] = []
+
+    def one_round() -> None:
+        try:
+            consume_platform_events(runtime_engine, max_attempts=3)
+        except BaseException as exc:  # the round's own failure is what this test reads
+            failures.append(exc)
+
+    with owner_engine.connect() as blocker:
+        # The round records e-none, then waits to insert e-start's request: the moment to
+        # take its connection away.
+        blocker.execute(text("LOCK TABLE request IN SHARE ROW EXCLUSIVE MODE"))
+        consumer = threading.Thread(target=one_round)
+        consumer.start()
+        waiting = wait_until(lambda: _lock_waiter(runtime_engine), what="the round waits")
+        with owner_engine.connect() as killer:
+            killer.execute(text(f"SELECT {interruption}"), {"pid": waiting})
+        consumer.join(timeout=30)
+        blocker.rollback()
+
+    assert [type(failure).__name__ for failure in failures] == ["OperationalError"]
+    assert _outcomes(runtime_engine) == {"e-none": (None, None), "e-start": (None, None)}
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 2
+    outcomes = _outcomes(runtime_engine)
+    assert outcomes["e-none"] == ("NO_BINDING", None)
+    assert outcomes["e-start"][0] == "STARTED"
+    assert _started_event_ids(runtime_engine) == ["e-start"]
+
+
+def _lock_waiter(engine: Engine) -> int | None:
+    with engine.connect() as connection:
+        return connection.execute(
+            text(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one_or_none()
