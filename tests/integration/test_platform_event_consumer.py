@@ -11,11 +11,13 @@ import pytest
 from api_support import Api, running_api
 from automation_support import AUTOMATION_SCOPES, count, moment_flow
 from sqlalchemy import Engine, text
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.exc import DBAPIError
 from worker_support import registry_of, settings, wait_until
 
 from orquestador.automation.consumer import PlatformEventConsumer, consume_platform_events
 from orquestador.automation.events import Actor, claim_unprocessed, process_event
+from orquestador.db.engine import make_engine
 from orquestador.worker.background import background_loops
 from orquestador.worker.daemon import Worker
 
@@ -408,6 +410,35 @@ def test_a_passing_database_failure_mid_round_leaves_every_event_for_the_next_ro
     outcomes = _outcomes(runtime_engine)
     assert outcomes["e-none"] == ("NO_BINDING", None)
     assert outcomes["e-start"][0] == "STARTED"
+    assert _started_event_ids(runtime_engine) == ["e-start"]
+
+
+def test_a_lock_timeout_mid_round_leaves_every_event_for_the_next_round(
+    api: Api, database: Any, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    _bind(api)
+    _insert_events(runtime_engine, {"id": "e-none", "moment": "deleted"}, {"id": "e-start"})
+    impatient = make_engine(database.runtime_dsn)
+
+    @sqlalchemy_event.listens_for(impatient, "connect")
+    def _lock_timeout(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("SET lock_timeout = '100ms'")
+        dbapi_connection.commit()
+
+    try:
+        with owner_engine.connect() as blocker:
+            # Someone holds a lock e-start's request needs for longer than the round waits:
+            # that says nothing about the event, which must not be set aside for it.
+            blocker.execute(text("LOCK TABLE request IN SHARE ROW EXCLUSIVE MODE"))
+            with pytest.raises(DBAPIError, match="lock timeout"):
+                consume_platform_events(impatient, max_attempts=3)
+            blocker.rollback()
+    finally:
+        impatient.dispose()
+
+    assert _outcomes(runtime_engine) == {"e-none": (None, None), "e-start": (None, None)}
+    assert consume_platform_events(runtime_engine, max_attempts=3) == 2
+    assert _outcomes(runtime_engine)["e-start"][0] == "STARTED"
     assert _started_event_ids(runtime_engine) == ["e-start"]
 
 
