@@ -1,0 +1,181 @@
+"""The checker's adapters (ADAPTER_MODULES): one per effect class, calling the provider double.
+
+Each call carries the step's external key, the planned case it belongs to and the
+worker's pid, and the time it was sent, so the double's ledger can say who called,
+for what, and when. The adapters do not honour their deadline on purpose: their HTTP
+client waits CLIENT_TIMEOUT_SECONDS, longer than any adapter timeout, so a call the
+engine abandoned at its deadline goes on in its thread and its write may still land.
+That is the abandoned call SPEC section 15 is about.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+from orquestador.actions import (
+    ActionContext,
+    Adapter,
+    AdapterRegistry,
+    Effect,
+    Found,
+    LookupResult,
+    NotFound,
+    NotReady,
+    PermanentError,
+    TransientError,
+    UncertainError,
+    Unknown,
+)
+
+PROVIDER_URL_ENV = "PROMISE_PROVIDER_URL"
+CLIENT_TIMEOUT_SECONDS = 6.0
+# Below the checker's worker lease (4 s), as the worker demands.
+TIMEOUT_SECONDS = 1.0
+MAX_ATTEMPTS = 3
+
+READ = "promise.read"
+PUT = "promise.put"
+CHARGE = "promise.charge"
+BLIND_CHARGE = "promise.blindcharge"
+
+_INPUT = {
+    "type": "object",
+    "required": ["case"],
+    "properties": {"case": {"type": "string"}},
+}
+
+
+def _output(name: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": [name],
+        "properties": {name: {"type": "string"}},
+    }
+
+
+def _provider() -> str:
+    return os.environ[PROVIDER_URL_ENV]
+
+
+def _headers(ctx: ActionContext) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "Idempotency-Key": ctx.external_key,
+        "X-Case": str(ctx.inputs.get("case", "")),
+        "X-Worker-Pid": str(os.getpid()),
+        "X-Sent-At": f"{time.time():.6f}",
+    }
+
+
+def _send(ctx: ActionContext, route: str) -> dict[str, Any]:
+    """POST to the double and turn its answer into the engine's terms."""
+    request = urllib.request.Request(
+        f"{_provider()}/{route}",
+        data=json.dumps(ctx.inputs).encode(),
+        method="POST",
+        headers=_headers(ctx),
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_SECONDS) as response:
+            body = json.loads(response.read())
+            if response.status == 202:
+                raise NotReady(float(body["checkAgainIn"]))
+            return body
+    except urllib.error.HTTPError as error:
+        with error:
+            body = json.loads(error.read() or b"{}")
+            if error.code == 503:
+                after = error.headers.get("Retry-After")
+                raise TransientError(
+                    "provider busy", retry_after=float(after) if after else None
+                ) from None
+            if error.code == 422:
+                raise PermanentError(str(body.get("code", "DECLINED"))) from None
+            raise UncertainError(f"provider answered {error.code}") from None
+
+
+def _look_up(ctx: ActionContext, route: str) -> LookupResult:
+    request = urllib.request.Request(
+        f"{_provider()}/{route}/{quote(ctx.external_key, safe='')}", headers=_headers(ctx)
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_SECONDS) as response:
+            return Found(json.loads(response.read()))
+    except urllib.error.HTTPError as error:
+        with error:
+            if error.code == 404:
+                return NotFound()
+            return Unknown()
+
+
+def read(ctx: ActionContext) -> dict[str, Any]:
+    return _send(ctx, "reads")
+
+
+def put(ctx: ActionContext) -> dict[str, Any]:
+    return _send(ctx, "writes")
+
+
+def look_up_put(ctx: ActionContext) -> LookupResult:
+    return _look_up(ctx, "writes")
+
+
+def charge(ctx: ActionContext) -> dict[str, Any]:
+    return _send(ctx, "charges")
+
+
+def look_up_charge(ctx: ActionContext) -> LookupResult:
+    return _look_up(ctx, "charges")
+
+
+def register(registry: AdapterRegistry) -> None:
+    common: dict[str, Any] = {
+        "version": 1,
+        "input_schema": _INPUT,
+        "timeout_seconds": TIMEOUT_SECONDS,
+        "max_attempts": MAX_ATTEMPTS,
+    }
+    registry.add(
+        Adapter(
+            capability=READ,
+            effect=Effect.READ_ONLY,
+            output_schema=_output("quote"),
+            invoke=read,
+            **common,
+        )
+    )
+    registry.add(
+        Adapter(
+            capability=PUT,
+            effect=Effect.IDEMPOTENT_WRITE,
+            output_schema=_output("writeId"),
+            invoke=put,
+            lookup=look_up_put,
+            **common,
+        )
+    )
+    registry.add(
+        Adapter(
+            capability=CHARGE,
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            output_schema=_output("chargeId"),
+            invoke=charge,
+            lookup=look_up_charge,
+            **common,
+        )
+    )
+    registry.add(
+        Adapter(
+            capability=BLIND_CHARGE,
+            effect=Effect.NON_IDEMPOTENT_WRITE,
+            output_schema=_output("chargeId"),
+            invoke=charge,
+            **common,
+        )
+    )

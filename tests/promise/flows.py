@@ -1,0 +1,66 @@
+"""The flows the checker publishes: every effect class, in the orders that matter.
+
+Each step names the planned case it runs for (the request's `case`, or the machine id
+of a platform event's request), so the provider double can play that case's faults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tests.promise.adapters import BLIND_CHARGE, CHARGE, PUT, READ
+
+EVENT_FLOW = "welcome"
+MOMENT = "provisioned"
+PLAN = "promise-plan"
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str
+    capability: str
+
+
+# name -> the steps of its one transition, in order.
+FLOWS: dict[str, tuple[Step, ...]] = {
+    # A read, a non-idempotent write with a look-up, then an idempotent write.
+    "checkout": (Step("quote", READ), Step("charge", CHARGE), Step("receipt", PUT)),
+    # An idempotent write, then a non-idempotent write nobody can look up.
+    "blind": (Step("reserve", PUT), Step("charge", BLIND_CHARGE)),
+    # A write, a read that may wait (WAITING: cancellable after the write), a charge.
+    "provision": (Step("reserve", PUT), Step("ready", READ), Step("bill", CHARGE)),
+    # Started by platform events: an idempotent write and a read.
+    EVENT_FLOW: (Step("greet", PUT), Step("hello", READ)),
+}
+MANUAL_FLOWS = ("checkout", "blind", "provision")
+
+
+def definition(name: str) -> dict[str, Any]:
+    """The flow's definition, as POST /flows takes it."""
+    event = name == EVENT_FLOW
+    case_pointer = "/data/machineId" if event else "/data/case"
+    actions = [
+        {
+            "id": step.id,
+            "capability": step.capability,
+            "version": 1,
+            "input": {"case": {"from": case_pointer}},
+            "onError": "review",
+        }
+        for step in FLOWS[name]
+    ]
+    flow: dict[str, Any] = {
+        "key": f"promise-{name}",
+        "trigger": MOMENT if event else "manual",
+        "dataSchema": {
+            "type": "object",
+            "required": ["machineId" if event else "case"],
+        },
+        "initialState": "new",
+        "states": ["new", "done", "review"],
+        "transitions": [{"id": "go", "from": ["new"], "actions": actions, "to": "done"}],
+    }
+    if event:
+        flow["start"] = "go"
+    return flow

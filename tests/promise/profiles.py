@@ -1,0 +1,68 @@
+"""How much a run does: the suite's short profile, and longer ones by the minute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The size of a run; with the seed it fixes the whole schedule."""
+
+    name: str
+    fault_seconds: float  # how long faults are injected
+    workers: int  # worker processes
+    cases: int  # manual requests started during the fault phase
+    kills: int  # kill -9 of a worker
+    restarts: int  # PostgreSQL restarts (immediate shutdown)
+    cancels: int
+    decisions: int  # operator decisions on parked executions
+    locks: int  # a stranger session holding FOR UPDATE on a row
+    events: int  # platform events that start a flow
+    poison: int  # platform events that cannot be processed
+    quiet_seconds: float  # the most the quiet phase waits for everything to end or park
+    clean_share: float = 0.4  # share of cases drawn with no fault at all
+
+    def replay(self, seed: int) -> str:
+        """The command that runs this profile with this seed again."""
+        if self.name == SHORT.name:
+            return f"python -m tests.promise --seed {seed} --short"
+        minutes = self.fault_seconds / 60
+        return (
+            f"python -m tests.promise --seed {seed} --minutes {minutes:g} --workers {self.workers}"
+        )
+
+
+SHORT = Profile(
+    name="short",
+    fault_seconds=24,
+    workers=2,
+    cases=18,
+    kills=1,
+    restarts=1,
+    cancels=3,
+    decisions=3,
+    locks=2,
+    events=3,
+    poison=2,
+    quiet_seconds=40,
+)
+
+
+def for_minutes(minutes: float, workers: int = 3) -> Profile:
+    """A longer run: the same mix, scaled to `minutes` of faults."""
+    seconds = minutes * 60
+    return Profile(
+        name=f"{minutes:g} minutes",
+        fault_seconds=seconds,
+        workers=workers,
+        cases=max(10, int(seconds * 0.8)),
+        kills=max(1, int(seconds / 15)),
+        restarts=max(1, int(seconds / 90)),
+        cancels=max(2, int(seconds / 8)),
+        decisions=max(2, int(seconds / 8)),
+        locks=max(1, int(seconds / 12)),
+        events=max(2, int(seconds / 10)),
+        poison=max(2, int(seconds / 30)),
+        quiet_seconds=90,
+    )

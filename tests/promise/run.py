@@ -1,0 +1,172 @@
+"""One checker run: its own database, the provider double, the workers, the schedule, the checks.
+
+Phases: set up (server, migrations, flows, plan, workers); faults (the schedule's
+timed actions and the provider's per-call faults); quiet (no faults, no kills: the
+workers run until nothing is PENDING, RUNNING, RETRY_WAIT or WAITING and every event
+is processed, or the profile's bound passes); settle (until the provider has nothing
+in flight, so no late write is still to land); then the invariants.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.acceptance.provider_double import Call, Instruction, ProviderDouble
+from tests.promise.api import Api
+from tests.promise.database import CheckerDatabase
+from tests.promise.invariants import ACTIVE, Findings, check
+from tests.promise.profiles import Profile
+from tests.promise.schedule import Schedule, draw
+from tests.promise.timeline import Timeline
+from tests.promise.workers import ROOT, WORKER_SETTINGS, Workers
+
+log = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 15.0  # the most the provider may take to finish what is in flight
+
+
+@dataclass
+class Outcome:
+    seed: int
+    profile: Profile
+    folder: Path
+    findings: Findings = field(default_factory=Findings)
+    stats: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def replay(self) -> str:
+        return self.profile.replay(self.seed)
+
+
+def instructions_for(schedule: Schedule) -> Callable[[Call], Instruction]:
+    """What the provider double does with each call: the case's planned fault, else plainly."""
+
+    def instruction(call: Call) -> Instruction:
+        step = call.key.rsplit(":", 1)[-1]
+        fault = schedule.fault(call.case, step, call.lookup, call.ordinal)
+        return fault.instruction() if fault is not None else Instruction()
+
+    return instruction
+
+
+def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = print) -> Outcome:
+    """Run the checker once; `say` prints progress (the seed first and last)."""
+    began = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    schedule = draw(seed, profile)
+    (folder / "schedule.json").write_text(schedule.to_json())
+    say(f"promise checker: seed {seed}, profile {profile.name}, {profile.workers} workers")
+    say(f"  replay: {profile.replay(seed)}")
+    say(f"  code: {_code_version()}")
+    for line in schedule.summary():
+        say(f"  {line}")
+    say(f"  run folder (schedule, action log, worker logs): {folder}")
+    outcome = Outcome(seed, profile, folder)
+
+    database = CheckerDatabase()
+    database.start()
+    provider = ProviderDouble(seed, pause=0, cut_rate=0, instructions=instructions_for(schedule))
+    try:
+        with provider.serve():
+            api = Api(database.runtime_url, int(WORKER_SETTINGS["EXECUTION_MAX_ATTEMPTS"]))
+            workers = Workers(database.runtime_url, provider.url, folder, profile.workers)
+            timeline = Timeline(schedule, api, database, workers, provider)
+            try:
+                api.set_up()
+                workers.start()
+                say(f"  faults for {profile.fault_seconds:g} s")
+                timeline.play()
+                provider.stop_obeying()
+                quiet = _wait_for_quiet(database, profile.quiet_seconds)
+                say(f"  quiet phase: {'everything ended or parked' if quiet else 'bound passed'}")
+                if not provider.wait_until_idle(SETTLE_SECONDS):
+                    say(f"  the provider still had calls in flight after {SETTLE_SECONDS:g} s")
+                outcome.findings = check(database, api, provider, timeline.event_inserts)
+                outcome.stats = _stats(database, provider, timeline, workers)
+            finally:
+                timeline.log.save(folder / "actions.log")
+                (folder / "ledger.log").write_text("\n".join(map(str, provider.ledger())) + "\n")
+                workers.stop()
+                api.close()
+    finally:
+        database.stop()
+    outcome.seconds = time.monotonic() - began
+    return outcome
+
+
+def _wait_for_quiet(database: CheckerDatabase, seconds: float) -> bool:
+    """Poll until nothing is under way and every event is processed; False at the bound."""
+    deadline = time.monotonic() + seconds
+    statuses = ", ".join(f"'{s}'" for s in ACTIVE)
+    while True:
+        ((active, events),) = database.rows(
+            f"""SELECT (SELECT count(*) FROM execution WHERE status IN ({statuses})),
+                       (SELECT count(*) FROM platform_event WHERE processed_at IS NULL)"""
+        )
+        if active == 0 and events == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+
+
+def _stats(
+    database: CheckerDatabase, provider: ProviderDouble, timeline: Timeline, workers: Workers
+) -> list[str]:
+    statuses = database.rows("SELECT status, count(*) FROM execution GROUP BY 1 ORDER BY 1")
+    reasons = database.rows(
+        "SELECT error_code, count(*) FROM execution WHERE status = 'RECONCILIATION_REQUIRED' "
+        "GROUP BY 1 ORDER BY 1"
+    )
+    ledger = provider.ledger()
+    calls = Counter(
+        f"{line.route}{' lookup' if line.lookup else ''} {line.event}" for line in ledger
+    )
+    answers = Counter(
+        _lookup_answer(line.detail) for line in ledger if line.lookup and line.event == "answered"
+    )
+    events = database.rows(
+        "SELECT coalesce(outcome, 'unprocessed'), count(*) FROM platform_event GROUP BY 1"
+    )
+    lines = [
+        "executions: " + ", ".join(f"{n} {s}" for s, n in statuses),
+        "parked for: " + (", ".join(f"{n} {r}" for r, n in reasons) or "nothing"),
+        "provider: " + ", ".join(f"{n} {e}" for e, n in sorted(calls.items())),
+        "look-ups answered: " + ", ".join(f"{n} {a}" for a, n in sorted(answers.items())),
+        "platform events: " + ", ".join(f"{n} {o}" for o, n in events),
+        f"workers killed: {len(workers.killed)}; "
+        f"crashed on their own: {workers.exited() or 'none'}",
+    ]
+    lines += [f"anomaly: {text}" for text in timeline.log.anomalies]
+    return lines
+
+
+def _lookup_answer(detail: str) -> str:
+    for answer in ("not found", "found", "unknown"):
+        if detail.startswith(answer):
+            return answer
+    return detail
+
+
+def _code_version() -> str:
+    """The commit the run checks, and whether the tree had changes on top of it."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "orquestador", "migrations"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{commit or 'unknown'}{' with uncommitted changes' if dirty else ''}"

@@ -1,0 +1,374 @@
+"""The fault schedule: every case, fault and timed action of a run, drawn up front from the seed.
+
+Nothing random happens after `draw`: the cases (which flow, which fault on which call
+of which step), the moments of kills, the restart, cancels, operator decisions, held
+locks and platform events all come from `random.Random` streams seeded with the seed.
+Each kind of thing draws from its own stream, so a profile with more kills does not
+reshuffle the faults of the cases.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tests.acceptance.provider_double import (
+    BAD_OUTPUT,
+    CUT_AFTER,
+    CUT_BEFORE,
+    NOT_READY,
+    OK,
+    PERMANENT,
+    TRANSIENT,
+    UNKNOWN,
+    Instruction,
+)
+from tests.promise.adapters import MAX_ATTEMPTS, READ
+from tests.promise.flows import EVENT_FLOW, FLOWS, MANUAL_FLOWS
+from tests.promise.profiles import Profile
+
+# What one call of a step may meet (the provider double plays it).
+CALL_FAULTS: dict[str, str] = {
+    "transient": "503 at once: safe to retry",
+    "transient_later": "503 with Retry-After",
+    "permanent": "422: a declared failure, the step's error exit",
+    "cut_before": "connection cut before anything was performed",
+    "cut_after": "connection cut after the write was performed",
+    "late_write": "the write is performed after the adapter's deadline, answered later",
+    "slow_nothing": "no answer by the deadline, and nothing performed",
+    "slow_read": "a read answered after the deadline",
+    "bad_output": "performed, answered with an output that breaks the schema",
+    "not_ready": "a read says: not ready, ask again (WAITING)",
+}
+# What one look-up may meet; otherwise it answers the truth at once (Found or NotFound).
+LOOKUP_FAULTS: dict[str, str] = {
+    "unknown": "the provider cannot tell (Unknown)",
+    "slow_lookup": "the truth, after the look-up's timeout",
+}
+WRITE_WEIGHTS = {
+    "transient": 3,
+    "transient_later": 2,
+    "permanent": 1,
+    "cut_before": 2,
+    "cut_after": 3,
+    "late_write": 4,
+    "slow_nothing": 2,
+    "bad_output": 0.5,
+}
+READ_WEIGHTS = {
+    "transient": 3,
+    "transient_later": 1,
+    "permanent": 1,
+    "cut_before": 2,
+    "slow_read": 2,
+    "not_ready": 3,
+}
+POISON_KINDS = ("deep", "nul", "huge")
+LATEST_LATE_ANSWER = 3.5  # seconds after a call arrived: no instruction answers later
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    perform_at: float = 0.0
+    answer_at: float = 0.0
+    retry_after: float | None = None
+    check_again_in: float = 1.0
+
+    def instruction(self) -> Instruction:
+        outcome = {
+            "ok": OK,
+            "transient": TRANSIENT,
+            "transient_later": TRANSIENT,
+            "permanent": PERMANENT,
+            "cut_before": CUT_BEFORE,
+            "cut_after": CUT_AFTER,
+            "late_write": OK,
+            "slow_nothing": TRANSIENT,
+            "slow_read": OK,
+            "bad_output": BAD_OUTPUT,
+            "not_ready": NOT_READY,
+            "unknown": UNKNOWN,
+            "slow_lookup": OK,
+        }[self.kind]
+        return Instruction(
+            outcome, self.perform_at, self.answer_at, self.retry_after, self.check_again_in
+        )
+
+
+@dataclass(frozen=True)
+class Case:
+    """One request the run starts (by the API, or by a platform event) and its faults."""
+
+    name: str
+    flow: str
+    # step id -> the faults of its 1st, 2nd, ... call; and of its look-ups. Past the
+    # end of a list (or a None in it) the provider answers plainly.
+    calls: dict[str, list[Fault | None]] = field(default_factory=dict)
+    lookups: dict[str, list[Fault | None]] = field(default_factory=dict)
+
+    def fault(self, step: str, lookup: bool, ordinal: int) -> Fault | None:
+        planned = (self.lookups if lookup else self.calls).get(step, [])
+        return planned[ordinal - 1] if ordinal <= len(planned) else None
+
+
+# --- timed actions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Start the case's request and accept its transition through the API."""
+
+    at: float
+    case: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    """kill -9 a worker (the one in `slot`, or one with a call in flight) and replace it."""
+
+    at: float
+    slot: int
+    mid_call: bool
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Stop PostgreSQL (immediate) and start it again after `outage` seconds."""
+
+    at: float
+    outage: float
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """From `at`, cancel the case's execution as soon as it is cancellable."""
+
+    at: float
+    case: str
+
+
+@dataclass(frozen=True)
+class Decide:
+    """An operator settles the oldest parked execution, by the provider's records."""
+
+    at: float
+    prefer: str  # retry | fail, when the records show no write
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A stranger session holds FOR UPDATE on the case's request or execution row."""
+
+    at: float
+    case: str
+    table: str  # request | execution
+    hold: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """The platform inserts an event row; `kind` is good or a poison (deep, nul, huge)."""
+
+    at: float
+    name: str
+    kind: str
+
+
+Action = Submit | Kill | Restart | Cancel | Decide | Lock | Event
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    profile: Profile
+    cases: dict[str, Case]
+    actions: list[Action]
+
+    def fault(self, case: str, step: str, lookup: bool, ordinal: int) -> Fault | None:
+        planned = self.cases.get(case)
+        return planned.fault(step, lookup, ordinal) if planned else None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "seed": self.seed,
+                "profile": asdict(self.profile),
+                "cases": [asdict(case) for case in self.cases.values()],
+                "actions": [{"action": type(a).__name__, **asdict(a)} for a in self.actions],
+            },
+            indent=1,
+        )
+
+    def summary(self) -> list[str]:
+        """A few lines: what the schedule holds, by kind."""
+        faults: Counter[str] = Counter()
+        for case in self.cases.values():
+            for planned in (*case.calls.values(), *case.lookups.values()):
+                faults.update(f.kind for f in planned if f is not None)
+        flows = Counter(case.flow for case in self.cases.values())
+        actions = Counter(type(a).__name__ for a in self.actions)
+        poison = Counter(a.kind for a in self.actions if isinstance(a, Event))
+        return [
+            "cases: " + ", ".join(f"{n} {flow}" for flow, n in sorted(flows.items())),
+            "faults: " + ", ".join(f"{n} {kind}" for kind, n in sorted(faults.items())),
+            "actions: " + ", ".join(f"{n} {kind}" for kind, n in sorted(actions.items())),
+            "events: " + ", ".join(f"{n} {kind}" for kind, n in sorted(poison.items())),
+        ]
+
+
+# --- drawing -----------------------------------------------------------------------------
+
+
+def draw(seed: int, profile: Profile) -> Schedule:
+    """The whole run's plan for this seed and profile; the same every time."""
+    length = profile.fault_seconds
+    streams = _Streams(seed)
+    cases: dict[str, Case] = {}
+    actions: list[Action] = []
+
+    submit_rng = streams.of("submits")
+    moments = sorted(submit_rng.uniform(0, 0.6 * length) for _ in range(profile.cases))
+    for number, at in enumerate(moments):
+        flow = streams.of("flows").choices(MANUAL_FLOWS, weights=(45, 20, 35))[0]
+        case = _draw_case(streams.of(f"case:{number}"), f"c{number:03d}", flow, profile)
+        cases[case.name] = case
+        actions.append(Submit(round(at, 3), case.name))
+
+    rng = streams.of("kills")
+    for _ in range(profile.kills):
+        at = rng.uniform(0.15 * length, 0.85 * length)
+        actions.append(Kill(round(at, 3), rng.randrange(profile.workers), rng.random() < 0.6))
+
+    rng = streams.of("restarts")
+    for number in range(profile.restarts):
+        span = length / profile.restarts
+        at = span * number + rng.uniform(0.35 * span, 0.65 * span)
+        actions.append(Restart(round(at, 3), round(rng.uniform(1.0, 3.0), 3)))
+
+    actions += _draw_cancels(streams.of("cancels"), profile, cases, actions)
+
+    rng = streams.of("decisions")
+    for _ in range(profile.decisions):
+        at = rng.uniform(0.3 * length, length)
+        actions.append(Decide(round(at, 3), "retry" if rng.random() < 0.7 else "fail"))
+
+    rng = streams.of("locks")
+    submitted = [a for a in actions if isinstance(a, Submit)]
+    for _ in range(profile.locks):
+        at = rng.uniform(0.2 * length, 0.9 * length)
+        earlier = [s.case for s in submitted if s.at < at - 0.5] or [submitted[0].case]
+        table = rng.choice(("request", "execution"))
+        actions.append(Lock(round(at, 3), rng.choice(earlier), table, round(rng.uniform(2, 5), 3)))
+
+    actions += _draw_events(streams, profile, cases)
+    actions.sort(key=lambda a: a.at)
+    return Schedule(seed, profile, cases, actions)
+
+
+class _Streams:
+    """One random stream per kind of thing, each derived from the seed alone."""
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._streams: dict[str, random.Random] = {}
+
+    def of(self, name: str) -> random.Random:
+        if name not in self._streams:
+            self._streams[name] = random.Random(f"{self._seed}:{name}")
+        return self._streams[name]
+
+
+def _draw_case(rng: random.Random, name: str, flow: str, profile: Profile) -> Case:
+    if rng.random() < profile.clean_share:
+        return Case(name, flow)
+    calls: dict[str, list[Fault | None]] = {}
+    lookups: dict[str, list[Fault | None]] = {}
+    for step in FLOWS[flow]:
+        weights = READ_WEIGHTS if step.capability == READ else WRITE_WEIGHTS
+        calls[step.id] = [
+            _draw_call_fault(rng, weights) if rng.random() < 0.35 else None
+            for _ in range(MAX_ATTEMPTS + 1)
+        ]
+        if step.capability != READ:
+            lookups[step.id] = [_draw_lookup_fault(rng) for _ in range(MAX_ATTEMPTS + 1)]
+    return Case(name, flow, calls, lookups)
+
+
+def _draw_call_fault(rng: random.Random, weights: dict[str, float]) -> Fault:
+    kind = rng.choices(list(weights), weights=list(weights.values()))[0]
+    if kind == "transient_later":
+        return Fault(kind, retry_after=round(rng.uniform(0.5, 3.0), 3))
+    if kind == "late_write":
+        perform = rng.uniform(1.3, 2.5)
+        return Fault(kind, perform_at=round(perform, 3), answer_at=round(perform + 0.8, 3))
+    if kind in ("slow_nothing", "slow_read"):
+        return Fault(kind, answer_at=round(rng.uniform(1.3, 3.0), 3))
+    if kind == "not_ready":
+        return Fault(kind, check_again_in=round(rng.uniform(0.5, 2.0), 3))
+    return Fault(kind)
+
+
+def _draw_lookup_fault(rng: random.Random) -> Fault | None:
+    roll = rng.random()
+    if roll < 0.2:
+        return Fault("unknown")
+    if roll < 0.3:
+        return Fault("slow_lookup", answer_at=round(rng.uniform(1.3, 2.5), 3))
+    return None
+
+
+def _draw_cancels(
+    rng: random.Random, profile: Profile, cases: dict[str, Case], actions: list[Action]
+) -> list[Action]:
+    """Cancels: most aim at a provision case made to wait after its first write."""
+    submitted = {a.case: a.at for a in actions if isinstance(a, Submit)}
+    provisions = [name for name, case in cases.items() if case.flow == "provision"]
+    drawn: list[Action] = []
+    for number in range(profile.cases and profile.cancels):
+        if provisions and number % 3 != 2:
+            name = rng.choice(provisions)
+            case = cases[name]
+            # The reservation goes through, then the read keeps the execution WAITING:
+            # a cancel now meets an execution with a write done.
+            wait = [Fault("not_ready", check_again_in=2.0)] * 2
+            calls = {**case.calls, "reserve": [None] * (MAX_ATTEMPTS + 1), "ready": list(wait)}
+            cases[name] = Case(name, case.flow, calls, case.lookups)
+            at = submitted[name] + rng.uniform(0.5, 2.5)
+        else:
+            name = rng.choice(sorted(submitted))
+            at = submitted[name]
+        drawn.append(Cancel(round(at, 3), name))
+    return drawn
+
+
+def _draw_events(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Good events start the event flow (with faults like any case); poison ones cannot."""
+    length = profile.fault_seconds
+    rng = streams.of("events")
+    drawn: list[Action] = []
+    for number in range(profile.poison):
+        at = rng.uniform(0.1 * length, 0.5 * length)
+        drawn.append(
+            Event(round(at, 3), f"p{number:03d}", POISON_KINDS[number % len(POISON_KINDS)])
+        )
+    first_poison = min((a.at for a in drawn), default=0.0)
+    for number in range(profile.events):
+        # The first good event comes right after the first poison: it must not be stuck.
+        at = first_poison + 1.0 if number == 0 else rng.uniform(0.05 * length, 0.8 * length)
+        name = f"e{number:03d}"
+        cases[name] = _draw_case(streams.of(f"case:{name}"), name, EVENT_FLOW, profile)
+        drawn.append(Event(round(at, 3), name, "good"))
+    return drawn
+
+
+def kinds_table() -> list[tuple[str, str]]:
+    """Every fault kind and what it does, for the report and the docstring's readers."""
+    return [*CALL_FAULTS.items(), *LOOKUP_FAULTS.items()]
+
+
+def as_dict(schedule: Schedule) -> dict[str, Any]:
+    return json.loads(schedule.to_json())
