@@ -12,11 +12,11 @@ from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import find_flow
 from orquestador.api.openapi_automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem, not_found
-from orquestador.api.request_routes import check_request_data, insert_request
-from orquestador.api.transitions import queue_execution
+from orquestador.api.request_routes import check_request_data
 from orquestador.api.views import API_PREFIX
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.queue.acceptance import insert_request, queue_execution
 
 blueprint = Blueprint("dry_runs", __name__, url_prefix=f"{API_PREFIX}/flows")
 

@@ -6,7 +6,6 @@ import uuid
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
-from sqlalchemy import Connection, Row
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.auth import (
@@ -20,13 +19,12 @@ from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import find_flow
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CREATE_REQUEST_BODY, TRANSITION_BODY
-from orquestador.api.transitions import TransitionCommand, accept_transition
+from orquestador.api.transitions import accept_transition
 from orquestador.api.views import API_PREFIX, request_view
-from orquestador.db.schema import request
 from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
-from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
+from orquestador.queue.acceptance import TransitionCommand, insert_request
 
 blueprint = Blueprint("requests", __name__, url_prefix=f"{API_PREFIX}/requests")
 
@@ -90,48 +88,6 @@ def check_request_data(data: Any, data_schema: dict[str, Any], at: str = "/data"
             "The data does not satisfy the flow's data schema.",
             problems=problems,
         ) from None
-
-
-def insert_request(
-    connection: Connection,
-    *,
-    org: str,
-    owner: str,
-    flow_row: Row,
-    data: Any,
-    machine_id: str | None,
-    state: str | None = None,
-    simulation: bool = False,
-) -> Row:
-    """Insert a request at revision 1 on the flow (data already checked); return its row.
-
-    It starts in `state`, else the flow's initial state. The row carries what
-    `request_view` and `queue_execution` read.
-    """
-    initial = FlowDefinition.from_json(flow_row.definition).initial_state
-    return connection.execute(
-        request.insert()
-        .values(
-            org_id=org,
-            owner_id=owner,
-            flow_id=flow_row.id,
-            state=state or initial,
-            revision=1,
-            data=data,
-            created_by=owner,
-            machine_id=machine_id,
-            simulation=simulation,
-        )
-        .returning(
-            request.c.id,
-            request.c.org_id,
-            request.c.flow_id,
-            request.c.state,
-            request.c.revision,
-            request.c.data,
-            request.c.machine_id,
-        )
-    ).one()
 
 
 @blueprint.get("/<uuid:request_id>")

@@ -26,14 +26,13 @@ from sqlalchemy import Connection, Engine, Row, Text, and_, case, cast, func, se
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
-from orquestador.api.request_routes import insert_request
-from orquestador.api.transitions import queue_execution
 from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, flow, hosting_plan, plan_flow_binding, platform_event
 from orquestador.domain.errors import DataValidationError, Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, MAX_EVENT_DATA_TEXT_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
+from orquestador.queue.acceptance import insert_request, queue_execution
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,213 @@
+"""Accepting a transition: the request locked and checked, and a PENDING execution queued.
+
+This is how work enters the queue, whoever asks: a person through the API, a platform
+event, a dry run. `accept_transition` is the whole acceptance in one transaction;
+`queue_execution` is its write, for callers that hold the request themselves (the
+request they just created with `insert_request`, in the same transaction).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, func, text
+
+from orquestador.db.schema import EXECUTION_READY_CHANNEL, audit_event, execution, request
+from orquestador.domain.errors import Problem
+from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.errors import OrquestadorError
+
+log = logging.getLogger(__name__)
+
+# Finds the request and locks it for the write, with its pinned flow's definition, or
+# None when the caller may not see it: who sees what is the caller's rule, not ours.
+RequestLocker = Callable[[Connection, uuid.UUID], Row | None]
+
+
+@dataclass(frozen=True)
+class TransitionCommand:
+    request_id: uuid.UUID
+    transition_id: str
+    expected_revision: int
+
+
+class TransitionRefused(OrquestadorError):
+    """The transition cannot be accepted on the request as it is now."""
+
+    code = "TRANSITION_REFUSED"
+
+    def __init__(self, code: str, message: str, problems: list[Problem] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.problems = list(problems or [])
+
+
+# The refusals' codes, stable: the API answers each with its own status.
+REQUEST_NOT_FOUND = "NOT_FOUND"
+TRANSITION_UNKNOWN = "TRANSITION_UNKNOWN"
+REVISION_CONFLICT = "REVISION_CONFLICT"
+REQUEST_BUSY = "REQUEST_BUSY"
+TRANSITION_NOT_ALLOWED = "TRANSITION_NOT_ALLOWED"
+
+
+def accept_transition(
+    engine: Engine,
+    command: TransitionCommand,
+    *,
+    lock_request: RequestLocker,
+    actor: str,
+    actor_snapshot: dict[str, Any],
+    max_attempts: int,
+) -> uuid.UUID:
+    """Queue the transition and return the new execution's id, or raise `TransitionRefused`."""
+    with engine.begin() as connection:
+        # The row lock serializes every acceptance on this request: whoever waits
+        # re-reads the revision and busy marker the winner left behind.
+        row = lock_request(connection, command.request_id)
+        if row is None:
+            raise TransitionRefused(REQUEST_NOT_FOUND, "The request does not exist.")
+        transition = FlowDefinition.from_json(row.definition).transitions.get(command.transition_id)
+        if transition is None:
+            raise TransitionRefused(
+                TRANSITION_UNKNOWN,
+                "The request's flow has no such transition.",
+                [Problem("/transition", "unknown transition id")],
+            )
+        if row.revision != command.expected_revision:
+            raise TransitionRefused(
+                REVISION_CONFLICT,
+                f"The request is at revision {row.revision}; read it again and retry.",
+            )
+        if row.busy_execution_id is not None:
+            raise TransitionRefused(
+                REQUEST_BUSY,
+                "The request has an unfinished execution; wait for it to finish.",
+            )
+        if not transition.leaves(row.state):
+            raise TransitionRefused(
+                TRANSITION_NOT_ALLOWED,
+                f"The transition does not leave the request's current state {row.state!r}.",
+                [Problem("/transition", f"does not leave state {row.state!r}")],
+            )
+        execution_id = queue_execution(
+            connection,
+            request_row=row,
+            transition_id=transition.id,
+            actor=actor,
+            actor_snapshot=actor_snapshot,
+            max_attempts=max_attempts,
+        )
+    log.info(
+        "transition accepted",
+        extra={"request_id": str(row.id), "execution_id": str(execution_id)},
+    )
+    return execution_id
+
+
+def insert_request(
+    connection: Connection,
+    *,
+    org: str,
+    owner: str,
+    flow_row: Row,
+    data: Any,
+    machine_id: str | None,
+    state: str | None = None,
+    simulation: bool = False,
+) -> Row:
+    """Insert a request at revision 1 on the flow (data already checked); return its row.
+
+    It starts in `state`, else the flow's initial state. The row carries what
+    `request_view` and `queue_execution` read.
+    """
+    initial = FlowDefinition.from_json(flow_row.definition).initial_state
+    return connection.execute(
+        request.insert()
+        .values(
+            org_id=org,
+            owner_id=owner,
+            flow_id=flow_row.id,
+            state=state or initial,
+            revision=1,
+            data=data,
+            created_by=owner,
+            machine_id=machine_id,
+            simulation=simulation,
+        )
+        .returning(
+            request.c.id,
+            request.c.org_id,
+            request.c.flow_id,
+            request.c.state,
+            request.c.revision,
+            request.c.data,
+            request.c.machine_id,
+        )
+    ).one()
+
+
+def queue_execution(
+    connection: Connection,
+    *,
+    request_row: Row,
+    transition_id: str,
+    actor: str,
+    actor_snapshot: dict[str, Any],
+    max_attempts: int,
+    simulation: bool = False,
+) -> uuid.UUID:
+    """Write an accepted transition inside the caller's transaction; return the execution id.
+
+    The caller has locked the request (or just inserted it) and checked the transition:
+    this queues the PENDING execution, moves the request to the next revision with the
+    execution as its busy marker, records TRANSITION_ACCEPTED and wakes the workers.
+    `request_row` needs id, org_id, flow_id, state and revision. Platform events and dry
+    runs accept their first transition through here too.
+    """
+    accepted_revision = request_row.revision + 1
+    execution_id = connection.execute(
+        execution.insert()
+        .values(
+            request_id=request_row.id,
+            org_id=request_row.org_id,
+            flow_id=request_row.flow_id,
+            transition_id=transition_id,
+            status="PENDING",
+            accepted_revision=accepted_revision,
+            accepted_state=request_row.state,
+            max_attempts=max_attempts,
+            simulation=simulation,
+            actor_snapshot=actor_snapshot,
+        )
+        .returning(execution.c.id)
+    ).scalar_one()
+    connection.execute(
+        request.update()
+        .where(request.c.id == request_row.id)
+        .values(
+            revision=accepted_revision,
+            busy_execution_id=execution_id,
+            updated_at=func.now(),
+        )
+    )
+    connection.execute(
+        audit_event.insert().values(
+            org_id=request_row.org_id,
+            kind="TRANSITION_ACCEPTED",
+            request_id=request_row.id,
+            execution_id=execution_id,
+            actor=actor,
+            detail={
+                "transitionId": transition_id,
+                "fromState": request_row.state,
+                "acceptedRevision": accepted_revision,
+            },
+        )
+    )
+    # Delivered at commit, so a listening worker never sees an uncommitted row.
+    connection.execute(text("SELECT pg_notify(:channel, '')"), {"channel": EXECUTION_READY_CHANNEL})
+    return execution_id
