@@ -84,11 +84,14 @@ _INTERRUPTED_INTO_HISTORY = text(
     """
 )
 
+# The step runs again as new: a fresh attempt budget (attempt_base), and a fresh first
+# start, which the next start records, so a wait's deadline counts from the retry and
+# an expired wait the operator retried does not fail again at once.
 _APPROVE_RETRY = text(
     """
     UPDATE action_execution
     SET status = 'FAILED', error_code = :code, attempt_base = attempt,
-        finished_at = coalesce(finished_at, clock_timestamp())
+        first_started_at = NULL, finished_at = coalesce(finished_at, clock_timestamp())
     WHERE execution_id = :execution_id AND action_id = :action_id
     """
 )

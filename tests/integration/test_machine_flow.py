@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 from orquestador.actions import AdapterRegistry
 from orquestador.actions.builtin import register_builtins
 from orquestador.machines import claim_next, report_status
+from orquestador.queue import Resolution, resolve
 from orquestador.worker.daemon import Worker
 from tests.integration.worker_support import (
     ORG,
@@ -161,3 +162,83 @@ def test_a_dry_run_touches_no_machine_and_says_what_it_would_have_sent(
             {"id": execution_id},
         ).scalar_one()
     assert observed == {"summary": "would send poweroff to machine m-1"}
+
+
+def _expire_the_wait(engine: Engine, execution_id: uuid.UUID) -> bool:
+    """What the passing of the wait's deadline does, while the execution is parked WAITING.
+
+    The execution row is taken first, only if it is still WAITING, so no round of the
+    wait runs between the two writes; the next round then finds the deadline gone.
+    """
+    with engine.begin() as conn:
+        waiting = conn.execute(
+            text(
+                "UPDATE execution SET next_attempt_at = now()"
+                " WHERE id = :id AND status = 'WAITING' RETURNING id"
+            ),
+            {"id": execution_id},
+        ).first()
+        if waiting is None:
+            return False
+        conn.execute(
+            text(
+                "UPDATE action_execution"
+                " SET first_started_at = first_started_at - interval '2 hours'"
+                " WHERE execution_id = :id AND action_id = 'wait'"
+            ),
+            {"id": execution_id},
+        )
+        return True
+
+
+def test_an_operator_s_retry_of_an_expired_wait_starts_a_new_deadline(
+    worker: Worker, runtime_engine: Engine
+) -> None:
+    # Without an error exit, an expired wait after the command was sent parks: the
+    # operator decides. Their retry must wait again, not find the old deadline gone.
+    definition = decommission(3600)
+    del definition["transitions"][0]["actions"][1]["onError"]
+    execution_id = start_execution(runtime_engine, definition, {"machineId": "m-1"})
+    command_id = command_of(runtime_engine)
+    wait_until(lambda: _expire_the_wait(runtime_engine, execution_id), what="the wait to park")
+    wait_until(
+        status_is(runtime_engine, execution_id, "RECONCILIATION_REQUIRED", "FAILED", "SUCCEEDED"),
+        what="the expired wait to park for a decision",
+    )
+    row = execution(runtime_engine, execution_id)
+    assert (row.status, row.error_code) == ("RECONCILIATION_REQUIRED", "WAIT_DEADLINE_EXCEEDED")
+
+    with runtime_engine.connect() as conn:
+        decided = resolve(
+            conn,
+            Resolution(
+                execution_id=execution_id,
+                org_id=ORG,
+                actor="operator-1",
+                decision="retry",
+                reason="the machine was off for maintenance; wait for it again",
+                action_id="wait",
+            ),
+            output_problems=lambda capability, version, output: [],
+            claims_budget=10,
+        )
+    assert decided == "PENDING"
+
+    wait_until(
+        status_is(runtime_engine, execution_id, "WAITING", "RECONCILIATION_REQUIRED", "FAILED"),
+        what="the retried wait to run",
+    )
+    row = execution(runtime_engine, execution_id)
+    assert (row.status, row.wait_key) == ("WAITING", f"machine_command:{command_id}")
+    report(runtime_engine, command_id, "succeeded", 0)
+    wait_until(status_is(runtime_engine, execution_id, "SUCCEEDED"), what="the flow to end")
+    row = execution(runtime_engine, execution_id)
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.data["power"], request.busy_execution_id) == (
+        "done",
+        "succeeded",
+        None,
+    )
+    (resolved,) = audit(runtime_engine, execution_id, "RECONCILIATION_RESOLVED")
+    assert (resolved.actor, resolved.detail["decision"]) == ("operator-1", "retry")
+    assert resolved.detail["parkedFor"] == "WAIT_DEADLINE_EXCEEDED"
