@@ -212,10 +212,16 @@ def cancel_execution(execution_id: uuid.UUID) -> Response:
     _require_visible(access, execution_id, readable_by=None if operator else caller)
     try:
         with engine().connect() as connection:
-            cancel(connection, execution_id, caller.org, caller.sub, body["reason"])
+            status = cancel(connection, execution_id, caller.org, caller.sub, body["reason"])
     except NotCancellable as refused:
         raise ApiProblem(409, refused.code, refused.message) from None
-    log.info("execution cancelled", extra={"execution_id": str(execution_id)})
+    # 200 either way: the cancel was applied as the write rule allows. After a write
+    # done or in doubt the view says RECONCILIATION_REQUIRED, CANCELLED_AFTER_WRITES,
+    # and names the writes; the request stays busy until an operator decides.
+    log.info(
+        "execution cancelled" if status == "CANCELLED" else "cancel parked the execution",
+        extra={"execution_id": str(execution_id), "status": status},
+    )
     return jsonify(_view_or_404(access, execution_id))
 
 

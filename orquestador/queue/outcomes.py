@@ -10,6 +10,7 @@ the whole transaction rolls back.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -246,9 +247,14 @@ class Writes:
     in_doubt: list[str]
 
 
-def _writes(conn: Connection, claim: Claim) -> Writes:
-    row = conn.execute(_WRITES, {"execution_id": claim.execution_id}).one()
+def writes_of(conn: Connection, execution_id: uuid.UUID) -> Writes:
+    """The write rule's facts about one execution, read in the caller's transaction."""
+    row = conn.execute(_WRITES, {"execution_id": execution_id}).one()
     return Writes(list(row.succeeded), list(row.in_doubt))
+
+
+def _writes(conn: Connection, claim: Claim) -> Writes:
+    return writes_of(conn, claim.execution_id)
 
 
 def _lock_request_then_execution(conn: Connection, claim: Claim, what: str) -> tuple[Any, Any]:

@@ -7,10 +7,15 @@ queue on the lock, and the second finds the first's outcome and gets
 NotReconcilable (or NotCancellable). A claim takes rows with SKIP LOCKED, so it
 never takes an execution while a cancel holds it, and a cancel that waited for a
 claim finds it RUNNING and refuses.
+
+A cancel obeys the write rule like a failure does: after a write that happened or
+may have happened it parks the execution for an operator instead of releasing the
+request, which a resubmission could otherwise use to write again.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +27,16 @@ from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
+from orquestador.queue.outcomes import Writes, writes_of
+
+log = logging.getLogger(__name__)
 
 # The error code of a checkpoint an operator discarded so that its step runs again.
 RETRY_APPROVED = "RETRY_APPROVED"
 DECISIONS = ("confirm", "retry", "fail")
 CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
+# Why a cancel parked its execution instead of ending it: writes done or in doubt.
+CANCELLED_AFTER_WRITES = "CANCELLED_AFTER_WRITES"
 
 _LOCK = text(
     """
@@ -137,6 +147,17 @@ _RELEASE_REQUEST = text(
     RETURNING revision
     """
 )
+
+# Parked as the worker parks: not due, not finished, the request still held by it.
+_PARK = text(
+    """
+    UPDATE execution
+    SET status = 'RECONCILIATION_REQUIRED', error_code = :error_code,
+        error_detail = :error_detail, lease_owner = NULL, lease_expires_at = NULL,
+        wait_key = NULL, updated_at = clock_timestamp()
+    WHERE id = :execution_id
+    """
+).bindparams(bindparam("error_detail", type_=JSONB_VALUE))
 
 _AUDIT = text(
     """
@@ -370,7 +391,13 @@ class _Deciding:
 
 
 def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str) -> str:
-    """End a PENDING, RETRY_WAIT or WAITING execution CANCELLED and release its request."""
+    """Cancel a PENDING, RETRY_WAIT or WAITING execution; return the status it is left in.
+
+    CANCELLED, with the request released in its accepted state, only when no write
+    happened or may have happened in the execution (the write rule, read under the
+    locks); otherwise RECONCILIATION_REQUIRED (CANCELLED_AFTER_WRITES) with the
+    request still busy, for an operator to decide. Any other status is NotCancellable.
+    """
     with conn.begin():
         try:
             _request, execution = _lock(conn, execution_id, org_id)
@@ -381,23 +408,71 @@ def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, r
                 f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} can be "
                 "cancelled (an action in flight cannot be stopped)"
             )
-        params = {"request_id": execution.request_id, "execution_id": execution.id}
-        conn.execute(_RELEASE_REQUEST, params)
-        conn.execute(
-            _END,
-            {
-                "execution_id": execution.id,
-                "status": "CANCELLED",
-                "error_code": "CANCELLED",
-                "result": None,
-            },
-        )
-        _audit(
-            conn,
-            execution,
-            "EXECUTION_CANCELLED",
-            actor,
-            {"reason": reason, "fromStatus": execution.status},
-        )
-    metrics.EXECUTIONS_TOTAL.labels(status="CANCELLED").inc()
+        writes = writes_of(conn, execution.id)
+        if writes.succeeded or writes.in_doubt:
+            status = _park_cancelled(conn, execution, actor, reason, writes)
+        else:
+            status = _end_cancelled(conn, execution, actor, reason)
+    metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
+    return status
+
+
+def _end_cancelled(conn: Connection, execution: Any, actor: str, reason: str) -> str:
+    params = {"request_id": execution.request_id, "execution_id": execution.id}
+    conn.execute(_RELEASE_REQUEST, params)
+    conn.execute(
+        _END,
+        {
+            "execution_id": execution.id,
+            "status": "CANCELLED",
+            "error_code": "CANCELLED",
+            "result": None,
+        },
+    )
+    _audit(
+        conn,
+        execution,
+        "EXECUTION_CANCELLED",
+        actor,
+        {"reason": reason, "fromStatus": execution.status},
+    )
     return "CANCELLED"
+
+
+def _park_cancelled(
+    conn: Connection, execution: Any, actor: str, reason: str, writes: Writes
+) -> str:
+    # The execution's detail is what every reader of the execution sees: where it was
+    # and which writes stop the cancel. The person and their words go to the audit row,
+    # which only operators read, next to the checkpoints as they were.
+    detail = {
+        "fromStatus": execution.status,
+        "writesSucceeded": writes.succeeded,
+        "writesInDoubt": writes.in_doubt,
+    }
+    conn.execute(
+        _PARK,
+        {
+            "execution_id": execution.id,
+            "error_code": CANCELLED_AFTER_WRITES,
+            "error_detail": detail,
+        },
+    )
+    checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()
+    _audit(
+        conn,
+        execution,
+        "RECONCILIATION_REQUIRED",
+        actor,
+        {
+            "reason": CANCELLED_AFTER_WRITES,
+            "cancelReason": reason,
+            **detail,
+            "checkpoints": [_checkpoint_as_it_was(c) for c in checkpoints],
+        },
+    )
+    log.warning(
+        "cancel parked the execution for reconciliation: writes done or in doubt",
+        extra={"execution_id": str(execution.id), "error_code": CANCELLED_AFTER_WRITES},
+    )
+    return "RECONCILIATION_REQUIRED"

@@ -11,7 +11,7 @@ import pytest
 from api_support import OTHER_ORG, Api, problem, running_api
 from sqlalchemy import Engine, event, text
 
-from orquestador.actions import Effect, UncertainError
+from orquestador.actions import Effect, TransientError, UncertainError
 from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.queue import claim_due_executions
@@ -27,6 +27,7 @@ from tests.integration.worker_support import (
     flow_definition,
     registry_of,
     run_once,
+    scripted,
     settings,
     start_execution,
     wait_until,
@@ -413,6 +414,63 @@ def test_the_owner_cancels_a_pending_execution_and_the_request_is_released(
     again = api.post(f"/executions/{eid}/cancel", {"reason": "twice"}, **REQUEST_OWNER)
     assert again.status_code == 409
     assert problem(again)["code"] == "NOT_CANCELLABLE"
+
+
+def test_cancel_after_a_charge_parks_for_an_operator_instead_of_releasing_the_request(
+    api: Api, runtime_engine: Engine
+) -> None:
+    # The charge went through; the receipt waits for its retry when the owner cancels.
+    # Releasing the request here would let a resubmission charge the customer again.
+    charge = _charge({"chargeId": "ch_1"})
+    receipt = Double("test.receipt", Effect.READ_ONLY, output=scripted(TransientError("busy")))
+    definition = flow_definition(
+        [action("charge", "test.charge"), action("receipt", "test.receipt")]
+    )
+    eid = start_execution(runtime_engine, definition, {"card": CARD, "plan": "pro"})
+    executor = Executor(registry_of(charge, receipt), settings())
+    assert run_once(runtime_engine, executor) == "RETRY_WAIT"
+
+    response = api.post(
+        f"/executions/{eid}/cancel", {"reason": "customer changed plan"}, **REQUEST_OWNER
+    )
+
+    assert response.status_code == 200
+    view = response.get_json()
+    assert (view["status"], view["errorCode"]) == (
+        "RECONCILIATION_REQUIRED",
+        "CANCELLED_AFTER_WRITES",
+    )
+    assert view["errorDetail"] == {
+        "fromStatus": "RETRY_WAIT",
+        "writesSucceeded": ["charge"],
+        "writesInDoubt": [],
+    }
+    before = _request_of(api, runtime_engine, eid)
+    assert (before["state"], before["revision"], before["busy"]) == ("new", 2, True)
+    assert before["busyExecutionId"] == str(eid)
+    assert before["data"] == {"card": CARD, "plan": "pro"}
+    resubmitted = api.post(
+        f"/requests/{before['id']}/transitions",
+        {"transition": "go", "expectedRevision": 2},
+        **REQUEST_OWNER,
+    )
+    assert (resubmitted.status_code, problem(resubmitted)["code"]) == (409, "REQUEST_BUSY")
+
+    evidence = api.get(f"/executions/{eid}/evidence", **OPERATOR).get_json()
+    assert (evidence["reason"], evidence["inDoubt"]) == ("CANCELLED_AFTER_WRITES", "receipt")
+    parked = evidence["audit"][-1]
+    assert (parked["kind"], parked["actor"]) == ("RECONCILIATION_REQUIRED", OWNER)
+    assert parked["detail"]["cancelReason"] == "customer changed plan"
+    assert parked["detail"]["writesSucceeded"] == ["charge"]
+    assert audit(runtime_engine, eid, "EXECUTION_CANCELLED") == []
+
+    failed = _decide(api, eid, "fail", actionId="receipt", toState="other")
+    assert failed.status_code == 200
+    assert failed.get_json()["status"] == "FAILED"
+    after = _request_of(api, runtime_engine, eid)
+    assert (after["state"], after["revision"], after["busy"]) == ("other", 3, False)
+    assert after["data"] == {"card": CARD, "plan": "pro"}
+    assert len(charge.calls) == 1
 
 
 def test_executions_cancel_reaches_every_request_of_the_organization(

@@ -7,7 +7,7 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from orquestador.actions import Effect, TransientError, UncertainError
+from orquestador.actions import Effect, NotReady, TransientError, UncertainError
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
 from orquestador.queue import Resolution, cancel, claim_due_executions, resolve
 from orquestador.queue.claims import _CLAIM
@@ -24,6 +24,7 @@ from tests.integration.worker_support import (
     execution,
     expire_lease,
     flow_definition,
+    make_due,
     registry_of,
     request_row,
     run_once,
@@ -281,6 +282,149 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
         cancel(conn, other, ORG, "user-1", "first")
     with runtime_engine.connect() as conn:
         assert claim_due_executions(conn, "w", 5, 30) == []
+
+
+# --- cancel after writes: the write rule decides, never the cancel -----------------------
+
+
+def _charged_then_waiting(engine, second, *, second_effect=Effect.READ_ONLY, **run):
+    """A charge that succeeded, then a second step that leaves the execution waiting."""
+    charge = Double("test.charge", Effect.NON_IDEMPOTENT_WRITE, output={"chargeId": "ch_1"})
+    then = Double("test.then", second_effect, output=second)
+    definition = flow_definition(
+        [action("charge", "test.charge"), action("then", "test.then", onError="attention")]
+    )
+    eid = start_execution(engine, definition, {"plan": "pro"})
+    status = run_once(engine, Executor(registry_of(charge, then), settings()))
+    return charge, then, eid, status
+
+
+def _parked_by_cancel(engine, eid, from_status, succeeded, in_doubt):
+    """The cancel parked the execution: request busy as accepted, audited with who and why."""
+    with engine.connect() as conn:
+        assert cancel(conn, eid, ORG, "user-1", "customer changed plan") == (
+            "RECONCILIATION_REQUIRED"
+        )
+    row = execution(engine, eid)
+    assert (row.status, row.error_code, row.finished_at) == (
+        "RECONCILIATION_REQUIRED",
+        "CANCELLED_AFTER_WRITES",
+        None,
+    )
+    writes = {"writesSucceeded": succeeded, "writesInDoubt": in_doubt}
+    assert row.error_detail == {"fromStatus": from_status, **writes}
+    request = request_row(engine, row.request_id)
+    assert (request.state, request.revision, request.busy_execution_id) == ("new", 2, eid)
+    assert request.data == {"plan": "pro"}
+    assert audit(engine, eid, "EXECUTION_CANCELLED") == []
+    (parked,) = audit(engine, eid, "RECONCILIATION_REQUIRED")
+    assert parked.actor == "user-1"
+    assert {k: v for k, v in parked.detail.items() if k != "checkpoints"} == {
+        "reason": "CANCELLED_AFTER_WRITES",
+        "cancelReason": "customer changed plan",
+        "fromStatus": from_status,
+        **writes,
+    }
+    assert {c["actionId"]: c["status"] for c in parked.detail["checkpoints"]}["charge"] == (
+        "SUCCEEDED"
+    )
+    # Parked is not due: no worker takes it, whatever its due time was.
+    make_due(engine, eid)
+    with engine.connect() as conn:
+        assert claim_due_executions(conn, "w", 5, 30) == []
+    return row
+
+
+def test_cancel_in_retry_wait_after_a_charge_parks_and_an_operator_s_fail_releases(
+    runtime_engine,
+):
+    charge, _then, eid, status = _charged_then_waiting(
+        runtime_engine, scripted(TransientError("provider busy"))
+    )
+    assert status == "RETRY_WAIT"
+
+    _parked_by_cancel(runtime_engine, eid, "RETRY_WAIT", ["charge"], [])
+
+    # The operator decides about the step that was waiting; fail releases the request.
+    assert _decide(runtime_engine, eid, "fail", action_id="then", to_state="other") == "FAILED"
+    row = execution(runtime_engine, eid)
+    assert (row.status, row.error_code, row.result["toState"]) == (
+        "FAILED",
+        "CANCELLED_AFTER_WRITES",
+        "other",
+    )
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.revision, request.busy_execution_id) == ("other", 3, None)
+    assert request.data == {"plan": "pro"}
+    (resolved,) = audit(runtime_engine, eid, "RECONCILIATION_RESOLVED")
+    assert (resolved.actor, resolved.detail["parkedFor"]) == (
+        "operator-1",
+        "CANCELLED_AFTER_WRITES",
+    )
+    assert len(charge.calls) == 1
+
+
+def test_cancel_in_retry_wait_with_a_write_in_doubt_parks_and_retry_continues(runtime_engine):
+    # An idempotent write that may have happened is retried by the worker, not parked;
+    # a cancel in that wait must not release the request either.
+    charge, then, eid, status = _charged_then_waiting(
+        runtime_engine,
+        scripted(UncertainError("no answer"), {"synced": True}),
+        second_effect=Effect.IDEMPOTENT_WRITE,
+    )
+    assert status == "RETRY_WAIT"
+
+    _parked_by_cancel(runtime_engine, eid, "RETRY_WAIT", ["charge"], ["then"])
+
+    assert _decide(runtime_engine, eid, "retry", action_id="then") == "PENDING"
+    assert run_once(runtime_engine, Executor(registry_of(charge, then), settings())) == (
+        "SUCCEEDED"
+    )
+    assert len(charge.calls) == 1
+    assert [c.external_key for c in then.calls] == [f"{eid}:then"] * 2
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.revision, request.busy_execution_id) == ("done", 3, None)
+
+
+def test_cancel_while_waiting_after_a_write_parks_and_confirm_finishes(runtime_engine):
+    charge, then, eid, status = _charged_then_waiting(
+        runtime_engine, lambda ctx: (_ for _ in ()).throw(NotReady(3600, wait_key="k-1"))
+    )
+    assert status == "WAITING"
+
+    row = _parked_by_cancel(runtime_engine, eid, "WAITING", ["charge"], [])
+    assert row.wait_key is None
+
+    assert (
+        _decide(runtime_engine, eid, "confirm", action_id="then", output={"seen": True})
+        == "PENDING"
+    )
+    assert run_once(runtime_engine, Executor(registry_of(charge, then), settings())) == (
+        "SUCCEEDED"
+    )
+    assert (len(charge.calls), len(then.calls)) == (1, 1)
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id) == ("done", None)
+
+
+def test_cancel_after_only_reads_still_cancels_and_releases(runtime_engine):
+    lookup = Double("test.lookup", Effect.READ_ONLY, output={"found": True})
+    then = Double("test.then", Effect.READ_ONLY, output=scripted(TransientError("busy")))
+    definition = flow_definition([action("look", "test.lookup"), action("then", "test.then")])
+    eid = start_execution(runtime_engine, definition, {"plan": "pro"})
+    assert run_once(runtime_engine, Executor(registry_of(lookup, then), settings())) == (
+        "RETRY_WAIT"
+    )
+
+    with runtime_engine.connect() as conn:
+        assert cancel(conn, eid, ORG, "user-1", "not needed") == "CANCELLED"
+    row = execution(runtime_engine, eid)
+    assert (row.status, row.error_code) == ("CANCELLED", "CANCELLED")
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.revision, request.busy_execution_id) == ("new", 2, None)
+    (cancelled,) = audit(runtime_engine, eid, "EXECUTION_CANCELLED")
+    assert cancelled.detail == {"reason": "not needed", "fromStatus": "RETRY_WAIT"}
+    assert audit(runtime_engine, eid, "RECONCILIATION_REQUIRED") == []
 
 
 def _wait_for_lock_wait(owner_engine):
