@@ -143,7 +143,8 @@ def add_executions_command(command: CommandFactory) -> None:
     cancel = action(
         "cancel",
         "cancel an execution that has not started or waits (executions:cancel, or "
-        "requests:write on your own request)",
+        "requests:write on your own request); after a write it is parked for "
+        "reconciliation instead",
         _cancel,
     )
     cancel.add_argument("execution", metavar="ID")
@@ -445,10 +446,29 @@ def _cancel(client: ApiClient, args: argparse.Namespace) -> int:
     view = client.post(f"/executions/{_path_id(args.execution)}/cancel", {"reason": args.reason})
     if args.json:
         _print_json(view)
+    elif view["status"] == "RECONCILIATION_REQUIRED":
+        # The server kept the request busy: a write happened or may have, and only an
+        # operator may decide what becomes of it. Saying "cancelled" here would mislead.
+        print(f"not cancelled: parked for reconciliation after writes ({_writes_done(view)})")
+        print(
+            "the request stays busy until an operator decides; see: orquestador executions "
+            f"evidence {view['id']}"
+        )
+        _print_execution(view)
     else:
         print(f"cancelled; the execution is {view['status']}")
         _print_execution(view)
     return 0
+
+
+def _writes_done(view: dict[str, Any]) -> str:
+    detail = view.get("errorDetail") or {}
+    said = [
+        f"{what} {', '.join(detail[key])}"
+        for key, what in (("writesSucceeded", "written:"), ("writesInDoubt", "maybe written:"))
+        if detail.get(key)
+    ]
+    return "; ".join(said) if said else "done or in doubt"
 
 
 def _json_argument(text: str, option: str) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from orquestador.actions import Effect, UncertainError
+from orquestador.actions import Effect, TransientError, UncertainError
 from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
@@ -34,6 +34,7 @@ from tests.integration.worker_support import (
     registry_of,
     request_row,
     run_once,
+    scripted,
     settings,
     start_execution,
 )
@@ -219,6 +220,32 @@ def test_cancel_by_the_owner_and_its_refusal_the_second_time(
     assert second.returncode == 1
     _one_line_no_traceback(second)
     assert "409 NOT_CANCELLABLE" in second.stderr
+
+
+def test_a_cancel_after_a_charge_says_the_execution_was_parked_not_cancelled(
+    server: Server, runtime_engine: Engine
+) -> None:
+    charge = _charge({"chargeId": "ch_1"})
+    receipt = Double("test.receipt", Effect.READ_ONLY, output=scripted(TransientError("busy")))
+    definition = flow_definition(
+        [action("charge", "test.charge"), action("receipt", "test.receipt")]
+    )
+    eid = start_execution(runtime_engine, definition, {"plan": "pro"})
+    assert run_once(runtime_engine, Executor(registry_of(charge, receipt), settings())) == (
+        "RETRY_WAIT"
+    )
+    owner = _as(server, ["requests:read", "requests:write"], sub=OWNER)
+
+    parked = _run("cancel", str(eid), "--reason", "customer changed plan", env=owner)
+
+    assert parked.returncode == 0, parked.stderr
+    first_line = parked.stdout.splitlines()[0]
+    assert first_line.startswith("not cancelled: parked for reconciliation")
+    assert "charge" in first_line
+    assert "CANCELLED_AFTER_WRITES" in parked.stdout
+    assert "status      RECONCILIATION_REQUIRED" in parked.stdout
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id) == ("new", eid)
 
 
 def test_the_server_s_refusals_exit_1_with_the_problem(
