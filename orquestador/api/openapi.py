@@ -298,13 +298,22 @@ def _core_paths() -> dict[str, Any]:
                 "summary": "Cancel an execution that has not started (or waits)",
                 "description": "Scope `executions:cancel` (any execution of the organization), "
                 "or `requests:write` for executions of the caller's own requests. PENDING, "
-                "RETRY_WAIT and WAITING executions end CANCELLED and the request is released "
-                "in its accepted state, audited `EXECUTION_CANCELLED`.",
+                "RETRY_WAIT and WAITING executions with no write done or in doubt end "
+                "CANCELLED and the request is released in its accepted state, audited "
+                "`EXECUTION_CANCELLED`. After a write that succeeded or is in doubt the "
+                "request is not released: the execution parks RECONCILIATION_REQUIRED with "
+                "`errorCode` `CANCELLED_AFTER_WRITES` and `errorDetail` `{fromStatus, "
+                "writesSucceeded, writesInDoubt}`, audited `RECONCILIATION_REQUIRED` with the "
+                "caller and the reason, for an operator to decide.",
                 "security": SECURED,
                 "parameters": [id_parameter("executionId")],
                 "requestBody": body(ref("CancelRequest")),
                 "responses": {
-                    "200": json_response(ref("ExecutionView"), "Cancelled."),
+                    "200": json_response(
+                        ref("ExecutionView"),
+                        "Cancelled (CANCELLED), or parked for reconciliation after writes "
+                        "(RECONCILIATION_REQUIRED, `CANCELLED_AFTER_WRITES`).",
+                    ),
                     **problems(
                         *WRITE_ERRORS,
                         "404",
