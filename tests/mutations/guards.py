@@ -1,0 +1,763 @@
+"""Every guard of the worker protocol, written as the mutation that removes or weakens it.
+
+A mutation names one file of the repository, a text that occurs exactly once in it, the
+text that replaces it, the promise the guard keeps, and the tests that must fail once
+the guard is gone: the smallest set that should catch it, so the whole list runs in
+reasonable time. `python -m tests.mutations` applies each to a scratch copy and runs its
+tests there; `tests/unit/test_guard_mutations.py` checks that every find-text still
+occurs exactly once, so the list cannot silently fall behind the code.
+
+Guards left out on purpose, because no test can tell them apart from the code without
+them (an equivalent mutation is noise, not a survivor):
+
+- `status = 'RUNNING'` in FENCE and in the renewal: the schema's CHECK constraint on
+  execution ties RUNNING to a set owner and lease, so a row that is not RUNNING already
+  fails the owner and lease clauses.
+- The fence of `outcomes._COMPLETE`, `outcomes._END_EXECUTION` behind an error exit or a
+  park, and the outer fence of `waits._PARK`: each runs in the same transaction (or
+  statement) right after the same fence took the row lock FOR UPDATE, with nothing that
+  can wait in between.
+- `busy_execution_id = :execution_id` in `_COMPLETE` and `_MOVE_REQUEST`: the Python
+  check of the locked request (`request_change`) refuses first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Expect = Literal["KILLED", "SURVIVED"]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One guard removed or weakened: `find` (exactly once in `file`) becomes `replace`."""
+
+    id: str
+    file: str
+    find: str
+    replace: str
+    promise: str  # what the guard keeps true, in one sentence
+    tests: tuple[str, ...]  # pytest node ids or files, relative to the repository
+    expect: Expect = "KILLED"
+    timeout_seconds: float = 600.0
+    notes: tuple[str, ...] = field(default=())
+
+
+# --- where the tests are ----------------------------------------------------------------
+
+FENCING = "tests/integration/test_queue_fencing.py"
+CLAIMS = "tests/integration/test_queue_claims.py"
+LOCKS = "tests/integration/test_fence_locks.py"
+WRITE_RULE = "tests/integration/test_write_rule.py"
+LOOKUP = "tests/integration/test_lookup.py"
+WAITS = "tests/integration/test_waits.py"
+SIMULATED = "tests/integration/test_simulated_steps.py"
+LEASES_UNIT = "tests/unit/test_worker_leases.py"
+GUARDS = "tests/integration/test_guards.py"
+
+
+def stale(write: str) -> str:
+    """The reclaimed-holder test of one write (test_queue_fencing.py)."""
+    return f"{FENCING}::test_a_reclaimed_holder_can_no_longer_write[{write}]"
+
+
+def guard(name: str) -> str:
+    return f"{GUARDS}::{name}"
+
+
+# --- queue/fencing.py -----------------------------------------------------------------
+
+_FENCING_PY = "orquestador/queue/fencing.py"
+
+FENCING_GUARDS = [
+    Mutation(
+        "fence-lease-live",
+        _FENCING_PY,
+        "\n    AND e.lease_expires_at > clock_timestamp()\n",
+        "\n",
+        "A holder whose lease ran out by database time writes nothing, even before anyone "
+        "reclaims the execution.",
+        (f"{FENCING}::test_an_expired_holder_cannot_write_even_before_anyone_reclaims",),
+    ),
+    Mutation(
+        "fence-token",
+        _FENCING_PY,
+        "\n    AND e.fencing_token = :token\n",
+        "\n",
+        "The token, not the owner's name, tells a reclaimed execution apart: a worker that "
+        "reclaims its own expired lease fences its earlier job out.",
+        (guard("test_a_holder_reclaimed_by_its_own_worker_can_no_longer_write"),),
+    ),
+    Mutation(
+        "fence-owner",
+        _FENCING_PY,
+        "\n    AND e.lease_owner = :owner\n",
+        "\n",
+        "Only the worker named as the lease's owner writes under it.",
+        (guard("test_a_claim_under_another_owners_name_writes_nothing"),),
+    ),
+    Mutation(
+        "lock-holder-refuses",
+        _FENCING_PY,
+        "    if conn.execute(_LOCK_HOLDER, claim.params).first() is None:\n"
+        "        raise refuse_stale(claim, what)",
+        "    conn.execute(_LOCK_HOLDER, claim.params).first()",
+        "Locking the execution under the fence refuses a holder that lost its lease, so a "
+        "finish whose seam outlasted the lease rolls back.",
+        (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
+    ),
+]
+
+# --- queue/leases.py ------------------------------------------------------------------
+
+_LEASES_PY = "orquestador/queue/leases.py"
+_RENEWAL = f"{CLAIMS}::test_renewal_extends_only_exactly_held_valid_leases"
+
+LEASE_GUARDS = [
+    Mutation(
+        "renew-lease-live",
+        _LEASES_PY,
+        "          AND e.lease_expires_at > clock_timestamp()\n",
+        "",
+        "An expired lease never revives by renewal, even if nobody has reclaimed it yet.",
+        (_RENEWAL,),
+    ),
+    Mutation(
+        "renew-token",
+        _LEASES_PY,
+        "          AND e.fencing_token = h.token\n",
+        "",
+        "A renewal names (execution, token): a stale job's key never extends the lease of "
+        "the claim that replaced it, even one of the same worker.",
+        (guard("test_a_renewal_under_a_stale_token_extends_nothing"),),
+    ),
+    Mutation(
+        "renew-owner",
+        _LEASES_PY,
+        "          AND e.lease_owner = :owner\n",
+        "",
+        "A worker renews only leases it owns.",
+        (guard("test_a_renewal_under_another_owners_name_extends_nothing"),),
+    ),
+    Mutation(
+        "release-fence",
+        _LEASES_PY,
+        "    WHERE {FENCE}\n    RETURNING e.id",
+        "    WHERE e.id = :execution_id\n    RETURNING e.id",
+        "Giving a lease back is a holder write: a stale holder cannot expire its "
+        "successor's lease.",
+        (stale("release_lease"),),
+    ),
+]
+
+# --- queue/claims.py ------------------------------------------------------------------
+
+_CLAIMS_PY = "orquestador/queue/claims.py"
+
+CLAIM_GUARDS = [
+    Mutation(
+        "claim-token-bump",
+        _CLAIMS_PY,
+        "fencing_token = e.fencing_token + 1,",
+        "fencing_token = e.fencing_token,",
+        "Every claim moves the token on, which fences the previous holder out for good.",
+        (f"{CLAIMS}::test_expired_lease_is_reclaimed_with_a_new_token",),
+    ),
+    Mutation(
+        "claim-spends-an-attempt",
+        _CLAIMS_PY,
+        "attempts = e.attempts + CASE WHEN e.status = 'WAITING' THEN 0 ELSE 1 END,",
+        "attempts = e.attempts,",
+        "A claim spends one of the execution's attempts, so a crash loop ends "
+        "ATTEMPTS_EXHAUSTED instead of running forever.",
+        (f"{CLAIMS}::test_expired_lease_is_reclaimed_with_a_new_token",),
+    ),
+    Mutation(
+        "claim-only-expired-leases",
+        _CLAIMS_PY,
+        "WHERE status = 'RUNNING' AND lease_expires_at <= now()",
+        "WHERE status = 'RUNNING'",
+        "A RUNNING execution is taken over only once its lease has expired.",
+        (f"{CLAIMS}::test_claim_sets_lease_token_and_attempts_from_database_time",),
+    ),
+    Mutation(
+        "claim-skip-locked-abandoned",
+        _CLAIMS_PY,
+        "        LIMIT :limit\n        FOR UPDATE SKIP LOCKED",
+        "        LIMIT :limit\n        FOR UPDATE",
+        "A claim skips an expired RUNNING row another transaction holds (a holder's write "
+        "in flight) instead of queueing behind it.",
+        (guard("test_a_claim_skips_a_locked_expired_row_instead_of_waiting"),),
+    ),
+    Mutation(
+        "claim-skip-locked-due",
+        _CLAIMS_PY,
+        "        LIMIT (SELECT :limit - count(*) FROM abandoned)\n        FOR UPDATE SKIP LOCKED",
+        "        LIMIT (SELECT :limit - count(*) FROM abandoned)\n        FOR UPDATE",
+        "Concurrent claimers split due rows instead of queueing on each other's locks.",
+        (f"{CLAIMS}::test_a_row_locked_by_an_open_transaction_is_skipped_not_waited_on",),
+    ),
+    Mutation(
+        "claim-due-time",
+        _CLAIMS_PY,
+        "status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND next_attempt_at <= now()",
+        "status IN ('PENDING', 'RETRY_WAIT', 'WAITING')",
+        "A retry or a wait is claimed only once it is due.",
+        (f"{CLAIMS}::test_claim_order_and_due_retries",),
+    ),
+    Mutation(
+        "claim-claimable-statuses",
+        _CLAIMS_PY,
+        "WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND",
+        "WHERE status <> 'RUNNING' AND",
+        "A finished, failed, cancelled or parked execution is never claimed again.",
+        (guard("test_an_execution_that_ended_or_is_parked_is_never_claimed"),),
+    ),
+    Mutation(
+        "claim-limit-shared",
+        _CLAIMS_PY,
+        "LIMIT (SELECT :limit - count(*) FROM abandoned)",
+        "LIMIT :limit",
+        "A claim takes at most the free slots, expired and due rows together, so claimed "
+        "work never waits in a local queue while its lease runs down.",
+        (f"{LOCKS}::test_a_claim_locks_no_more_rows_than_it_takes",),
+    ),
+    Mutation(
+        "claim-lease-database-clock",
+        _CLAIMS_PY,
+        "lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),",
+        "lease_expires_at = now() + make_interval(secs => :lease_seconds),",
+        "The lease runs from the database's clock when the row is claimed, not from the "
+        "start of the transaction.",
+        (guard("test_a_lease_runs_from_the_moment_of_the_claim"),),
+    ),
+    Mutation(
+        "claim-snapshot-first-holder-only",
+        _CLAIMS_PY,
+        "    if row.fencing_token != 1:\n        return None\n",
+        "",
+        "Only a first holder skips the load: a later holder loads the checkpoints under the "
+        "fence and never re-runs a step that succeeded.",
+        (f"{CLAIMS}::test_a_first_claim_carries_what_the_load_reads_and_a_reclaim_does_not",),
+    ),
+]
+
+# --- queue/checkpoints.py -------------------------------------------------------------
+# The worker writes RUNNING and SUCCEEDED through the batch function (migration 0010 and
+# its successors); these one-execution statements remain the reference for each write,
+# and a dry run's simulated success, the attempt outcomes and a lookup's finding still
+# run them.
+
+_CHECKPOINTS_PY = "orquestador/queue/checkpoints.py"
+_START_HOLDER = (
+    "        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE\n    ), interrupted AS ("
+)
+_END_HOLDER = "        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE\n    ), ended AS ("
+
+CHECKPOINT_GUARDS = [
+    Mutation(
+        "start-fence",
+        _CHECKPOINTS_PY,
+        _START_HOLDER,
+        _START_HOLDER.replace("{FENCE}", "e.id = :execution_id"),
+        "A stale holder cannot start a checkpoint.",
+        (stale("start_checkpoint"),),
+    ),
+    Mutation(
+        "start-row-lock",
+        _CHECKPOINTS_PY,
+        _START_HOLDER,
+        _START_HOLDER.replace(" FOR UPDATE", ""),
+        "The fence check locks the execution row, so no reclaimer starts while the write "
+        "that passed it is in flight.",
+        (
+            f"{LOCKS}::test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits"
+            "[start_checkpoint]",
+        ),
+    ),
+    Mutation(
+        "start-never-over-succeeded",
+        _CHECKPOINTS_PY,
+        "    WHERE a.status <> 'SUCCEEDED'\n      AND a.external_key = EXCLUDED.external_key\n",
+        "    WHERE a.external_key = EXCLUDED.external_key\n",
+        "A SUCCEEDED checkpoint is never started again (never re-run, never overwritten).",
+        (guard("test_a_start_never_replaces_a_checkpoint_it_may_not[succeeded]"),),
+    ),
+    Mutation(
+        "start-same-key",
+        _CHECKPOINTS_PY,
+        "      AND a.external_key = EXCLUDED.external_key\n",
+        "",
+        "A checkpoint is never replaced by an attempt under another external key.",
+        (guard("test_a_start_never_replaces_a_checkpoint_it_may_not[another key]"),),
+    ),
+    Mutation(
+        "start-no-restart-interrupted-non-idempotent",
+        _CHECKPOINTS_PY,
+        "\n      AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE'"
+        " AND a.status IN ('RUNNING', 'UNKNOWN'))",
+        "",
+        "An interrupted NON_IDEMPOTENT_WRITE (RUNNING or UNKNOWN) is never started again.",
+        (
+            guard("test_a_start_never_replaces_a_checkpoint_it_may_not[interrupted payment]"),
+            guard("test_a_start_never_replaces_a_checkpoint_it_may_not[uncertain payment]"),
+        ),
+    ),
+    Mutation(
+        "start-history-same-conditions",
+        _CHECKPOINTS_PY,
+        "          AND a.effect <> 'NON_IDEMPOTENT_WRITE'\n        ON CONFLICT DO NOTHING",
+        "        ON CONFLICT DO NOTHING",
+        "A refused start writes nothing at all, not even the replaced attempt's line in "
+        "the history.",
+        (guard("test_a_start_never_replaces_a_checkpoint_it_may_not[interrupted payment]"),),
+    ),
+    Mutation(
+        "start-interrupted-write-unknown",
+        _CHECKPOINTS_PY,
+        "CASE WHEN a.effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END",
+        "'FAILED'",
+        "An interrupted write enters the history as UNKNOWN (it may have happened), which "
+        "the write rule reads.",
+        (guard("test_an_interrupted_write_enters_the_history_as_in_doubt"),),
+    ),
+    Mutation(
+        "succeed-fence",
+        _CHECKPOINTS_PY,
+        "        SELECT {holder} FROM execution e WHERE {fence} FOR UPDATE",
+        "        SELECT {holder} FROM execution e WHERE e.id = :execution_id FOR UPDATE",
+        "A stale holder that returns late records no success.",
+        (
+            stale("succeed_checkpoint"),
+            stale("succeed_checkpoint_observed"),
+            stale("succeed_checkpoint_simulated"),
+        ),
+    ),
+    Mutation(
+        "succeed-row-lock",
+        _CHECKPOINTS_PY,
+        "        SELECT {holder} FROM execution e WHERE {fence} FOR UPDATE",
+        "        SELECT {holder} FROM execution e WHERE {fence}",
+        "The success's fence check locks the execution row, so no reclaimer starts while "
+        "the write is in flight.",
+        (
+            f"{LOCKS}::test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits"
+            "[succeed_checkpoint]",
+        ),
+    ),
+    Mutation(
+        "succeed-only-running",
+        _CHECKPOINTS_PY,
+        "          AND a.status = 'RUNNING' AND a.fencing_token = :token\n"
+        "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
+        "          AND a.fencing_token = :token\n"
+        "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
+        "Only a RUNNING checkpoint succeeds: a recorded success is never overwritten.",
+        (guard("test_only_this_holders_running_checkpoint_can_succeed[succeeded]"),),
+    ),
+    Mutation(
+        "succeed-own-token",
+        _CHECKPOINTS_PY,
+        "          AND a.status = 'RUNNING' AND a.fencing_token = :token\n"
+        "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
+        "          AND a.status = 'RUNNING'\n"
+        "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
+        "A holder succeeds only the attempt it started, never one an earlier holder left RUNNING.",
+        (guard("test_only_this_holders_running_checkpoint_can_succeed[left running]"),),
+    ),
+    Mutation(
+        "succeed-refuses-stale",
+        _CHECKPOINTS_PY,
+        "    row = run_alone(conn, statement, params).fetchone()\n    if row is None:\n"
+        '        raise refuse_stale(claim, f"succeed checkpoint {action_id}")',
+        "    row = run_alone(conn, statement, params).fetchone()",
+        "A success that was not recorded is never reported as recorded.",
+        (stale("succeed_checkpoint"),),
+    ),
+    Mutation(
+        "end-attempt-fence",
+        _CHECKPOINTS_PY,
+        _END_HOLDER,
+        _END_HOLDER.replace("{FENCE}", "e.id = :execution_id"),
+        "A stale holder cannot end an attempt.",
+        (stale("write_attempt_outcome"),),
+    ),
+    Mutation(
+        "end-attempt-only-running",
+        _CHECKPOINTS_PY,
+        "WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'",
+        "WHERE a.execution_id = holder.id AND a.action_id = :action_id",
+        "Only a RUNNING attempt ends: an ended one (a success above all) is history.",
+        (guard("test_an_attempt_that_ended_cannot_end_again"),),
+    ),
+    Mutation(
+        "end-attempt-refuses",
+        _CHECKPOINTS_PY,
+        "    if row is None:\n        if still_holds(conn, claim):\n"
+        "            raise ContractMismatch(",
+        "    if row is None and False:\n        if still_holds(conn, claim):\n"
+        "            raise ContractMismatch(",
+        "An attempt outcome that wrote nothing is refused, never taken as written.",
+        (guard("test_an_attempt_that_ended_cannot_end_again"),),
+    ),
+    Mutation(
+        "found-fence",
+        _CHECKPOINTS_PY,
+        "        SELECT e.id, e.org_id, e.request_id FROM execution e WHERE {FENCE} FOR UPDATE",
+        "        SELECT e.id, e.org_id, e.request_id FROM execution e"
+        " WHERE e.id = :execution_id FOR UPDATE",
+        "A stale holder's lookup records nothing.",
+        (f"{LOOKUP}::test_a_stale_holders_lookup_answer_writes_nothing[recovery-found]",),
+    ),
+    Mutation(
+        "found-only-in-doubt",
+        _CHECKPOINTS_PY,
+        "          AND a.status IN ('RUNNING', 'UNKNOWN') AND a.external_key = :external_key",
+        "          AND a.external_key = :external_key",
+        "A lookup's finding settles only a write in doubt, never a recorded outcome.",
+        (guard("test_a_finding_is_recorded_only_on_a_write_in_doubt_under_its_key[succeeded]"),),
+    ),
+    Mutation(
+        "found-same-key",
+        _CHECKPOINTS_PY,
+        "          AND a.status IN ('RUNNING', 'UNKNOWN') AND a.external_key = :external_key",
+        "          AND a.status IN ('RUNNING', 'UNKNOWN')",
+        "A lookup's finding is recorded only under the key it was asked about.",
+        (guard("test_a_finding_is_recorded_only_on_a_write_in_doubt_under_its_key[another key]"),),
+    ),
+]
+
+# --- queue/outcomes.py ----------------------------------------------------------------
+
+_OUTCOMES_PY = "orquestador/queue/outcomes.py"
+_EXHAUSTION = (
+    "tests/integration/test_worker_executor.py::test_exhaustion_fails_only_when_no_write_happened"
+)
+
+OUTCOME_GUARDS = [
+    Mutation(
+        "lock-execution-fence",
+        _OUTCOMES_PY,
+        "    FROM execution e\n    WHERE {FENCE}\n    FOR UPDATE\n",
+        "    FROM execution e\n    WHERE e.id = :execution_id\n    FOR UPDATE\n",
+        "A stale holder's finish is refused for its lease before anything else is judged.",
+        (guard("test_a_stale_finish_is_refused_for_its_lease_first"),),
+    ),
+    Mutation(
+        "end-execution-fence",
+        _OUTCOMES_PY,
+        "        wait_key = NULL,\n"
+        "        finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED')"
+        " THEN clock_timestamp() END,\n"
+        "        updated_at = clock_timestamp()\n    WHERE {FENCE}",
+        "        wait_key = NULL,\n"
+        "        finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED')"
+        " THEN clock_timestamp() END,\n"
+        "        updated_at = clock_timestamp()\n    WHERE e.id = :execution_id",
+        "A failure checks the lease again just before commit: a lease that ran out while "
+        "the transaction waited rolls all of it back.",
+        (
+            guard(
+                "test_a_lease_that_runs_out_inside_the_transaction_is_refused_before_commit[fail]"
+            ),
+        ),
+    ),
+    Mutation(
+        "retry-fence",
+        _OUTCOMES_PY,
+        "        updated_at = clock_timestamp()\n"
+        "    WHERE {FENCE}\n    RETURNING e.next_attempt_at",
+        "        updated_at = clock_timestamp()\n"
+        "    WHERE e.id = :execution_id\n    RETURNING e.next_attempt_at",
+        "A retry checks the lease again just before commit: a lease that ran out while the "
+        "transaction waited rolls all of it back.",
+        (
+            guard(
+                "test_a_lease_that_runs_out_inside_the_transaction_is_refused_before_commit[retry]"
+            ),
+        ),
+    ),
+    Mutation(
+        "finish-rechecks-after-seam",
+        _OUTCOMES_PY,
+        '            lock_holder(conn, claim, "finish")'
+        "  # the hook took time: check the lease again",
+        "            pass",
+        "A finish whose commit was delayed past the lease is refused and rolled back.",
+        (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
+    ),
+    Mutation(
+        "finish-request-held",
+        _OUTCOMES_PY,
+        "    if request.busy_execution_id != claim.execution_id:\n"
+        '        return "the request is no longer held by this execution"\n',
+        "",
+        "Only the execution that holds the request may move it.",
+        (guard("test_an_error_exit_is_refused_when_the_request_changed[released]"),),
+    ),
+    Mutation(
+        "finish-pinned-flow",
+        _OUTCOMES_PY,
+        "    if request.flow_id != execution.flow_id:\n"
+        '        return "the request is pinned to another flow version"\n',
+        "",
+        "A finish is refused when the request was pinned to another flow version since acceptance.",
+        (guard("test_a_finish_is_refused_when_the_request_changed[flow]"),),
+    ),
+    Mutation(
+        "finish-accepted-state",
+        _OUTCOMES_PY,
+        "    if request.state != execution.accepted_state or request.revision != "
+        "execution.accepted_revision:",
+        "    if request.revision != execution.accepted_revision:",
+        "A finish is refused when the request's state moved since acceptance.",
+        (guard("test_a_finish_is_refused_when_the_request_changed[state]"),),
+    ),
+    Mutation(
+        "finish-accepted-revision",
+        _OUTCOMES_PY,
+        "    if request.state != execution.accepted_state or request.revision != "
+        "execution.accepted_revision:",
+        "    if request.state != execution.accepted_state:",
+        "A finish is refused when the request's revision moved since acceptance.",
+        (guard("test_a_finish_is_refused_when_the_request_changed[revision]"),),
+    ),
+    Mutation(
+        "finish-expected-succeeded",
+        _OUTCOMES_PY,
+        "        missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]",
+        "        missing: list[str] = []",
+        "A finish is refused unless every expected checkpoint is SUCCEEDED.",
+        (guard("test_a_finish_is_refused_while_a_checkpoint_is_not_succeeded"),),
+    ),
+    Mutation(
+        "writes-succeeded",
+        _OUTCOMES_PY,
+        "FILTER (WHERE a.status = 'SUCCEEDED'), '{}') AS succeeded,",
+        "FILTER (WHERE false), '{}') AS succeeded,",
+        "A failure after a write that succeeded parks the execution and keeps the request busy.",
+        (f"{_EXHAUSTION}[IDEMPOTENT_WRITE-RECONCILIATION_REQUIRED]",),
+    ),
+    Mutation(
+        "writes-in-doubt-unknown",
+        _OUTCOMES_PY,
+        "                     a.status IN ('RUNNING', 'UNKNOWN')\n",
+        "                     a.status IN ('RUNNING')\n",
+        "A write whose latest attempt ended UNKNOWN is in doubt.",
+        (guard("test_a_checkpoint_left_unknown_is_a_write_in_doubt_on_its_own"),),
+    ),
+    Mutation(
+        "writes-in-doubt-running",
+        _OUTCOMES_PY,
+        "                     a.status IN ('RUNNING', 'UNKNOWN')\n",
+        "                     a.status IN ('UNKNOWN')\n",
+        "A write left RUNNING (its holder died mid-call) is in doubt.",
+        (guard("test_a_write_left_running_keeps_the_request_when_attempts_run_out"),),
+    ),
+    Mutation(
+        "writes-history-unknown",
+        _OUTCOMES_PY,
+        "                     OR EXISTS (SELECT 1 FROM action_attempt t\n",
+        "                     OR false AND EXISTS (SELECT 1 FROM action_attempt t\n",
+        "An earlier attempt that ended UNKNOWN keeps the write in doubt, whatever a later "
+        "attempt's FAILED says.",
+        (f"{WRITE_RULE}::test_a_crash_mid_call_then_transient_failures_park_the_execution",),
+    ),
+    Mutation(
+        "writes-attempt-base",
+        _OUTCOMES_PY,
+        "                                  AND t.attempt > a.attempt_base\n",
+        "",
+        "Attempts settled by a lookup's NotFound or an operator's approved retry no longer "
+        "count as in doubt.",
+        (
+            f"{LOOKUP}::test_an_idempotent_write_out_of_attempts_is_looked_up_before_the_write_"
+            "rule_parks[not found]",
+        ),
+    ),
+    Mutation(
+        "writes-idempotent-counted",
+        _OUTCOMES_PY,
+        "    WHERE a.execution_id = :execution_id AND a.effect <> 'READ_ONLY'",
+        "    WHERE a.execution_id = :execution_id AND a.effect = 'NON_IDEMPOTENT_WRITE'",
+        "An IDEMPOTENT_WRITE is a write too: its success or doubt keeps the request busy.",
+        (f"{_EXHAUSTION}[IDEMPOTENT_WRITE-RECONCILIATION_REQUIRED]",),
+    ),
+    Mutation(
+        "writes-simulation",
+        _OUTCOMES_PY,
+        "      AND NOT EXISTS (SELECT 1 FROM execution x"
+        " WHERE x.id = a.execution_id AND x.simulation)",
+        "",
+        "A dry run wrote nothing: its failure ends FAILED with the request released.",
+        (f"{SIMULATED}::test_a_failed_dry_run_after_a_simulated_write_is_failed_not_parked",),
+    ),
+    Mutation(
+        "fail-parks-after-success",
+        _OUTCOMES_PY,
+        "        if writes.succeeded or writes.in_doubt:",
+        "        if writes.in_doubt:",
+        "A failure after a write that succeeded parks instead of releasing the request.",
+        (f"{_EXHAUSTION}[IDEMPOTENT_WRITE-RECONCILIATION_REQUIRED]",),
+    ),
+    Mutation(
+        "fail-parks-in-doubt",
+        _OUTCOMES_PY,
+        "        if writes.succeeded or writes.in_doubt:",
+        "        if writes.succeeded:",
+        "A failure while a write is in doubt parks instead of releasing the request.",
+        (f"{WRITE_RULE}::test_a_crash_mid_call_then_transient_failures_park_the_execution",),
+    ),
+    Mutation(
+        "fail-releases-only-its-own-request",
+        _OUTCOMES_PY,
+        "    UPDATE request SET busy_execution_id = NULL, updated_at = clock_timestamp()\n"
+        "    WHERE id = :request_id AND busy_execution_id = :execution_id",
+        "    UPDATE request SET busy_execution_id = NULL, updated_at = clock_timestamp()\n"
+        "    WHERE id = :request_id",
+        "A failing execution releases the request only while it still holds it.",
+        (guard("test_a_failure_never_releases_a_request_another_execution_holds"),),
+    ),
+    Mutation(
+        "error-exit-parks-in-doubt",
+        _OUTCOMES_PY,
+        "        writes = _writes(conn, claim)\n        if writes.in_doubt:",
+        "        writes = _writes(conn, claim)\n        if False:",
+        "A declared error exit with a write in doubt parks instead of moving the request.",
+        (f"{WRITE_RULE}::test_an_earlier_uncertain_write_blocks_a_later_steps_error_exit",),
+    ),
+    Mutation(
+        "error-exit-request-unchanged",
+        _OUTCOMES_PY,
+        '        request, execution = _lock_request_then_execution(conn, claim, "error exit")\n'
+        "        change = request_change(request, execution, claim)\n"
+        "        if change:\n",
+        '        request, execution = _lock_request_then_execution(conn, claim, "error exit")\n'
+        "        change = request_change(request, execution, claim)\n"
+        "        if False:\n",
+        "An error exit never moves a request that changed since acceptance.",
+        (guard("test_an_error_exit_is_refused_when_the_request_changed[state]"),),
+    ),
+]
+
+# --- queue/waits.py -------------------------------------------------------------------
+
+_WAITS_PY = "orquestador/queue/waits.py"
+
+WAIT_GUARDS = [
+    Mutation(
+        "park-fence",
+        _WAITS_PY,
+        "        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE",
+        "        SELECT e.id FROM execution e WHERE e.id = :execution_id FOR UPDATE",
+        "A stale holder parks nothing: not the execution, not the step's checkpoint.",
+        (guard("test_a_stale_park_leaves_the_read_it_was_waiting_on_alone"),),
+    ),
+    Mutation(
+        "park-only-a-read",
+        _WAITS_PY,
+        "\n          AND a.effect = 'READ_ONLY'\n",
+        "\n",
+        "Only a read may wait: a write's checkpoint is never paused as NOT_READY.",
+        (guard("test_only_a_running_read_of_this_holder_can_wait[write]"),),
+    ),
+    Mutation(
+        "park-own-running-attempt",
+        _WAITS_PY,
+        "          AND a.status = 'RUNNING' AND a.fencing_token = :token\n",
+        "",
+        "A wait pauses only the attempt this holder is running.",
+        (guard("test_only_a_running_read_of_this_holder_can_wait[left running]"),),
+    ),
+]
+
+# --- worker/leases.py and worker/heartbeat.py -----------------------------------------
+
+_WORKER_LEASES_PY = "orquestador/worker/leases.py"
+_HEARTBEAT_PY = "orquestador/worker/heartbeat.py"
+
+WORKER_LEASE_GUARDS = [
+    Mutation(
+        "held-lease-key-has-token",
+        _WORKER_LEASES_PY,
+        "        return (claim.execution_id, claim.token)",
+        "        return (claim.execution_id, 0)",
+        "A late renewal answer reaches only the job it was about, never a later job on the "
+        "same execution.",
+        (f"{LEASES_UNIT}::test_a_late_loss_never_signals_a_later_job_on_the_same_execution",),
+    ),
+    Mutation(
+        "heartbeat-stops-a-lost-lease",
+        _HEARTBEAT_PY,
+        "                claim = self._leases.lose(key)\n",
+        "                claim = None\n",
+        "A job whose lease was not renewed is told to stop.",
+        (guard("test_a_job_whose_lease_was_not_renewed_is_told_to_stop"),),
+    ),
+    Mutation(
+        "heartbeat-presumes-overdue-lost",
+        _HEARTBEAT_PY,
+        "            for claim in self._leases.lose_overdue(time.monotonic()):\n",
+        "            for claim in []:\n",
+        "When renewals fail for longer than a lease, the jobs are told to stop instead of "
+        "trusting a lease nobody can renew.",
+        (guard("test_a_heartbeat_that_cannot_renew_stops_its_jobs_once_the_lease_is_over"),),
+    ),
+    Mutation(
+        "overdue-bound",
+        _WORKER_LEASES_PY,
+        "            overdue = [h for h in self._held.values() if h.valid_until <= now]",
+        "            overdue: list[HeldLease] = []",
+        "A lease not renewed within its length is presumed lost.",
+        (f"{LEASES_UNIT}::test_leases_not_renewed_in_time_are_presumed_lost",),
+    ),
+]
+
+# --- the list -------------------------------------------------------------------------
+
+MUTATIONS: list[Mutation] = [
+    *FENCING_GUARDS,
+    *LEASE_GUARDS,
+    *CLAIM_GUARDS,
+    *CHECKPOINT_GUARDS,
+    *OUTCOME_GUARDS,
+    *WAIT_GUARDS,
+    *WORKER_LEASE_GUARDS,
+]
+
+# The script's own proof, run before the list and in this order: a change to nothing but
+# a comment must SURVIVE the union of every test the run names (so the tests pass
+# unmutated in the scratch copy, and a KILLED below means the mutation, not the copy;
+# `tests=()` means that union); then a fatal change to the product's Python and one to a
+# migration must be KILLED (so the copy's code and migrations are the ones tested, not
+# the editable install's).
+CONTROLS: list[Mutation] = [
+    Mutation(
+        "control-no-op",
+        _FENCING_PY,
+        "# Every write a holder makes carries this predicate.",
+        "# Every write a holder makes carries this predicate (a comment changed, nothing else).",
+        "Control: changing a comment changes nothing; every test the run names passes.",
+        (),
+        expect="SURVIVED",
+        timeout_seconds=3600.0,
+    ),
+    Mutation(
+        "control-fatal-python",
+        _CLAIMS_PY,
+        "    if limit <= 0:\n        return []",
+        "    if limit <= 1_000_000_000:\n        return []",
+        "Control: a claim that never takes anything fails the claim tests.",
+        (f"{CLAIMS}::test_claim_sets_lease_token_and_attempts_from_database_time",),
+    ),
+    Mutation(
+        "control-fatal-migration",
+        "migrations/versions/0001_base_schema.py",
+        'sa.Column("fencing_token", sa.BigInteger, nullable=False, server_default=sa.text("0")),',
+        'sa.Column("fencing_token", sa.BigInteger, nullable=False, server_default=sa.text("7")),',
+        "Control: a first claim's token is 1 only if the scratch copy's migrations built "
+        "the test database.",
+        (f"{CLAIMS}::test_claim_sets_lease_token_and_attempts_from_database_time",),
+    ),
+]
