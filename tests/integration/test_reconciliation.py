@@ -407,6 +407,27 @@ def test_cancel_while_waiting_after_a_write_parks_and_confirm_finishes(runtime_e
     assert (request.state, request.busy_execution_id) == ("done", None)
 
 
+def test_cancel_of_a_confirmed_execution_not_yet_claimed_parks_with_nothing_in_doubt(
+    runtime_engine,
+):
+    # PENDING after an operator confirmed the charge: every step succeeded, so the
+    # operator decides without an action, as for any execution parked after its writes.
+    _charge, eid = _parked_charge(runtime_engine)
+    _decide(runtime_engine, eid, "confirm", output={"chargeId": "ch_1"})
+    with runtime_engine.connect() as conn:
+        assert cancel(conn, eid, ORG, "user-1", "too late, sorry") == "RECONCILIATION_REQUIRED"
+    row = execution(runtime_engine, eid)
+    assert (row.error_code, row.error_detail) == (
+        "CANCELLED_AFTER_WRITES",
+        {"fromStatus": "PENDING", "writesSucceeded": ["charge"], "writesInDoubt": []},
+    )
+    assert request_row(runtime_engine, row.request_id).busy_execution_id == eid
+
+    assert _decide(runtime_engine, eid, "fail", action_id=None) == "FAILED"
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.revision, request.busy_execution_id) == ("new", 2, None)
+
+
 def test_cancel_after_only_reads_still_cancels_and_releases(runtime_engine):
     lookup = Double("test.lookup", Effect.READ_ONLY, output={"found": True})
     then = Double("test.then", Effect.READ_ONLY, output=scripted(TransientError("busy")))
