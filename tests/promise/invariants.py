@@ -15,7 +15,17 @@
 5. Every parked execution's evidence names the step in doubt. It may name none only
    when every step succeeded (the transition failed after its writes, e.g.
    REQUEST_CHANGED or CANCELLED_AFTER_WRITES with every write known); those parks are
-   listed in the report, not silently allowed.
+   listed in the report, not silently allowed. At most one step is unfinished (steps
+   run one after another), or no single step could be named.
+6. No head-of-line blocking (SPEC section 15): a step's success is committed soon after
+   its provider answered, even while a stranger holds another execution's row. A
+   success committed HOL_SECONDS or more after its answer, most of that time inside a
+   window where another execution's row was held, and with no database outage or kill
+   around it, waited behind a row it had nothing to do with.
+
+Invariant 3 also checks that an execution's record agrees with itself: one that ended
+SUCCEEDED has every step SUCCEEDED and one TRANSITION_COMPLETED row (a half-written
+batch row would show here).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any
 from tests.acceptance.provider_double import CHARGES, READS, LedgerLine, ProviderDouble
 from tests.promise.api import Api
 from tests.promise.database import CheckerDatabase
+from tests.promise.timeline import ActionLog
 
 ACTIVE = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 RELEASED = ("FAILED", "CANCELLED")
@@ -42,7 +53,11 @@ NAMES = {
     3: "every accepted request ends or parks with a reason",
     4: "no request released while a write is in doubt",
     5: "every parked execution's evidence names the step in doubt",
+    6: "no head-of-line blocking behind another execution's locked row",
 }
+HOL_SECONDS = 2.0
+# Slowness this close to a database outage or a kill is recovery, not blocking.
+RECOVERY_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,7 @@ def check(
     api: Api,
     provider: ProviderDouble,
     event_inserts: dict[str, str],
+    disturbances: ActionLog,
 ) -> Findings:
     state = _read(database)
     ledger = defaultdict(list)
@@ -104,6 +120,7 @@ def check(
     checks.ends_or_parks(event_inserts)
     checks.no_release_in_doubt()
     checks.evidence_names_step(api)
+    checks.no_head_of_line_blocking(disturbances)
     return findings
 
 
@@ -297,6 +314,25 @@ class _Checks:
                     execution,
                     evidence=self._history(execution.id),
                 )
+            if execution.status == "SUCCEEDED":
+                unfinished = [
+                    c.action_id
+                    for c in self.state.checkpoints.get(execution.id, [])
+                    if c.status != "SUCCEEDED"
+                ]
+                completions = [
+                    row
+                    for row in self.state.audit.get(execution.id, [])
+                    if row.kind == "TRANSITION_COMPLETED"
+                ]
+                if unfinished or len(completions) != 1:
+                    self._violation(
+                        3,
+                        f"ended SUCCEEDED with steps {unfinished or 'none'} unfinished and "
+                        f"{len(completions)} TRANSITION_COMPLETED rows",
+                        execution,
+                        evidence=self._history(execution.id),
+                    )
         blocked_behind: str | None = None
         for event in self.state.events:
             inserted = event_inserts.get(event.id, "not by the checker")
@@ -377,6 +413,14 @@ class _Checks:
                     execution,
                     evidence=self._history(execution.id),
                 )
+            if len(unsettled) > 1:
+                self._violation(
+                    5,
+                    f"{len(unsettled)} steps are unfinished ({', '.join(unsettled)}): the "
+                    f"evidence can name only one ({step})",
+                    execution,
+                    evidence=self._history(execution.id),
+                )
             if step is None and unsettled:
                 self._violation(
                     5,
@@ -398,3 +442,57 @@ class _Checks:
                     execution,
                     evidence=self._history(execution.id),
                 )
+
+    # --- 6 --------------------------------------------------------------------------
+
+    def no_head_of_line_blocking(self, disturbances: ActionLog) -> None:
+        recovering = [
+            (began - RECOVERY_SECONDS, ended + RECOVERY_SECONDS)
+            for began, ended in disturbances.outages
+        ] + [(at - RECOVERY_SECONDS, at + RECOVERY_SECONDS) for at in disturbances.kills]
+        for (execution_id, action_id), attempts in self.state.attempts.items():
+            key = f"{execution_id}:{action_id}"
+            for attempt in attempts:
+                if attempt.status != "SUCCEEDED" or attempt.finished_at is None:
+                    continue
+                if (attempt.message or "").startswith("found by lookup"):
+                    continue
+                committed = attempt.finished_at.timestamp()
+                answers = [
+                    line.at
+                    for line in self.ledger.get(key, [])
+                    if line.event == "answered"
+                    and not line.lookup
+                    and line.at <= committed + CLOCK_MARGIN_SECONDS
+                ]
+                if not answers or committed - max(answers) < HOL_SECONDS:
+                    continue
+                answered = max(answers)
+                if any(_overlap(w, answered, committed) > 0 for w in recovering):
+                    continue
+                blockers = [
+                    held
+                    for held in disturbances.held_locks
+                    if held.execution_id != execution_id
+                    and _overlap((held.began, held.ended), answered, committed)
+                    >= 0.75 * HOL_SECONDS
+                ]
+                if blockers:
+                    held = blockers[0]
+                    self._violation(
+                        6,
+                        f"its success committed {committed - answered:.1f} s after the provider "
+                        f"answered, while a stranger held the {held.table} row of execution "
+                        f"{held.execution_id} ({_clock(held.began)} to {_clock(held.ended)})",
+                        self.by_id.get(execution_id),
+                        key,
+                        self._history(execution_id, [key]),
+                    )
+
+
+def _overlap(window: tuple[float, float], began: float, ended: float) -> float:
+    return max(0.0, min(window[1], ended) - max(window[0], began))
+
+
+def _clock(at: float) -> str:
+    return datetime.fromtimestamp(at).strftime("%H:%M:%S.%f")[:-3]

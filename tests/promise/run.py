@@ -29,6 +29,7 @@ from tests.promise.workers import ROOT, WORKER_SETTINGS, Workers
 log = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 15.0  # the most the provider may take to finish what is in flight
+STALL_SECONDS = 15.0
 
 
 @dataclass
@@ -84,11 +85,12 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
                 say(f"  faults for {profile.fault_seconds:g} s")
                 timeline.play()
                 provider.stop_obeying()
-                quiet = _wait_for_quiet(database, profile.quiet_seconds)
-                say(f"  quiet phase: {'everything ended or parked' if quiet else 'bound passed'}")
+                say(f"  quiet phase: {_wait_for_quiet(database, profile.quiet_seconds)}")
                 if not provider.wait_until_idle(SETTLE_SECONDS):
                     say(f"  the provider still had calls in flight after {SETTLE_SECONDS:g} s")
-                outcome.findings = check(database, api, provider, timeline.event_inserts)
+                outcome.findings = check(
+                    database, api, provider, timeline.event_inserts, timeline.log
+                )
                 outcome.stats = _stats(database, provider, timeline, workers)
             finally:
                 timeline.log.save(folder / "actions.log")
@@ -101,19 +103,32 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
     return outcome
 
 
-def _wait_for_quiet(database: CheckerDatabase, seconds: float) -> bool:
-    """Poll until nothing is under way and every event is processed; False at the bound."""
+def _wait_for_quiet(database: CheckerDatabase, seconds: float) -> str:
+    """Poll until nothing is under way and every event is processed; how the wait ended.
+
+    It gives up at the profile's bound, or sooner once nothing has moved for
+    STALL_SECONDS (no execution changed, no attempt ended): what is left then is stuck.
+    """
     deadline = time.monotonic() + seconds
     statuses = ", ".join(f"'{s}'" for s in ACTIVE)
+    last: tuple[object, ...] = ()
+    moved = time.monotonic()
     while True:
-        ((active, events),) = database.rows(
+        ((active, events, changed, attempts),) = database.rows(
             f"""SELECT (SELECT count(*) FROM execution WHERE status IN ({statuses})),
-                       (SELECT count(*) FROM platform_event WHERE processed_at IS NULL)"""
+                       (SELECT count(*) FROM platform_event WHERE processed_at IS NULL),
+                       (SELECT max(updated_at) FROM execution),
+                       (SELECT count(*) FROM action_attempt)"""
         )
         if active == 0 and events == 0:
-            return True
-        if time.monotonic() > deadline:
-            return False
+            return "everything ended or parked"
+        now = time.monotonic()
+        if (active, events, changed, attempts) != last:
+            last, moved = (active, events, changed, attempts), now
+        elif now - moved > STALL_SECONDS:
+            return f"nothing moved for {STALL_SECONDS:g} s ({active} under way, {events} events)"
+        if now > deadline:
+            return f"bound passed ({active} under way, {events} events unprocessed)"
         time.sleep(0.25)
 
 

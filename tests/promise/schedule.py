@@ -13,7 +13,6 @@ import json
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from tests.acceptance.provider_double import (
     BAD_OUTPUT,
@@ -258,11 +257,13 @@ def draw(seed: int, profile: Profile) -> Schedule:
 
     rng = streams.of("locks")
     submitted = [a for a in actions if isinstance(a, Submit)]
-    for _ in range(profile.locks):
-        at = rng.uniform(0.2 * length, 0.9 * length)
-        earlier = [s.case for s in submitted if s.at < at - 0.5] or [submitted[0].case]
+    for _ in range(profile.locks if submitted else 0):
+        # Just after the case starts, so that its own writes (its finish, for a request
+        # row) meet the lock while other executions are under way beside it.
+        target = rng.choice(submitted)
+        at = target.at + rng.uniform(0.1, 0.6)
         table = rng.choice(("request", "execution"))
-        actions.append(Lock(round(at, 3), rng.choice(earlier), table, round(rng.uniform(2, 5), 3)))
+        actions.append(Lock(round(at, 3), target.case, table, round(rng.uniform(3, 5), 3)))
 
     actions += _draw_events(streams, profile, cases)
     actions.sort(key=lambda a: a.at)
@@ -328,7 +329,7 @@ def _draw_cancels(
     submitted = {a.case: a.at for a in actions if isinstance(a, Submit)}
     provisions = [name for name, case in cases.items() if case.flow == "provision"]
     drawn: list[Action] = []
-    for number in range(profile.cases and profile.cancels):
+    for number in range(profile.cancels if cases else 0):
         if provisions and number % 3 != 2:
             name = rng.choice(provisions)
             case = cases[name]
@@ -363,12 +364,3 @@ def _draw_events(streams: _Streams, profile: Profile, cases: dict[str, Case]) ->
         cases[name] = _draw_case(streams.of(f"case:{name}"), name, EVENT_FLOW, profile)
         drawn.append(Event(round(at, 3), name, "good"))
     return drawn
-
-
-def kinds_table() -> list[tuple[str, str]]:
-    """Every fault kind and what it does, for the report and the docstring's readers."""
-    return [*CALL_FAULTS.items(), *LOOKUP_FAULTS.items()]
-
-
-def as_dict(schedule: Schedule) -> dict[str, Any]:
-    return json.loads(schedule.to_json())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
@@ -11,8 +12,17 @@ from sqlalchemy.exc import DBAPIError
 TABLES = ("request", "execution")
 
 
-def hold_row_lock(engine: Engine, table: str, row_id: uuid.UUID, seconds: float) -> str:
-    """Lock the row for `seconds`; what happened (the stranger may wait behind a worker)."""
+@dataclass(frozen=True)
+class Hold:
+    """What the stranger managed: `what` is "held" when it had the lock from began to ended."""
+
+    what: str
+    began: float = 0.0  # time.time()
+    ended: float = 0.0
+
+
+def hold_row_lock(engine: Engine, table: str, row_id: uuid.UUID, seconds: float) -> Hold:
+    """Lock the row for `seconds` (the stranger may first wait behind a worker)."""
     assert table in TABLES
     try:
         with engine.connect() as conn, conn.begin():
@@ -21,9 +31,10 @@ def hold_row_lock(engine: Engine, table: str, row_id: uuid.UUID, seconds: float)
                 text(f"SELECT id FROM {table} WHERE id = :id FOR UPDATE"), {"id": row_id}
             ).first()
             if found is None:
-                return "no such row"
+                return Hold("no such row")
+            began = time.time()
             time.sleep(seconds)  # holding the lock is the fault; its length is scheduled
+        return Hold("held", began, time.time())
     except DBAPIError as error:
         # A worker held it past the stranger's patience, or the server went away.
-        return f"not had: {type(getattr(error, 'orig', None) or error).__name__}"
-    return "held"
+        return Hold(f"not had: {type(getattr(error, 'orig', None) or error).__name__}")

@@ -38,14 +38,30 @@ CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
 WRITE_EVENTS = ("performed", "deduplicated")
 
 
+@dataclass(frozen=True)
+class HeldLock:
+    """A row a stranger held, from began to ended (time.time()), and whose execution it was."""
+
+    began: float
+    ended: float
+    table: str
+    execution_id: uuid.UUID
+
+
 @dataclass
 class ActionLog:
-    """What the timeline did, line by line, with seconds since the fault phase began."""
+    """What the timeline did, line by line, with seconds since the fault phase began.
+
+    It also keeps the wall-clock windows of the disturbances the checks need to know:
+    rows held by strangers, the database's outages, and kills.
+    """
 
     started: float = field(default_factory=time.monotonic)
     lines: list[str] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
-    lock_windows: list[tuple[float, float, str]] = field(default_factory=list)
+    held_locks: list[HeldLock] = field(default_factory=list)
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    kills: list[float] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, text: str) -> None:
@@ -136,12 +152,17 @@ class Timeline:
                 )
                 if calls:
                     slot, why = pids[calls[0].pid], f"mid-call ({calls[0].phase} {calls[0].key})"
+            self.log.kills.append(time.time())
             pid = self.workers.kill(slot)
         self.log.note(f"kill -9 worker slot {slot} pid {pid}: {why}")
 
     def _restart(self, action: Restart) -> None:
         self.log.note(f"PostgreSQL stop (immediate), {action.outage:.1f} s away")
-        self.db.restart(action.outage)
+        began = time.time()
+        try:
+            self.db.restart(action.outage)
+        finally:
+            self.log.outages.append((began, time.time()))
         self.log.note("PostgreSQL started again")
 
     def _cancel(self, action: Cancel) -> None:
@@ -210,14 +231,12 @@ class Timeline:
         if row_id is None:
             self.log.note(f"lock {action.table} of {action.case}: never accepted")
             return
-        began = time.time()
-        what = hold_row_lock(self.db.owner, action.table, row_id, action.hold)
-        ended = time.time()
-        if what == "held":
-            self.log.lock_windows.append((began, ended, f"{action.table} {row_id}"))
+        assert execution_id is not None
+        hold = hold_row_lock(self.db.owner, action.table, row_id, action.hold)
+        if hold.what == "held":
+            self.log.held_locks.append(HeldLock(hold.began, hold.ended, action.table, execution_id))
         self.log.note(
-            f"lock {action.table} {row_id} of {action.case} for {action.hold:.1f} s: "
-            f"{what} ({ended - began:.1f} s)"
+            f"lock {action.table} {row_id} of {action.case} for {action.hold:.1f} s: {hold.what}"
         )
 
     def _event(self, action: Event) -> None:
