@@ -470,6 +470,9 @@ PURGE_SIMULATIONS_SIGNATURE = f"{PURGE_SIMULATIONS_FUNCTION}(interval, integer)"
 # the caller's rights.
 WRITE_BATCH_FUNCTION = "orquestador_write_batch"
 WRITE_BATCH_SIGNATURE = f"{WRITE_BATCH_FUNCTION}(jsonb, jsonb, jsonb, jsonb, jsonb, text)"
+# Migration 0011: the SQLSTATE the batch raises when a lease it wrote under ran out
+# before COMMIT (nothing of the batch is kept).
+LEASE_RAN_OUT_SQLSTATE = "OQL01"
 
 # Accepting a transition notifies this channel in the same transaction, so an idle
 # worker claims at once instead of waiting for its next poll.

@@ -2,36 +2,39 @@
 
 The worker's protocol writer (`worker/protocol_writer.py`) gathers what its jobs need
 written at the same moment and hands it here as rows. `write_rows` writes them with
-one statement, the `orquestador_write_batch` function of migration 0010, in its own
+one statement, the `orquestador_write_batch` function (migration 0011), in its own
 implicit transaction, and answers each row on its own. The function runs, in order:
 
-    lock the requests of the finish rows, in id order            (finishes only)
-    lock every execution of the batch under its own fence, in id order
-    RUNNING checkpoints      (same effect per row as checkpoints._START)
+    lock the requests of the finish rows, in id order, skipping locked ones
+    lock every execution of the batch under its own fence, in id order, skipping
+        locked ones (a row skipped for a lock is answered busy)
     SUCCEEDED checkpoints    (same effect per row as checkpoints._SUCCEED[_OBSERVED])
+    RUNNING checkpoints      (same effect per row as checkpoints._START)
     finishes                 (same effect per row as outcomes._COMPLETE and its checks)
+    check that no lease it locked ran out before COMMIT, else fail the whole batch
 
-One statement rather than one per step: on a small machine the driver's work and the
-server's protocol exchange per statement were most of a batch's cost.
+A row is a set of writes that stand or fall together, and it is answered by
+(execution id, fencing token), never by id alone (a stale and a current holder of one
+execution may share a batch). Its fence (owner, token, live lease by
+clock_timestamp(), on the execution row locked FOR UPDATE) is checked once, when the
+row is locked: a row that fails it writes nothing and is answered LeaseLost, and its
+neighbours are written. A riding SUCCEEDED is written before its row's RUNNING or
+finish, and a row whose riding SUCCEEDED was refused writes nothing else.
 
-Every row carries its own fence (owner, token, live lease by clock_timestamp(), on
-the execution row locked FOR UPDATE): a row that fails it writes nothing and is
-answered LeaseLost, and its neighbours are written. All locks are taken before any
-write, requests first and then executions, each set in id order, so two writers
-(of this or another process) and the API's request-then-execution transactions
-never wait on each other in a cycle; the locks last until COMMIT, so a reclaimer
-(whose claim skips locked rows) cannot start before the batch has committed.
+A row another session holds locked (an operator's open transaction on its request,
+say) is skipped rather than waited for, and answered busy: the writer tries it again
+alone, and the rest of the batch commits at once. All locks are taken before any
+write, requests first and then executions, each set in id order; the locks last until
+COMMIT, so a reclaimer (whose claim skips locked rows) cannot start before the batch
+has committed.
 
 Each row kind goes in as one JSON array of objects (`jsonb_to_recordset`): one
 parameter whatever the batch's size, so the prepared plans never change. The ids also
 go through arrays (`ANY (ARRAY(...))`): a generic plan cannot know how few rows the
 input holds, and would otherwise hash-join it with a scan of the whole table.
 
-A finish row is all or nothing: its request update, audit row and execution update
-are one statement joined on the execution, which aborts the whole transaction if one
-of them ever went without the others (it cannot, under the locks). A database error
-aborts the transaction and is raised as `BatchFailed`; the caller splits the batch
-and writes the halves again, so a bad row fails alone.
+A database error aborts the transaction and is raised as `BatchFailed`; the caller
+splits the batch and writes the halves again, so a bad row fails alone.
 """
 
 from __future__ import annotations
@@ -109,6 +112,10 @@ class BatchFailed(Exception):
         self.sql = sql
 
 
+class RowBusy(Exception):
+    """Another session holds a lock this row needs; nothing of the row was written."""
+
+
 class RowFailed(Exception):
     """A row's own seam raised before COMMIT; the transaction was rolled back."""
 
@@ -133,8 +140,13 @@ def _key(claim: Claim) -> tuple[str, int]:
     return (str(claim.execution_id), claim.token)
 
 
+def _rider(row: StartRow | FinishRow) -> str | None:
+    # The action whose riding SUCCEEDED this row's other writes depend on.
+    return row.succeed.action_id if row.succeed is not None else None
+
+
 def _start(row: StartRow) -> dict[str, Any]:
-    return {**_fence(row.claim), **row.attempt.params}
+    return {**_fence(row.claim), **row.attempt.params, "after_action": _rider(row)}
 
 
 def _succeed(row: SucceedRow) -> dict[str, Any]:
@@ -156,6 +168,16 @@ def _finish(row: FinishRow) -> dict[str, Any]:
         "detail": detail,
         "result": result,
         "expected": list(row.finish.action_ids),
+        "after_action": _rider(row),
+    }
+
+
+def _lock(row: Row) -> dict[str, Any]:
+    finishing = isinstance(row, FinishRow)
+    return {
+        **_fence(row.claim),
+        "finishing": finishing,
+        "request_id": str(row.claim.request_id) if finishing else None,
     }
 
 
@@ -167,9 +189,7 @@ def _params(rows: Sequence[Row]) -> dict[str, Any]:
     ]
     return {
         "request_ids": _rows([str(row.claim.request_id) for row in finishes]),
-        "locks": Jsonb(
-            [{**_fence(row.claim), "finishing": isinstance(row, FinishRow)} for row in rows]
-        ),
+        "locks": Jsonb([_lock(row) for row in rows]),
         "starts": _rows([_start(row) for row in starts]),
         "succeeds": _rows([_succeed(row) for row in succeeds]),
         "finishes": _rows([_finish(row) for row in finishes]),
@@ -228,9 +248,9 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
         else:
             conn.execute("BEGIN")
             written = _call(conn, params)
-            finished = {row[0] for row in written["finished"]}
+            finished = {(row[0], row[1]) for row in written["finished"]}
             for index, row in hooked:
-                if str(row.claim.execution_id) not in finished:
+                if _key(row.claim) not in finished:
                     continue  # refused below: its seam is never reached, as before
                 try:
                     assert row.before_commit is not None
@@ -249,11 +269,18 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
     requests = {row[0]: _request(*row) for row in written["requests"]}
     locked = {(row[0], row[1]): _Locked(*row) for row in written["locked"]}
     started = {(row[0], row[1]): row for row in written["started"]}
-    succeeded = {(row[0], row[1]): row[2] for row in written["succeeded"]}
-    finished_ids = {row[0] for row in written["finished"]}
+    succeeded = {(row[0], row[1]) for row in written["succeeded"]}
+    finished = {(row[0], row[1]) for row in written["finished"]}
+    # A function of migration 0010 waits for locks instead and never answers busy.
+    busy = {(row[0], row[1]) for row in written.get("busy", ())}
 
     answers: list[Any] = []
     for row in rows:
+        if _key(row.claim) in busy:
+            answers.append(
+                RowBusy(f"execution {row.claim.execution_id} is locked by another session")
+            )
+            continue
         if isinstance(row, SucceedRow):
             answers.append(_succeed_answer(row, succeeded))
             continue
@@ -263,7 +290,7 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
         elif isinstance(row, StartRow):
             answers.append(_start_answer(row, started.get(_key(row.claim))))
         else:
-            answers.append(_finish_answer(row, locked, requests, finished_ids))
+            answers.append(_finish_answer(row, locked, requests, finished))
     return answers
 
 
@@ -281,8 +308,8 @@ def _start_answer(row: StartRow, found: list[Any] | None) -> datetime | Exceptio
     return datetime.fromisoformat(first_started_at)
 
 
-def _succeed_answer(row: SucceedRow, succeeded: dict[tuple[str, int], bool]) -> Exception | None:
-    if not succeeded.get(_key(row.claim)):
+def _succeed_answer(row: SucceedRow, succeeded: set[tuple[str, int]]) -> Exception | None:
+    if _key(row.claim) not in succeeded:
         return refuse_stale(row.claim, f"succeed checkpoint {row.action_id}")
     return None
 
@@ -291,10 +318,10 @@ def _finish_answer(
     row: FinishRow,
     locked: dict[tuple[str, int], _Locked],
     requests: dict[str, _Request],
-    finished_ids: set[str],
+    finished: set[tuple[str, int]],
 ) -> Exception | None:
     claim = row.claim
-    if str(claim.execution_id) in finished_ids:
+    if _key(claim) in finished:
         return None
     # Why it was refused, in finish_execution's order: lease, request, checkpoints.
     execution = locked.get(_key(claim))

@@ -233,6 +233,7 @@ class Executor:
         hooks: WorkerHooks = NO_HOOKS,
     ) -> None:
         self.registry = registry
+        self.settings = settings
         self.lease_seconds = settings.worker_lease_seconds
         self.concurrency = settings.worker_concurrency
         self.retry = RetryPolicy.from_settings(settings)
@@ -258,6 +259,11 @@ class Executor:
                         source.dialect,
                         busy_jobs=lambda: self._busy,
                         max_batch=max(2 * self.concurrency, 16),
+                        lock_timeout_ms=self.settings.lock_timeout_ms,
+                        statement_timeout_ms=self.settings.statement_timeout_ms,
+                        # A job that waited this long stops holding a lease it cannot
+                        # write under: it ends, and the heartbeat no longer renews it.
+                        answer_seconds=self.lease_seconds / 2,
                     )
         return writer
 

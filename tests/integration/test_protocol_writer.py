@@ -14,13 +14,14 @@ from sqlalchemy.exc import IntegrityError
 
 from orquestador.errors import LeaseLost, RequestChanged
 from orquestador.queue import ActionAttempt, Claim, Finish, claim_due_executions
-from orquestador.queue.batches import SucceedRow
+from orquestador.queue.batches import RowBusy, SucceedRow
 from orquestador.worker.executor import Executor
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.protocol_writer import ProtocolWriter
 from tests.integration.worker_support import RecordingAdapter as Double
 from tests.integration.worker_support import (
     action,
+    attempt_history,
     audit,
     checkpoints,
     execution,
@@ -340,4 +341,175 @@ def test_a_start_carries_the_previous_steps_success_and_a_stale_one_writes_neith
     assert (written["a"].status, written["b"].status) == ("SUCCEEDED", "RUNNING")
     refused = checkpoints(runtime_engine, stale.execution_id)
     assert refused["a"].status == "RUNNING" and "b" not in refused
+    writer.close()
+
+
+def _lease_runs_out_when_b_starts(owner_engine) -> None:
+    """Make the lease of an execution run out at the moment its step b's RUNNING row is
+    inserted, inside the batch: as if the clock passed the lease between two steps."""
+    with owner_engine.begin() as conn:
+        conn.execute(
+            text(
+                """
+                CREATE FUNCTION test_lease_runs_out() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    UPDATE execution SET lease_expires_at = clock_timestamp()
+                    WHERE id = NEW.execution_id;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER test_lease_runs_out BEFORE INSERT ON action_execution
+                FOR EACH ROW WHEN (NEW.action_id = 'b') EXECUTE FUNCTION test_lease_runs_out();
+                """
+            )
+        )
+
+
+def test_a_lease_running_out_mid_batch_leaves_no_part_of_the_row_written(
+    runtime_engine, owner_engine
+):
+    # Regression: the batch function re-checked the lease step by step, so a lease that
+    # ran out between the RUNNING and the riding SUCCEEDED committed b's RUNNING alone;
+    # the next holder re-ran a and parked b, which was never called.
+    (claim,) = _claims(runtime_engine, 1)
+    writer = _writer(runtime_engine)
+    writer.start(claim, _attempt(claim))
+    _lease_runs_out_when_b_starts(owner_engine)
+    nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
+    with pytest.raises(LeaseLost):
+        writer.start(claim, nxt, SucceedRow(claim, "a", {"ok": True}, None))
+    written = checkpoints(runtime_engine, claim.execution_id)
+    assert written["a"].status == "RUNNING" and "b" not in written
+    assert [row.status for row in attempt_history(runtime_engine, claim.execution_id, "a")] == []
+    writer.close()
+
+
+def test_a_stale_holders_finish_batched_with_the_current_holders_is_refused(runtime_engine):
+    # Regression: answers were keyed by execution id alone, so the stale holder of an
+    # execution was told its finish succeeded because the current holder's did.
+    plug, stale = _claims(runtime_engine, 2)
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE execution SET fencing_token = fencing_token + 1 WHERE id = :id"),
+            {"id": stale.execution_id},
+        )
+    current = replace(stale, token=stale.token + 1)
+    writer = _writer(runtime_engine)
+    writer.start(current, _attempt(current))
+    writer.succeed(current, "a", {"ok": True}, None)
+    calls = [
+        lambda: writer.start(plug, _attempt(plug)),
+        lambda: writer.finish(stale, _finish({"by": "stale"})),
+        lambda: writer.finish(current, _finish({"by": "current"})),
+    ]
+    done_stale, done_current = _in_one_batch(writer, calls)
+    assert done_current.result() is None
+    assert isinstance(done_stale.exception(), LeaseLost)
+    assert request_row(runtime_engine, stale.request_id).data == {"by": "current"}
+    writer.close()
+
+
+def _stranger_locks(engine, sql: str, params: dict[str, Any]) -> tuple[Any, Any]:
+    """Another session (an operator's open psql transaction) holding a row lock."""
+    conn = engine.connect()
+    transaction = conn.begin()
+    assert conn.execute(text(sql), params).first() is not None
+    return conn, transaction
+
+
+def _finish_ready(writer: ProtocolWriter, claims: list[Claim]) -> None:
+    for claim in claims:
+        writer.start(claim, _attempt(claim))
+        writer.succeed(claim, "a", {"ok": True}, None)
+
+
+@pytest.mark.parametrize(
+    "locked_row",
+    [
+        "SELECT 1 FROM request WHERE id = :request_id FOR UPDATE",
+        "SELECT 1 FROM execution WHERE id = :execution_id FOR UPDATE",
+    ],
+    ids=["request", "execution"],
+)
+def test_a_row_another_session_holds_does_not_hold_back_the_others(runtime_engine, locked_row):
+    # Regression: one locked row stalled the writer's batch, and with it every job.
+    held, free = _claims(runtime_engine, 2)
+    writer = ProtocolWriter(
+        libpq_conninfo(runtime_engine.url), runtime_engine.dialect, busy_seconds=20
+    )
+    _finish_ready(writer, [held, free])
+    conn, transaction = _stranger_locks(
+        runtime_engine,
+        locked_row,
+        {"request_id": held.request_id, "execution_id": held.execution_id},
+    )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        try:
+            waiting = pool.submit(writer.finish, held, _finish({"by": "held"}))
+            wait_until(lambda: writer.stats.busy_retries > 0, what="the held row found busy")
+            writer.finish(free, _finish({"by": "free"}))  # answered while the lock is held
+            assert execution(runtime_engine, free.execution_id).status == "SUCCEEDED"
+            assert not waiting.done(), waiting.exception() if waiting.done() else None
+        finally:
+            transaction.rollback()
+            conn.close()
+        assert waiting.result(20) is None  # written once the stranger let go
+    assert execution(runtime_engine, held.execution_id).status == "SUCCEEDED"
+    assert request_row(runtime_engine, held.request_id).data == {"by": "held"}
+    writer.close()
+
+
+def test_a_row_locked_past_the_lock_timeout_is_given_up_and_writes_nothing(runtime_engine):
+    (held,) = _claims(runtime_engine, 1)
+    writer = ProtocolWriter(
+        libpq_conninfo(runtime_engine.url), runtime_engine.dialect, busy_seconds=0.3
+    )
+    writer.start(held, _attempt(held))
+    conn, transaction = _stranger_locks(
+        runtime_engine,
+        "SELECT 1 FROM request WHERE id = :request_id FOR UPDATE",
+        {"request_id": held.request_id},
+    )
+    try:
+        with pytest.raises(RowBusy):
+            writer.finish(held, _finish({"n": 2}), succeed=SucceedRow(held, "a", {"ok": 1}, None))
+    finally:
+        transaction.rollback()
+        conn.close()
+    # Nothing of the row: the lease recovery that follows starts from what was there.
+    assert checkpoints(runtime_engine, held.execution_id)["a"].status == "RUNNING"
+    assert execution(runtime_engine, held.execution_id).status == "RUNNING"
+    writer.close()
+
+
+def test_a_writer_thread_that_ends_never_closes_the_next_threads_connection(runtime_engine):
+    # Regression: an idle writer thread, ending, closed the writer's shared connection
+    # after a new thread had started using it for the next row.
+    first, second = _claims(runtime_engine, 2)
+    writer = ProtocolWriter(
+        libpq_conninfo(runtime_engine.url), runtime_engine.dialect, idle_seconds=0.05
+    )
+    ending: list[threading.Thread] = []
+    ended_once = threading.Event()
+    let_go = threading.Event()
+
+    def before_disconnect() -> None:
+        if not ending:
+            ending.append(threading.current_thread())
+            ended_once.set()
+            let_go.wait(10)
+
+    def before_batch(rows: list[Any]) -> None:
+        if ending and threading.current_thread() is not ending[0]:
+            let_go.set()  # the old thread closes its connection now, mid-batch of the new
+            ending[0].join(10)
+
+    writer.before_disconnect = before_disconnect
+    writer.start(first, _attempt(first))
+    assert ended_once.wait(10), "the idle writer thread never ended"
+    writer.before_batch = before_batch
+    writer.start(second, _attempt(second))  # a new thread, its own connection
+    assert checkpoints(runtime_engine, second.execution_id)["a"].status == "RUNNING"
+    writer.before_batch = None
+    writer.succeed(second, "a", {"ok": True}, None)
+    assert checkpoints(runtime_engine, second.execution_id)["a"].status == "SUCCEEDED"
     writer.close()

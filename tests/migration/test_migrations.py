@@ -186,6 +186,16 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).scalar_one()
         assert definer is False
 
+    _step(server, name, "0011")
+    with engine.connect() as connection:
+        # The same function, rewritten in place: still the caller's rights, and it now
+        # answers which rows another session held locked.
+        definer, body = connection.execute(
+            text("SELECT prosecdef, prosrc FROM pg_proc WHERE oid = to_regprocedure(:f)"),
+            {"f": WRITE_BATCH_SIGNATURE},
+        ).one()
+        assert definer is False and "SKIP LOCKED" in body
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
