@@ -101,6 +101,17 @@ class Settings:
     )
 
     @property
+    def statement_timeout_ms(self) -> int:
+        """A worker statement's bound: as set, and never above a quarter of the lease (a
+        statement that waits longer would outlive the lease it writes under)."""
+        return max(1, min(self.worker_statement_timeout_ms, self.worker_lease_seconds * 250))
+
+    @property
+    def lock_timeout_ms(self) -> int:
+        """How long a worker statement waits for a row lock; within the statement's bound."""
+        return max(1, min(self.worker_lock_timeout_ms, self.statement_timeout_ms))
+
+    @property
     def home_path(self) -> Path:
         return Path(self.home)
 
@@ -207,12 +218,6 @@ class Settings:
                 f"WORKER_RENEW_SECONDS={self.worker_renew_seconds} must be below half of "
                 f"WORKER_LEASE_SECONDS={self.worker_lease_seconds}, or a late heartbeat loses "
                 "the lease while the action still runs"
-            )
-        if self.worker_statement_timeout_ms >= self.worker_lease_seconds * 1000 / 2:
-            problems.append(
-                f"WORKER_STATEMENT_TIMEOUT_MS={self.worker_statement_timeout_ms} must be below half "
-                f"of WORKER_LEASE_SECONDS={self.worker_lease_seconds} (in milliseconds): a "
-                "statement that waits longer outlives the lease it writes under"
             )
         if self.worker_lock_timeout_ms > self.worker_statement_timeout_ms:
             problems.append("WORKER_LOCK_TIMEOUT_MS must not be above WORKER_STATEMENT_TIMEOUT_MS")

@@ -23,6 +23,8 @@ def make_engine(
     pool_size: int = 5,
     application_name: str = "orquestador",
     ping_after_idle_seconds: float | None = None,
+    lock_timeout_ms: int | None = None,
+    statement_timeout_ms: int | None = None,
     **kwargs: Any,
 ) -> Engine:
     """An engine on psycopg 3 with a bounded pool; build it after any fork.
@@ -31,13 +33,27 @@ def make_engine(
     `ping_after_idle_seconds`, only a connection that sat in the pool at least that
     long is pinged: a busy process checks out connections many times a second, and
     one that was just used is as alive as a ping would show.
+
+    `lock_timeout_ms` and `statement_timeout_ms` bound every statement of every
+    connection (set at connection start, so they cost no round trip).
     """
+    connect_args: dict[str, Any] = {"application_name": application_name, "connect_timeout": 10}
+    options = [
+        f"-c {name}={value}"
+        for name, value in (
+            ("lock_timeout", lock_timeout_ms),
+            ("statement_timeout", statement_timeout_ms),
+        )
+        if value is not None
+    ]
+    if options:
+        connect_args["options"] = " ".join(options)
     engine = create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=kwargs.pop("max_overflow", 2),
         pool_pre_ping=ping_after_idle_seconds is None,
-        connect_args={"application_name": application_name, "connect_timeout": 10},
+        connect_args=connect_args,
         **kwargs,
     )
     if ping_after_idle_seconds is not None:

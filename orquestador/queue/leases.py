@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from sqlalchemy import Connection, text
 
@@ -16,29 +17,42 @@ from orquestador.queue.transactions import one_statement
 # never comes back to life, even if no one has reclaimed it yet.
 #
 # The rows are locked first, in id order, as the protocol writer locks the executions
-# of a batch (`queue/batches.py`): two statements that lock several executions in the
-# same order never wait on each other in a cycle.
-_RENEW = text(
-    """
-    WITH held AS (
-        SELECT e.id
-        FROM execution AS e
-        JOIN unnest(CAST(:ids AS uuid[]), CAST(:tokens AS bigint[])) AS h(id, token)
-          ON e.id = h.id
-        WHERE e.id = ANY (CAST(:ids AS uuid[]))
+# of a batch (`queue/batches.py`), skipping a row another session holds: one row locked
+# by an operator's open transaction must not hold back the renewal of every other
+# lease. A skipped row that still holds its fence (as last committed) is busy: neither
+# renewed nor lost this round.
+_HELD_FENCE = """
+        e.id = ANY (CAST(:ids AS uuid[]))
           AND e.fencing_token = h.token
           AND e.status = 'RUNNING'
           AND e.lease_owner = :owner
           AND e.lease_expires_at > clock_timestamp()
+"""
+_PAIRS = "unnest(CAST(:ids AS uuid[]), CAST(:tokens AS bigint[])) AS h(id, token)"
+_RENEW = text(
+    f"""
+    WITH held AS (
+        SELECT e.id
+        FROM execution AS e
+        JOIN {_PAIRS} ON e.id = h.id
+        WHERE {_HELD_FENCE}
         ORDER BY e.id
-        FOR UPDATE OF e
+        FOR UPDATE OF e SKIP LOCKED
+    ), renewed AS (
+        UPDATE execution AS e
+        SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
+            updated_at = clock_timestamp()
+        FROM held
+        WHERE e.id = held.id
+        RETURNING e.id, e.fencing_token
     )
-    UPDATE execution AS e
-    SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
-        updated_at = clock_timestamp()
-    FROM held
-    WHERE e.id = held.id
-    RETURNING e.id, e.fencing_token
+    SELECT id, fencing_token, true AS renewed FROM renewed
+    UNION ALL
+    SELECT e.id, e.fencing_token, false
+    FROM execution AS e
+    JOIN {_PAIRS} ON e.id = h.id
+    WHERE {_HELD_FENCE}
+      AND e.id NOT IN (SELECT id FROM held)
     """
 )
 
@@ -54,16 +68,24 @@ _RELEASE = text(
 )
 
 
+class Renewal(NamedTuple):
+    """One renewal round: the (execution id, token) leases extended, and those another
+    session held locked (still ours, not extended this round)."""
+
+    renewed: set[tuple[uuid.UUID, int]]
+    busy: set[tuple[uuid.UUID, int]]
+
+
 def renew_leases(
     conn: Connection,
     owner: str,
     held: Iterable[tuple[uuid.UUID, int]],
     lease_seconds: float,
-) -> set[tuple[uuid.UUID, int]]:
-    """Extend every (execution id, token) lease still held; return those renewed."""
+) -> Renewal:
+    """Extend every (execution id, token) lease still held and not locked by another."""
     pairs = list(held)
     if not pairs:
-        return set()
+        return Renewal(set(), set())
     with one_statement(conn):
         rows = conn.execute(
             _RENEW,
@@ -74,7 +96,10 @@ def renew_leases(
                 "lease_seconds": float(lease_seconds),
             },
         ).all()
-    return {(row.id, row.fencing_token) for row in rows}
+    return Renewal(
+        {(row.id, row.fencing_token) for row in rows if row.renewed},
+        {(row.id, row.fencing_token) for row in rows if not row.renewed},
+    )
 
 
 def release_lease(conn: Connection, claim: Claim) -> bool:

@@ -259,6 +259,10 @@ def build_worker(settings: Settings) -> Worker:
         application_name="orquestador-worker",
         ping_after_idle_seconds=PING_AFTER_IDLE_SECONDS,
         hide_parameters=True,  # errors in logs never carry inputs or outputs
+        # No protocol transaction waits for a lock or a statement without bound: a row
+        # someone else holds fails that one job (left to lease recovery), not the worker.
+        lock_timeout_ms=settings.lock_timeout_ms,
+        statement_timeout_ms=settings.statement_timeout_ms,
     )
     return Worker(settings, engine, registry)
 

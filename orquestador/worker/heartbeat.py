@@ -56,7 +56,7 @@ class Heartbeat(threading.Thread):
         started = time.monotonic()
         try:
             with self._engine.connect() as conn:
-                renewed = renew_leases(conn, self._owner, held, self._lease_seconds)
+                renewal = renew_leases(conn, self._owner, held, self._lease_seconds)
         except Exception as exc:
             self.healthy.clear()
             log.warning(
@@ -66,12 +66,20 @@ class Heartbeat(threading.Thread):
                 log.warning("lease presumed lost", extra=claim.log_extra)
             return
         self.healthy.set()
-        self._leases.renewed(renewed, started)
+        self._leases.renewed(renewal.renewed, started)
         for key in held:
-            if key not in renewed:
+            if key in renewal.busy:
+                # Another session holds the row locked: still ours, not extended now. The
+                # local bound stops the job if that lasts until its lease would run out.
+                continue
+            if key not in renewal.renewed:
                 # Keyed by (id, token): a job that already ended, or a later job on the
                 # same pool thread, is never touched by this late answer.
                 claim = self._leases.lose(key)
                 if claim is not None:
                     # Also seen when the job committed its outcome during this round.
                     log.info("lease not renewed; stop signal set", extra=claim.log_extra)
+        for claim in self._leases.lose_overdue(time.monotonic()):
+            log.warning(
+                "lease could not be renewed in time; stop signal set", extra=claim.log_extra
+            )

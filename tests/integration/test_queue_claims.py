@@ -109,6 +109,33 @@ def test_expired_lease_is_reclaimed_with_a_new_token(runtime_engine):
     assert execution(runtime_engine, eid).lease_owner == "w2"
 
 
+def test_renewal_skips_a_row_another_session_holds_and_renews_the_rest(runtime_engine):
+    # Regression: the renewal waited for a row an operator's open transaction held, and
+    # with it every lease of the worker ran towards expiry.
+    locked, free = _accept_many(runtime_engine, 2)
+    with runtime_engine.connect() as conn:
+        claims = {c.execution_id: c for c in claim_due_executions(conn, "w1", 2, 30)}
+    before = execution(runtime_engine, locked).lease_expires_at
+    stranger = runtime_engine.connect()
+    transaction = stranger.begin()
+    stranger.execute(text("SELECT 1 FROM execution WHERE id = :id FOR UPDATE"), {"id": locked})
+    try:
+        with runtime_engine.connect() as conn:
+            # Bounded, so that a renewal that waits fails this test instead of hanging it.
+            conn.execute(text("SET lock_timeout = '5s'"))
+            conn.commit()
+            renewal = renew_leases(
+                conn, "w1", [(c.execution_id, c.token) for c in claims.values()], 60
+            )
+    finally:
+        transaction.rollback()
+        stranger.close()
+    assert renewal.renewed == {(free, claims[free].token)}
+    # Still ours, not extended: neither renewed nor lost this round.
+    assert renewal.busy == {(locked, claims[locked].token)}
+    assert execution(runtime_engine, locked).lease_expires_at == before
+
+
 def test_renewal_extends_only_exactly_held_valid_leases(runtime_engine):
     kept, expired, stolen = _accept_many(runtime_engine, 3)
     with runtime_engine.connect() as conn:
@@ -120,7 +147,7 @@ def test_renewal_extends_only_exactly_held_valid_leases(runtime_engine):
     before = execution(runtime_engine, kept).lease_expires_at
     with runtime_engine.connect() as conn:
         renewed = renew_leases(conn, "w1", [(c.execution_id, c.token) for c in claims.values()], 60)
-    assert renewed == {(kept, claims[kept].token)}
+    assert renewed.renewed == {(kept, claims[kept].token)} and renewed.busy == set()
     assert execution(runtime_engine, kept).lease_expires_at > before
     # the expired lease stays expired: renewal never revives it
     leftover = expired if thief.execution_id == stolen else stolen

@@ -317,3 +317,49 @@ def test_a_connection_that_died_while_idle_is_replaced_before_use(database):
     finally:
         engine.dispose()
         killer.dispose()
+
+
+def test_a_request_locked_by_another_session_stalls_only_its_own_execution(runtime_engine, workers):
+    # Regression (head-of-line blocking): an operator's open transaction holding one
+    # request stalled the worker's writer, and every other execution with it, while
+    # all their leases kept being renewed.
+    write = Double("test.write", timeout_seconds=2, output=lambda ctx: {"ok": ctx.external_key})
+    flow_id = publish_flow(runtime_engine, flow_definition([action("w", "test.write")]))
+    requests = [create_request(runtime_engine, flow_id) for _ in range(3)]
+    held_request = requests[0]
+    held, *others = [accept_transition(runtime_engine, r) for r in requests]
+    stranger = runtime_engine.connect()
+    transaction = stranger.begin()
+    stranger.execute(text("SELECT 1 FROM request WHERE id = :id FOR UPDATE"), {"id": held_request})
+    try:
+        _worker(
+            runtime_engine,
+            workers,
+            [write],
+            worker_lease_seconds=4,
+            worker_renew_seconds=1,
+            worker_lock_timeout_ms=300,
+        )
+        for other in others:
+            wait_until(status_is(runtime_engine, other, "SUCCEEDED"), what="others finish")
+        # The held one gave up its finish and its lease: not renewed any more, it is
+        # taken again once the lease ran out, and stays RUNNING while the lock is held.
+        token = execution(runtime_engine, held).fencing_token
+        wait_until(
+            lambda: execution(runtime_engine, held).fencing_token > token,
+            what="the held execution reclaimed after its lease ran out",
+        )
+        assert execution(runtime_engine, held).status == "RUNNING"
+        assert checkpoints(runtime_engine, held)["w"].status == "SUCCEEDED"
+    finally:
+        transaction.rollback()
+        stranger.close()
+    wait_until(status_is(runtime_engine, held, "SUCCEEDED"), what="held one finishes")
+    # Its step ran once: recovery went on from the SUCCEEDED checkpoint.
+    assert sum(1 for ctx in write.calls if ctx.external_key.startswith(str(held))) == 1
+    with runtime_engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT state, busy_execution_id FROM request WHERE id = :id"),
+            {"id": held_request},
+        ).one()
+    assert row.busy_execution_id is None and row.state == "done"
