@@ -512,6 +512,18 @@ def test_an_error_exit_is_refused_when_the_request_changed(runtime_engine, owner
     assert _everything(runtime_engine) == before
 
 
+@pytest.mark.parametrize("change", ["flow", "state", "revision", "released"])
+def test_a_request_changed_since_acceptance_is_refused_before_any_adapter(
+    runtime_engine, owner_engine, change
+):
+    write = Double("test.write")
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    _change_request(owner_engine, execution(runtime_engine, eid).request_id, change)
+    assert run_once(runtime_engine, Executor(registry_of(write), settings())) == "FAILED"
+    assert write.calls == []
+    assert execution(runtime_engine, eid).error_code == "REQUEST_CHANGED"
+
+
 def test_a_finish_is_refused_while_a_checkpoint_is_not_succeeded(runtime_engine):
     claim = _started(runtime_engine)
     before = _everything(runtime_engine)

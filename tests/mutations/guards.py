@@ -641,6 +641,53 @@ OUTCOME_GUARDS = [
     ),
 ]
 
+# --- queue/snapshots.py ---------------------------------------------------------------
+
+_SNAPSHOTS_PY = "orquestador/queue/snapshots.py"
+
+
+def _changed_at_load(change: str) -> str:
+    return guard(f"test_a_request_changed_since_acceptance_is_refused_before_any_adapter[{change}]")
+
+
+LOAD_GUARDS = [
+    Mutation(
+        "load-request-held",
+        _SNAPSHOTS_PY,
+        "        if self.request_busy_execution_id != self.execution_id:\n"
+        '            return "the request is no longer held by this execution"\n',
+        "",
+        "A request no longer held by the execution is refused before any adapter is called.",
+        (_changed_at_load("released"),),
+    ),
+    Mutation(
+        "load-pinned-flow",
+        _SNAPSHOTS_PY,
+        "        if self.request_flow_id != self.flow_id:\n"
+        '            return "the request is pinned to another flow version"\n',
+        "",
+        "A request pinned to another flow version since acceptance is refused before any "
+        "adapter is called.",
+        (_changed_at_load("flow"),),
+    ),
+    Mutation(
+        "load-accepted-state",
+        _SNAPSHOTS_PY,
+        "        if self.request_state != self.accepted_state:\n",
+        "        if False:\n",
+        "A request whose state moved since acceptance is refused before any adapter is called.",
+        (_changed_at_load("state"),),
+    ),
+    Mutation(
+        "load-accepted-revision",
+        _SNAPSHOTS_PY,
+        "        if self.request_revision != self.accepted_revision:\n",
+        "        if False:\n",
+        "A request whose revision moved since acceptance is refused before any adapter is called.",
+        (_changed_at_load("revision"),),
+    ),
+]
+
 # --- queue/waits.py -------------------------------------------------------------------
 
 _WAITS_PY = "orquestador/queue/waits.py"
@@ -722,6 +769,7 @@ MUTATIONS: list[Mutation] = [
     *CLAIM_GUARDS,
     *CHECKPOINT_GUARDS,
     *OUTCOME_GUARDS,
+    *LOAD_GUARDS,
     *WAIT_GUARDS,
     *WORKER_LEASE_GUARDS,
 ]
