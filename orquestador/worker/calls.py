@@ -1,11 +1,16 @@
 """Adapter calls on their own threads, so that a job stops waiting at the adapter's deadline.
 
 Python cannot kill a thread. A call that overruns its timeout is abandoned, not
-stopped: the job records the outcome as uncertain and moves on, the call's stop signal
-is set, and whatever the call returns later is dropped (the job no longer listens,
-and every write goes through the job anyway). What a non-cooperative adapter still
-costs is its thread, until it returns by itself. Threads are daemons, so a call that
-never returns cannot keep the process from exiting, and idle ones are reused.
+stopped: the job records the outcome as uncertain, the call's stop signal is set, and
+whatever the call returns later is dropped (the job no longer listens, and every
+write goes through the job anyway). What a non-cooperative adapter still costs is its
+thread, until it returns by itself. Threads are daemons, so a call that never returns
+cannot keep the process from exiting, and idle ones are reused.
+
+An abandoned call is still a call: its request may not have left the process yet,
+and a provider asked meanwhile truthfully says it has no such write. So an abandoned
+call made under an external key stays known by that key until its thread ends
+(`lingering`), and whoever asks the provider about the key first waits for it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,13 +49,21 @@ class _Answer:
         self._done.acquire()
 
     def give(self, value: Any, error: BaseException | None) -> bool:
-        """From the call thread; False when the caller no longer listens."""
+        """From the call thread, once the call ended; False when the caller no longer
+        listens (its late answer is dropped, and `ended` now says the call is over)."""
         with self._lock:
-            if self._state == self._ABANDONED:
-                return False
-            self._state = self._ANSWERED
-            self._value, self._error = value, error
+            abandoned = self._state == self._ABANDONED
+            if not abandoned:
+                self._state = self._ANSWERED
+                self._value, self._error = value, error
         self._done.release()
+        return not abandoned
+
+    def ended(self, timeout: float) -> bool:
+        """For an abandoned call: True once its thread returned, waiting at most `timeout`."""
+        if not self._done.acquire(timeout=max(0.0, timeout)):
+            return False
+        self._done.release()  # anyone else who asks sees it ended too
         return True
 
     def wait(self, timeout: float) -> bool:
@@ -69,7 +83,21 @@ class _Answer:
         return self._value
 
 
-_Work = tuple[Callable[[Any], Any], Any, _Answer, dict[str, Any]]
+_Work = tuple[Callable[[Any], Any], Any, _Answer, dict[str, Any], str | None]
+
+
+class Lingering:
+    """An abandoned call made under an external key whose thread has not returned yet."""
+
+    __slots__ = ("_answer", "abandoned_at")
+
+    def __init__(self, answer: _Answer, abandoned_at: float) -> None:
+        self._answer = answer
+        self.abandoned_at = abandoned_at  # time.monotonic()
+
+    def ended(self, timeout: float) -> bool:
+        """True once the call's thread returned, waiting at most `timeout` seconds."""
+        return self._answer.ended(timeout)
 
 
 class _CallThread(threading.Thread):
@@ -83,7 +111,7 @@ class _CallThread(threading.Thread):
             work = self.inbox.get()
             if work is None:
                 return
-            function, argument, answer, log_extra = work
+            function, argument, answer, log_extra, key = work
             result: Any = None
             failure: BaseException | None = None
             try:
@@ -95,6 +123,8 @@ class _CallThread(threading.Thread):
             keep = self._owner.give_back(self)
             if not answer.give(result, failure):
                 log.warning("adapter returned after its deadline; result dropped", extra=log_extra)
+                if key is not None:
+                    self._owner.forget(key, answer)
             del work, function, argument, answer, result, failure
             if not keep:
                 return
@@ -109,6 +139,7 @@ class AdapterCalls:
         self._lock = threading.Lock()
         self._started = 0
         self._closed = False
+        self._lingering: dict[str, Lingering] = {}  # abandoned calls by external key
 
     def call(
         self,
@@ -116,14 +147,39 @@ class AdapterCalls:
         argument: Any,
         timeout: float,
         log_extra: dict[str, Any] | None = None,
+        key: str | None = None,
     ) -> Any:
-        """The call's result or exception; CallTimedOut once `timeout` seconds have passed."""
+        """The call's result or exception; CallTimedOut once `timeout` seconds have passed.
+
+        `key`: the external key the call writes under; if the call is abandoned, it
+        stays `lingering` under that key until its thread returns.
+        """
         answer = _Answer()
-        self._take().inbox.put((function, argument, answer, log_extra or {}))
+        self._take().inbox.put((function, argument, answer, log_extra or {}, key))
         if not answer.wait(max(0.0, timeout)):
             # Abandoned: from now on the thread's late answer is dropped.
+            if key is not None:
+                self._linger(key, answer)
             raise CallTimedOut()
         return answer.result()
+
+    def _linger(self, key: str, answer: _Answer) -> None:
+        with self._lock:
+            self._lingering[key] = Lingering(answer, time.monotonic())
+        if answer.ended(0):
+            self.forget(key, answer)  # it returned before it was registered
+
+    def forget(self, key: str, answer: _Answer) -> None:
+        """The abandoned call under `key` returned: it no longer lingers."""
+        with self._lock:
+            found = self._lingering.get(key)
+            if found is not None and found._answer is answer:
+                del self._lingering[key]
+
+    def lingering(self, key: str) -> Lingering | None:
+        """The abandoned call still running under `key`, if there is one."""
+        with self._lock:
+            return self._lingering.get(key)
 
     def _take(self) -> _CallThread:
         with self._lock:

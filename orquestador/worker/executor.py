@@ -151,7 +151,9 @@ class _Answer:
     """What a lookup settled: Found, NotFound, or Unknown with why (for logs and the park)."""
 
     result: LookupResult
-    why: str  # FOUND, NOT_FOUND, UNKNOWN, ERROR, TIMEOUT, OUTPUT_INVALID or NO_LOOKUP
+    # FOUND, NOT_FOUND, UNKNOWN, ERROR, TIMEOUT, OUTPUT_INVALID, NO_LOOKUP, or IN_FLIGHT
+    # (not asked: the abandoned call under the key still ran past the grace).
+    why: str
 
 
 def _lookup_detail(answer: _Answer | None) -> dict[str, str]:
@@ -235,6 +237,7 @@ class Executor:
         self.registry = registry
         self.settings = settings
         self.lease_seconds = settings.worker_lease_seconds
+        self.abandon_grace_seconds = settings.adapter_abandon_grace_seconds
         self.concurrency = settings.worker_concurrency
         self.retry = RetryPolicy.from_settings(settings)
         self.hooks = hooks
@@ -580,7 +583,7 @@ class _ExecutionRun:
             if call is _simulation_unsupported:
                 output = call(ctx)  # raises; nothing to run on a thread
             else:
-                output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra)
+                output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)
         except CallTimedOut:
             _timed(adapter, "unknown", began)
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
@@ -860,6 +863,8 @@ class _ExecutionRun:
             return _Answer(Unknown(), "NO_LOOKUP")
         loaded = self.loaded
         assert loaded is not None
+        if not self.abandoned_call_ended(step):
+            return _Answer(Unknown(), "IN_FLIGHT")
         timeout = adapter.lookup_timeout_seconds
         # Its own stop signal: after a timed-out call the job's is set already.
         stop = threading.Event()
@@ -915,6 +920,31 @@ class _ExecutionRun:
             return _Answer(Unknown(), "ERROR")
         log.info("lookup cannot tell; still in doubt", extra=extra)
         return _Answer(result, "UNKNOWN")
+
+    def abandoned_call_ended(self, step: _Step) -> bool:
+        """Whether no call abandoned under the step's key still runs in this process,
+        waiting for it until ADAPTER_ABANDON_GRACE_SECONDS after it was abandoned.
+
+        While it runs, its request may not have left the process: the provider would
+        truthfully say NotFound, and the write would land a moment later.
+        """
+        lingering = self.x.calls.lingering(step.external_key)
+        if lingering is None:
+            return True
+        grace = self.x.abandon_grace_seconds
+        log.info(
+            "waiting up to %g s for the abandoned call to end before asking the provider",
+            grace,
+            extra=step.log_extra,
+        )
+        if lingering.ended(lingering.abandoned_at + grace - time.monotonic()):
+            return True
+        log.warning(
+            "abandoned call still running %g s after its deadline; the write stays in doubt",
+            grace,
+            extra=step.log_extra,
+        )
+        return False
 
     def found(self, step: _Step, result: Found) -> Any:
         """Record the write the lookup found as the step's success; the run goes on with it."""

@@ -186,34 +186,84 @@ def test_found_after_a_crash_mid_call_is_recorded_and_the_run_continues(runtime_
     assert request_row(runtime_engine, execution(runtime_engine, eid).request_id).state == "done"
 
 
-def test_found_after_the_call_overran_its_timeout(runtime_engine):
-    release, returned = threading.Event(), threading.Event()
+@dataclass
+class LateWrite:
+    """A write whose request leaves the process a moment after the adapter's deadline.
 
-    def ignores_its_deadline(ctx: ActionContext) -> dict[str, Any]:
-        release.wait(30)
-        returned.set()
-        return {"chargeId": "late"}
+    The call ignores its deadline until the engine abandons it (its stop signal), then
+    its request still takes a moment to reach the provider: unless someone asks the
+    provider first, in which case it lands right after that question. A provider
+    asked while the call is in flight truthfully answers NotFound.
+    """
 
+    writes: list[str] = field(default_factory=list)  # the provider's ledger, by key
+    asked: threading.Event = field(default_factory=threading.Event)
+
+    def invoke(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.stop_event.wait(30)  # abandoned at its deadline
+        self.asked.wait(1.0)  # the request is still on its way out
+        self.writes.append(ctx.external_key)
+        return {"chargeId": f"ch-{len(self.writes)}"}
+
+    def lookup(self, ctx: ActionContext) -> Any:
+        self.asked.set()
+        count = self.writes.count(ctx.external_key)
+        return Found({"chargeId": f"ch-{count}"}) if count else NotFound()
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2])
+def test_an_overrun_write_is_looked_up_only_once_its_call_ended(runtime_engine, max_attempts):
+    # Regression: the lookup was asked while the abandoned call still ran; the provider
+    # said NotFound, and the next attempt wrote again (or, with no attempt left, the
+    # execution ended FAILED and released the request) while the first write landed.
+    provider = LateWrite()
     charge = Double(
         "test.charge",
         Effect.NON_IDEMPOTENT_WRITE,
         timeout_seconds=0.3,
-        output=ignores_its_deadline,
+        max_attempts=max_attempts,
+        output=provider.invoke,
         output_schema=CHARGE_OUTPUT,
     )
-    lookup = answers(Found({"chargeId": "ch-t"}))
+    lookup = Lookup(provider.lookup)
     eid = start_execution(runtime_engine, _charge_flow())
 
     status = run_once(runtime_engine, _executor(_with_lookup(charge, lookup)))
 
-    assert status == "SUCCEEDED" and not returned.is_set()
+    assert status == "SUCCEEDED"
+    assert provider.writes == [f"{eid}:charge"]  # one write, found once it had landed
     (asked,) = lookup.calls
     assert not asked.should_stop(), "the lookup began with the abandoned call's stop signal"
-    release.set()
-    assert returned.wait(10)
-    # The call's late answer changed nothing: the step holds what the lookup found.
-    assert checkpoints(runtime_engine, eid)["charge"].output == {"chargeId": "ch-t"}
+    assert checkpoints(runtime_engine, eid)["charge"].output == {"chargeId": "ch-1"}
     assert _history(runtime_engine, eid) == [(1, "SUCCEEDED", None)]
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id) == ("done", None)
+
+
+def test_an_abandoned_call_still_running_past_the_grace_parks_its_write(runtime_engine):
+    release = threading.Event()
+
+    def never_leaves(ctx: ActionContext) -> dict[str, Any]:
+        release.wait(30)
+        return {"chargeId": "late"}
+
+    charge = _charge(never_leaves, max_attempts=1)
+    charge.timeout_seconds = 0.3
+    lookup = answers(NotFound())
+    eid = start_execution(runtime_engine, _charge_flow())
+    executor = _executor(_with_lookup(charge, lookup), adapter_abandon_grace_seconds=0.3)
+    try:
+        status = run_once(runtime_engine, executor)
+    finally:
+        release.set()
+
+    # Never FAILED with the request released while the write may still land: parked,
+    # and the provider was not asked (its NotFound could not be trusted).
+    assert status == "RECONCILIATION_REQUIRED" and lookup.calls == []
+    row = execution(runtime_engine, eid)
+    assert (row.error_code, row.error_detail["lookup"]) == ("UNCERTAIN_OUTCOME", "IN_FLIGHT")
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.busy_execution_id) == ("new", eid)
 
 
 # --- NotFound ---------------------------------------------------------------------------
