@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -163,16 +164,23 @@ def _lookup_detail(answer: _Answer | None) -> dict[str, str]:
     return {"lookup": answer.why}
 
 
+# The escape RFC 8785 writes for U+0000 (not itself escaped: an even run of
+# backslashes before it), a character no jsonb column takes.
+_NUL_ESCAPE = re.compile(rb'(?<!\\)(?:\\\\)*\\u0000')
+
+
 def _is_json_object(output: Any) -> bool:
     # What the checkpoint can store and later inputs can hash: a JSON object with no
-    # NaN, no infinity, nothing JSON cannot say (sets, dates, bytes).
+    # NaN, no infinity, nothing JSON cannot say (sets, dates, bytes), nothing jsonb
+    # refuses (U+0000, lone surrogates) and no nesting deeper than Python can walk.
+    # Anything else is rejected here, on the first attempt, as OUTPUT_INVALID.
     if not isinstance(output, dict):
         return False
     try:
-        canonical_json(output)
-    except (TypeError, ValueError):
+        text = canonical_json(output)
+    except (TypeError, ValueError, RecursionError):
         return False
-    return True
+    return _NUL_ESCAPE.search(text) is None
 
 
 class FlowCache:

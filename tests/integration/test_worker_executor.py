@@ -537,3 +537,33 @@ def test_a_run_takes_a_pooled_connection_only_when_it_needs_one(runtime_engine):
     assert Executor(registry_of(failing), settings()).run(runtime_engine, claim) == "FAILED"
     assert len(checkouts) == 1
     assert runtime_engine.pool.checkedout() == 0
+
+
+def _nested(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "output",
+    [{"note": "a\x00b"}, {"a\x00": 1}, {"bad": "\ud800"}, _nested(5000)],
+    ids=["nul in a value", "nul in a key", "lone surrogate", "5000 levels deep"],
+)
+def test_an_output_postgresql_cannot_store_fails_output_invalid_on_the_first_attempt(
+    runtime_engine, output
+):
+    # Regression: an output holding U+0000 met three database errors (the checkpoint
+    # write, then each retry of it) and a park, instead of OUTPUT_INVALID at once.
+    read = Double("test.read", Effect.READ_ONLY, output=lambda ctx: output)
+    eid = start_execution(runtime_engine, flow_definition([action("r", "test.read")]))
+    status = run_once(runtime_engine, Executor(registry_of(read), settings()))
+    assert status == "FAILED" and len(read.calls) == 1
+    row = execution(runtime_engine, eid)
+    assert (row.status, row.error_code, row.attempts) == ("FAILED", "OUTPUT_INVALID", 1)
+    checkpoint = checkpoints(runtime_engine, eid)["r"]
+    assert (checkpoint.status, checkpoint.error_code) == ("FAILED", "OUTPUT_INVALID")
+    # A read changed nothing: the request is released in its accepted state.
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.busy_execution_id, request.data) == ("new", None, {})
