@@ -10,7 +10,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -74,6 +74,9 @@ from orquestador.worker.messages import attempt_message, error_line
 from orquestador.worker.protocol_writer import ProtocolWriter, WriterStats
 
 log = logging.getLogger(__name__)
+
+# The error code of a wait that outlived WAIT_MAX_SECONDS.
+WAIT_LIMIT_EXCEEDED = "WAIT_LIMIT_EXCEEDED"
 
 # What run() reports besides the execution statuses it can end in.
 ABANDONED = "ABANDONED"  # stop signal between actions: lease given back for recovery
@@ -166,7 +169,7 @@ def _lookup_detail(answer: _Answer | None) -> dict[str, str]:
 
 # The escape RFC 8785 writes for U+0000 (not itself escaped: an even run of
 # backslashes before it), a character no jsonb column takes.
-_NUL_ESCAPE = re.compile(rb'(?<!\\)(?:\\\\)*\\u0000')
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _is_json_object(output: Any) -> bool:
@@ -246,6 +249,7 @@ class Executor:
         self.settings = settings
         self.lease_seconds = settings.worker_lease_seconds
         self.abandon_grace_seconds = settings.adapter_abandon_grace_seconds
+        self.wait_max_seconds = settings.wait_max_seconds
         self.concurrency = settings.worker_concurrency
         self.retry = RetryPolicy.from_settings(settings)
         self.hooks = hooks
@@ -614,7 +618,15 @@ class _ExecutionRun:
                 return self.uncertain(
                     step, attempt.attempt, attempt.attempt - base, "NOT_READY_FROM_WRITE", message
                 )
-            self.wait(step, exc, exc.observed or dict(ctx.observed))
+            observed = exc.observed or dict(ctx.observed)
+            if self.wait_outlived(step):
+                message = (
+                    f"still not ready {self.x.wait_max_seconds} s after the step first "
+                    "started (WAIT_MAX_SECONDS)"
+                )
+                limit = PermanentError(WAIT_LIMIT_EXCEEDED, message, observed=observed or None)
+                self.permanent(spec, limit, action_ids, message, observed)
+            self.wait(step, exc, observed)
         except TransientError as exc:
             _timed(adapter, "retry", began)
             message = attempt_message(exc, inputs)
@@ -831,6 +843,14 @@ class _ExecutionRun:
             attempt,
             message=message,
         )
+
+    def wait_outlived(self, step: _Step) -> bool:
+        """Whether a wait has gone on longer than any wait may (WAIT_MAX_SECONDS), counted
+        from the step's first start: a wait without a deadline of its own ends too."""
+        started = step.first_started_at
+        if started is None:
+            return False
+        return datetime.now(UTC) - started >= timedelta(seconds=self.x.wait_max_seconds)
 
     def wait(self, step: _Step, exc: NotReady, observed: dict[str, Any]) -> None:
         """Park the execution WAITING: lease given up, thread freed, no attempt spent."""

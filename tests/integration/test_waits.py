@@ -455,3 +455,33 @@ def test_wake_waiting_runs_the_waiting_step_at_once(runtime_engine, workers):
     assert second_round.wait(10), "the woken execution did not run"
     wait_until(status_is(runtime_engine, eid, "SUCCEEDED"), what="the woken execution ended")
     assert execution(runtime_engine, eid).attempts == 1
+
+
+@pytest.mark.parametrize("on_error", [None, "attention"])
+def test_a_wait_without_a_deadline_of_its_own_ends_after_wait_max_seconds(runtime_engine, on_error):
+    # Regression: a NotReady wait had no bound at all.
+    wait = Double(
+        "test.wait", Effect.READ_ONLY, output=lambda ctx: (_ for _ in ()).throw(NotReady(3600))
+    )
+    executor = Executor(registry_of(wait), settings(wait_max_seconds=3600))
+    extra = {"onError": on_error} if on_error else {}
+    eid = start_execution(runtime_engine, flow_definition([action("wait", "test.wait", **extra)]))
+    assert run_once(runtime_engine, executor) == "WAITING"
+    # An hour later by the step's first start, it is still not ready: the wait ends.
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE action_execution SET first_started_at = first_started_at"
+                " - interval '1 hour' WHERE execution_id = :id"
+            ),
+            {"id": eid},
+        )
+    make_due(runtime_engine, eid)
+    assert run_once(runtime_engine, executor) == "FAILED"
+    row = execution(runtime_engine, eid)
+    assert row.error_code == "WAIT_LIMIT_EXCEEDED" and len(wait.calls) == 2
+    checkpoint = checkpoints(runtime_engine, eid)["wait"]
+    assert (checkpoint.status, checkpoint.error_code) == ("FAILED", "WAIT_LIMIT_EXCEEDED")
+    request = request_row(runtime_engine, row.request_id)
+    assert request.busy_execution_id is None
+    assert request.state == (on_error or "new")
