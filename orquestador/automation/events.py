@@ -50,10 +50,6 @@ REJECTED_KIND = "PLATFORM_EVENT_REJECTED"
 _EVENT_COLUMNS = tuple(column for column in platform_event.c if column.name != "data")
 # Where an event's data sits in the request data, for the problems that point into it.
 _DATA_PATH = "/event/data"
-# lock_not_available: a lock_timeout ran out while someone else held a row or table the
-# event needs. That says nothing about the event, so it is passed on like a retriable
-# failure rather than recorded as the event's own.
-_LOCK_NOT_AVAILABLE = "55P03"
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,7 @@ def process_or_reject(
     """Process a locked, unprocessed event in a savepoint; record it REJECTED if that fails.
 
     Any failure but a passing one of the database (`is_retriable`: the connection went
-    away, a deadlock; or a lock timeout) is the event's own and would recur on every
+    away, a deadlock, a lock timeout) is the event's own and would recur on every
     attempt, so only the savepoint is rolled back and the event is set aside with why,
     in the caller's transaction; the events behind it go on. A passing failure is
     raised: the caller's whole transaction is lost and every event in it is there for
@@ -168,7 +164,7 @@ def process_or_reject(
         with connection.begin_nested():
             return process_event(connection, event, actor, max_attempts=max_attempts)
     except DBAPIError as error:
-        if is_retriable(error) or connection.invalidated or _lock_not_available(error):
+        if is_retriable(error) or connection.invalidated:
             raise
         cause = type(error.orig or error).__name__
         problem = Problem("", "the database refused the event's request")
@@ -188,10 +184,6 @@ def process_or_reject(
         extra={"org_id": event.org_id, "event_id": event.id},
     )
     return reject_event(connection, event, None, [problem])
-
-
-def _lock_not_available(error: DBAPIError) -> bool:
-    return getattr(error.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
 def process_event(

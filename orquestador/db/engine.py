@@ -15,6 +15,8 @@ from orquestador.config import sqlalchemy_url
 # 08 connection exception, 40 transaction rollback (serialization, deadlock),
 # 53 insufficient resources, 57 operator intervention (e.g. admin shutdown).
 _RETRIABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
+# And one state of its own: a lock not had within lock_timeout (55P03) passes too.
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def make_engine(
@@ -84,7 +86,7 @@ def is_retriable(error: BaseException) -> bool:
         return True
     if isinstance(error, DBAPIError):
         sqlstate = getattr(error.orig, "sqlstate", None) or ""
-        if sqlstate.startswith(_RETRIABLE_SQLSTATE_CLASSES):
+        if sqlstate.startswith(_RETRIABLE_SQLSTATE_CLASSES) or sqlstate == _LOCK_NOT_AVAILABLE:
             return True
         return isinstance(error, OperationalError) and not sqlstate
     return False

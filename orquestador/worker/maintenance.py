@@ -8,6 +8,12 @@ connection drops (a database restart, a failover), loses it, and another worker 
 it at its next pass. So at any time at most one worker does the work, with no cron and
 no table of leaders. Everything a pass does is safe to repeat (bounded batches,
 SKIP LOCKED), so a pass interrupted by a lost connection leaves nothing half done.
+
+Two passes can overlap for a moment: a leader whose lock connection dropped may still
+be in its current step when another worker takes the lock and starts. That stays safe
+because no step depends on being alone: each is its own transaction, deletes only
+rows past their age that it could lock (SKIP LOCKED, so two passes take disjoint
+rows), hands off only expired outbox leases (idempotent), or reads gauges.
 """
 
 from __future__ import annotations
