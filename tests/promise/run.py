@@ -20,8 +20,9 @@ from pathlib import Path
 from tests.acceptance.provider_double import Call, Instruction, ProviderDouble
 from tests.promise.api import Api
 from tests.promise.database import CheckerDatabase
-from tests.promise.invariants import ACTIVE, Findings, check
+from tests.promise.invariants import ACTIVE, check
 from tests.promise.profiles import Profile
+from tests.promise.records import Findings
 from tests.promise.schedule import Schedule, draw
 from tests.promise.timeline import Timeline
 from tests.promise.workers import ROOT, WORKER_SETTINGS, Workers

@@ -39,6 +39,7 @@ CALL_FAULTS: dict[str, str] = {
     "late_write": "the write is performed after the adapter's deadline, answered later",
     "slow_nothing": "no answer by the deadline, and nothing performed",
     "slow_read": "a read answered after the deadline",
+    "slow_ok": "answered slowly, within the deadline",
     "bad_output": "performed, answered with an output that breaks the schema",
     "not_ready": "a read says: not ready, ask again (WAITING)",
 }
@@ -88,6 +89,7 @@ class Fault:
             "late_write": OK,
             "slow_nothing": TRANSIENT,
             "slow_read": OK,
+            "slow_ok": OK,
             "bad_output": BAD_OUTPUT,
             "not_ready": NOT_READY,
             "unknown": UNKNOWN,
@@ -160,7 +162,7 @@ class Decide:
 
 @dataclass(frozen=True)
 class Lock:
-    """A stranger session holds FOR UPDATE on the case's request or execution row."""
+    """Once the case's execution runs, a stranger holds FOR UPDATE on its request or its row."""
 
     at: float
     case: str
@@ -255,15 +257,8 @@ def draw(seed: int, profile: Profile) -> Schedule:
         at = rng.uniform(0.3 * length, length)
         actions.append(Decide(round(at, 3), "retry" if rng.random() < 0.7 else "fail"))
 
-    rng = streams.of("locks")
-    submitted = [a for a in actions if isinstance(a, Submit)]
-    for _ in range(profile.locks if submitted else 0):
-        # Just after the case starts, so that its own writes (its finish, for a request
-        # row) meet the lock while other executions are under way beside it.
-        target = rng.choice(submitted)
-        at = target.at + rng.uniform(0.1, 0.6)
-        table = rng.choice(("request", "execution"))
-        actions.append(Lock(round(at, 3), target.case, table, round(rng.uniform(3, 5), 3)))
+    restarts = [a for a in actions if isinstance(a, Restart)]
+    actions += _draw_locks(streams, profile, cases, restarts)
 
     actions += _draw_events(streams, profile, cases)
     actions.sort(key=lambda a: a.at)
@@ -343,6 +338,39 @@ def _draw_cancels(
             name = rng.choice(sorted(submitted))
             at = submitted[name]
         drawn.append(Cancel(round(at, 3), name))
+    return drawn
+
+
+def _draw_locks(
+    streams: _Streams, profile: Profile, cases: dict[str, Case], restarts: list[Restart]
+) -> list[Action]:
+    """Each lock comes with a case of its own and companions started beside it.
+
+    The locked case's first call is slow (within its deadline), so the stranger takes
+    the row while the execution runs: its next write (the finish, for a request row)
+    then meets the lock. The companions, started around the same moment, are what must
+    not wait behind it. A lock is kept clear of the restarts, which would end it.
+    """
+    length = profile.fault_seconds
+    rng = streams.of("locks")
+    drawn: list[Action] = []
+
+    def clear(at: float) -> bool:
+        return all(not (r.at - 7.0 < at < r.at + r.outage + 2.0) for r in restarts)
+
+    for number in range(profile.locks):
+        moments = [rng.uniform(0.2 * length, 0.75 * length) for _ in range(20)]
+        at = next((m for m in moments if clear(m)), moments[0])
+        name = f"k{number:02d}"
+        slow = [Fault("slow_ok", answer_at=round(rng.uniform(0.6, 0.9), 3))]
+        cases[name] = Case(name, "checkout", {"quote": slow})
+        drawn.append(Submit(round(at, 3), name))
+        table = rng.choice(("request", "execution"))
+        drawn.append(Lock(round(at, 3), name, table, round(rng.uniform(3, 5), 3)))
+        for companion in range(3):
+            other = f"{name}{'abc'[companion]}"
+            cases[other] = Case(other, rng.choice(MANUAL_FLOWS))
+            drawn.append(Submit(round(at + rng.uniform(0.2, 1.0), 3), other))
     return drawn
 
 

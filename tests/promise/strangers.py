@@ -37,4 +37,6 @@ def hold_row_lock(engine: Engine, table: str, row_id: uuid.UUID, seconds: float)
         return Hold("held", began, time.time())
     except DBAPIError as error:
         # A worker held it past the stranger's patience, or the server went away.
-        return Hold(f"not had: {type(getattr(error, 'orig', None) or error).__name__}")
+        cause = getattr(error, "orig", None) or error
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        return Hold(f"not had: {type(cause).__name__}: {first}")

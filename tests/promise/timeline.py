@@ -165,6 +165,17 @@ class Timeline:
             self.log.outages.append((began, time.time()))
         self.log.note("PostgreSQL started again")
 
+    def _status_when(self, execution_id: uuid.UUID, wanted: tuple[str, ...], seconds: float) -> str:
+        """Poll the execution until its status is one of `wanted`; the last status seen."""
+        deadline = time.monotonic() + seconds
+        while True:
+            (status,) = self.db.rows(
+                "SELECT status FROM execution WHERE id = :id", id=execution_id
+            )[0]
+            if status in wanted or time.monotonic() > deadline:
+                return str(status)
+            time.sleep(0.02)
+
     def _cancel(self, action: Cancel) -> None:
         execution_id = self._execution_of(action.case)
         if execution_id is None:
@@ -228,10 +239,13 @@ class Timeline:
     def _lock(self, action: Lock) -> None:
         execution_id = self._execution_of(action.case)
         row_id = execution_id if action.table == "execution" else self.requests.get(action.case)
-        if row_id is None:
+        if row_id is None or execution_id is None:
             self.log.note(f"lock {action.table} of {action.case}: never accepted")
             return
-        assert execution_id is not None
+        status = self._status_when(execution_id, ("RUNNING",), seconds=5.0)
+        if status != "RUNNING":
+            self.log.note(f"lock {action.table} of {action.case}: it never ran ({status})")
+            return
         hold = hold_row_lock(self.db.owner, action.table, row_id, action.hold)
         if hold.what == "held":
             self.log.held_locks.append(HeldLock(hold.began, hold.ended, action.table, execution_id))
