@@ -39,6 +39,7 @@ from orquestador.queue import (
 )
 from orquestador.queue.claims import _CLAIM
 from orquestador.queue.waits import park_waiting
+from orquestador.worker.daemon import build_worker
 from orquestador.worker.executor import Executor
 from orquestador.worker.heartbeat import Heartbeat
 from orquestador.worker.hooks import WorkerHooks
@@ -604,3 +605,32 @@ def test_only_a_running_read_of_this_holder_can_wait(runtime_engine, case):
     with runtime_engine.connect() as conn, pytest.raises(ContractMismatch):
         park_waiting(conn, claim, "a", 60.0, "k", None)
     assert _everything(runtime_engine) == before
+
+
+# --- bounded waits ----------------------------------------------------------------------
+
+
+def _setting(conn: Connection, name: str) -> int:
+    return int(
+        conn.execute(text("SELECT setting FROM pg_settings WHERE name = :n"), {"n": name}).scalar()
+    )
+
+
+def test_every_worker_connection_bounds_its_lock_and_statement_waits(database):
+    # Asked for more than a quarter of a 4 s lease: a statement that waited that long
+    # would outlive the lease it writes under, so both bounds stay at 1 s.
+    worker = build_worker(
+        settings(
+            database_url=database.runtime_dsn,
+            worker_lease_seconds=4,
+            worker_renew_seconds=1,
+            worker_statement_timeout_ms=10_000,
+            worker_lock_timeout_ms=3_000,
+        )
+    )
+    try:
+        with worker.engine.connect() as conn:
+            assert _setting(conn, "statement_timeout") == 1_000
+            assert _setting(conn, "lock_timeout") == 1_000
+    finally:
+        worker.engine.dispose()

@@ -761,6 +761,309 @@ WORKER_LEASE_GUARDS = [
     ),
 ]
 
+# --- the batch function (migration 0011) and queue/batches.py -------------------------
+# What the worker's protocol writer really runs: every RUNNING and SUCCEEDED checkpoint
+# and every finish of a job goes through one call of orquestador_write_batch.
+
+_BATCH_SQL = "migrations/versions/0011_write_batch_rows.py"
+_BATCHES_PY = "orquestador/queue/batches.py"
+BATCH_GUARDS_TESTS = "tests/integration/test_batch_guards.py"
+WRITER = "tests/integration/test_protocol_writer.py"
+
+
+def batch(name: str) -> str:
+    return f"{BATCH_GUARDS_TESTS}::{name}"
+
+
+_NOT_BUSY = "test_a_row_that_fails_its_fence_is_refused_not_busy_while_another_session_holds_it"
+_NEIGHBOURS = "test_a_row_that_fails_its_fence_is_refused_and_its_neighbours_commit"
+_BATCH_START = "test_a_batch_start_never_replaces_a_checkpoint_it_may_not"
+_BATCH_FINISH = "test_a_batch_finish_is_refused_when_the_request_changed"
+_BATCH_SUCCESS = "test_a_batch_success_is_recorded_only_on_this_holders_running_checkpoint"
+
+BATCH_GUARDS = [
+    Mutation(
+        "batch-fence-lease-live",
+        _BATCH_SQL,
+        "        AND e.lease_expires_at > clock_timestamp()\n",
+        "",
+        "A batch row whose lease ran out is refused by its own fence, at once and alone: "
+        "its neighbours commit in the same transaction.",
+        (batch(f"{_NEIGHBOURS}[expired lease]"), batch(f"{_NOT_BUSY}[expired lease]")),
+    ),
+    Mutation(
+        "batch-fence-owner",
+        _BATCH_SQL,
+        "        AND e.lease_owner = i.owner\n",
+        "",
+        "A batch row is written only under the lease of the worker that owns it.",
+        (batch(f"{_NEIGHBOURS}[other owner]"),),
+    ),
+    Mutation(
+        "batch-fence-token",
+        _BATCH_SQL,
+        "        AND e.fencing_token = i.token\n",
+        "",
+        "A stale token's row is refused, never taken for one that only waits for a lock.",
+        (batch(f"{_NOT_BUSY}[stale token]"),),
+    ),
+    Mutation(
+        "batch-rows-by-token",
+        _BATCH_SQL,
+        "      ON held.id = i.execution_id AND held.token = i.token\n",
+        "      ON held.id = i.execution_id\n",
+        "A row writes only under the (execution, token) the batch locked, never under the "
+        "execution id alone: a stale holder batched with the current one writes nothing.",
+        (batch("test_a_stale_row_is_refused_even_batched_with_the_current_holders"),),
+    ),
+    Mutation(
+        "batch-rider-written-first",
+        _BATCH_SQL,
+        "    (i.after_action IS NULL\n"
+        "     OR (i.execution_id, i.token) IN (SELECT * FROM unnest(v_done, v_done_tokens)))\n",
+        "    (true)\n",
+        "A RUNNING checkpoint or a finish whose riding SUCCEEDED was refused writes nothing.",
+        (
+            batch("test_a_row_whose_riding_success_is_refused_writes_nothing_else[start]"),
+            batch("test_a_row_whose_riding_success_is_refused_writes_nothing_else[finish]"),
+        ),
+    ),
+    Mutation(
+        "batch-succeed-only-running",
+        _BATCH_SQL,
+        "              AND a.status = 'RUNNING' AND a.fencing_token = h.token\n",
+        "              AND a.fencing_token = h.token\n",
+        "A batch success is recorded only on a RUNNING checkpoint, never over a recorded one.",
+        (batch(f"{_BATCH_SUCCESS}[succeeded]"),),
+    ),
+    Mutation(
+        "batch-succeed-own-token",
+        _BATCH_SQL,
+        "              AND a.status = 'RUNNING' AND a.fencing_token = h.token\n",
+        "              AND a.status = 'RUNNING'\n",
+        "A batch success is recorded only on the attempt this holder started.",
+        (batch(f"{_BATCH_SUCCESS}[left running]"),),
+    ),
+    Mutation(
+        "batch-start-never-over-succeeded",
+        _BATCH_SQL,
+        "            WHERE a.status <> 'SUCCEEDED'\n"
+        "              AND a.external_key = EXCLUDED.external_key\n",
+        "            WHERE a.external_key = EXCLUDED.external_key\n",
+        "A batch never starts a SUCCEEDED checkpoint again.",
+        (batch(f"{_BATCH_START}[succeeded]"),),
+    ),
+    Mutation(
+        "batch-start-same-key",
+        _BATCH_SQL,
+        "              AND a.external_key = EXCLUDED.external_key\n",
+        "",
+        "A batch never replaces a checkpoint with an attempt under another external key.",
+        (batch(f"{_BATCH_START}[another key]"),),
+    ),
+    Mutation(
+        "batch-start-no-restart-interrupted-non-idempotent",
+        _BATCH_SQL,
+        "\n              AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE'"
+        " AND a.status IN ('RUNNING', 'UNKNOWN'))",
+        "",
+        "A batch never starts an interrupted NON_IDEMPOTENT_WRITE again.",
+        (
+            batch(f"{_BATCH_START}[interrupted payment]"),
+            batch(f"{_BATCH_START}[uncertain payment]"),
+        ),
+    ),
+    Mutation(
+        "batch-start-history-same-conditions",
+        _BATCH_SQL,
+        "              AND a.effect <> 'NON_IDEMPOTENT_WRITE'\n",
+        "",
+        "A start the batch refuses writes no line in the history either.",
+        (batch(f"{_BATCH_START}[interrupted payment]"),),
+    ),
+    Mutation(
+        "batch-start-interrupted-write-unknown",
+        _BATCH_SQL,
+        "CASE WHEN a.effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END",
+        "'FAILED'",
+        "An interrupted write started again in a batch enters the history as UNKNOWN.",
+        (
+            batch(
+                "test_an_interrupted_attempt_started_again_in_a_batch_is_recorded_by_its_effect"
+                "[IDEMPOTENT_WRITE-UNKNOWN]"
+            ),
+        ),
+    ),
+    Mutation(
+        "batch-finish-request-held",
+        _BATCH_SQL,
+        " AND r.busy_execution_id = h.execution_id\n",
+        "\n",
+        "A batch finish moves the request only while this execution holds it.",
+        (batch(f"{_BATCH_FINISH}[released]"),),
+    ),
+    Mutation(
+        "batch-finish-pinned-flow",
+        _BATCH_SQL,
+        "              AND r.flow_id = h.flow_id AND r.state = h.accepted_state\n",
+        "              AND r.state = h.accepted_state\n",
+        "A batch finish is refused when the request was pinned to another flow version.",
+        (batch(f"{_BATCH_FINISH}[flow]"),),
+    ),
+    Mutation(
+        "batch-finish-accepted-state",
+        _BATCH_SQL,
+        "              AND r.flow_id = h.flow_id AND r.state = h.accepted_state\n",
+        "              AND r.flow_id = h.flow_id\n",
+        "A batch finish is refused when the request's state moved since acceptance.",
+        (batch(f"{_BATCH_FINISH}[state]"),),
+    ),
+    Mutation(
+        "batch-finish-accepted-revision",
+        _BATCH_SQL,
+        "              AND r.revision = h.accepted_revision\n",
+        "",
+        "A batch finish is refused when the request's revision moved since acceptance.",
+        (batch(f"{_BATCH_FINISH}[revision]"),),
+    ),
+    Mutation(
+        "batch-finish-expected-succeeded",
+        _BATCH_SQL,
+        "SELECT 1 FROM jsonb_array_elements_text(h.expected) AS wanted(action_id)",
+        "SELECT 1 FROM jsonb_array_elements_text('[]'::jsonb) AS wanted(action_id)",
+        "A batch finish is refused unless every expected checkpoint is SUCCEEDED.",
+        (batch("test_a_batch_finish_is_refused_while_a_checkpoint_is_not_succeeded"),),
+    ),
+    Mutation(
+        "batch-skips-locked-executions",
+        _BATCH_SQL,
+        "        FOR UPDATE OF e SKIP LOCKED\n",
+        "        FOR UPDATE OF e\n",
+        "An execution row another session holds does not hold back the rest of the batch.",
+        (f"{WRITER}::test_a_row_another_session_holds_does_not_hold_back_the_others[execution]",),
+    ),
+    Mutation(
+        "batch-skips-locked-requests",
+        _BATCH_SQL,
+        "            FOR UPDATE SKIP LOCKED\n",
+        "            FOR UPDATE\n",
+        "A request another session holds does not hold back the rest of the batch.",
+        (f"{WRITER}::test_a_row_another_session_holds_does_not_hold_back_the_others[request]",),
+    ),
+    Mutation(
+        "batch-lease-checked-before-commit",
+        _BATCH_SQL,
+        "    IF EXISTS (SELECT 1 FROM unnest(v_leases) AS lease WHERE lease <= clock_timestamp())\n"
+        "       OR EXISTS (SELECT 1 FROM execution e\n"
+        "                  WHERE e.id = ANY (v_held) AND e.status = 'RUNNING'\n"
+        "                    AND e.lease_expires_at <= clock_timestamp()) THEN",
+        "    IF false THEN",
+        "A batch during which a lease ran out keeps nothing: no part of a row is written.",
+        (f"{WRITER}::test_a_lease_running_out_mid_batch_leaves_no_part_of_the_row_written",),
+    ),
+    Mutation(
+        "batch-finished-lease-checked-before-commit",
+        _BATCH_SQL,
+        "    IF EXISTS (SELECT 1 FROM unnest(v_leases) AS lease WHERE lease <= clock_timestamp())\n"
+        "       OR EXISTS",
+        "    IF EXISTS",
+        "A finish whose lease ran out while the batch worked is refused, though the finish "
+        "itself cleared the lease it wrote under.",
+        (batch("test_a_finish_whose_lease_runs_out_inside_the_batch_is_refused"),),
+    ),
+    Mutation(
+        "batch-finish-answered-by-token",
+        _BATCHES_PY,
+        "    if _key(claim) in finished:",
+        "    if str(claim.execution_id) in {key[0] for key in finished}:",
+        "A stale holder's finish is never told it succeeded because the current holder's did.",
+        (f"{WRITER}::test_a_stale_holders_finish_batched_with_the_current_holders_is_refused",),
+    ),
+    Mutation(
+        "batch-success-answered-by-token",
+        _BATCHES_PY,
+        "    if _key(row.claim) not in succeeded:",
+        "    if str(row.claim.execution_id) not in {key[0] for key in succeeded}:",
+        "A stale holder's success is never reported recorded because the current holder's was.",
+        (batch("test_a_stale_row_is_refused_even_batched_with_the_current_holders"),),
+    ),
+]
+
+# --- bounded waits: lock and statement timeouts ---------------------------------------
+
+_WRITER_PY = "orquestador/worker/protocol_writer.py"
+_ENGINE_PY = "orquestador/db/engine.py"
+_DAEMON_PY = "orquestador/worker/daemon.py"
+_CONFIG_PY = "orquestador/config.py"
+_BOUNDS = guard("test_every_worker_connection_bounds_its_lock_and_statement_waits")
+
+TIMEOUT_GUARDS = [
+    Mutation(
+        "writer-lock-timeout",
+        _WRITER_PY,
+        'f"-c lock_timeout={lock_timeout_ms} -c statement_timeout={statement_timeout_ms}"',
+        'f"-c statement_timeout={statement_timeout_ms}"',
+        "The writer waits for a lock no longer than its lock timeout.",
+        (batch("test_a_writer_statement_waits_for_a_lock_no_longer_than_its_lock_timeout"),),
+    ),
+    Mutation(
+        "writer-statement-timeout",
+        _WRITER_PY,
+        'f"-c lock_timeout={lock_timeout_ms} -c statement_timeout={statement_timeout_ms}"',
+        'f"-c lock_timeout={lock_timeout_ms}"',
+        "A writer statement that runs long is cut at its statement timeout.",
+        (batch("test_a_writer_statement_is_cut_at_its_statement_timeout"),),
+    ),
+    Mutation(
+        "engine-lock-timeout",
+        _ENGINE_PY,
+        '            ("lock_timeout", lock_timeout_ms),\n',
+        "",
+        "A worker's own connections wait for a lock no longer than the lock timeout.",
+        (_BOUNDS,),
+    ),
+    Mutation(
+        "engine-statement-timeout",
+        _ENGINE_PY,
+        '            ("statement_timeout", statement_timeout_ms),\n',
+        "",
+        "A worker's own connections cut a statement at the statement timeout.",
+        (_BOUNDS,),
+    ),
+    Mutation(
+        "worker-engine-lock-timeout",
+        _DAEMON_PY,
+        "        lock_timeout_ms=settings.lock_timeout_ms,\n",
+        "",
+        "The worker process builds its engine with the lock timeout.",
+        (_BOUNDS,),
+    ),
+    Mutation(
+        "worker-engine-statement-timeout",
+        _DAEMON_PY,
+        "        statement_timeout_ms=settings.statement_timeout_ms,\n",
+        "",
+        "The worker process builds its engine with the statement timeout.",
+        (_BOUNDS,),
+    ),
+    Mutation(
+        "statement-timeout-below-lease",
+        _CONFIG_PY,
+        "min(self.worker_statement_timeout_ms, self.worker_lease_seconds * 250)",
+        "self.worker_statement_timeout_ms",
+        "No worker statement may wait longer than a quarter of the lease it writes under.",
+        (_BOUNDS,),
+    ),
+    Mutation(
+        "lock-timeout-within-statement-timeout",
+        _CONFIG_PY,
+        "min(self.worker_lock_timeout_ms, self.statement_timeout_ms)",
+        "self.worker_lock_timeout_ms",
+        "A lock wait stays within the statement's bound.",
+        (_BOUNDS,),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -772,6 +1075,8 @@ MUTATIONS: list[Mutation] = [
     *LOAD_GUARDS,
     *WAIT_GUARDS,
     *WORKER_LEASE_GUARDS,
+    *BATCH_GUARDS,
+    *TIMEOUT_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
