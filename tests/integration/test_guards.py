@@ -23,6 +23,7 @@ from orquestador.queue import (
     CheckpointOutcome,
     Claim,
     Finish,
+    cancel,
     claim_due_executions,
     end_attempt,
     exit_on_error,
@@ -44,8 +45,8 @@ from orquestador.worker.executor import Executor
 from orquestador.worker.heartbeat import Heartbeat
 from orquestador.worker.hooks import WorkerHooks
 from orquestador.worker.leases import HeldLeases
-from tests.integration.worker_support import RecordingAdapter as Double
 from tests.integration.worker_support import (
+    ORG,
     SimulatedCrash,
     action,
     attempt_history,
@@ -63,6 +64,7 @@ from tests.integration.worker_support import (
     start_execution,
     wait_until,
 )
+from tests.integration.worker_support import RecordingAdapter as Double
 
 TABLES = ("execution", "request", "action_execution", "action_attempt", "audit_event")
 
@@ -581,6 +583,62 @@ def test_a_write_left_running_keeps_the_request_when_attempts_run_out(runtime_en
     assert (row.error_code, row.error_detail["writesInDoubt"]) == ("ATTEMPTS_EXHAUSTED", ["w"])
     assert request_row(runtime_engine, row.request_id).busy_execution_id == eid
     assert checkpoints(runtime_engine, eid)["w"].status == "RUNNING"
+
+
+def test_a_cancel_never_releases_a_request_another_execution_holds(runtime_engine, owner_engine):
+    eid = start_execution(runtime_engine, flow_definition([action("a", "test.write")]))
+    request_id = execution(runtime_engine, eid).request_id
+    other = start_execution(runtime_engine, flow_definition([action("b", "test.write")]))
+    with owner_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE request SET busy_execution_id = :other WHERE id = :id"),
+            {"other": other, "id": request_id},
+        )
+    with runtime_engine.connect() as conn:
+        assert cancel(conn, eid, ORG, "user-1", "not needed") == "CANCELLED"
+    assert request_row(runtime_engine, request_id).busy_execution_id == other
+
+
+# --- recovery -----------------------------------------------------------------------------
+
+# What a SUCCEEDED checkpoint recorded, changed so that it was recorded for something else.
+MISMATCHES = {
+    "inputHash": "input_hash = repeat('0', 64)",
+    "externalKey": "external_key = 'another-key'",
+    "effect": "effect = 'READ_ONLY'",
+    "capability": "capability = 'test.other'",
+    "adapterVersion": "adapter_version = 2",
+}
+
+
+@pytest.mark.parametrize("field", list(MISMATCHES))
+def test_a_recovered_success_recorded_for_something_else_is_never_reused(
+    runtime_engine, owner_engine, field
+):
+    first, second = Double("test.first"), Double("test.second")
+    definition = flow_definition([action("a", "test.first"), action("b", "test.second")])
+    eid = start_execution(runtime_engine, definition)
+
+    def crash_before_b(claim: Claim, action_id: str) -> None:
+        if action_id == "b":
+            raise SimulatedCrash
+
+    crashing = Executor(
+        registry_of(first, second), settings(), WorkerHooks(before_adapter=crash_before_b)
+    )
+    with pytest.raises(SimulatedCrash):
+        run_once(runtime_engine, crashing)
+    assert checkpoints(runtime_engine, eid)["a"].status == "SUCCEEDED"
+    with owner_engine.begin() as conn:
+        conn.execute(text(f"UPDATE action_execution SET {MISMATCHES[field]} WHERE action_id = 'a'"))
+    expire_lease(runtime_engine, eid)
+
+    status = run_once(runtime_engine, Executor(registry_of(first, second), settings()))
+
+    assert status == "RECONCILIATION_REQUIRED"
+    row = execution(runtime_engine, eid)
+    assert (row.error_code, row.error_detail["mismatched"]) == ("CONTRACT_MISMATCH", [field])
+    assert len(first.calls) == 1 and len(second.calls) == 0
 
 
 # --- waits ----------------------------------------------------------------------------

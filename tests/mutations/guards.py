@@ -1064,6 +1064,260 @@ TIMEOUT_GUARDS = [
     ),
 ]
 
+# --- worker/executor.py and worker/calls.py: recovery rules and the Python side ----------
+
+_EXECUTOR_PY = "orquestador/worker/executor.py"
+_CALLS_PY = "orquestador/worker/calls.py"
+EXECUTOR = "tests/integration/test_worker_executor.py"
+
+
+def _mismatch(field: str) -> str:
+    return guard(f"test_a_recovered_success_recorded_for_something_else_is_never_reused[{field}]")
+
+
+def _compared(name: str, attribute: str) -> str:
+    return f'                ("{name}", attempt.{attribute}, found.{attribute}),\n'
+
+
+_IN_FLIGHT = f"{LOOKUP}::test_an_overrun_write_is_looked_up_only_once_its_call_ended[1]"
+_PAST_GRACE = f"{LOOKUP}::test_an_abandoned_call_still_running_past_the_grace_parks_its_write"
+
+EXECUTOR_GUARDS = [
+    *(
+        Mutation(
+            f"recover-compares-{slug}",
+            _EXECUTOR_PY,
+            _compared(name, attribute),
+            "",
+            f"A SUCCEEDED checkpoint is reused only if its {name} matches; otherwise the "
+            "execution parks with CONTRACT_MISMATCH.",
+            (_mismatch(name),),
+        )
+        for slug, name, attribute in (
+            ("input-hash", "inputHash", "input_hash"),
+            ("external-key", "externalKey", "external_key"),
+            ("effect", "effect", "effect"),
+            ("capability", "capability", "capability"),
+            ("adapter-version", "adapterVersion", "adapter_version"),
+        )
+    ),
+    Mutation(
+        "recover-mismatch-parks",
+        _EXECUTOR_PY,
+        "        if mismatched:\n            # Never reuse (or overwrite) a result recorded",
+        "        if False:\n            # Never reuse (or overwrite) a result recorded",
+        "A checkpoint recorded for something else is never reused nor overwritten.",
+        (_mismatch("inputHash"),),
+    ),
+    Mutation(
+        "recover-reuses-success",
+        _EXECUTOR_PY,
+        '        if found.status == "SUCCEEDED":\n            return (found.output,)\n',
+        "",
+        "A step that succeeded is never run again: recovery reuses its output.",
+        (f"{EXECUTOR}::test_recovery_reuses_succeeded_outputs_and_keeps_the_external_key",),
+    ),
+    Mutation(
+        "recover-interrupted-non-idempotent-parks",
+        _EXECUTOR_PY,
+        "        if interrupted and non_idempotent:\n",
+        "        if False:\n",
+        "An interrupted NON_IDEMPOTENT_WRITE is never repeated: the execution parks "
+        "INTERRUPTED_NON_IDEMPOTENT_WRITE.",
+        (f"{EXECUTOR}::test_interrupted_non_idempotent_write_requires_reconciliation",),
+    ),
+    Mutation(
+        "recover-exhausted-fails",
+        _EXECUTOR_PY,
+        "        if exhausted:\n            outcome = None\n",
+        "        if False:\n            outcome = None\n",
+        "An interrupted step with no attempt left is not called again; the write rule ends "
+        "the execution.",
+        (f"{WRITE_RULE}::test_an_interrupted_idempotent_write_with_no_attempt_left_is_parked",),
+    ),
+    Mutation(
+        "attempts-exhausted-at-load",
+        _EXECUTOR_PY,
+        "        if claim.attempts > loaded.max_attempts:\n",
+        "        if False:\n",
+        "An execution out of claims ends ATTEMPTS_EXHAUSTED before anything runs.",
+        (guard("test_a_write_left_running_keeps_the_request_when_attempts_run_out"),),
+    ),
+    Mutation(
+        "request-changed-refused-at-load",
+        _EXECUTOR_PY,
+        "        change = loaded.request_changed()\n        if change:\n",
+        "        change = loaded.request_changed()\n        if False:\n",
+        "A request changed since acceptance is refused before any adapter is called.",
+        (f"{EXECUTOR}::test_a_request_modified_since_acceptance_is_rejected_before_any_adapter",),
+    ),
+    Mutation(
+        "held-back-written-first",
+        _EXECUTOR_PY,
+        "        self.write_held_back()\n        if self._conn is None:\n",
+        "        if self._conn is None:\n",
+        "Whatever a run does on its own connection (fail, retry, wait, lookup finding, lease "
+        "given back) comes after the held-back SUCCEEDED is durable.",
+        (f"{EXECUTOR}::test_a_failed_decision_keeps_the_last_steps_success",),
+    ),
+    Mutation(
+        "non-idempotent-success-never-rides",
+        _EXECUTOR_PY,
+        "        if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:\n",
+        "        if audit is None:\n",
+        "A NON_IDEMPOTENT_WRITE's success commits on its own before anything else, never "
+        "riding in a later write.",
+        (f"{EXECUTOR}::test_a_non_idempotent_last_steps_success_commits_before_the_finish",),
+    ),
+    Mutation(
+        "stop-between-actions",
+        _EXECUTOR_PY,
+        "            if self.stop.is_set():\n                release_lease(self.conn, claim)\n",
+        "            if False:\n                release_lease(self.conn, claim)\n",
+        "A job told to stop (its lease lost or the drain over) starts no further action "
+        "and gives its lease back.",
+        ("tests/integration/test_worker_shutdown.py",),
+    ),
+    Mutation(
+        "uncertain-non-idempotent-parks",
+        _EXECUTOR_PY,
+        "        if step.risk is Effect.NON_IDEMPOTENT_WRITE:\n"
+        "            answer = self.look_up(step, attempt_number)\n",
+        "        if False:\n            answer = self.look_up(step, attempt_number)\n",
+        "A NON_IDEMPOTENT_WRITE whose outcome is uncertain is never retried blindly: looked "
+        "up, or parked.",
+        (f"{EXECUTOR}::test_uncertain_non_idempotent_write_is_parked_not_retried",),
+    ),
+    Mutation(
+        "writer-not-ready-is-uncertain",
+        _EXECUTOR_PY,
+        "            if adapter.effect.writes:\n"
+        "                # The contract lets only a read wait.",
+        "            if False:\n                # The contract lets only a read wait.",
+        "A writer's NotReady is an uncertain outcome, never a wait.",
+        (f"{WAITS}::test_not_ready_from_a_writer_is_uncertain_never_a_wait",),
+    ),
+    Mutation(
+        "dry-run-never-invokes-a-writer",
+        _EXECUTOR_PY,
+        "        elif loaded.simulation and adapter.effect.writes:\n"
+        "            call, simulated = _simulation_unsupported, True\n",
+        "",
+        "A dry run never calls a writing adapter's invoke.",
+        (f"{SIMULATED}::test_a_writer_without_simulate_fails_the_step_simulation_unsupported",),
+    ),
+    Mutation(
+        "adapter-timeouts-below-lease",
+        _EXECUTOR_PY,
+        "        if not all(seconds < self.x.lease_seconds"
+        " for _, seconds in timeouts_of(adapter)):",
+        "        if False:",
+        "No adapter call or lookup may outlast the lease it runs under.",
+        (f"{LOOKUP}::test_a_lookup_timeout_not_below_the_lease_fails_before_any_call",),
+    ),
+    Mutation(
+        "lookup-waits-for-abandoned-call",
+        _EXECUTOR_PY,
+        "        if not self.abandoned_call_ended(step):\n"
+        '            return _Answer(Unknown(), "IN_FLIGHT")\n',
+        "",
+        "While a call abandoned under the key still runs, the provider is not asked: its "
+        "NotFound is no proof, the write may land a moment later.",
+        (_IN_FLIGHT, _PAST_GRACE),
+    ),
+    Mutation(
+        "lookup-in-flight-past-grace",
+        _EXECUTOR_PY,
+        "        if lingering.ended(lingering.abandoned_at + grace - time.monotonic()):",
+        "        if True:",
+        "An abandoned call still running past ADAPTER_ABANDON_GRACE_SECONDS leaves the "
+        "write in doubt: the execution parks (lookup IN_FLIGHT).",
+        (_PAST_GRACE,),
+    ),
+    Mutation(
+        "abandoned-call-keyed",
+        _EXECUTOR_PY,
+        "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)",
+        "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra)",
+        "A call is made under its external key, so that once abandoned it is known by it.",
+        (_IN_FLIGHT,),
+    ),
+    Mutation(
+        "abandoned-call-lingers",
+        _CALLS_PY,
+        "            if key is not None:\n                self._linger(key, answer)\n",
+        "",
+        "An abandoned call stays known under its external key until its thread ends.",
+        (_IN_FLIGHT,),
+    ),
+    Mutation(
+        "abandoned-call-end-seen",
+        _CALLS_PY,
+        "                self._value, self._error = value, error\n        self._done.release()\n",
+        "                self._value, self._error = value, error\n"
+        "        if not abandoned:\n            self._done.release()\n",
+        "The end of an abandoned call is seen by whoever waits for it before a lookup.",
+        (_IN_FLIGHT,),
+    ),
+]
+
+# --- queue/reconciliation.py: cancel obeys the write rule -------------------------------
+
+_RECONCILIATION_PY = "orquestador/queue/reconciliation.py"
+RECONCILIATION = "tests/integration/test_reconciliation.py"
+
+CANCEL_GUARDS = [
+    Mutation(
+        "cancel-only-when-not-running",
+        _RECONCILIATION_PY,
+        "        if execution.status not in CANCELLABLE:\n",
+        "        if False:\n",
+        "An execution whose action may be in flight (RUNNING) is never cancelled.",
+        (f"{RECONCILIATION}::test_a_running_execution_cannot_be_cancelled",),
+    ),
+    Mutation(
+        "cancel-locks-the-execution",
+        _RECONCILIATION_PY,
+        "    WHERE e.id = :execution_id AND e.org_id = :org_id\n    FOR UPDATE OF e\n",
+        "    WHERE e.id = :execution_id AND e.org_id = :org_id\n",
+        "A cancel reads the execution's status under its row lock: a cancel racing a claim, "
+        "exactly one wins.",
+        (f"{RECONCILIATION}::test_cancel_racing_a_claim_exactly_one_wins",),
+    ),
+    Mutation(
+        "cancel-parks-after-success",
+        _RECONCILIATION_PY,
+        "        if writes.succeeded or writes.in_doubt:\n",
+        "        if writes.in_doubt:\n",
+        "A cancel after a write succeeded parks CANCELLED_AFTER_WRITES, the request busy.",
+        (
+            f"{RECONCILIATION}::test_cancel_in_retry_wait_after_a_charge_parks_and_an_operator"
+            "_s_fail_releases",
+        ),
+    ),
+    Mutation(
+        "cancel-parks-in-doubt",
+        _RECONCILIATION_PY,
+        "        if writes.succeeded or writes.in_doubt:\n",
+        "        if writes.succeeded:\n",
+        "A cancel while a write is in doubt parks CANCELLED_AFTER_WRITES, the request busy.",
+        (
+            f"{RECONCILIATION}::test_cancel_in_retry_wait_with_a_write_in_doubt_parks_and_retry"
+            "_continues",
+        ),
+    ),
+    Mutation(
+        "cancel-releases-only-its-own-request",
+        _RECONCILIATION_PY,
+        "    UPDATE request SET busy_execution_id = NULL, updated_at = clock_timestamp()\n"
+        "    WHERE id = :request_id AND busy_execution_id = :execution_id\n",
+        "    UPDATE request SET busy_execution_id = NULL, updated_at = clock_timestamp()\n"
+        "    WHERE id = :request_id\n",
+        "A cancel releases the request only while the cancelled execution holds it.",
+        (guard("test_a_cancel_never_releases_a_request_another_execution_holds"),),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -1077,6 +1331,8 @@ MUTATIONS: list[Mutation] = [
     *WORKER_LEASE_GUARDS,
     *BATCH_GUARDS,
     *TIMEOUT_GUARDS,
+    *EXECUTOR_GUARDS,
+    *CANCEL_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
