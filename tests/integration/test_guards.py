@@ -328,6 +328,23 @@ def test_a_job_whose_lease_was_not_renewed_is_told_to_stop(runtime_engine):
     assert held.stop.is_set() and held.lost
 
 
+@pytest.mark.parametrize("lease_seconds", [0.0, 30.0])
+def test_a_lease_another_session_keeps_locked_past_its_length_stops_its_job(
+    runtime_engine, owner_engine, lease_seconds
+):
+    # A renewal skips a row someone else holds (busy: neither renewed nor lost); the
+    # local bound still stops the job once its lease could have run out.
+    claim = _started(runtime_engine, "w1")
+    leases = HeldLeases(lease_seconds)
+    held = leases.add(claim)
+    with owner_engine.connect() as stranger, stranger.begin():
+        stranger.execute(
+            text("SELECT 1 FROM execution WHERE id = :id FOR UPDATE"), {"id": claim.execution_id}
+        )
+        Heartbeat(runtime_engine, "w1", leases, 30, renew_seconds=10).beat()
+    assert held.stop.is_set() is (lease_seconds == 0.0)
+
+
 # --- claims ---------------------------------------------------------------------------
 
 

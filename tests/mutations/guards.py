@@ -752,6 +752,18 @@ WORKER_LEASE_GUARDS = [
         (guard("test_a_heartbeat_that_cannot_renew_stops_its_jobs_once_the_lease_is_over"),),
     ),
     Mutation(
+        "heartbeat-stops-a-lease-kept-busy-too-long",
+        _HEARTBEAT_PY,
+        "        for claim in self._leases.lose_overdue(time.monotonic()):\n"
+        "            log.warning(\n"
+        '                "lease could not be renewed in time',
+        "        for claim in []:\n            log.warning(\n"
+        '                "lease could not be renewed in time',
+        "A lease another session keeps locked (renewal skips it) past its length stops its "
+        "job: no job runs on a lease it could not renew.",
+        (guard("test_a_lease_another_session_keeps_locked_past_its_length_stops_its_job[0.0]"),),
+    ),
+    Mutation(
         "overdue-bound",
         _WORKER_LEASES_PY,
         "            overdue = [h for h in self._held.values() if h.valid_until <= now]",
