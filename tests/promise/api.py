@@ -50,6 +50,8 @@ class Api:
         self.owner = self._token("alice", OWNER_SCOPES)
         self.operator = self._token("carol", OPERATOR_SCOPES)
         self.flows: dict[str, str] = {}
+        # Answers of 500 and up other than 503: the API promises never to give one.
+        self.server_errors: list[str] = []
 
     def _token(self, sub: str, scopes: list[str]) -> str:
         return mint_token(self.settings, sub=sub, org=ORG, scopes=scopes, ttl_seconds=24 * 3600)
@@ -70,7 +72,10 @@ class Api:
                 headers={"Authorization": f"Bearer {token}"},
             )
             if response.status_code != 503 or time.monotonic() > deadline:
-                return response.status_code, response.get_json(silent=True)
+                answer = response.get_json(silent=True)
+                if response.status_code >= 500:
+                    self.server_errors.append(f"{method} {path}: {response.status_code} {answer}")
+                return response.status_code, answer
             time.sleep(0.25)
 
     def _expect(self, status: int, answer: tuple[int, Any], what: str) -> Any:

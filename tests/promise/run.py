@@ -9,7 +9,6 @@ in flight, so no late write is still to land); then the invariants.
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import time
 from collections import Counter
@@ -26,8 +25,6 @@ from tests.promise.records import Findings
 from tests.promise.schedule import Schedule, draw
 from tests.promise.timeline import Timeline
 from tests.promise.workers import ROOT, WORKER_SETTINGS, Workers
-
-log = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 15.0  # the most the provider may take to finish what is in flight
 STALL_SECONDS = 15.0
@@ -103,6 +100,7 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
                 for slot, status in workers.exited():
                     timeline.log.anomaly(f"worker slot {slot} exited by itself ({status})")
                 outcome.anomalies = list(timeline.log.anomalies)
+                outcome.anomalies += [f"the API answered {e}" for e in api.server_errors]
             finally:
                 timeline.log.save(folder / "actions.log")
                 (folder / "ledger.log").write_text("\n".join(map(str, provider.ledger())) + "\n")

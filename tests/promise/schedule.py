@@ -67,11 +67,12 @@ READ_WEIGHTS = {
     "not_ready": 3,
 }
 POISON_KINDS = ("deep", "nul", "huge")
-LATEST_LATE_ANSWER = 3.5  # seconds after a call arrived: no instruction answers later
 
 
 @dataclass(frozen=True)
 class Fault:
+    """One planned fault (a kind of CALL_FAULTS or LOOKUP_FAULTS) and its moments."""
+
     kind: str
     perform_at: float = 0.0
     answer_at: float = 0.0
@@ -384,9 +385,10 @@ def _draw_events(streams: _Streams, profile: Profile, cases: dict[str, Case]) ->
         drawn.append(
             Event(round(at, 3), f"p{number:03d}", POISON_KINDS[number % len(POISON_KINDS)])
         )
-    first_poison = min((a.at for a in drawn), default=0.0)
+    # The first good event comes right after the first poison (a deep one, which the
+    # database stores): it must not be stuck behind it.
+    first_poison = drawn[0].at if drawn else 0.0
     for number in range(profile.events):
-        # The first good event comes right after the first poison: it must not be stuck.
         at = first_poison + 1.0 if number == 0 else rng.uniform(0.05 * length, 0.8 * length)
         name = f"e{number:03d}"
         cases[name] = _draw_case(streams.of(f"case:{name}"), name, EVENT_FLOW, profile)

