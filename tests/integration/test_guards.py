@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
-from orquestador.actions import Effect
+from orquestador.actions import Effect, UncertainError
 from orquestador.errors import ContractMismatch, LeaseLost, RequestChanged
 from orquestador.queue import (
     ActionAttempt,
@@ -60,6 +60,7 @@ from tests.integration.worker_support import (
     registry_of,
     request_row,
     run_once,
+    scripted,
     settings,
     start_execution,
     wait_until,
@@ -614,6 +615,18 @@ def test_a_cancel_never_releases_a_request_another_execution_holds(runtime_engin
     with runtime_engine.connect() as conn:
         assert cancel(conn, eid, ORG, "user-1", "not needed") == "CANCELLED"
     assert request_row(runtime_engine, request_id).busy_execution_id == other
+
+
+def test_a_cancel_with_only_a_write_in_doubt_parks_and_keeps_the_request(runtime_engine):
+    # Nothing succeeded, but the one write may have happened: not a case for CANCELLED.
+    write = Double("test.write", output=scripted(UncertainError("no answer")))
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    assert run_once(runtime_engine, Executor(registry_of(write), settings())) == "RETRY_WAIT"
+    with runtime_engine.connect() as conn:
+        assert cancel(conn, eid, ORG, "user-1", "not needed") == "RECONCILIATION_REQUIRED"
+    row = execution(runtime_engine, eid)
+    assert (row.error_code, row.error_detail["writesInDoubt"]) == ("CANCELLED_AFTER_WRITES", ["w"])
+    assert request_row(runtime_engine, row.request_id).busy_execution_id == eid
 
 
 # --- recovery -----------------------------------------------------------------------------

@@ -1313,10 +1313,7 @@ CANCEL_GUARDS = [
         "        if writes.succeeded or writes.in_doubt:\n",
         "        if writes.succeeded:\n",
         "A cancel while a write is in doubt parks CANCELLED_AFTER_WRITES, the request busy.",
-        (
-            f"{RECONCILIATION}::test_cancel_in_retry_wait_with_a_write_in_doubt_parks_and_retry"
-            "_continues",
-        ),
+        (guard("test_a_cancel_with_only_a_write_in_doubt_parks_and_keeps_the_request"),),
     ),
     Mutation(
         "cancel-releases-only-its-own-request",
