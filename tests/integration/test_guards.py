@@ -274,6 +274,68 @@ def test_a_lease_that_runs_out_inside_the_transaction_is_refused_before_commit(
     assert _everything(runtime_engine) == before
 
 
+# The one-statement holder writes whose fence check must also lock the execution row.
+IN_FLIGHT_WRITES: dict[str, tuple[str, Callable[[Connection, Claim], Any]]] = {
+    "end_attempt": (
+        "IDEMPOTENT_WRITE",
+        lambda conn, c: end_attempt(conn, c, CheckpointOutcome("a", "FAILED", "TRANSIENT")),
+    ),
+    "park_waiting": ("READ_ONLY", lambda conn, c: park_waiting(conn, c, "a", 60.0, "k", None)),
+    "record_found_write": (
+        "NON_IDEMPOTENT_WRITE",
+        lambda conn, c: record_found_write(
+            conn, c, "a", f"{c.execution_id}:a", {"found": True}, "system:worker"
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("write", sorted(IN_FLIGHT_WRITES))
+def test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits(
+    runtime_engine, owner_engine, write
+):
+    effect, holder_write = IN_FLIGHT_WRITES[write]
+    claim = _started(runtime_engine, effect=effect)
+    eid = claim.execution_id
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("""UPDATE execution SET lease_expires_at = clock_timestamp() + interval '2 s'
+                    WHERE id = :id"""),
+            {"id": eid},
+        )
+    # A third session holds the checkpoint row: the write passes its fence, and then
+    # waits inside its statement while the lease runs out.
+    blocker = owner_engine.connect()
+    blocking = blocker.begin()
+    blocker.execute(
+        text("SELECT 1 FROM action_execution WHERE execution_id = :id FOR UPDATE"), {"id": eid}
+    )
+    outcome: dict[str, BaseException | None] = {}
+
+    def holder_writes() -> None:
+        with runtime_engine.connect() as conn:
+            try:
+                holder_write(conn, claim)
+                outcome["error"] = None
+            except BaseException as exc:
+                outcome["error"] = exc
+
+    thread = threading.Thread(target=holder_writes)
+    thread.start()
+    try:
+        wait_until(lambda: _waiting_on_a_lock(owner_engine), what="the write to be in flight")
+        wait_until(lambda: _lease_over(owner_engine, eid), what="the lease to run out")
+        with runtime_engine.connect() as conn:
+            taken = claim_due_executions(conn, "reclaimer", 1, 30)
+        # The row lock the write took with its fence check keeps the reclaimer out.
+        assert taken == []
+    finally:
+        blocking.rollback()
+        blocker.close()
+        thread.join(20)
+    assert outcome == {"error": None}
+
+
 def test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back(runtime_engine, owner_engine):
     claim = _started(runtime_engine)
     eid = claim.execution_id

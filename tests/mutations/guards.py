@@ -66,6 +66,10 @@ def guard(name: str) -> str:
     return f"{GUARDS}::{name}"
 
 
+def _in_flight(write: str) -> str:
+    return guard(f"test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits[{write}]")
+
+
 # --- queue/fencing.py -----------------------------------------------------------------
 
 _FENCING_PY = "orquestador/queue/fencing.py"
@@ -148,6 +152,19 @@ LEASE_GUARDS = [
         "Giving a lease back is a holder write: a stale holder cannot expire its "
         "successor's lease.",
         (stale("release_lease"),),
+    ),
+]
+
+# --- queue/loading.py -----------------------------------------------------------------
+
+LOADING_GUARDS = [
+    Mutation(
+        "load-fence",
+        "orquestador/queue/loading.py",
+        "    JOIN flow f ON f.id = e.flow_id\n    WHERE {FENCE}\n",
+        "    JOIN flow f ON f.id = e.flow_id\n    WHERE e.id = :execution_id\n",
+        "A stale holder cannot even load the execution.",
+        (stale("load"),),
     ),
 ]
 
@@ -384,6 +401,15 @@ CHECKPOINT_GUARDS = [
         (stale("write_attempt_outcome"),),
     ),
     Mutation(
+        "end-attempt-row-lock",
+        _CHECKPOINTS_PY,
+        _END_HOLDER,
+        _END_HOLDER.replace(" FOR UPDATE", ""),
+        "Ending an attempt locks the execution row with its fence check, so no reclaimer "
+        "starts while the write is in flight.",
+        (_in_flight("end_attempt"),),
+    ),
+    Mutation(
         "end-attempt-only-running",
         _CHECKPOINTS_PY,
         "WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'",
@@ -409,6 +435,15 @@ CHECKPOINT_GUARDS = [
         " WHERE e.id = :execution_id FOR UPDATE",
         "A stale holder's lookup records nothing.",
         (f"{LOOKUP}::test_a_stale_holders_lookup_answer_writes_nothing[recovery-found]",),
+    ),
+    Mutation(
+        "found-row-lock",
+        _CHECKPOINTS_PY,
+        "        SELECT e.id, e.org_id, e.request_id FROM execution e WHERE {FENCE} FOR UPDATE",
+        "        SELECT e.id, e.org_id, e.request_id FROM execution e WHERE {FENCE}",
+        "Recording a lookup's finding locks the execution row with its fence check, so no "
+        "reclaimer starts while the write is in flight.",
+        (_in_flight("record_found_write"),),
     ),
     Mutation(
         "found-only-in-doubt",
@@ -700,6 +735,15 @@ WAIT_GUARDS = [
         "        SELECT e.id FROM execution e WHERE e.id = :execution_id FOR UPDATE",
         "A stale holder parks nothing: not the execution, not the step's checkpoint.",
         (guard("test_a_stale_park_leaves_the_read_it_was_waiting_on_alone"),),
+    ),
+    Mutation(
+        "park-row-lock",
+        _WAITS_PY,
+        "        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE",
+        "        SELECT e.id FROM execution e WHERE {FENCE}",
+        "A park locks the execution row with its fence check, so no reclaimer starts while "
+        "the step's checkpoint is being paused.",
+        (_in_flight("park_waiting"),),
     ),
     Mutation(
         "park-only-a-read",
@@ -1332,6 +1376,7 @@ CANCEL_GUARDS = [
 MUTATIONS: list[Mutation] = [
     *FENCING_GUARDS,
     *LEASE_GUARDS,
+    *LOADING_GUARDS,
     *CLAIM_GUARDS,
     *CHECKPOINT_GUARDS,
     *OUTCOME_GUARDS,
