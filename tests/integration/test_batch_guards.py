@@ -7,6 +7,7 @@ tests are the ones that catch what no other test did.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -26,6 +27,7 @@ from orquestador.queue import (
     start_checkpoint,
 )
 from orquestador.queue.batches import FinishRow, Row, RowBusy, StartRow, SucceedRow, write_rows
+from orquestador.worker.executor import Executor
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.protocol_writer import ProtocolWriter
 from tests.integration.worker_support import (
@@ -35,7 +37,9 @@ from tests.integration.worker_support import (
     expire_lease,
     flow_definition,
     publish_flow,
+    registry_of,
     request_row,
+    settings,
     start_execution,
 )
 
@@ -336,10 +340,9 @@ def test_a_finish_whose_lease_runs_out_inside_the_batch_is_refused(runtime_engin
 # --- bounded waits of the writer ---------------------------------------------------------
 
 
-def test_a_writer_statement_is_cut_at_its_statement_timeout(runtime_engine, owner_engine):
-    # A statement that runs long (here a trigger that sleeps) fails that row in bounded
-    # time instead of holding the writer, and every job behind it, for as long as it runs.
-    claim = _started(runtime_engine)
+def _slow_success(owner_engine: Engine) -> None:
+    """Make recording a SUCCEEDED checkpoint a statement that runs long (a trigger that
+    sleeps), as a stalled disk or a huge row would."""
     with owner_engine.begin() as conn:
         conn.execute(
             text(
@@ -354,6 +357,13 @@ def test_a_writer_statement_is_cut_at_its_statement_timeout(runtime_engine, owne
                 """
             )
         )
+
+
+def test_a_writer_statement_is_cut_at_its_statement_timeout(runtime_engine, owner_engine):
+    # A statement that runs long fails that row in bounded time instead of holding the
+    # writer, and every job behind it, for as long as it runs.
+    claim = _started(runtime_engine)
+    _slow_success(owner_engine)
     writer = ProtocolWriter(
         libpq_conninfo(runtime_engine.url),
         runtime_engine.dialect,
@@ -367,6 +377,51 @@ def test_a_writer_statement_is_cut_at_its_statement_timeout(runtime_engine, owne
         writer.close()
     assert "statement timeout" in str(raised.value), raised.value
     assert _checkpoint(runtime_engine, claim).status == "RUNNING"
+
+
+def _executor(**overrides: Any) -> Executor:
+    return Executor(registry_of(), settings(**overrides))
+
+
+def test_the_workers_writer_cuts_a_statement_within_the_lease(runtime_engine, owner_engine):
+    # WORKER_STATEMENT_TIMEOUT_MS asks for 10 s; a quarter of an 8 s lease is the bound.
+    claim = _started(runtime_engine)
+    _slow_success(owner_engine)
+    executor = _executor(
+        worker_lease_seconds=8, worker_renew_seconds=2, worker_statement_timeout_ms=10_000
+    )
+    writer = executor.writer(runtime_engine)
+    try:
+        with pytest.raises(Exception) as raised:
+            writer.succeed(claim, "a", {"ok": True}, None)
+    finally:
+        executor.close()
+    # Not WriterStalled (the job gives up waiting at half the lease): the statement was
+    # cut at 2 s.
+    assert "statement timeout" in str(raised.value), raised.value
+
+
+def test_the_workers_writer_waits_for_a_lock_no_longer_than_configured(
+    runtime_engine, owner_engine
+):
+    claim = _started(runtime_engine)
+    executor = _executor(worker_lock_timeout_ms=100)
+    writer = executor.writer(runtime_engine)
+    try:
+        with owner_engine.connect() as stranger, stranger.begin():
+            stranger.execute(
+                text("SELECT 1 FROM action_execution WHERE execution_id = :id FOR UPDATE"),
+                {"id": claim.execution_id},
+            )
+            began = time.monotonic()
+            with pytest.raises(Exception) as raised:
+                writer.succeed(claim, "a", {"ok": True}, None)
+            waited = time.monotonic() - began
+    finally:
+        executor.close()
+    assert "lock timeout" in str(raised.value), raised.value
+    # 100 ms asked for; the writer's own default would have been 2 s.
+    assert waited < 1.0, waited
 
 
 def test_a_writer_statement_waits_for_a_lock_no_longer_than_its_lock_timeout(

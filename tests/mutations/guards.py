@@ -1048,6 +1048,7 @@ BATCH_GUARDS = [
 # --- bounded waits: lock and statement timeouts ---------------------------------------
 
 _WRITER_PY = "orquestador/worker/protocol_writer.py"
+_EXECUTOR_PY = "orquestador/worker/executor.py"
 _ENGINE_PY = "orquestador/db/engine.py"
 _DAEMON_PY = "orquestador/worker/daemon.py"
 _CONFIG_PY = "orquestador/config.py"
@@ -1069,6 +1070,22 @@ TIMEOUT_GUARDS = [
         'f"-c lock_timeout={lock_timeout_ms}"',
         "A writer statement that runs long is cut at its statement timeout.",
         (batch("test_a_writer_statement_is_cut_at_its_statement_timeout"),),
+    ),
+    Mutation(
+        "workers-writer-lock-timeout",
+        _EXECUTOR_PY,
+        "                        lock_timeout_ms=self.settings.lock_timeout_ms,\n",
+        "",
+        "The worker's protocol writer waits for a lock no longer than WORKER_LOCK_TIMEOUT_MS.",
+        (batch("test_the_workers_writer_waits_for_a_lock_no_longer_than_configured"),),
+    ),
+    Mutation(
+        "workers-writer-statement-timeout",
+        _EXECUTOR_PY,
+        "                        statement_timeout_ms=self.settings.statement_timeout_ms,\n",
+        "",
+        "The worker's protocol writer cuts a statement well within the lease.",
+        (batch("test_the_workers_writer_cuts_a_statement_within_the_lease"),),
     ),
     Mutation(
         "engine-lock-timeout",
@@ -1122,7 +1139,6 @@ TIMEOUT_GUARDS = [
 
 # --- worker/executor.py and worker/calls.py: recovery rules and the Python side ----------
 
-_EXECUTOR_PY = "orquestador/worker/executor.py"
 _CALLS_PY = "orquestador/worker/calls.py"
 EXECUTOR = "tests/integration/test_worker_executor.py"
 
