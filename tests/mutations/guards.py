@@ -19,6 +19,13 @@ them (an equivalent mutation is noise, not a survivor):
   can wait in between.
 - `busy_execution_id = :execution_id` in `_COMPLETE` and `_MOVE_REQUEST`: the Python
   check of the locked request (`request_change`) refuses first.
+- FOR UPDATE in `fencing._LOCK_HOLDER` and `outcomes._LOCK_EXECUTION`: the transaction's
+  next statement takes the same row lock under the same fence before it can wait on
+  anything.
+- `e.status = 'RUNNING'` in the batch function's fence (migration 0011): the CHECK
+  constraint again. Its `e.fencing_token = i.token` is listed: a stale row whose
+  execution another session holds must be refused, not answered busy.
+- Migration 0010's batch function: 0011 replaces it, so no database runs it any more.
 """
 
 from __future__ import annotations
@@ -72,6 +79,15 @@ def _in_flight(write: str) -> str:
 
 # --- queue/fencing.py -----------------------------------------------------------------
 
+# Known defect, reported, not fixed here: the promise the test checks holds, but for a
+# broader reason than the guard.
+_SEAM_DEFECT = (
+    "finish_execution's check after its before_commit seam refuses every finish that has "
+    "a seam, not only one that outlasted its lease: _COMPLETE already ended the "
+    "execution's lease in the same transaction, so the fence can no longer match. No "
+    "worker path passes a seam to it (the protocol writer runs before_finish_commit).",
+)
+
 _FENCING_PY = "orquestador/queue/fencing.py"
 
 FENCING_GUARDS = [
@@ -110,6 +126,7 @@ FENCING_GUARDS = [
         "Locking the execution under the fence refuses a holder that lost its lease, so a "
         "finish whose seam outlasted the lease rolls back.",
         (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
+        notes=_SEAM_DEFECT,
     ),
 ]
 
@@ -521,6 +538,7 @@ OUTCOME_GUARDS = [
         "            pass",
         "A finish whose commit was delayed past the lease is refused and rolled back.",
         (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
+        notes=_SEAM_DEFECT,
     ),
     Mutation(
         "finish-request-held",

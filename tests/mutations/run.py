@@ -250,6 +250,8 @@ def _print_list(mutations: Sequence[Mutation]) -> None:
         print(f"    {mutation.promise}")
         for test in mutation.tests or ("every test the run names",):
             print(f"    - {test}")
+        for note in mutation.notes:
+            print(f"    note: {note}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
