@@ -7,7 +7,7 @@ drawn from the seed injects adapter timeouts with late writes, transient and
 permanent errors, uncertain outcomes (cut connections, bad outputs), look-ups that
 answer Found, NotFound or Unknown, kill -9 of workers, a PostgreSQL restart, cancels,
 operator decisions, rows held FOR UPDATE by a stranger, and poison platform events.
-After a quiet phase the invariants of `invariants.py` are checked.
+After a quiet phase the invariants of `invariants.py` and `blocking.py` are checked.
 
 Determinism: everything random is drawn up front from the seed (`schedule.draw`): the
 cases, their flows, which call of which step meets which fault, and the moment of every
@@ -20,5 +20,7 @@ seed usually comes back on a replay, and its evidence (printed) shows what happe
 Modules: `profiles` (how much a run does), `schedule` (what it does and when), `flows`
 and `adapters` (what the workers run), `database` (the checker's server), `workers`,
 `api` (the routes users and operators call), `platform_events`, `strangers` (row locks),
-`timeline` (plays the schedule), `invariants`, `run` and `report`.
+`timeline` (plays the schedule), `records` (what the checks read and report),
+`invariants` (1 to 5), `blocking` (6: no head-of-line blocking), `run` and `report`.
+The provider double is `tests/acceptance/provider_double.py` in its instructed mode.
 """

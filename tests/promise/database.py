@@ -42,7 +42,10 @@ class CheckerDatabase:
         # another account, which must be able to reach it (as the suite's fixture does).
         self.folder = Path(tempfile.mkdtemp(prefix="orquestador-promise-pg-"))
         self.folder.chmod(0o755)
-        self.server = EmbeddedPostgres(self.folder / "pgdata", fsync=False)
+        # Durable commits (fsync and synchronous_commit on): the restart is an immediate
+        # shutdown, a crash, and with fsync off PostgreSQL would forget commits it had
+        # acknowledged. No engine keeps its promise over a database that loses commits.
+        self.server = EmbeddedPostgres(self.folder / "pgdata", fsync=True)
         self._owner: Engine | None = None
 
     def start(self) -> None:

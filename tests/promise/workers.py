@@ -36,6 +36,13 @@ WORKER_SETTINGS = {
     "MAINTENANCE_INTERVAL_SECONDS": "5",
     "ADAPTER_MODULES": "tests.promise.adapters",
     "LOG_LEVEL": "WARNING",
+    "LOG_FORMAT": "text",
+    # Whatever the calling shell sets, these stay off: no port to collide on, no e-mail,
+    # no routes, and each worker names itself.
+    "WORKER_METRICS_PORT": "",
+    "SMTP_URL": "",
+    "INTEGRATIONS_FILE": "",
+    "WORKER_ID": "",
 }
 
 
