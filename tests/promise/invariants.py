@@ -27,7 +27,7 @@ from __future__ import annotations
 import uuid
 
 from tests.acceptance.provider_double import CHARGES, READS, ProviderDouble
-from tests.promise.api import Api
+from tests.promise.api import Api, ApiError
 from tests.promise.blocking import waits_behind_other_rows
 from tests.promise.database import CheckerDatabase
 from tests.promise.records import Findings, Records, Violation, at, sent
@@ -225,7 +225,13 @@ def evidence_names_step(records: Records, api: Api) -> tuple[list[Violation], li
     for execution in records.executions:
         if execution.status != "RECONCILIATION_REQUIRED":
             continue
-        evidence = api.evidence(execution.id)
+        try:
+            evidence = api.evidence(execution.id)
+        except ApiError as refused:
+            found.append(
+                records.violation(5, f"the evidence cannot be read: {refused}", execution.id)
+            )
+            continue
         if evidence["execution"]["status"] != "RECONCILIATION_REQUIRED":
             continue  # decided between the two reads: nothing to say
         steps = {s["actionId"]: s for s in evidence["steps"]}
