@@ -147,10 +147,15 @@ class Restart:
 
 @dataclass(frozen=True)
 class Cancel:
-    """From `at`, cancel the case's execution as soon as it is cancellable."""
+    """From `at`, cancel the case's execution as soon as it is cancellable.
+
+    With `after_write`, only once it waits (RETRY_WAIT or WAITING), which in the
+    provision flow is after its first write: the cancel meets a write done.
+    """
 
     at: float
     case: str
+    after_write: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,11 +339,10 @@ def _draw_cancels(
             wait = [Fault("not_ready", check_again_in=2.0)] * 2
             calls = {**case.calls, "reserve": [None] * (MAX_ATTEMPTS + 1), "ready": list(wait)}
             cases[name] = Case(name, case.flow, calls, case.lookups)
-            at = submitted[name] + rng.uniform(0.5, 2.5)
+            drawn.append(Cancel(round(submitted[name] + rng.uniform(0.2, 1.0), 3), name, True))
         else:
             name = rng.choice(sorted(submitted))
-            at = submitted[name]
-        drawn.append(Cancel(round(at, 3), name))
+            drawn.append(Cancel(submitted[name], name))
     return drawn
 
 

@@ -35,6 +35,7 @@ from tests.promise.strangers import hold_row_lock
 from tests.promise.workers import Workers
 
 CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
+WAITS = ("RETRY_WAIT", "WAITING")
 WRITE_EVENTS = ("performed", "deduplicated")
 
 
@@ -98,6 +99,7 @@ class Timeline:
         self.event_inserts: dict[str, str] = {}
         self._known = threading.Condition()
         self._kill_lock = threading.Lock()
+        self._operator = threading.Lock()  # one operator: decisions one at a time
         self._fault_end = 0.0
 
     def play(self) -> None:
@@ -184,16 +186,17 @@ class Timeline:
             self.log.note(f"cancel {action.case}: never accepted")
             return
         answers: list[str] = []
+        wanted = WAITS if action.after_write else CANCELLABLE
         while time.monotonic() < self._fault_end:
             status = self._status(execution_id)
-            if status in CANCELLABLE:
+            if status in wanted:
                 code, body = self.api.cancel(execution_id, "the promise checker cancels")
                 answers.append(
                     f"{status}->{code} {(body or {}).get('status') or (body or {}).get('code')}"
                 )
                 if code == 200:
                     break
-            elif status not in ("RUNNING",):
+            elif status not in CANCELLABLE and status != "RUNNING":
                 answers.append(f"{status}: too late")
                 break
             time.sleep(0.1)
@@ -202,6 +205,10 @@ class Timeline:
         )
 
     def _decide(self, action: Decide) -> None:
+        with self._operator:
+            self._decide_one(action)
+
+    def _decide_one(self, action: Decide) -> None:
         parked = self.db.rows(
             """SELECT e.id, coalesce(r.data->>'case', r.machine_id) AS name
                FROM execution e JOIN request r ON r.id = e.request_id
@@ -210,6 +217,8 @@ class Timeline:
         in_flight = {c.key for c in self.provider.in_flight()}
         for execution_id, name in parked:
             evidence = self.api.evidence(execution_id)
+            if evidence["execution"]["status"] != "RECONCILIATION_REQUIRED":
+                continue  # a worker took it back meanwhile (nothing else decides)
             step = evidence.get("inDoubt")
             key = f"{execution_id}:{step}" if step else None
             if key in in_flight:
