@@ -8,7 +8,9 @@
    (RECONCILIATION_REQUIRED) with a reason, its busy marker agreeing; every platform
    event the platform inserted was processed, poison or not. An execution's record
    agrees with itself: one that ended SUCCEEDED has every step SUCCEEDED and one
-   TRANSITION_COMPLETED row (a half-written batch row would show here).
+   TRANSITION_COMPLETED row, and no step started before the step before it had
+   succeeded (SPEC section 15: a riding SUCCEEDED is written before the next step's
+   RUNNING in every path; a half-written batch row shows here).
 4. No request was released while a write was in doubt: an execution that ended FAILED
    or CANCELLED has no write performed under its keys, a write landing after it ended
    included. A declared failure (a step's error exit) or an operator's `fail` may
@@ -25,11 +27,13 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from tests.acceptance.provider_double import CHARGES, READS, ProviderDouble
 from tests.promise.api import Api, ApiError
 from tests.promise.blocking import waits_behind_other_rows
 from tests.promise.database import CheckerDatabase
+from tests.promise.flows import FLOWS
 from tests.promise.records import Findings, Records, Violation, at, sent
 from tests.promise.timeline import ActionLog
 
@@ -53,6 +57,7 @@ def check(
     findings.violations += no_double_write(records)
     findings.violations += no_rerun(records)
     findings.violations += ends_or_parks(records)
+    findings.violations += steps_in_order(records)
     findings.violations += events_processed(records, event_inserts)
     findings.violations += no_release_in_doubt(records)
     parked, notes = evidence_names_step(records, api)
@@ -151,6 +156,43 @@ def ends_or_parks(records: Records) -> list[Violation]:
                 )
         if problem:
             found.append(records.violation(3, problem, execution.id))
+    return found
+
+
+def steps_in_order(records: Records) -> list[Violation]:
+    """3: each step started only once the step before it had succeeded."""
+    found: list[Violation] = []
+    for execution in records.executions:
+        steps = FLOWS.get(execution.flow.removeprefix("promise-"))
+        checkpoints = {c.action_id: c for c in records.checkpoints.get(execution.id, [])}
+        for before, step in zip(steps or (), (steps or ())[1:], strict=False):
+            started = [
+                a.started_at
+                for a in records.attempts.get((execution.id, step.id), [])
+                if a.started_at is not None
+            ]
+            if step.id in checkpoints and checkpoints[step.id].started_at is not None:
+                started.append(checkpoints[step.id].started_at)
+            if not started:
+                continue
+            succeeded = [
+                a.finished_at
+                for a in records.attempts.get((execution.id, before.id), [])
+                if a.status == "SUCCEEDED" and a.finished_at is not None
+            ]
+            previous = checkpoints.get(before.id)
+            if previous is not None and previous.status == "SUCCEEDED" and previous.finished_at:
+                succeeded.append(previous.finished_at)
+            if not succeeded or min(started) < min(succeeded):
+                when = f"succeeded at {_precise(min(succeeded))}" if succeeded else "never did"
+                found.append(
+                    records.violation(
+                        3,
+                        f"step {step.id} started at {_precise(min(started))} before the step "
+                        f"before it, {before.id}, had succeeded (it {when})",
+                        execution.id,
+                    )
+                )
     return found
 
 
@@ -263,6 +305,10 @@ def evidence_names_step(records: Records, api: Api) -> tuple[list[Violation], li
             )
         found += [records.violation(5, problem, execution.id) for problem in problems]
     return found, notes
+
+
+def _precise(moment: datetime) -> str:
+    return moment.astimezone().strftime("%H:%M:%S.%f")
 
 
 def _execution_of(key: str) -> uuid.UUID | None:
