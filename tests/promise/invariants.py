@@ -8,9 +8,7 @@
    (RECONCILIATION_REQUIRED) with a reason, its busy marker agreeing; every platform
    event the platform inserted was processed, poison or not. An execution's record
    agrees with itself: one that ended SUCCEEDED has every step SUCCEEDED and one
-   TRANSITION_COMPLETED row, and no step started before the step before it had
-   succeeded (SPEC section 15: a riding SUCCEEDED is written before the next step's
-   RUNNING in every path; a half-written batch row shows here).
+   TRANSITION_COMPLETED row.
 4. No request was released while a write was in doubt: an execution that ended FAILED
    or CANCELLED has no write performed under its keys, a write landing after it ended
    included. A declared failure (a step's error exit) or an operator's `fail` may
@@ -22,6 +20,11 @@
    listed in the report, not silently allowed. At most one step is unfinished (steps
    run one after another), or no single step could be named.
 6. No head-of-line blocking: see `blocking.py`.
+7. A step starts only once the step before it has succeeded: no attempt of a step began
+   before the previous step's SUCCEEDED was written (SPEC section 15: a riding
+   SUCCEEDED is written before the next step's RUNNING in every path, the batch
+   function's included; a batch row refused half way, its RUNNING kept and its riding
+   SUCCEEDED lost, shows here too).
 """
 
 from __future__ import annotations
@@ -57,12 +60,12 @@ def check(
     findings.violations += no_double_write(records)
     findings.violations += no_rerun(records)
     findings.violations += ends_or_parks(records)
-    findings.violations += steps_in_order(records)
     findings.violations += events_processed(records, event_inserts)
     findings.violations += no_release_in_doubt(records)
     parked, notes = evidence_names_step(records, api)
     findings.violations += parked
     findings.violations += waits_behind_other_rows(records, disturbances)
+    findings.violations += steps_in_order(records)
     findings.notes += notes
     findings.notes += [
         f"platform event {name}: {outcome}"
@@ -160,11 +163,12 @@ def ends_or_parks(records: Records) -> list[Violation]:
 
 
 def steps_in_order(records: Records) -> list[Violation]:
-    """3: each step started only once the step before it had succeeded."""
+    """7: each step started only once the step before it had succeeded."""
     found: list[Violation] = []
     for execution in records.executions:
         steps = FLOWS.get(execution.flow.removeprefix("promise-"))
         checkpoints = {c.action_id: c for c in records.checkpoints.get(execution.id, [])}
+        early: list[str] = []
         for before, step in zip(steps or (), (steps or ())[1:], strict=False):
             started = [
                 a.started_at
@@ -184,15 +188,12 @@ def steps_in_order(records: Records) -> list[Violation]:
             if previous is not None and previous.status == "SUCCEEDED" and previous.finished_at:
                 succeeded.append(previous.finished_at)
             if not succeeded or min(started) < min(succeeded):
-                when = f"succeeded at {_precise(min(succeeded))}" if succeeded else "never did"
-                found.append(
-                    records.violation(
-                        3,
-                        f"step {step.id} started at {_precise(min(started))} before the step "
-                        f"before it, {before.id}, had succeeded (it {when})",
-                        execution.id,
-                    )
+                when = f"at {_precise(min(succeeded))}" if succeeded else "never"
+                early.append(
+                    f"{step.id} started at {_precise(min(started))}, {before.id} succeeded {when}"
                 )
+        if early:
+            found.append(records.violation(7, "; ".join(early), execution.id))
     return found
 
 

@@ -19,6 +19,7 @@ NAMES = {
     4: "no request released while a write is in doubt",
     5: "every parked execution's evidence names the step in doubt",
     6: "no head-of-line blocking behind another execution's locked row",
+    7: "a step starts only once the step before it has succeeded",
 }
 
 
