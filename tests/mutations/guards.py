@@ -1067,6 +1067,8 @@ BATCH_GUARDS = [
 
 _WRITER_PY = "orquestador/worker/protocol_writer.py"
 _EXECUTOR_PY = "orquestador/worker/executor.py"
+_STEP_RUNNER_PY = "orquestador/worker/step_runner.py"
+_STEP_OUTCOMES_PY = "orquestador/worker/step_outcomes.py"
 _ENGINE_PY = "orquestador/db/engine.py"
 _DAEMON_PY = "orquestador/worker/daemon.py"
 _CONFIG_PY = "orquestador/config.py"
@@ -1155,7 +1157,7 @@ TIMEOUT_GUARDS = [
     ),
 ]
 
-# --- worker/executor.py and worker/calls.py: recovery rules and the Python side ----------
+# --- worker/executor.py, step_runner.py, step_outcomes.py and calls.py: recovery rules ---
 
 _CALLS_PY = "orquestador/worker/calls.py"
 EXECUTOR = "tests/integration/test_worker_executor.py"
@@ -1176,7 +1178,7 @@ EXECUTOR_GUARDS = [
     *(
         Mutation(
             f"recover-compares-{slug}",
-            _EXECUTOR_PY,
+            _STEP_OUTCOMES_PY,
             _compared(name, attribute),
             "",
             f"A SUCCEEDED checkpoint is reused only if its {name} matches; otherwise the "
@@ -1193,7 +1195,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "recover-mismatch-parks",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         "        if mismatched:\n            # Never reuse (or overwrite) a result recorded",
         "        if False:\n            # Never reuse (or overwrite) a result recorded",
         "A checkpoint recorded for something else is never reused nor overwritten.",
@@ -1201,7 +1203,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "recover-reuses-success",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         '        if found.status == "SUCCEEDED":\n            return (found.output,)\n',
         "",
         "A step that succeeded is never run again: recovery reuses its output.",
@@ -1209,7 +1211,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "recover-interrupted-non-idempotent-parks",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         "        if interrupted and non_idempotent:\n",
         "        if False:\n",
         "An interrupted NON_IDEMPOTENT_WRITE is never repeated: the execution parks "
@@ -1218,7 +1220,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "recover-exhausted-fails",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         "        if exhausted:\n            outcome = None\n",
         "        if False:\n            outcome = None\n",
         "An interrupted step with no attempt left is not called again; the write rule ends "
@@ -1252,7 +1254,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "non-idempotent-success-never-rides",
-        _EXECUTOR_PY,
+        _STEP_RUNNER_PY,
         "        if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:\n",
         "        if audit is None:\n",
         "A NON_IDEMPOTENT_WRITE's success commits on its own before anything else, never "
@@ -1270,7 +1272,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "uncertain-non-idempotent-parks",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         "        if step.risk is Effect.NON_IDEMPOTENT_WRITE:\n"
         "            answer = self.look_up(step, attempt_number)\n",
         "        if False:\n            answer = self.look_up(step, attempt_number)\n",
@@ -1280,7 +1282,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "writer-not-ready-is-uncertain",
-        _EXECUTOR_PY,
+        _STEP_RUNNER_PY,
         "            if adapter.effect.writes:\n"
         "                # The contract lets only a read wait.",
         "            if False:\n                # The contract lets only a read wait.",
@@ -1289,7 +1291,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "dry-run-never-invokes-a-writer",
-        _EXECUTOR_PY,
+        _STEP_RUNNER_PY,
         "        elif loaded.simulation and adapter.effect.writes:\n"
         "            call, simulated = _simulation_unsupported, True\n",
         "",
@@ -1298,7 +1300,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "adapter-timeouts-below-lease",
-        _EXECUTOR_PY,
+        _STEP_RUNNER_PY,
         "        if not all(seconds < self.x.lease_seconds"
         " for _, seconds in timeouts_of(adapter)):",
         "        if False:",
@@ -1307,7 +1309,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "lookup-waits-for-abandoned-call",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         "        if not self.abandoned_call_ended(step):\n"
         '            return _Answer(Unknown(), "IN_FLIGHT")\n',
         "",
@@ -1317,7 +1319,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "lookup-in-flight-past-grace",
-        _EXECUTOR_PY,
+        _STEP_OUTCOMES_PY,
         "        if lingering.ended(lingering.abandoned_at + grace - time.monotonic()):",
         "        if True:",
         "An abandoned call still running past ADAPTER_ABANDON_GRACE_SECONDS leaves the "
@@ -1326,7 +1328,7 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "abandoned-call-keyed",
-        _EXECUTOR_PY,
+        _STEP_RUNNER_PY,
         "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)",
         "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra)",
         "A call is made under its external key, so that once abandoned it is known by it.",

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from orquestador.domain.errors import DataSchemaError
 from orquestador.domain.pointer_updates import validate_request_data
-from orquestador.worker.executor import SchemaCache
+from orquestador.worker.caches import SchemaCache
 from tests.integration.api_support import Api, decommission, problem, running_api
 from tests.security.security_support import Listener, store_unchecked
 

@@ -1,0 +1,494 @@
+"""What a step's outcome leads to: reuse, retry, wait, look-up, error exit, failure or a park.
+
+The step runner (`worker/step_runner.py`) calls the adapter; these decisions take
+what came back (or the checkpoint a recovery found) and apply the recovery rules and
+the write rule: a safe step is retried within its attempts, a write in doubt is
+looked up before anyone is asked, a declared failure takes its error exit, and
+whatever cannot be settled parks for an operator (docs/ARCHITECTURE.md, *Recovery
+rules*). Each decision ends the run by raising ExecutionEnded, or returns the output
+the run goes on with.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sqlalchemy import Connection, Engine
+
+from orquestador import metrics
+from orquestador.actions import (
+    ActionContext,
+    Adapter,
+    Effect,
+    Found,
+    Identity,
+    LookupResult,
+    NotFound,
+    NotReady,
+    PermanentError,
+    Unknown,
+)
+from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
+from orquestador.domain.canonical import canonical_json
+from orquestador.domain.flow_definition import ActionSpec
+from orquestador.errors import ContractMismatch, RequestChanged
+from orquestador.queue import (
+    RETRY_APPROVED,
+    ActionAttempt,
+    Checkpoint,
+    CheckpointOutcome,
+    Claim,
+    LoadedExecution,
+    end_attempt,
+    exit_on_error,
+    record_found_write,
+    schedule_retry,
+)
+from orquestador.queue.outcomes import WORKER_ACTOR
+from orquestador.queue.waits import NOT_READY, park_waiting
+from orquestador.worker.calls import CallTimedOut
+from orquestador.worker.messages import attempt_message
+
+if TYPE_CHECKING:
+    from orquestador.actions import AdapterRegistry
+    from orquestador.worker.backoff import RetryPolicy
+    from orquestador.worker.caches import FlowCache, SchemaCache
+    from orquestador.worker.calls import AdapterCalls
+    from orquestador.worker.hooks import WorkerHooks
+    from orquestador.worker.protocol_writer import ProtocolWriter
+
+log = logging.getLogger(__name__)
+
+# The error code of a wait that outlived WAIT_MAX_SECONDS.
+WAIT_LIMIT_EXCEEDED = "WAIT_LIMIT_EXCEEDED"
+
+
+class ExecutionEnded(Exception):
+    """The execution reached an outcome (or was handed back); unwinds the action loop."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _interrupted_status(effect: Effect) -> str:
+    # An attempt whose outcome we never saw: a read cannot have changed anything,
+    # a write may have.
+    return "FAILED" if effect is Effect.READ_ONLY else "UNKNOWN"
+
+
+def _not_found_message(message: str | None) -> str:
+    # The lookup's word first: a cut for length takes the end of the call's own message.
+    note = "lookup: the provider has no write under the external key"
+    text = f"{note}; {message}" if message else note
+    return text if len(text) <= ATTEMPT_MESSAGE_MAX else text[: ATTEMPT_MESSAGE_MAX - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action as its adapter call and its lookup see it: same inputs, same external key."""
+
+    action_id: str
+    adapter: Adapter
+    inputs: dict[str, Any]
+    external_key: str
+    log_extra: dict[str, Any]
+    # A dry run calls the adapter's simulate (or, for a writer without one, nothing).
+    simulated: bool = False
+    first_started_at: datetime | None = None
+    # What is called: the adapter's invoke, or its simulate in a dry run.
+    call: Callable[[ActionContext], Any] | None = None
+
+    @property
+    def risk(self) -> Effect:
+        """The effect a failure is judged by: a simulated call wrote nothing."""
+        return Effect.READ_ONLY if self.simulated else self.adapter.effect
+
+
+def _is_waiting(found: Checkpoint) -> bool:
+    # Parked by NotReady between two rounds of the same attempt.
+    return found.status == "FAILED" and found.error_code == NOT_READY
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What a lookup settled: Found, NotFound, or Unknown with why (for logs and the park)."""
+
+    result: LookupResult
+    # FOUND, NOT_FOUND, UNKNOWN, ERROR, TIMEOUT, OUTPUT_INVALID, NO_LOOKUP, or IN_FLIGHT
+    # (not asked: the abandoned call under the key still ran past the grace).
+    why: str
+
+
+def _lookup_detail(answer: _Answer | None) -> dict[str, str]:
+    # What the lookup said, for the operator who now decides; nothing when none was asked.
+    if answer is None or answer.why == "NO_LOOKUP":
+        return {}
+    return {"lookup": answer.why}
+
+
+# The escape RFC 8785 writes for U+0000 (not itself escaped: an even run of
+# backslashes before it), a character no jsonb column takes.
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _is_json_object(output: Any) -> bool:
+    # What the checkpoint can store and later inputs can hash: a JSON object with no
+    # NaN, no infinity, nothing JSON cannot say (sets, dates, bytes), nothing jsonb
+    # refuses (U+0000, lone surrogates) and no nesting deeper than Python can walk.
+    # Anything else is rejected here, on the first attempt, as OUTPUT_INVALID.
+    if not isinstance(output, dict):
+        return False
+    try:
+        text = canonical_json(output)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return _NUL_ESCAPE.search(text) is None
+
+
+def output_problems(schemas: SchemaCache, adapter: Adapter, output: Any) -> list[str]:
+    """Where an adapter's output (or a lookup's finding) cannot be kept, as JSON Pointers:
+    `/` when it is no JSON object a checkpoint can store, else where it breaks the schema."""
+    if not _is_json_object(output):
+        return ["/"]
+    return schemas.problems(adapter, "output", output)
+
+
+class RunServices(Protocol):
+    """What a run uses of the worker's executor (`worker/executor.py`)."""
+
+    registry: AdapterRegistry
+    flows: FlowCache
+    schemas: SchemaCache
+    calls: AdapterCalls
+    hooks: WorkerHooks
+    retry: RetryPolicy
+    lease_seconds: int
+    abandon_grace_seconds: float
+    wait_max_seconds: int
+
+    def writer(self, source: Engine | Connection) -> ProtocolWriter: ...
+
+
+class StepOutcomes:
+    """The outcome decisions of one execution run (mixed into the run, which owns the
+    state below and the two ways to end: `fail` and `reconcile`)."""
+
+    x: RunServices
+    claim: Claim
+    loaded: LoadedExecution | None
+
+    @property
+    def conn(self) -> Connection:
+        raise NotImplementedError
+
+    def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
+        raise NotImplementedError
+
+    def reconcile(
+        self, reason: str, outcome: CheckpointOutcome | None = None, **detail: Any
+    ) -> None:
+        raise NotImplementedError
+
+    def recover(self, found: Checkpoint, attempt: ActionAttempt, step: Step) -> tuple[Any] | None:
+        """Apply the recovery rules to an existing checkpoint: (output,) to reuse, None to run."""
+        adapter = step.adapter
+        mismatched = [
+            name
+            for name, mine, theirs in (
+                ("inputHash", attempt.input_hash, found.input_hash),
+                ("externalKey", attempt.external_key, found.external_key),
+                ("effect", attempt.effect, found.effect),
+                ("capability", attempt.capability, found.capability),
+                ("adapterVersion", attempt.adapter_version, found.adapter_version),
+            )
+            if mine != theirs
+        ]
+        if found.status == "FAILED" and found.error_code == RETRY_APPROVED:
+            # An operator discarded this checkpoint: the step runs again as it is now.
+            mismatched = []
+        if mismatched:
+            # Never reuse (or overwrite) a result recorded for something else.
+            self.reconcile(ContractMismatch.code, actionId=found.action_id, mismatched=mismatched)
+        if found.status == "SUCCEEDED":
+            return (found.output,)
+        if _is_waiting(found):
+            return None  # the next round of the same attempt: nothing spent, nothing to settle
+        interrupted = found.status in ("RUNNING", "UNKNOWN")
+        exhausted = found.attempts_in_budget >= adapter.max_attempts
+        non_idempotent = adapter.effect is Effect.NON_IDEMPOTENT_WRITE
+        answer = None
+        if interrupted and (non_idempotent or exhausted):
+            # A write in doubt is about to be parked (a non-idempotent one always, a safe
+            # one by the write rule once out of attempts): ask the provider first.
+            answer = self.look_up(step, found.attempt)
+            if isinstance(answer.result, Found):
+                return (self.found(step, answer.result),)
+        if answer is not None and isinstance(answer.result, NotFound) and found.status == "RUNNING":
+            # The attempt left RUNNING did not happen: it ends FAILED, and the next one is
+            # as safe as after a TransientError, within the budget.
+            ended = CheckpointOutcome(
+                found.action_id,
+                "FAILED",
+                "INTERRUPTED",
+                _not_found_message(None),
+                settles_earlier=exhausted,
+            )
+            if exhausted:
+                self.fail("RETRIES_EXHAUSTED", ended, actionId=found.action_id)
+            end_attempt(self.conn, self.claim, ended)
+            return None
+        if interrupted and non_idempotent:
+            # An UNKNOWN attempt already ended (and is in the history); a RUNNING one ends
+            # here, as found. A NotFound cannot settle an attempt that already ended
+            # UNKNOWN without restarting the budget, so that one is parked too.
+            self.reconcile(
+                "INTERRUPTED_NON_IDEMPOTENT_WRITE",
+                CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED")
+                if found.status == "RUNNING"
+                else None,
+                actionId=found.action_id,
+                **_lookup_detail(answer),
+            )
+        if exhausted:
+            outcome = None
+            if found.status == "RUNNING":
+                outcome = CheckpointOutcome(
+                    found.action_id, _interrupted_status(adapter.effect), "INTERRUPTED"
+                )
+            self.fail("RETRIES_EXHAUSTED", outcome, actionId=found.action_id)
+        return None
+
+    def retry_or_fail(
+        self,
+        step: Step,
+        attempt_number: int,
+        status: str,
+        code: str,
+        attempt: int,
+        retry_after: float | None = None,
+        message: str | None = None,
+        *,
+        not_found: bool = False,
+    ) -> Any:
+        """Schedule the next attempt, or fail the execution; the output if a lookup found it.
+
+        `attempt_number` is the attempt as numbered in the history; `attempt` counts
+        within the action's budget. `not_found`: a lookup already answered NotFound.
+        """
+        adapter = step.adapter
+        action_id = step.action_id
+        if attempt < adapter.max_attempts and self.claim.attempts < self.claim.max_attempts:
+            outcome = CheckpointOutcome(action_id, status, code, message)
+            delay = self.x.retry.delay(attempt, retry_after)
+            schedule_retry(self.conn, self.claim, outcome, delay, attempt)
+            metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
+            log.info(
+                "retry scheduled in %.3fs",
+                delay,
+                extra={**self.claim.log_extra, "action_id": action_id},
+            )
+            raise ExecutionEnded("RETRY_WAIT")
+        if not not_found and step.risk.writes and (status == "UNKNOWN" or attempt > 1):
+            # Out of attempts while this one, or an earlier one of the budget, may have
+            # written: the write rule would park the execution. Ask the provider first.
+            answer = self.look_up(step, attempt_number)
+            if isinstance(answer.result, Found):
+                return self.found(step, answer.result)
+            if isinstance(answer.result, NotFound):
+                status, message, not_found = "FAILED", _not_found_message(message), True
+        outcome = CheckpointOutcome(action_id, status, code, message, settles_earlier=not_found)
+        self.fail("RETRIES_EXHAUSTED", outcome, actionId=action_id)
+
+    def uncertain(
+        self, step: Step, attempt_number: int, attempt: int, code: str, message: str
+    ) -> Any:
+        """The call may have written: look it up, retry, or park; the output if it was found."""
+        if step.risk is Effect.NON_IDEMPOTENT_WRITE:
+            answer = self.look_up(step, attempt_number)
+            if isinstance(answer.result, Found):
+                return self.found(step, answer.result)
+            if isinstance(answer.result, NotFound):
+                # It did not happen: the next attempt is as safe as after a TransientError.
+                return self.retry_or_fail(
+                    step,
+                    attempt_number,
+                    "FAILED",
+                    code,
+                    attempt,
+                    message=_not_found_message(message),
+                    not_found=True,
+                )
+            self.reconcile(
+                "UNCERTAIN_OUTCOME",
+                CheckpointOutcome(step.action_id, "UNKNOWN", code, message),
+                actionId=step.action_id,
+                **_lookup_detail(answer),
+            )
+        # Safe to repeat with the same external key; the provider deduplicates writes.
+        return self.retry_or_fail(
+            step,
+            attempt_number,
+            _interrupted_status(step.risk),
+            code,
+            attempt,
+            message=message,
+        )
+
+    def wait_outlived(self, step: Step) -> bool:
+        """Whether a wait has gone on longer than any wait may (WAIT_MAX_SECONDS), counted
+        from the step's first start: a wait without a deadline of its own ends too."""
+        started = step.first_started_at
+        if started is None:
+            return False
+        return datetime.now(UTC) - started >= timedelta(seconds=self.x.wait_max_seconds)
+
+    def wait(self, step: Step, exc: NotReady, observed: dict[str, Any]) -> None:
+        """Park the execution WAITING: lease given up, thread freed, no attempt spent."""
+        due = park_waiting(
+            self.conn,
+            self.claim,
+            step.action_id,
+            exc.check_again_in,
+            exc.wait_key,
+            observed or None,
+        )
+        log.info(
+            "not ready; waiting until %s",
+            due.isoformat(),
+            extra={**step.log_extra, "wait_key": exc.wait_key},
+        )
+        raise ExecutionEnded("WAITING")
+
+    def identity(self) -> Identity:
+        loaded = self.loaded
+        assert loaded is not None
+        return Identity(
+            loaded.org_id, str(loaded.request_id), str(loaded.execution_id), loaded.actor
+        )
+
+    def look_up(self, step: Step, attempt_number: int) -> _Answer:
+        """Ask the adapter's lookup whether the write keyed by the step's key exists.
+
+        Anything but a valid Found or a NotFound is Unknown: an error, no answer by the
+        lookup's own timeout (the call is abandoned like an invocation), something
+        that is not a lookup result, or a Found whose output breaks the schema.
+        """
+        adapter = step.adapter
+        if adapter.lookup is None or adapter.lookup_timeout_seconds is None or step.simulated:
+            # A dry run's writer wrote nothing, and its provider is not asked anything.
+            return _Answer(Unknown(), "NO_LOOKUP")
+        loaded = self.loaded
+        assert loaded is not None
+        if not self.abandoned_call_ended(step):
+            return _Answer(Unknown(), "IN_FLIGHT")
+        timeout = adapter.lookup_timeout_seconds
+        # Its own stop signal: after a timed-out call the job's is set already.
+        stop = threading.Event()
+        ctx = ActionContext(
+            inputs=step.inputs,
+            external_key=step.external_key,
+            attempt=attempt_number,
+            deadline=time.monotonic() + timeout,
+            identity=self.identity(),
+            simulation=loaded.simulation,
+            stop_event=stop,
+            first_started_at=step.first_started_at,
+        )
+        extra = {**step.log_extra, "attempt": attempt_number}
+        try:
+            result = self.x.calls.call(adapter.lookup, ctx, timeout, extra)
+        except CallTimedOut:
+            stop.set()
+            log.warning("lookup gave no answer within %g s; still in doubt", timeout, extra=extra)
+            return _Answer(Unknown(), "TIMEOUT")
+        except Exception as exc:
+            log.warning(
+                "lookup failed, still in doubt: %s",
+                attempt_message(exc, step.inputs),
+                extra={**extra, "error": type(exc).__name__},
+            )
+            return _Answer(Unknown(), "ERROR")
+        if isinstance(result, Found):
+            output = result.output
+            problems = output_problems(self.x.schemas, adapter, output)
+            if problems:
+                log.warning(
+                    "lookup found an output that breaks the schema at %s; still in doubt",
+                    ", ".join(problems),
+                    extra=extra,
+                )
+                return _Answer(Unknown(), "OUTPUT_INVALID")
+            log.info("lookup found the write", extra=extra)
+            return _Answer(result, "FOUND")
+        if isinstance(result, NotFound):
+            log.info("lookup found no write", extra=extra)
+            return _Answer(result, "NOT_FOUND")
+        if not isinstance(result, Unknown):
+            log.warning(
+                "lookup returned %s, not Found, NotFound or Unknown; still in doubt",
+                type(result).__name__,
+                extra=extra,
+            )
+            return _Answer(Unknown(), "ERROR")
+        log.info("lookup cannot tell; still in doubt", extra=extra)
+        return _Answer(result, "UNKNOWN")
+
+    def abandoned_call_ended(self, step: Step) -> bool:
+        """Whether no call abandoned under the step's key still runs in this process,
+        waiting for it until ADAPTER_ABANDON_GRACE_SECONDS after it was abandoned.
+
+        While it runs, its request may not have left the process: the provider would
+        truthfully say NotFound, and the write would land a moment later.
+        """
+        lingering = self.x.calls.lingering(step.external_key)
+        if lingering is None:
+            return True
+        grace = self.x.abandon_grace_seconds
+        log.info(
+            "waiting up to %g s for the abandoned call to end before asking the provider",
+            grace,
+            extra=step.log_extra,
+        )
+        if lingering.ended(lingering.abandoned_at + grace - time.monotonic()):
+            return True
+        log.warning(
+            "abandoned call still running %g s after its deadline; the write stays in doubt",
+            grace,
+            extra=step.log_extra,
+        )
+        return False
+
+    def found(self, step: Step, result: Found) -> Any:
+        """Record the write the lookup found as the step's success; the run goes on with it."""
+        attempt = record_found_write(
+            self.conn, self.claim, step.action_id, step.external_key, result.output, WORKER_ACTOR
+        )
+        log.info(
+            "write in doubt reconciled by lookup", extra={**step.log_extra, "attempt": attempt}
+        )
+        return result.output
+
+    def permanent(
+        self,
+        spec: ActionSpec,
+        exc: PermanentError,
+        action_ids: list[str],
+        message: str,
+        observed: dict[str, Any],
+    ) -> None:
+        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code, message, observed=observed or None)
+        if spec.on_error:
+            try:
+                status = exit_on_error(self.conn, self.claim, outcome, spec.on_error, action_ids)
+            except RequestChanged:
+                self.fail("REQUEST_CHANGED", outcome, actionId=spec.id)
+            raise ExecutionEnded(status)
+        self.fail(exc.code, outcome, actionId=spec.id)

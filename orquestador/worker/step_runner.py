@@ -1,0 +1,327 @@
+"""Runs one step of an execution: its adapter, its inputs and attempt, the call, its output.
+
+For each action in turn the run resolves the inputs from the accepted data and the
+earlier outputs, checks them, asks the recovery rules about a checkpoint found, writes
+the RUNNING checkpoint through the protocol writer, calls the adapter on a call thread
+with its deadline, and keeps what came back. Every outcome but a valid output goes to
+the outcome decisions (`worker/step_outcomes.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from orquestador import metrics
+from orquestador.actions import (
+    ActionContext,
+    Adapter,
+    Effect,
+    NotReady,
+    PermanentError,
+    TransientError,
+)
+from orquestador.actions.registry import timeouts_of
+from orquestador.domain.canonical import input_hash
+from orquestador.domain.errors import MappingError
+from orquestador.domain.flow_definition import ActionSpec
+from orquestador.domain.mappings import build_context, resolve_inputs
+from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost
+from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
+from orquestador.queue.batches import SucceedRow
+from orquestador.worker.calls import CallTimedOut
+from orquestador.worker.messages import attempt_message
+from orquestador.worker.step_outcomes import (
+    WAIT_LIMIT_EXCEEDED,
+    Step,
+    StepOutcomes,
+    _interrupted_status,
+    _is_waiting,
+    output_problems,
+)
+
+log = logging.getLogger(__name__)
+
+
+def external_key(execution_id: uuid.UUID, action_id: str) -> str:
+    return f"{execution_id}:{action_id}"
+
+
+def _timed(adapter: Adapter, outcome: str, began: float) -> None:
+    metrics.ACTION_DURATION_SECONDS.labels(capability=adapter.key, outcome=outcome).observe(
+        time.monotonic() - began
+    )
+
+
+def _simulation_unsupported(ctx: ActionContext) -> dict[str, Any]:
+    raise PermanentError(
+        "SIMULATION_UNSUPPORTED",
+        "the adapter writes and declares no simulate; a dry run never calls its invoke",
+    )
+
+
+class StepRunner(StepOutcomes):
+    """Running one step (mixed into the execution run, with its outcome decisions)."""
+
+    source: Engine | Connection
+    stop: threading.Event
+    outputs: dict[str, Any]
+    held_back: SucceedRow | None
+
+    def riding(self) -> SucceedRow | None:
+        raise NotImplementedError
+
+    def write_alone(self, riding: SucceedRow | None, error: Exception) -> None:
+        raise NotImplementedError
+
+    def run_action(self, spec: ActionSpec, action_ids: list[str]) -> Any:
+        """Run one step to its output. A safe-to-repeat step's SUCCEEDED checkpoint is
+        held back for the next write through the writer instead of written now."""
+        loaded = self.loaded
+        assert loaded is not None
+        adapter = self.adapter_for(spec)
+        inputs = self.inputs_for(spec, adapter)
+        step, attempt = self.step_for(spec, adapter, inputs)
+        base = 0  # attempts before the budget: an operator's approved retry moves it
+        found = loaded.checkpoints.get(spec.id)
+        if found is not None:
+            recovered = self.recover(found, attempt, step)
+            if recovered is not None:
+                return recovered[0]
+            # A wait's next round goes on with the same attempt; anything else is a new one.
+            number = found.attempt if _is_waiting(found) else found.attempt + 1
+            attempt = ActionAttempt(**{**attempt.__dict__, "attempt": number})
+            base = found.attempt_base
+
+        riding = self.riding()  # the previous step's success, durable before this call
+        try:
+            first_started_at = self.x.writer(self.source).start(self.claim, attempt, riding)
+        except ContractMismatch as exc:
+            self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            self.write_alone(riding, exc)
+            raise
+        step = replace(step, first_started_at=first_started_at)
+        if self.x.hooks.before_adapter:
+            self.x.hooks.before_adapter(self.claim, spec.id)
+        return self.call(spec, step, attempt.attempt, attempt.attempt - base, action_ids)
+
+    def adapter_for(self, spec: ActionSpec) -> Adapter:
+        """The step's adapter, if this worker has it and may run it here."""
+        loaded = self.loaded
+        assert loaded is not None
+        try:
+            adapter = self.x.registry.get(spec.capability, spec.version)
+        except IntegrationUnavailable:
+            self.fail(
+                IntegrationUnavailable.code,
+                actionId=spec.id,
+                capability=spec.capability,
+                version=spec.version,
+            )
+        if not all(seconds < self.x.lease_seconds for _, seconds in timeouts_of(adapter)):
+            self.fail(
+                IntegrationUnavailable.code, actionId=spec.id, reason="timeout not below lease"
+            )
+        if adapter.simulation_only and not loaded.simulation:
+            self.fail("SIMULATION_ONLY", actionId=spec.id, capability=spec.capability)
+        return adapter
+
+    def inputs_for(self, spec: ActionSpec, adapter: Adapter) -> dict[str, Any]:
+        """The step's inputs, mapped from the accepted data and the outputs so far."""
+        loaded = self.loaded
+        assert loaded is not None
+        context = build_context(loaded.data, self.outputs, loaded.request_id, loaded.accepted_state)
+        try:
+            inputs = resolve_inputs(spec.input, context)
+        except MappingError as exc:
+            self.fail(exc.code, actionId=spec.id, **exc.location)
+        problems = self.x.schemas.problems(adapter, "input", inputs)
+        if problems:
+            self.fail("INPUT_INVALID", actionId=spec.id, paths=problems)
+        return inputs
+
+    def step_for(
+        self, spec: ActionSpec, adapter: Adapter, inputs: dict[str, Any]
+    ) -> tuple[Step, ActionAttempt]:
+        """The step as its call and lookup see it, and its first attempt's checkpoint."""
+        loaded = self.loaded
+        assert loaded is not None
+        key = external_key(loaded.execution_id, spec.id)
+        attempt = ActionAttempt(
+            action_id=spec.id,
+            attempt=1,
+            input_hash=input_hash(inputs),
+            external_key=key,
+            effect=adapter.effect.value,
+            capability=adapter.capability,
+            adapter_version=adapter.version,
+        )
+        # The simulation guarantee lives here, not in each adapter: a dry run never calls
+        # a writer's invoke. It calls simulate when the adapter has one (a read's too);
+        # a writer without it fails the step SIMULATION_UNSUPPORTED, a declared failure.
+        call: Callable[[ActionContext], Any] = adapter.invoke
+        simulated = False
+        if loaded.simulation and adapter.simulate is not None:
+            call, simulated = adapter.simulate, True
+        elif loaded.simulation and adapter.effect.writes:
+            call, simulated = _simulation_unsupported, True
+        found = loaded.checkpoints.get(spec.id)
+        extra = {
+            **self.claim.log_extra,
+            "action_id": spec.id,
+            "capability": f"{spec.capability}@{spec.version}",
+        }
+        step = Step(
+            spec.id,
+            adapter,
+            inputs,
+            key,
+            extra,
+            simulated=simulated,
+            first_started_at=found.first_started_at if found is not None else None,
+            call=call,
+        )
+        return step, attempt
+
+    def call(
+        self,
+        spec: ActionSpec,
+        step: Step,
+        attempt_number: int,
+        attempt: int,
+        action_ids: list[str],
+    ) -> Any:
+        """Call the adapter and decide by what came back; the output the run goes on with.
+
+        `attempt_number` is the attempt as numbered in the history; `attempt` counts
+        within the action's budget.
+        """
+        loaded = self.loaded
+        assert loaded is not None
+        adapter, extra, call = step.adapter, step.log_extra, step.call
+        ctx = ActionContext(
+            inputs=step.inputs,
+            external_key=step.external_key,
+            attempt=attempt_number,
+            deadline=time.monotonic() + adapter.timeout_seconds,
+            identity=self.identity(),
+            simulation=loaded.simulation,
+            stop_event=self.stop,
+            first_started_at=step.first_started_at,
+        )
+        # No transaction is open here: the RUNNING checkpoint committed above. The call
+        # runs on its own thread; at the deadline this job stops waiting for it.
+        began = time.monotonic()
+        key = step.external_key
+        try:
+            if call is _simulation_unsupported:
+                output = call(ctx)  # raises; nothing to run on a thread
+            else:
+                output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)
+        except CallTimedOut:
+            _timed(adapter, "unknown", began)
+            self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
+            message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
+            log.warning("adapter timed out, outcome uncertain: %s", message, extra=extra)
+            # The job's stop signal is now set as well, so after a lookup's Found the run
+            # hands its lease back before the next action, and the next holder goes on
+            # from the SUCCEEDED checkpoint without calling anything again.
+            return self.uncertain(step, attempt_number, attempt, "ADAPTER_TIMEOUT", message)
+        except NotReady as exc:
+            _timed(adapter, "unknown" if adapter.effect.writes else "not_ready", began)
+            if adapter.effect.writes:
+                # The contract lets only a read wait. A writer saying "not ready" may have
+                # written already: judged like any other unexpected answer, as uncertain
+                # (retried under the same key, or settled by lookup or a person).
+                message = "NotReady raised by a writing adapter; only a read may wait"
+                log.warning("action outcome uncertain: %s", message, extra=extra)
+                return self.uncertain(
+                    step, attempt_number, attempt, "NOT_READY_FROM_WRITE", message
+                )
+            observed = exc.observed or dict(ctx.observed)
+            if self.wait_outlived(step):
+                message = (
+                    f"still not ready {self.x.wait_max_seconds} s after the step first "
+                    "started (WAIT_MAX_SECONDS)"
+                )
+                limit = PermanentError(WAIT_LIMIT_EXCEEDED, message, observed=observed or None)
+                self.permanent(spec, limit, action_ids, message, observed)
+            self.wait(step, exc, observed)
+        except TransientError as exc:
+            _timed(adapter, "retry", began)
+            message = attempt_message(exc, step.inputs)
+            log.info(
+                "action failed transiently: %s", message, extra={**extra, "error": "TransientError"}
+            )
+            return self.retry_or_fail(
+                step,
+                attempt_number,
+                "FAILED",
+                "TRANSIENT",
+                attempt,
+                exc.retry_after,
+                message,
+            )
+        except PermanentError as exc:
+            if call is not _simulation_unsupported:  # nothing was called: nothing to time
+                _timed(adapter, "failed", began)
+            message = attempt_message(exc, step.inputs)
+            log.info(
+                "action failed permanently: %s",
+                message,
+                extra={**extra, "error": "PermanentError", "error_code": exc.code},
+            )
+            self.permanent(spec, exc, action_ids, message, exc.observed or dict(ctx.observed))
+        except Exception as exc:  # UncertainError and anything unexpected: may have happened
+            _timed(adapter, "unknown", began)
+            message = attempt_message(exc, step.inputs)
+            log.warning(
+                "action outcome uncertain: %s",
+                message,
+                extra={**extra, "error": type(exc).__name__},
+            )
+            return self.uncertain(step, attempt_number, attempt, "UNCERTAIN", message)
+        _timed(adapter, "simulated" if step.simulated else "succeeded", began)
+        if self.x.hooks.after_adapter:
+            self.x.hooks.after_adapter(self.claim, spec.id)
+        return self.keep(step, output, dict(ctx.observed) or None)
+
+    def keep(self, step: Step, output: Any, observed: dict[str, Any] | None) -> Any:
+        """Check the output and record the step's success; the output."""
+        claim, adapter, action_id = self.claim, step.adapter, step.action_id
+        problems = output_problems(self.x.schemas, adapter, output)
+        if problems:
+            outcome = CheckpointOutcome(action_id, _interrupted_status(step.risk), "OUTPUT_INVALID")
+            if step.risk is Effect.NON_IDEMPOTENT_WRITE:
+                self.reconcile("OUTPUT_INVALID", outcome, actionId=action_id, paths=problems)
+            self.fail("OUTPUT_INVALID", outcome, actionId=action_id, paths=problems)
+        audit = None
+        if step.simulated:
+            audit = {
+                "actionId": action_id,
+                "capability": adapter.capability,
+                "version": adapter.version,
+                "effect": adapter.effect.value,
+                "summary": str((observed or {}).get("summary") or f"would call {adapter.key}"),
+            }
+        if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
+            # Repeating this step is safe, so its checkpoint may commit with the next
+            # write (one transaction less per step): a crash before that commit leaves it
+            # RUNNING, as a crash a moment after the call always could. A non-idempotent
+            # write's success is never left to ride: it commits before anything else.
+            self.held_back = SucceedRow(claim, action_id, output, observed)
+        elif audit is None:
+            self.x.writer(self.source).succeed(claim, action_id, output, observed)
+        else:  # a dry run's simulated call: its audit row goes with the checkpoint
+            succeed_checkpoint(self.conn, claim, action_id, output, observed, audit)
+        return output
