@@ -38,7 +38,7 @@ _LOCK_REQUEST = text(
 _LOCK_EXECUTION = text(
     f"""
     SELECT e.org_id, e.request_id, e.flow_id, e.transition_id, e.accepted_state,
-           e.accepted_revision,
+           e.accepted_revision, e.lease_expires_at,
            coalesce((SELECT array_agg(a.action_id) FROM action_execution a
                      WHERE a.execution_id = e.id AND a.status = 'SUCCEEDED'), '{{}}') AS succeeded
     FROM execution e
@@ -46,6 +46,8 @@ _LOCK_EXECUTION = text(
     FOR UPDATE
     """
 )
+
+_STILL_VALID = text("SELECT CAST(:lease AS timestamptz) > clock_timestamp()")
 
 # The write rule's facts, per writing action of the execution: its write is known to
 # have happened (SUCCEEDED), or it may have happened and nobody knows (in doubt): the
@@ -406,7 +408,10 @@ def finish_execution(
             raise RequestChanged("the request is no longer held by this execution")
         if before_commit is not None:
             before_commit()
-            lock_holder(conn, claim, "finish")  # the hook took time: check the lease again
+            # The hook took time: the lease, as locked (the write above ended it), must
+            # still hold by the clock, or nothing of the finish is kept.
+            if not conn.execute(_STILL_VALID, {"lease": execution.lease_expires_at}).scalar():
+                raise refuse_stale(claim, "finish")
 
 
 def fail_execution(

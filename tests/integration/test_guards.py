@@ -336,6 +336,32 @@ def test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits(
     assert outcome == {"error": None}
 
 
+def test_a_finish_whose_seam_ends_within_the_lease_commits(runtime_engine):
+    # Regression: the re-check after the seam used the fence, which the finish's own
+    # write had already ended, so every finish with a seam was refused.
+    claim = _started(runtime_engine)
+    with runtime_engine.connect() as conn:
+        succeed_checkpoint(conn, claim, "a", {"ok": True})
+    reached: list[bool] = []
+    with runtime_engine.connect() as conn:
+        finish_execution(
+            conn,
+            claim,
+            Finish("done", "DONE", None, [], ["a"], {"moved": True}),
+            before_commit=lambda: reached.append(True),
+        )
+    assert reached == [True]
+    with runtime_engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT e.status, r.state, r.data, r.busy_execution_id FROM execution e"
+                " JOIN request r ON r.id = e.request_id WHERE e.id = :id"
+            ),
+            {"id": claim.execution_id},
+        ).one()
+    assert tuple(row) == ("SUCCEEDED", "done", {"moved": True}, None)
+
+
 def test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back(runtime_engine, owner_engine):
     claim = _started(runtime_engine)
     eid = claim.execution_id

@@ -81,13 +81,6 @@ def _in_flight(write: str) -> str:
 
 # Known defect, reported, not fixed here: the promise the test checks holds, but for a
 # broader reason than the guard.
-_SEAM_DEFECT = (
-    "finish_execution's check after its before_commit seam refuses every finish that has "
-    "a seam, not only one that outlasted its lease: _COMPLETE already ended the "
-    "execution's lease in the same transaction, so the fence can no longer match. No "
-    "worker path passes a seam to it (the protocol writer runs before_finish_commit).",
-)
-
 _FENCING_PY = "orquestador/queue/fencing.py"
 
 FENCING_GUARDS = [
@@ -126,7 +119,6 @@ FENCING_GUARDS = [
         "Locking the execution under the fence refuses a holder that lost its lease, so a "
         "finish whose seam outlasted the lease rolls back.",
         (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
-        notes=_SEAM_DEFECT,
     ),
 ]
 
@@ -533,12 +525,12 @@ OUTCOME_GUARDS = [
     Mutation(
         "finish-rechecks-after-seam",
         _OUTCOMES_PY,
-        '            lock_holder(conn, claim, "finish")'
-        "  # the hook took time: check the lease again",
-        "            pass",
+        "            if not conn.execute(_STILL_VALID, "
+        '{"lease": execution.lease_expires_at}).scalar():\n'
+        '                raise refuse_stale(claim, "finish")',
+        "            if False:\n                pass",
         "A finish whose commit was delayed past the lease is refused and rolled back.",
         (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
-        notes=_SEAM_DEFECT,
     ),
     Mutation(
         "finish-request-held",
