@@ -33,6 +33,7 @@ from orquestador.worker.protocol_writer import ProtocolWriter
 from tests.integration.worker_support import (
     action,
     attempt_history,
+    attempt_of,
     claim_one,
     expire_lease,
     flow_definition,
@@ -59,25 +60,11 @@ def _write(engine: Engine, rows: Sequence[Row]) -> list[Any]:
         return write_rows(conn, rows)
 
 
-def _attempt(claim: Claim, action_id: str = "a", attempt: int = 1, **fields: Any) -> ActionAttempt:
-    values: dict[str, Any] = {
-        "action_id": action_id,
-        "attempt": attempt,
-        "input_hash": "h" * 64,
-        "external_key": f"{claim.execution_id}:{action_id}",
-        "effect": "IDEMPOTENT_WRITE",
-        "capability": "test.write",
-        "adapter_version": 1,
-    }
-    values.update(fields)
-    return ActionAttempt(**values)
-
-
 def _started(engine: Engine, owner: str = "w1", effect: str = "IDEMPOTENT_WRITE") -> Claim:
     """An execution claimed by `owner`, its action "a" RUNNING under that claim."""
     start_execution(engine, flow_definition([action("a", "test.write")]))
     claim = claim_one(engine, owner)
-    [answer] = _write(engine, [StartRow(claim, _attempt(claim, effect=effect))])
+    [answer] = _write(engine, [StartRow(claim, attempt_of(claim, effect=effect))])
     assert isinstance(answer, datetime)
     return claim
 
@@ -157,7 +144,7 @@ def test_a_stale_row_is_refused_even_batched_with_the_current_holders(runtime_en
     old = _started(runtime_engine)
     new = _reclaimed(runtime_engine, old, "w2")
     with runtime_engine.connect() as conn:
-        start_checkpoint(conn, new, _attempt(new, "b"))
+        start_checkpoint(conn, new, attempt_of(new, "b"))
     answers = _write(runtime_engine, [_succeed(old, "a"), _succeed(new, "b")])
     # Checked and answered by (execution id, token), never by execution id alone.
     assert isinstance(answers[0], LeaseLost) and answers[1] is None
@@ -169,7 +156,7 @@ def test_a_stale_row_is_refused_even_batched_with_the_current_holders(runtime_en
 
 
 RIDERS: dict[str, Callable[[Claim], Row]] = {
-    "start": lambda c: StartRow(c, _attempt(c, "b"), succeed=_succeed(c, "a")),
+    "start": lambda c: StartRow(c, attempt_of(c, "b"), succeed=_succeed(c, "a")),
     "finish": lambda c: FinishRow(c, _finish(()), succeed=_succeed(c, "a")),
 }
 
@@ -223,7 +210,7 @@ def _prepare_refused_start(engine: Engine, case: str) -> tuple[Claim, ActionAtte
     elif case == "uncertain payment":
         _end(old, "UNKNOWN", "UNCERTAIN")(engine)
     new = _reclaimed(engine, old, "w2")
-    attempt = _attempt(new, attempt=2, effect=effect)
+    attempt = attempt_of(new, attempt=2, effect=effect)
     if case == "another key":
         attempt = replace(attempt, external_key="another-key")
     return new, attempt
@@ -249,7 +236,7 @@ def test_an_interrupted_attempt_started_again_in_a_batch_is_recorded_by_its_effe
 ):
     old = _started(runtime_engine, effect=effect)
     new = _reclaimed(runtime_engine, old, "w2")
-    [answer] = _write(runtime_engine, [StartRow(new, _attempt(new, attempt=2, effect=effect))])
+    [answer] = _write(runtime_engine, [StartRow(new, attempt_of(new, attempt=2, effect=effect))])
     assert isinstance(answer, datetime)
     rows = attempt_history(runtime_engine, new.execution_id, "a")
     assert [(r.attempt, r.status, r.error_code) for r in rows] == [(1, recorded, "INTERRUPTED")]

@@ -19,7 +19,6 @@ from sqlalchemy import Connection, Engine, create_engine, pool, text
 from orquestador.actions import Effect, UncertainError
 from orquestador.errors import ContractMismatch, LeaseLost, RequestChanged
 from orquestador.queue import (
-    ActionAttempt,
     CheckpointOutcome,
     Claim,
     Finish,
@@ -50,6 +49,7 @@ from tests.integration.worker_support import (
     SimulatedCrash,
     action,
     attempt_history,
+    attempt_of,
     checkpoints,
     claim_one,
     crash_at_hook,
@@ -78,26 +78,12 @@ def _everything(engine: Engine) -> list[list[Any]]:
         ]
 
 
-def _attempt(claim: Claim, action_id: str = "a", attempt: int = 1, **fields: Any) -> ActionAttempt:
-    values: dict[str, Any] = {
-        "action_id": action_id,
-        "attempt": attempt,
-        "input_hash": "h" * 64,
-        "external_key": f"{claim.execution_id}:{action_id}",
-        "effect": "IDEMPOTENT_WRITE",
-        "capability": "test.write",
-        "adapter_version": 1,
-    }
-    values.update(fields)
-    return ActionAttempt(**values)
-
-
 def _started(engine: Engine, owner: str = "w1", effect: str = "IDEMPOTENT_WRITE") -> Claim:
     """An execution claimed by `owner`, its action "a" RUNNING under that claim."""
     start_execution(engine, flow_definition([action("a", "test.write")]))
     claim = claim_one(engine, owner)
     with engine.connect() as conn:
-        start_checkpoint(conn, claim, _attempt(claim, effect=effect))
+        start_checkpoint(conn, claim, attempt_of(claim, effect=effect))
     return claim
 
 
@@ -121,7 +107,7 @@ def _release_or_refuse(conn: Connection, claim: Claim) -> None:
 # Every write a holder makes, as the holder `claim` would make it on action "a".
 HOLDER_WRITES: dict[str, Callable[[Connection, Claim], Any]] = {
     "load": load_execution,
-    "start_checkpoint": lambda conn, c: start_checkpoint(conn, c, _attempt(c, attempt=2)),
+    "start_checkpoint": lambda conn, c: start_checkpoint(conn, c, attempt_of(c, attempt=2)),
     "succeed_checkpoint": lambda conn, c: succeed_checkpoint(conn, c, "a", {"late": True}),
     "write_attempt_outcome": lambda conn, c: end_attempt(
         conn, c, CheckpointOutcome("a", "UNKNOWN", "X")
@@ -515,7 +501,7 @@ def test_a_start_never_replaces_a_checkpoint_it_may_not(runtime_engine, case):
     old = _started(runtime_engine, effect=effect)
     first_attempt_ends(runtime_engine, old)
     new = _reclaimed(runtime_engine, old, "w2")
-    attempt = _attempt(new, attempt=2, effect=effect)
+    attempt = attempt_of(new, attempt=2, effect=effect)
     if key:
         attempt = replace(attempt, external_key=key)
     before = _everything(runtime_engine)
@@ -532,7 +518,7 @@ def test_an_interrupted_write_enters_the_history_as_in_doubt(runtime_engine, eff
     old = _started(runtime_engine, effect=effect)
     new = _reclaimed(runtime_engine, old, "w2")
     with runtime_engine.connect() as conn:
-        start_checkpoint(conn, new, _attempt(new, attempt=2, effect=effect))
+        start_checkpoint(conn, new, attempt_of(new, attempt=2, effect=effect))
     rows = attempt_history(runtime_engine, new.execution_id, "a")
     assert [(r.attempt, r.status, r.error_code) for r in rows] == [(1, recorded, "INTERRUPTED")]
 

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.config import Settings
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
-from orquestador.queue import Claim, claim_due_executions
+from orquestador.queue import ActionAttempt, Claim, claim_due_executions
 
 ORG = "org-test"
 OWNER = "user-1"
@@ -359,3 +359,20 @@ def decommission(deadline_seconds: int) -> dict:
         },
         updates=[{"path": "/power", "from": "/actions/wait/status"}],
     )
+
+
+def attempt_of(
+    claim: Claim, action_id: str = "a", attempt: int = 1, **fields: Any
+) -> ActionAttempt:
+    """A checkpoint's attempt for `claim`'s action, as the worker starts one."""
+    values: dict[str, Any] = {
+        "action_id": action_id,
+        "attempt": attempt,
+        "input_hash": "h" * 64,
+        "external_key": f"{claim.execution_id}:{action_id}",
+        "effect": "IDEMPOTENT_WRITE",
+        "capability": "test.write",
+        "adapter_version": 1,
+    }
+    values.update(fields)
+    return ActionAttempt(**values)
