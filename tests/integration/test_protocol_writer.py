@@ -513,3 +513,18 @@ def test_a_writer_thread_that_ends_never_closes_the_next_threads_connection(runt
     writer.succeed(second, "a", {"ok": True}, None)
     assert checkpoints(runtime_engine, second.execution_id)["a"].status == "SUCCEEDED"
     writer.close()
+
+
+def test_a_riding_success_is_written_before_the_next_steps_running(runtime_engine):
+    # Regression: the batch function wrote the next step's RUNNING before the riding
+    # SUCCEEDED of the step before it, within the same transaction.
+    (claim,) = _claims(runtime_engine, 1)
+    writer = _writer(runtime_engine)
+    writer.start(claim, _attempt(claim))
+    nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
+    writer.start(claim, nxt, SucceedRow(claim, "a", {"ok": True}, None))
+    written = checkpoints(runtime_engine, claim.execution_id)
+    assert (written["a"].status, written["b"].status) == ("SUCCEEDED", "RUNNING")
+    # One transaction, and clock_timestamp() moves on within it: the order is visible.
+    assert written["a"].finished_at < written["b"].started_at
+    writer.close()
