@@ -69,6 +69,8 @@ class Settings:
     api_port: int = _env("API_PORT", "8080", "api")
     api_workers: int = _env("API_WORKERS", "2", "api")
     api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
+    agent_poll_share: float = _env("AGENT_POLL_SHARE", "0.5", "api")
+    trusted_proxies: str = _env("TRUSTED_PROXIES", "", "api")
 
     adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
     integrations_file: str = _env("INTEGRATIONS_FILE", "", "adapters")
@@ -78,6 +80,7 @@ class Settings:
     machine_commands: str = _env("MACHINE_COMMANDS", "poweroff,reboot,reinstall", "machines")
     machine_command_retention_days: int = _env("MACHINE_COMMAND_RETENTION_DAYS", "30", "machines")
     agent_commands_file: str = _env("AGENT_COMMANDS_FILE", "", "machines")
+    machine_token_days: int = _env("MACHINE_TOKEN_DAYS", "365", "machines")
 
     smtp_url: str = field(
         default="",
@@ -190,6 +193,7 @@ class Settings:
             "worker_lock_timeout_ms",
             "worker_statement_timeout_ms",
             "wait_max_seconds",
+            "machine_token_days",
             "api_port",
             "api_workers",
             "api_max_body_bytes",
@@ -218,6 +222,11 @@ class Settings:
                 f"WORKER_RENEW_SECONDS={self.worker_renew_seconds} must be below half of "
                 f"WORKER_LEASE_SECONDS={self.worker_lease_seconds}, or a late heartbeat loses "
                 "the lease while the action still runs"
+            )
+        if not 0 < self.agent_poll_share <= 1:
+            problems.append(
+                f"AGENT_POLL_SHARE={self.agent_poll_share} must be a share of the request "
+                "threads above 0 and at most 1"
             )
         if self.worker_lock_timeout_ms > self.worker_statement_timeout_ms:
             problems.append("WORKER_LOCK_TIMEOUT_MS must not be above WORKER_STATEMENT_TIMEOUT_MS")
