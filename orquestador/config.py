@@ -68,6 +68,7 @@ class Settings:
     api_host: str = _env("API_HOST", "127.0.0.1", "api")
     api_port: int = _env("API_PORT", "8080", "api")
     api_workers: int = _env("API_WORKERS", "2", "api")
+    api_threads: int = _env("API_THREADS", "4", "api")
     api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
     agent_poll_share: float = _env("AGENT_POLL_SHARE", "0.5", "api")
     trusted_proxies: str = _env("TRUSTED_PROXIES", "", "api")
@@ -196,6 +197,7 @@ class Settings:
             "machine_token_days",
             "api_port",
             "api_workers",
+            "api_threads",
             "api_max_body_bytes",
             "retry_base_seconds",
             "retry_cap_seconds",
