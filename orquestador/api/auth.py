@@ -93,6 +93,27 @@ def scope_claim_problem(value: Any) -> str | None:
     return None
 
 
+def refusal_reason(error: Exception) -> str:
+    """Why PyJWT refused a token, in words for the server log (never for the caller)."""
+    if isinstance(error, jwt.ExpiredSignatureError):
+        return "expired"
+    if isinstance(error, jwt.InvalidSignatureError):
+        return "bad signature"
+    if isinstance(error, jwt.InvalidAudienceError):
+        return "wrong audience"
+    if isinstance(error, jwt.InvalidIssuerError):
+        return "wrong issuer"
+    if isinstance(error, jwt.MissingRequiredClaimError):
+        return f"missing claim {error.claim}"
+    if isinstance(error, jwt.ImmatureSignatureError):
+        return "not yet valid"
+    if isinstance(error, jwt.InvalidIssuedAtError):
+        return "bad iat claim"
+    if isinstance(error, jwt.DecodeError):
+        return "malformed"
+    return f"refused ({type(error).__name__})"
+
+
 def _is_hmac(algorithm: str) -> bool:
     return algorithm.startswith("HS")
 
@@ -147,8 +168,8 @@ class TokenVerifier:
                 leeway=self._leeway,
                 options={"require": _REQUIRED_CLAIMS},
             )
-        except (jwt.PyJWTError, ValueError, TypeError):
-            raise InvalidToken("token refused") from None
+        except (jwt.PyJWTError, ValueError, TypeError) as refused:
+            raise InvalidToken(refusal_reason(refused)) from None
         sub, org, scope = claims.get("sub"), claims.get("org"), claims.get("scope", "")
         for name, value in (("sub", sub), ("org", org)):
             reason = identity_claim_problem(value)
@@ -180,8 +201,9 @@ def authenticate(verifier: BearerVerifier) -> Caller:
     try:
         return verifier.verify(token)
     except InvalidToken as exc:
-        # The reason is logged for operators; the token itself never is.
-        log.info("refused a bearer token: %s", exc)
+        # The reason is logged for operators; the token itself never is, and the caller
+        # hears the same words whatever the reason.
+        log.info("refused a bearer token: %s", exc, extra={"reason": str(exc)})
         raise _unauthenticated("The bearer token is invalid or expired.", invalid=True) from None
 
 
