@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,16 @@ class Settings:
         return [name.strip() for name in self.machine_commands.split(",") if name.strip()]
 
     @property
+    def trusted_proxy_networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        """TRUSTED_PROXIES as networks (a bare address is a network of one); bad items skipped."""
+        networks = []
+        for item in self.trusted_proxies.split(","):
+            with contextlib.suppress(ValueError):
+                if item.strip():
+                    networks.append(ip_network(item.strip(), strict=False))
+        return tuple(networks)
+
+    @property
     def jwt_algorithm_list(self) -> list[str]:
         return [name.strip() for name in self.jwt_algorithms.split(",") if name.strip()]
 
@@ -230,6 +242,14 @@ class Settings:
                 f"AGENT_POLL_SHARE={self.agent_poll_share} must be a share of the request "
                 "threads above 0 and at most 1"
             )
+        for item in filter(None, (i.strip() for i in self.trusted_proxies.split(","))):
+            try:
+                ip_network(item, strict=False)
+            except ValueError:
+                problems.append(
+                    f"TRUSTED_PROXIES: {item!r} is not an address or network (e.g. 10.0.0.5, "
+                    "10.0.0.0/24, ::1)"
+                )
         if self.worker_lock_timeout_ms > self.worker_statement_timeout_ms:
             problems.append("WORKER_LOCK_TIMEOUT_MS must not be above WORKER_STATEMENT_TIMEOUT_MS")
         if self.retry_cap_seconds < self.retry_base_seconds:

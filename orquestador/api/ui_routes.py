@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
+from ipaddress import IPv6Address, ip_address
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -129,20 +130,35 @@ def _same_origin() -> bool:
         return False
     parts = urlsplit(source)
     # Behind a reverse proxy the Host may be the upstream's; the proxy's X-Forwarded-Host
-    # names the one the browser used. A page of another site can make a browser send
-    # neither header with its own value, so either is safe to compare with.
+    # names the one the browser used. Only a proxy of TRUSTED_PROXIES is believed: any
+    # other client (a script, not a browser) could name whatever host its Origin names.
     hosts = {request.host, _forwarded("X-Forwarded-Host")}
     return parts.scheme in ("http", "https") and parts.netloc in hosts - {""}
 
 
 def _forwarded(name: str) -> str:
-    """The first (the client-facing) value of a proxy's X-Forwarded-* header."""
+    """The first (the client-facing) value of an X-Forwarded-* header from a trusted proxy."""
+    if not _from_trusted_proxy():
+        return ""
     return request.headers.get(name, "").split(",")[0].strip()
 
 
+def _from_trusted_proxy() -> bool:
+    """Whether the direct peer (not any forwarded address) is one of TRUSTED_PROXIES."""
+    networks = api_context().settings.trusted_proxy_networks
+    if not networks:
+        return False
+    try:
+        peer = ip_address(request.remote_addr or "")
+    except ValueError:
+        return False  # a unix socket, say: no address to trust
+    if isinstance(peer, IPv6Address) and peer.ipv4_mapped is not None:
+        peer = peer.ipv4_mapped
+    return any(peer in network for network in networks)
+
+
 def _over_https() -> bool:
-    # A TLS-terminating proxy says so in X-Forwarded-Proto. Believing it can only make
-    # the cookie stricter (Secure), never send it over plain HTTP.
+    # A trusted TLS-terminating proxy says so in X-Forwarded-Proto.
     return request.is_secure or _forwarded("X-Forwarded-Proto").lower() == "https"
 
 

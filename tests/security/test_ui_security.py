@@ -249,8 +249,14 @@ def test_names_written_by_flow_authors_show_as_text(api: Api, owner_engine: Engi
 
 
 def test_behind_a_tls_proxy_the_cookie_is_secure_and_the_public_host_is_the_origin(
-    api: Api,
+    database,
 ) -> None:
+    # The test client's peer is 127.0.0.1: here, the trusted proxy.
+    with running_api(database.runtime_dsn, trusted_proxies="127.0.0.1") as api:
+        _login_behind_the_proxy(api)
+
+
+def _login_behind_the_proxy(api: Api) -> None:
     proxied = {
         "Host": "orquestador-api:8000",
         "X-Forwarded-Host": "ops.example.com",
