@@ -5,22 +5,34 @@ whenever the server offers it; `smtps://host[:port]` opens TLS at once (port 465
 default). User and password in the URL (percent-encoded) are sent only over TLS,
 never in clear. Errors come back as `DeliveryFailed` with a text safe to store:
 never the password.
+
+Headers are built here, not by the email package's parser: user text (a notice title)
+is decoded of any RFC 2047 encoded words, stripped of control characters and line
+separators, and encoded again by this module, so no header can carry CR or LF however
+the text was written, on any Python (3.11 before 3.11.10 decodes an encoded word into a
+raw line break, CVE-2024-6923). The serialized header block is checked before sending.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 import smtplib
 import socket
 import ssl
 import time
 import unicodedata
 from dataclasses import dataclass, field
+from email.header import Header
 from email.message import EmailMessage
-from email.utils import formatdate, parseaddr
+from email.policy import default as default_policy
+from email.utils import formataddr, formatdate, parseaddr
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from orquestador.errors import ConfigError
+from orquestador.notices.preferences import address_problem
 
 # Each network operation (connect, every command) waits at most this long, and the
 # whole exchange at most DELIVERY_SECONDS: a server that trickles its replies cannot
@@ -29,6 +41,32 @@ SMTP_TIMEOUT_SECONDS = 15.0
 DELIVERY_SECONDS = 40.0
 MAX_ERROR_CHARACTERS = 300
 _DEFAULT_PORTS = {"smtp": 25, "smtps": 465}
+
+# =?charset?Q|B?text?= (RFC 2047); the charset may carry an RFC 2231 language (*en).
+_ENCODED_WORD = re.compile(r"=\?([^?\s*]+)(?:\*[^?\s]*)?\?([QqBb])\?([^?\s]*)\?=")
+# An encoded word inside the decoded text of another is decoded too, a few levels deep;
+# anything left is encoded again whole, so a reader decodes it once, to plain text.
+_DECODE_ROUNDS = 4
+# The envelope sender (SMTP_FROM's address): printable ASCII, no spaces, nothing that
+# reshapes an address list. Looser than a recipient's: `orquestador@localhost` is fine.
+_SENDER_ADDRESS = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9.-]+")
+_MESSAGE_ID = re.compile(r"<[!-;=?-~]+@[!-;=?-~]+>")
+_HEADER_LINE = re.compile(rb"([!-9;-~]+): ")
+# What every message carries, once each and nothing else.
+_HEADER_NAMES = (
+    "From",
+    "To",
+    "Subject",
+    "Message-ID",
+    "Date",
+    "Auto-Submitted",
+    "Content-Type",
+    "Content-Transfer-Encoding",
+    "MIME-Version",
+)
+# Headers are set raw and emitted as built: the policy never re-parses (and so never
+# decodes) them on the way out.
+_POLICY = default_policy.clone(refold_source="none")
 
 
 class DeliveryFailed(Exception):
@@ -101,18 +139,151 @@ def one_line(text: str) -> str:
     ).strip()
 
 
+def _word_bytes(match: re.Match[str]) -> tuple[str, bytes] | None:
+    """The charset and bytes of one encoded word; None when it cannot be decoded."""
+    charset, encoding, payload = match.group(1).lower(), match.group(2).upper(), match.group(3)
+    if encoding == "Q":
+        raw = payload.replace("_", " ").encode("utf-8", "replace")
+        data = re.sub(rb"=([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]), raw)
+    else:
+        try:
+            data = base64.b64decode(payload + "=" * (-len(payload) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+    try:
+        data.decode(charset, "replace")
+    except (LookupError, ValueError):  # unknown, or not a text encoding (base64, rot13)
+        return None
+    return charset, data
+
+
+def _decode_words_once(text: str) -> str:
+    out: list[str] = []
+    pending: tuple[str, bytes] | None = None
+    end = 0
+
+    def flush() -> None:
+        nonlocal pending
+        if pending is not None:
+            out.append(pending[1].decode(pending[0], "replace"))
+            pending = None
+
+    for match in _ENCODED_WORD.finditer(text):
+        gap = text[end : match.start()]
+        word = _word_bytes(match)
+        if word is None:
+            flush()
+            out += [gap, match.group(0)]
+        elif pending is not None and not gap.strip() and pending[0] == word[0]:
+            # Adjacent words join without the space between them (RFC 2047 6.2), and
+            # their bytes join before decoding: a character may be split between them.
+            pending = (word[0], pending[1] + word[1])
+        else:
+            # Between words of two charsets the space goes too; before a word, it stays.
+            adjacent = pending is not None and not gap.strip()
+            flush()
+            if not adjacent:
+                out.append(gap)
+            pending = word
+        end = match.end()
+    flush()
+    out.append(text[end:])
+    return "".join(out)
+
+
+def header_text(text: str) -> str:
+    """User text as a reader would see it in a header, on one line: encoded words decoded,
+    then every control character and line separator (CR, LF, U+0085, U+2028...) a space."""
+    for _ in range(_DECODE_ROUNDS):
+        decoded = _decode_words_once(text)
+        if decoded == text:
+            break
+        text = decoded
+    # A decoded charset may yield what UTF-8 cannot carry (a lone surrogate).
+    return one_line(text.encode("utf-8", "replace").decode("utf-8"))
+
+
+def _is_plain(text: str) -> bool:
+    return text.isascii() and text.isprintable() and "=?" not in text
+
+
+def encoded_header(name: str, text: str) -> str:
+    """The value of header `name` for `text` (already one line), folded with CRLF.
+
+    Plain ASCII stays readable; anything else, and anything that looks like an encoded
+    word, becomes encoded words of its UTF-8, which hold no line break of any kind.
+    """
+    charset = "us-ascii" if _is_plain(text) else "utf-8"
+    return Header(text, charset, header_name=name).encode(linesep="\r\n")
+
+
+def sender_header(sender: str) -> tuple[str, str]:
+    """(From header value, envelope address) of SMTP_FROM; ConfigError when unusable."""
+    name, address = parseaddr(sender)
+    # parseaddr drops what follows a line break: refuse it rather than guess.
+    broken = one_line(sender) != sender.strip()
+    if broken or not _SENDER_ADDRESS.fullmatch(address) or address.count("@") != 1:
+        raise ConfigError(["SMTP_FROM: an address such as Orquestador <noreply@example.com>"])
+    name = header_text(name)
+    if not name:
+        return address, address
+    if _is_plain(name):
+        return formataddr((name, address)), address
+    return f"{encoded_header('From', name)} <{address}>", address
+
+
 def build_message(email: OutgoingEmail, sender: str) -> EmailMessage:
-    message = EmailMessage()
-    message["From"] = sender
-    message["To"] = ", ".join(email.recipients)
-    message["Subject"] = one_line(email.subject)
+    """The message, its headers built here from checked parts; ValueError when it cannot be.
+
+    No header value reaches the email package's parser: each is set raw, so nothing in
+    it is decoded again into a line break.
+    """
+    from_value, _ = sender_header(sender)
+    for number, address in enumerate(email.recipients, 1):
+        if not isinstance(address, str) or address_problem(address):
+            raise ValueError(f"recipient {number} is not a plain address")
+    if not email.recipients:
+        raise ValueError("no recipients")
+    if not _MESSAGE_ID.fullmatch(email.message_id):
+        raise ValueError("the Message-ID is not <id@domain>")
+    message = EmailMessage(policy=_POLICY)
+    message.set_raw("From", from_value)
+    message.set_raw("To", encoded_header("To", ", ".join(email.recipients)))
+    message.set_raw("Subject", encoded_header("Subject", header_text(email.subject)))
     # The same on every delivery of this notice: receivers deduplicate by it.
-    message["Message-ID"] = email.message_id
-    message["Date"] = formatdate(usegmt=True)
+    message.set_raw("Message-ID", email.message_id)
+    message.set_raw("Date", formatdate(usegmt=True))
     # Tells auto-responders not to answer a machine (RFC 3834).
-    message["Auto-Submitted"] = "auto-generated"
+    message.set_raw("Auto-Submitted", "auto-generated")
     message.set_content(email.body)
+    check_header_block(message)
     return message
+
+
+def check_header_block(message: EmailMessage) -> None:
+    """ValueError unless the serialized headers are exactly the ones built, each once.
+
+    The last word on injection: whatever a library version does, a message whose header
+    block holds a stray line break, another header or an early end is never sent.
+    """
+    serialized = message.as_bytes(policy=_POLICY.clone(linesep="\r\n"))
+    head, blank, _ = serialized.partition(b"\r\n\r\n")
+    if not blank or not head.isascii():
+        raise ValueError("the header block is not ASCII lines ending in a blank line")
+    names: list[str] = []
+    for line in head.split(b"\r\n"):
+        if b"\r" in line or b"\n" in line:
+            raise ValueError("a header holds a bare line break")
+        if line[:1] in (b" ", b"\t"):
+            if not names or not line.strip():
+                raise ValueError("a header line is folded where it may not be")
+            continue
+        start = _HEADER_LINE.match(line)
+        if start is None:
+            raise ValueError("a header line is not `Name: value`")
+        names.append(start.group(1).decode("ascii").lower())
+    if sorted(names) != sorted(name.lower() for name in _HEADER_NAMES):
+        raise ValueError("the headers are not the ones built")
 
 
 class _Deadline:
@@ -172,7 +343,8 @@ class SmtpSender:
     ) -> None:
         self.target = target
         self.sender = sender
-        self.envelope_sender = parseaddr(sender)[1] or sender
+        # Checked at start: an SMTP_FROM that cannot be a header stops the worker.
+        self.envelope_sender = sender_header(sender)[1]
         self.timeout_seconds = timeout_seconds
         self.delivery_seconds = delivery_seconds
         self._ssl_context = ssl_context
