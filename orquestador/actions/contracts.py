@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from orquestador.actions.lookup import LookupResult
 
@@ -23,6 +23,11 @@ class Effect(enum.StrEnum):
     @property
     def writes(self) -> bool:
         return self is not Effect.READ_ONLY
+
+
+# What a dry run does with an adapter that has no simulate: refuse the step, or call it.
+DryRun = Literal["simulate", "call"]
+DRY_RUN_CHOICES: tuple[DryRun, ...] = ("simulate", "call")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,11 @@ class Adapter:
     `ctx.external_key` exists (Found, NotFound or Unknown); the worker asks it before
     leaving a write in doubt to a person. It gets its own `lookup_timeout_seconds`
     (default: `timeout_seconds`), below the lease like the call's.
+
+    In a dry run the engine calls `simulate`; without one the step fails
+    SIMULATION_UNSUPPORTED, unless a READ_ONLY adapter declares `dry_run="call"`: then
+    its `invoke` runs for real, which is the operator's statement that calling it
+    outside changes nothing and costs nothing.
     """
 
     capability: str
@@ -92,14 +102,27 @@ class Adapter:
     simulation_only: bool = False
     lookup: Callable[[ActionContext], LookupResult] | None = field(default=None, repr=False)
     lookup_timeout_seconds: float | None = None
-    # What a dry run calls instead of `invoke` for a writing adapter: no side effect,
-    # returns the output the step would have had. A writer without it fails a dry run's
-    # step SIMULATION_UNSUPPORTED; the engine never calls a writer's `invoke` in one.
+    # What a dry run calls instead of `invoke`: no side effect, returns the output the
+    # step would have had. Without it a dry run's step fails SIMULATION_UNSUPPORTED; the
+    # engine never calls a writer's `invoke` in one.
     simulate: Callable[[ActionContext], dict[str, Any]] | None = field(default=None, repr=False)
+    # "call" lets a dry run invoke a READ_ONLY adapter for real; by default nothing
+    # outside is called in one (SPEC 16).
+    dry_run: DryRun = "simulate"
 
     def __post_init__(self) -> None:
         # A frozen dataclass still accepts a plain string; keep the enum everywhere.
         object.__setattr__(self, "effect", Effect(self.effect))
+        if self.dry_run not in DRY_RUN_CHOICES:
+            raise ValueError(f"{self.key}: dry_run must be 'simulate' or 'call'")
+        if self.dry_run == "call" and self.effect.writes:
+            raise ValueError(
+                f"{self.key}: dry_run='call' is for READ_ONLY adapters; a dry run never "
+                "invokes one that writes (declare simulate instead)"
+            )
+        if self.dry_run == "call" and self.simulate is not None:
+            # Both would answer the same dry run: say which one, by declaring only it.
+            raise ValueError(f"{self.key}: declares both simulate and dry_run='call'")
         if self.timeout_seconds <= 0:
             raise ValueError(f"{self.key}: timeout_seconds must be positive (finite timeouts only)")
         if self.max_attempts < 1:

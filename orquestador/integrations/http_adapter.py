@@ -95,6 +95,7 @@ def http_adapter(route: Route) -> Adapter:
         max_attempts=route.max_attempts,
         invoke=lambda ctx: call(route, ctx),
         simulate=simulate,
+        dry_run=route.dry_run,
         lookup=lookup,
         lookup_timeout_seconds=(route.lookup.timeout_seconds if route.lookup else None),
     )
@@ -147,6 +148,12 @@ def request_body(route: Route, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def call(route: Route, ctx: ActionContext) -> dict[str, Any]:
+    if ctx.simulation and route.dry_run != "call":
+        # The engine answers a dry run without calling (example, or SIMULATION_UNSUPPORTED);
+        # this is the second lock on that door, for anyone who calls the adapter directly.
+        raise PermanentError(
+            "SIMULATION_UNSUPPORTED", f"route {route.key}: a dry run does not call this route"
+        )
     url = fill_url(route.url, ctx.inputs, route)
     headers = {**route.headers, route.idempotency_header: ctx.external_key}
     body = None if route.method == "GET" else request_body(route, ctx.inputs)

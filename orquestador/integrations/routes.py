@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from orquestador.actions.contracts import Effect
+from orquestador.actions.contracts import DRY_RUN_CHOICES, DryRun, Effect
 from orquestador.domain.schemas import instance_errors, schema_problems, validator_for
 from orquestador.errors import ConfigError
 from orquestador.integrations.document import (
@@ -46,6 +46,7 @@ _ROUTE_KEYS = {
     "body",
     "lookup",
     "example",
+    "dry_run",
     "use_environment_proxy",
 }
 _LOOKUP_KEYS = {"method", "url", "found", "timeout_seconds"}
@@ -91,6 +92,9 @@ class Route:
     example: dict[str, Any] | None
     use_environment_proxy: bool
     line: int
+    # "call": a dry run calls this READ_ONLY route for real; by default it answers
+    # `example` or fails SIMULATION_UNSUPPORTED, and nothing is sent.
+    dry_run: DryRun = "simulate"
 
     @property
     def key(self) -> str:
@@ -250,6 +254,7 @@ class _RouteChecker:
             elif isinstance(output_schema, dict):
                 for error in instance_errors(validator_for(output_schema), example)[:3]:
                     self.problem("example", f"breaks output_schema: {error.message}")
+        dry_run = self._dry_run(t.get("dry_run", "simulate"), effect, example)
         proxy = t.get("use_environment_proxy", False)
         if not isinstance(proxy, bool):
             self.problem("use_environment_proxy", "must be true or false")
@@ -273,7 +278,19 @@ class _RouteChecker:
             example=example,
             use_environment_proxy=proxy,
             line=self.lines.of(self.index),
+            dry_run=dry_run,
         )
+
+    def _dry_run(self, value: Any, effect: Effect, example: Any) -> DryRun:
+        choice = next((c for c in DRY_RUN_CHOICES if c == value), None)
+        if choice is None:
+            self.problem("dry_run", 'must be "simulate" (the default) or "call"')
+            return "simulate"
+        if value == "call" and effect.writes:
+            self.problem("dry_run", '"call" is for READ_ONLY routes: a dry run never sends a write')
+        if value == "call" and example is not None:
+            self.problem("dry_run", '"call" sends the request, so the example is never answered')
+        return choice
 
     def _effect(self, value: Any) -> Effect:
         try:

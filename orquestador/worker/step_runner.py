@@ -63,7 +63,8 @@ def _timed(adapter: Adapter, outcome: str, began: float) -> None:
 def _simulation_unsupported(ctx: ActionContext) -> dict[str, Any]:
     raise PermanentError(
         "SIMULATION_UNSUPPORTED",
-        "the adapter writes and declares no simulate; a dry run never calls its invoke",
+        'the adapter declares no simulate (nor, for a read, dry_run = "call"); '
+        "a dry run calls nothing outside",
     )
 
 
@@ -166,14 +167,16 @@ class StepRunner(StepOutcomes):
             capability=adapter.capability,
             adapter_version=adapter.version,
         )
-        # The simulation guarantee lives here, not in each adapter: a dry run never calls
-        # a writer's invoke. It calls simulate when the adapter has one (a read's too);
-        # a writer without it fails the step SIMULATION_UNSUPPORTED, a declared failure.
+        # The simulation guarantee lives here, not in each adapter: a dry run calls
+        # nothing outside. It calls simulate when the adapter has one; without it only a
+        # read that opts in (dry_run = "call") is invoked, and any other step fails
+        # SIMULATION_UNSUPPORTED, a declared failure. A writer is refused even when it
+        # claims "call" past the contract's check.
         call: Callable[[ActionContext], Any] = adapter.invoke
         simulated = False
         if loaded.simulation and adapter.simulate is not None:
             call, simulated = adapter.simulate, True
-        elif loaded.simulation and adapter.effect.writes:
+        elif loaded.simulation and (adapter.effect.writes or adapter.dry_run != "call"):
             call, simulated = _simulation_unsupported, True
         found = loaded.checkpoints.get(spec.id)
         extra = {

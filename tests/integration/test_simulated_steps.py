@@ -1,11 +1,14 @@
-"""Dry runs: the engine never calls a writer's invoke in a simulated execution."""
+"""Dry runs: the engine never calls a writer's invoke in a simulated execution, nor a
+read's unless the read opts in (dry_run = "call")."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from orquestador.actions import ActionContext, AdapterRegistry, Effect
+import pytest
+
+from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.actions.builtin import register_builtins
 from orquestador.worker.executor import Executor
 from tests.integration.worker_support import RecordingAdapter as Double
@@ -48,6 +51,8 @@ def _registry(*adapters: Any) -> AdapterRegistry:
     for item in adapters:
         if isinstance(item, Simulating):
             registry.add(replace(item.double.adapter(), simulate=item.simulate))
+        elif isinstance(item, Adapter):
+            registry.add(item)
         else:
             registry.add(item.adapter())
     return registry
@@ -59,7 +64,8 @@ def test_a_dry_run_simulates_every_writer_and_never_invokes_one(runtime_engine):
     read = Double("test.read", Effect.READ_ONLY, output={"balance": 10})
     charging = Simulating(charge, {"invoiceId": "sim-1"}, summary="would charge 10 EUR")
     notifying = Simulating(notify, {"sent": False})
-    executor = Executor(_registry(charging, notifying, read), settings())
+    reading = replace(read.adapter(), dry_run="call")
+    executor = Executor(_registry(charging, notifying, reading), settings())
     eid = start_execution(
         runtime_engine,
         flow_definition(
@@ -75,7 +81,7 @@ def test_a_dry_run_simulates_every_writer_and_never_invokes_one(runtime_engine):
     assert charge.calls == [] and notify.calls == [], "a writer's invoke ran in a dry run"
     assert len(charging.calls) == 1 and len(notifying.calls) == 1
     assert charging.calls[0].simulation is True
-    # A read without simulate is called as it is: reading changes nothing.
+    # A read that opts in (dry_run = "call") is called as it is.
     assert len(read.calls) == 1 and read.calls[0].simulation is True
     assert checkpoints(runtime_engine, eid)["charge"].output == {"invoiceId": "sim-1"}
     simulated = [row.detail for row in audit(runtime_engine, eid, "ACTION_SIMULATED")]
@@ -114,6 +120,46 @@ def test_a_read_with_simulate_is_simulated_in_a_dry_run_and_invoked_otherwise(ru
     assert (len(read.calls), len(reading.calls)) == (1, 1), "simulate ran outside a dry run"
     assert checkpoints(runtime_engine, real)["r"].output == {"real": True}
     assert audit(runtime_engine, real, "ACTION_SIMULATED") == []
+
+
+def test_a_read_without_simulate_is_not_called_in_a_dry_run_unless_it_opts_in(runtime_engine):
+    read = Double("test.read", Effect.READ_ONLY, output={"balance": 10})
+    opted_in = Double("test.read", Effect.READ_ONLY, version=2, output={"balance": 20})
+    executor = Executor(_registry(read, replace(opted_in.adapter(), dry_run="call")), settings())
+    refused = start_execution(
+        runtime_engine, flow_definition([action("r", "test.read")]), simulation=True
+    )
+    assert run_once(runtime_engine, executor) == "FAILED"
+    assert read.calls == [], "a dry run called a read that did not opt in"
+    assert execution(runtime_engine, refused).error_code == "SIMULATION_UNSUPPORTED"
+    assert checkpoints(runtime_engine, refused)["r"].error_code == "SIMULATION_UNSUPPORTED"
+
+    called = start_execution(
+        runtime_engine, flow_definition([action("r", "test.read", 2)]), simulation=True
+    )
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    assert len(opted_in.calls) == 1 and opted_in.calls[0].simulation is True
+    assert checkpoints(runtime_engine, called)["r"].output == {"balance": 20}
+    # A real read, not a simulated call: no ACTION_SIMULATED row.
+    assert audit(runtime_engine, called, "ACTION_SIMULATED") == []
+
+
+@pytest.mark.parametrize("effect", [Effect.IDEMPOTENT_WRITE, Effect.NON_IDEMPOTENT_WRITE])
+def test_a_writer_claiming_dry_run_call_past_the_contract_is_never_invoked(
+    runtime_engine, effect: Effect
+):
+    # The contract refuses a writer that declares dry_run="call"; the engine does not
+    # rely on that check: it refuses a writer's invoke in a dry run whatever it says.
+    write = Double("test.write", effect, output=_refuse)
+    adapter = write.adapter()
+    object.__setattr__(adapter, "dry_run", "call")
+    executor = Executor(_registry(adapter), settings())
+    eid = start_execution(
+        runtime_engine, flow_definition([action("w", "test.write")]), simulation=True
+    )
+    assert run_once(runtime_engine, executor) == "FAILED"
+    assert write.calls == []
+    assert execution(runtime_engine, eid).error_code == "SIMULATION_UNSUPPORTED"
 
 
 def test_a_writer_without_simulate_fails_the_step_simulation_unsupported(runtime_engine):

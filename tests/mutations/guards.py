@@ -1061,6 +1061,10 @@ _WRITER_PY = "orquestador/worker/protocol_writer.py"
 _EXECUTOR_PY = "orquestador/worker/executor.py"
 _STEP_RUNNER_PY = "orquestador/worker/step_runner.py"
 _STEP_OUTCOMES_PY = "orquestador/worker/step_outcomes.py"
+# The dry-run rule: a writer is never invoked, a read only when it opts in.
+_DRY_RUN_REFUSAL = (
+    '        elif loaded.simulation and (adapter.effect.writes or adapter.dry_run != "call"):'
+)
 _ENGINE_PY = "orquestador/db/engine.py"
 _DAEMON_PY = "orquestador/worker/daemon.py"
 _CONFIG_PY = "orquestador/config.py"
@@ -1284,11 +1288,21 @@ EXECUTOR_GUARDS = [
     Mutation(
         "dry-run-never-invokes-a-writer",
         _STEP_RUNNER_PY,
-        "        elif loaded.simulation and adapter.effect.writes:\n"
-        "            call, simulated = _simulation_unsupported, True\n",
-        "",
-        "A dry run never calls a writing adapter's invoke.",
-        (f"{SIMULATED}::test_a_writer_without_simulate_fails_the_step_simulation_unsupported",),
+        _DRY_RUN_REFUSAL,
+        '        elif loaded.simulation and (adapter.dry_run != "call"):',
+        "A dry run never calls a writing adapter's invoke, whatever the adapter declares.",
+        (f"{SIMULATED}::test_a_writer_claiming_dry_run_call_past_the_contract_is_never_invoked",),
+    ),
+    Mutation(
+        "dry-run-calls-a-read-only-on-opt-in",
+        _STEP_RUNNER_PY,
+        _DRY_RUN_REFUSAL,
+        "        elif loaded.simulation and (adapter.effect.writes):",
+        "A dry run calls nothing outside: a read without simulate is invoked only when it "
+        'declares dry_run = "call".',
+        (
+            f"{SIMULATED}::test_a_read_without_simulate_is_not_called_in_a_dry_run_unless_it_opts_in",
+        ),
     ),
     Mutation(
         "adapter-timeouts-below-lease",
