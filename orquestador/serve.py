@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -274,8 +276,52 @@ def serve_with_gunicorn(settings: Settings) -> int:
     return 0
 
 
+# After a 413 the client may still be sending: what it sends is discarded for at most
+# this long (and this much), so it can read the answer before the close resets it.
+REFUSED_BODY_LINGER_SECONDS = 1.0
+REFUSED_BODY_LINGER_BYTES = 1 << 20
+
+
+class _RefusedBody:
+    """Stands in for the handler's input once a body was refused as too large.
+
+    werkzeug reads whatever follows its answer, up to 10 GB, before it closes. Instead
+    the connection is closed for writing on the first read (the client sees the end of
+    the answer at once) and the rest is discarded within a small budget, then cut.
+    """
+
+    def __init__(self, rfile: Any, connection: socket.socket) -> None:
+        self._rfile = rfile
+        self._connection = connection
+        self._deadline = time.monotonic() + REFUSED_BODY_LINGER_SECONDS
+        self._budget = REFUSED_BODY_LINGER_BYTES
+        self._closed_for_writing = False
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._closed_for_writing:
+            self._closed_for_writing = True
+            with contextlib.suppress(OSError):
+                self._connection.shutdown(socket.SHUT_WR)
+        if self._budget <= 0 or time.monotonic() >= self._deadline:
+            return b""
+        wanted = min(self._budget, 65536 if size < 0 else size, 65536)
+        data: bytes = self._rfile.read1(wanted)
+        self._budget -= len(data)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rfile, name)
+
+
 class DevRequestHandler(WSGIRequestHandler):
     """werkzeug's handler, minus its version banner, with problem refusals and safe log lines."""
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        super().send_response(code, message)
+        if code == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+            # The unread rest of the body is no request of its own: close after the answer.
+            self.close_connection = True
+            self.rfile = _RefusedBody(self.rfile, self.connection)
 
     def version_string(self) -> str:
         # The default names werkzeug's and Python's versions in every `Server:` header.
