@@ -143,8 +143,26 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     gunicorn answers its own 414 and 431 before any application runs, as an HTML page;
     an API client gets the same problem+json as from the app instead. Every other error
-    gunicorn handles as it always does.
+    gunicorn handles as it always does. The app learns how many request threads it has
+    (agent long polls may hold only a share of them), and a stopping worker ends its
+    open long polls with 204 rather than wait out each one's `wait`.
     """
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        # Imported in the worker: the routes' modules make metrics, which must not
+        # exist before the master has prepared the multiprocess directory.
+        from orquestador.api.agent_routes import size_poll_share
+
+        # The threads actually run, even when a command line overrode API_THREADS.
+        size_poll_share(self.wsgi, self.cfg.threads)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        from orquestador.machines.bell import stop_polls
+
+        # On the worker's own loop, not in the signal handler: it takes the bells' locks.
+        self.method_queue.defer(stop_polls)
 
     def handle_error(self, req: Any, client: socket.socket, addr: Any, exc: BaseException) -> None:
         if isinstance(exc, LimitRequestLine):
@@ -226,7 +244,7 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "bind": f"{settings.api_host}:{settings.api_port}",
         "workers": settings.api_workers,
         "worker_class": "orquestador.serve.ProblemThreadWorker",
-        "threads": 4,
+        "threads": settings.api_threads,
         "graceful_timeout": max(GRACEFUL_TIMEOUT_SECONDS, settings.worker_drain_seconds + 10),
         "accesslog": "-",
         "access_log_format": ACCESS_LOG_FORMAT,

@@ -83,7 +83,11 @@ def paths() -> dict[str, Any]:
                 + " Hands out the machine's oldest `pending` command and marks it `sent`: "
                 "each command is handed out once, to one agent, even when several poll at "
                 "once. With none pending, waits up to `wait` seconds for one, then answers "
-                "204. No body.",
+                "204. No body.\n\nA poll that waits holds one of the API process's request "
+                "threads, so polls may hold at most `AGENT_POLL_SHARE` of them; beyond it a "
+                "poll answers 429 at once, with `Retry-After`. A machine has one open poll: "
+                "a newer one ends the older with 204 at once. A poll with `wait` 0 only "
+                "looks, and is never refused for the share.",
                 "security": SECURED,
                 "parameters": [
                     query_parameter(
@@ -94,7 +98,22 @@ def paths() -> dict[str, Any]:
                 ],
                 "responses": {
                     "200": json_response(ref("AgentCommand"), "A command, now `sent`."),
-                    "204": {"description": "No command arrived within `wait` seconds."},
+                    "204": {
+                        "description": "No command arrived within `wait` seconds, or a newer "
+                        "poll of the machine (or the server stopping) ended this one."
+                    },
+                    "429": {
+                        "description": "`AGENT_POLLS_BUSY`: this API process already holds "
+                        "all the long polls its share of request threads allows. Poll again "
+                        "after `Retry-After` seconds, with jitter.",
+                        "headers": {
+                            "Retry-After": {
+                                "description": "Seconds to wait before polling again.",
+                                "schema": {"type": "integer", "minimum": 1},
+                            }
+                        },
+                        "content": {"application/problem+json": {"schema": ref("Problem")}},
+                    },
                     **problems(
                         "400",
                         *READ_ERRORS,

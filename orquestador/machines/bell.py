@@ -7,6 +7,15 @@ when a notification for that machine arrives. The bell only shortens the sleep: 
 poll still looks at a bounded interval, so a lost notification or a dropped listener
 connection delays a command, never loses it.
 
+The bell also keeps a machine to one open poll. A poll opened here ends this process's
+older polls of its machine at once, and `announce_poll` tells the other processes through
+POLL_OPENED_CHANNEL, whose bells end the polls of that machine announced before it (by
+the database's clock, so that a late notification never ends a newer poll). A process
+whose bell is not listening at that moment (connecting, reconnecting), or a poll not yet
+announced when the notification arrives, keeps its older poll until that poll's own
+wait ends. `stop_polls` ends every poll of the process when
+it shuts down.
+
 The thread runs while someone subscribes and ends when nobody has for a while, so an
 idle process holds no connection for it.
 """
@@ -17,14 +26,20 @@ import json
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import psycopg
+from sqlalchemy import Connection, text
 
 log = logging.getLogger(__name__)
 
 NEW_COMMAND_CHANNEL = "orquestador_command_pending"
+# Payload [organization, machine, poll id, microseconds since the epoch by the database's
+# clock]: a poll of that machine has opened somewhere.
+POLL_OPENED_CHANNEL = "orquestador_agent_poll_opened"
 # With nobody subscribed for this long the thread closes its connection and ends.
 IDLE_SECONDS = 30.0
 RECONNECT_SECONDS = 1.0
@@ -38,6 +53,50 @@ def notification_payload(org_id: str, machine_id: str) -> str:
     return json.dumps([org_id, machine_id])
 
 
+@dataclass
+class OpenPoll:
+    """One agent long poll of this process, registered while it waits."""
+
+    org_id: str
+    machine_id: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Set when a newer poll of the machine, or the process's shutdown, ends this one.
+    ended: threading.Event = field(default_factory=threading.Event)
+    # Whether opening it ended an older poll of the machine in this process.
+    replaced_older: bool = False
+    # When it was announced, in microseconds by the database's clock; None before.
+    announced_at: int | None = None
+
+
+# The time is the database's, one clock for every process; it rides in the payload.
+_ANNOUNCE = text(
+    """
+    WITH announced AS (
+        SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS at
+    )
+    SELECT at, pg_notify(
+        :channel,
+        json_build_array(CAST(:org AS text), CAST(:machine AS text), CAST(:poll AS text), at)::text
+    )
+    FROM announced
+    """
+)
+
+
+def announce_poll(conn: Connection, poll: OpenPoll) -> None:
+    """Tell every process's bell that POLL is now its machine's poll (sent at commit)."""
+    at = conn.execute(
+        _ANNOUNCE,
+        {
+            "channel": POLL_OPENED_CHANNEL,
+            "org": poll.org_id,
+            "machine": poll.machine_id,
+            "poll": poll.id,
+        },
+    ).scalar_one()
+    poll.announced_at = int(at)
+
+
 class CommandBell:
     """Per-machine events, set by one listening thread."""
 
@@ -46,6 +105,8 @@ class CommandBell:
         self._idle_seconds = idle_seconds
         self._lock = threading.Lock()
         self._subscribers: dict[_Key, set[threading.Event]] = {}
+        self._polls: dict[_Key, dict[str, OpenPoll]] = {}
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self.listening = threading.Event()  # set while LISTEN is in effect
 
@@ -62,11 +123,7 @@ class CommandBell:
         key = (org_id, machine_id)
         with self._lock:
             self._subscribers.setdefault(key, set()).add(rung)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="orquestador-command-bell", daemon=True
-                )
-                self._thread.start()
+            self._start_locked()
         try:
             yield rung
         finally:
@@ -77,6 +134,61 @@ class CommandBell:
                     if not waiting:
                         del self._subscribers[key]
 
+    @contextmanager
+    def open_poll(self, org_id: str, machine_id: str) -> Iterator[OpenPoll]:
+        """The machine's poll in this process while inside; its older ones end at once."""
+        key = (org_id, machine_id)
+        with self._lock:
+            replaced = self._end_locked(key)
+            poll = OpenPoll(org_id, machine_id, replaced_older=replaced)
+            if self._stopping:
+                poll.ended.set()
+            self._polls.setdefault(key, {})[poll.id] = poll
+            # Listening, so that a newer poll in another process can end this one.
+            self._start_locked()
+        try:
+            yield poll
+        finally:
+            with self._lock:
+                open_polls = self._polls.get(key)
+                if open_polls is not None:
+                    open_polls.pop(poll.id, None)
+                    if not open_polls:
+                        del self._polls[key]
+
+    def stop_polls(self) -> None:
+        """End every open poll, and any opened from now on (the process is stopping)."""
+        with self._lock:
+            self._stopping = True
+            for key in list(self._polls):
+                self._end_locked(key)
+
+    def _end_locked(self, key: _Key, announced_before: int | None = None) -> bool:
+        """End the machine's open polls (only those announced before, when given); True
+        when there was one to end."""
+        ended = False
+        for poll in self._polls.get(key, {}).values():
+            if announced_before is not None and not (
+                poll.announced_at is not None and poll.announced_at < announced_before
+            ):
+                continue
+            if not poll.ended.is_set():
+                poll.ended.set()
+                ended = True
+        if ended:
+            # The ended poll sleeps on its subscription: ringing it makes it look at
+            # `ended` now rather than at its next fallback look.
+            for rung in self._subscribers.get(key, ()):
+                rung.set()
+        return ended
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="orquestador-command-bell", daemon=True
+            )
+            self._thread.start()
+
     def _ring(self, payload: str) -> None:
         try:
             org_id, machine_id = json.loads(payload)
@@ -86,10 +198,20 @@ class CommandBell:
             for rung in self._subscribers.get((org_id, machine_id), ()):
                 rung.set()
 
+    def _poll_opened(self, payload: str) -> None:
+        try:
+            org_id, machine_id, _, announced_at = json.loads(payload)
+        except (ValueError, TypeError):
+            return
+        if not isinstance(announced_at, int):
+            return
+        with self._lock:
+            self._end_locked((org_id, machine_id), announced_before=announced_at)
+
     def _idle(self) -> bool:
         """True, and the thread is forgotten, when nobody subscribes (checked under the lock)."""
         with self._lock:
-            if self._subscribers:
+            if self._subscribers or self._polls:
                 return False
             self._thread = None
             self.listening.clear()
@@ -103,14 +225,18 @@ class CommandBell:
                     self._conninfo, autocommit=True, application_name="orquestador-command-bell"
                 ) as conn:
                     conn.execute(f"LISTEN {NEW_COMMAND_CHANNEL}")
+                    conn.execute(f"LISTEN {POLL_OPENED_CHANNEL}")
                     self.listening.set()
                     while True:
                         rang = False
                         for note in conn.notifies(timeout=1.0, stop_after=1):
-                            self._ring(note.payload)
+                            if note.channel == POLL_OPENED_CHANNEL:
+                                self._poll_opened(note.payload)
+                            else:
+                                self._ring(note.payload)
                             rang = True
                         with self._lock:
-                            busy = bool(self._subscribers)
+                            busy = bool(self._subscribers or self._polls)
                         idle_for = 0.0 if busy or rang else idle_for + 1.0
                         if idle_for >= self._idle_seconds and self._idle():
                             return
@@ -134,3 +260,11 @@ def bell_for(conninfo: str) -> CommandBell:
         if bell is None:
             bell = _BELLS[key] = CommandBell(conninfo)
         return bell
+
+
+def stop_polls() -> None:
+    """End the open polls of every bell of this process: it is shutting down."""
+    with _BELLS_LOCK:
+        bells = [bell for (pid, _), bell in _BELLS.items() if pid == os.getpid()]
+    for bell in bells:
+        bell.stop_polls()

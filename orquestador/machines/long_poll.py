@@ -40,7 +40,8 @@ def next_command(
 ) -> AgentCommand | None:
     """The machine's oldest pending command, marked sent; None after `wait_seconds` with none.
 
-    `stop` ends the wait early (the server is shutting down); `on_empty_look` is called
+    `stop` ends the wait early (the server is shutting down, or a newer poll of the machine
+    replaced this one); set before a look, no look follows. `on_empty_look` is called
     after each look that found nothing, before sleeping (tests synchronise on it).
     """
     if not 0 <= wait_seconds <= MAX_WAIT_SECONDS:
@@ -66,6 +67,10 @@ def next_command(
     with bell.subscription(org_id, machine_id) as rung:
         while True:
             rung.clear()
+            # Checked before looking: a poll that was ended takes no command for an
+            # agent that has moved on to a newer poll.
+            if stop is not None and stop.is_set():
+                return None
             command = look()
             if command is not None:
                 return command

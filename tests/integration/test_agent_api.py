@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from api_support import ORG, OTHER_ORG, Api, problem, running_api
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
+from werkzeug.test import TestResponse
 
-from orquestador.machines import create_command
+from orquestador.api.agent_routes import POLL_SHARE_EXTENSION, PollShare
+from orquestador.api.openapi import openapi_document
+from orquestador.db.engine import make_engine
+from orquestador.machines import create_command, next_command
+from orquestador.machines.bell import CommandBell, announce_poll, stop_polls
 
 
 @pytest.fixture
@@ -154,3 +161,161 @@ def test_a_long_poll_over_http_answers_when_the_command_arrives(
 
     assert not poller.is_alive()
     assert answers[0].status_code == 200 and answers[0].get_json()["id"] == command_id
+
+
+# --- long polls and the threads they hold -----------------------------------------------
+
+
+def poll_share(api: Api) -> PollShare:
+    return api.app.extensions[POLL_SHARE_EXTENSION]
+
+
+class Poller:
+    """A long poll on a thread of its own; its answer and how long it took, once it ends."""
+
+    def __init__(self, api: Api, headers: dict[str, str], wait: str = "20") -> None:
+        self.answer: TestResponse | None = None
+        self.seconds = math.inf
+        self._thread = threading.Thread(target=self._run, args=(api, headers, wait))
+        self._thread.start()
+
+    def _run(self, api: Api, headers: dict[str, str], wait: str) -> None:
+        started = time.monotonic()
+        self.answer = take(api, headers, wait=wait)
+        self.seconds = time.monotonic() - started
+
+    def ended(self, timeout: float = 10) -> TestResponse:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the long poll is still open"
+        assert self.answer is not None
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("share", "threads", "limit"), [(0.5, 4, 2), (0.5, 1, 1), (0.29, 100, 29), (1, 8, 8)]
+)
+def test_the_share_is_a_floor_of_the_threads_and_at_least_one(
+    share: float, threads: int, limit: int
+) -> None:
+    assert PollShare.limit_for(share, threads) == limit
+
+
+def test_polls_beyond_the_share_answer_429_with_retry_after_at_once(
+    api: Api, runtime_engine: Engine
+) -> None:
+    assert poll_share(api).limit == 2  # API_THREADS 4, AGENT_POLL_SHARE 0.5
+    open_polls = [Poller(api, agent(api, machine=m)) for m in ("m-1", "m-2")]
+    assert poll_share(api).wait_until_held(2, timeout=10)
+
+    started = time.monotonic()
+    refused = take(api, agent(api, machine="m-3"), wait="3")
+    refused_after = time.monotonic() - started
+    # A poll that does not wait holds a thread no longer than a read: never refused.
+    look = take(api, agent(api, machine="m-3"), wait="0")
+
+    assert refused.status_code == 429, refused.status_code
+    assert refused_after < 1
+    assert problem(refused)["code"] == "AGENT_POLLS_BUSY"
+    assert refused.headers["Retry-After"] == "5"
+    assert look.status_code == 204
+    # A place frees when an open poll ends: then the next poll is taken.
+    command_id = command(runtime_engine, machine="m-1")
+    assert open_polls[0].ended().get_json()["id"] == command_id
+    command(runtime_engine, machine="m-2")
+    open_polls[1].ended()
+    assert take(api, agent(api, machine="m-3"), wait="0.1").status_code == 204
+    assert poll_share(api).held == 0
+
+
+def test_a_newer_poll_of_the_machine_ends_the_older_with_204_at_once(
+    api: Api, runtime_engine: Engine
+) -> None:
+    older = Poller(api, agent(api))
+    assert poll_share(api).wait_until_held(1, timeout=10)
+
+    newer = Poller(api, agent(api))
+    ended = older.ended()
+    command_id = command(runtime_engine)
+
+    assert ended.status_code == 204 and older.seconds < 5
+    # The command goes to the poll that is open, never to the one that was ended.
+    assert newer.ended().get_json()["id"] == command_id
+    assert status_of(runtime_engine, command_id) == "sent"
+
+
+def test_a_newer_poll_takes_the_place_of_its_machines_older_one_when_the_share_is_full(
+    api: Api, runtime_engine: Engine
+) -> None:
+    older, other = Poller(api, agent(api)), Poller(api, agent(api, machine="m-2"))
+    assert poll_share(api).wait_until_held(2, timeout=10)
+
+    newer = Poller(api, agent(api))
+
+    assert older.ended().status_code == 204
+    command_id = command(runtime_engine)
+    assert newer.ended().get_json()["id"] == command_id
+    command(runtime_engine, machine="m-2")
+    assert other.ended().status_code == 200
+
+
+def test_a_poll_opened_in_another_process_ends_this_ones(database) -> None:
+    # Two bells on one database stand for two API processes: each has its own.
+    url = make_url(database.runtime_dsn).set(drivername="postgresql")
+    here, there = (CommandBell(url.render_as_string(hide_password=False)) for _ in range(2))
+    engine = make_engine(database.runtime_dsn)
+    try:
+        with (
+            here.open_poll(ORG, "m-1") as older,
+            here.open_poll(ORG, "m-2") as stranger,
+            here.open_poll(OTHER_ORG, "m-1") as foreign,
+        ):
+            with engine.begin() as conn:
+                for poll in (older, stranger, foreign):
+                    announce_poll(conn, poll)
+            assert here.listening.wait(10)
+            with there.open_poll(ORG, "m-1") as newer:
+                with engine.begin() as conn:
+                    announce_poll(conn, newer)
+
+                assert older.ended.wait(10)
+                assert not newer.ended.is_set()
+            assert not stranger.ended.is_set() and not foreign.ended.is_set()
+    finally:
+        engine.dispose()
+
+
+def test_an_ended_poll_takes_no_command_even_a_pending_one(
+    database, runtime_engine: Engine
+) -> None:
+    command_id = command(runtime_engine)
+    url = make_url(database.runtime_dsn).set(drivername="postgresql")
+    bell = CommandBell(url.render_as_string(hide_password=False), idle_seconds=1)
+    ended = threading.Event()
+    ended.set()  # a newer poll of the machine ended it before its first look
+
+    taken = next_command(
+        runtime_engine, org_id=ORG, machine_id="m-1", wait_seconds=5, bell=bell, stop=ended
+    )
+
+    assert taken is None
+    assert status_of(runtime_engine, command_id) == "pending"
+
+
+def test_a_stopping_process_ends_its_open_polls_and_any_opened_after(api: Api) -> None:
+    open_poll = Poller(api, agent(api))
+    assert poll_share(api).wait_until_held(1, timeout=10)
+
+    # What a gunicorn worker does on SIGTERM (serve.py); this test's database, and so
+    # its bell, is its own.
+    stop_polls()
+
+    assert open_poll.ended().status_code == 204 and open_poll.seconds < 5
+    late = Poller(api, agent(api, machine="m-2"))
+    assert late.ended().status_code == 204 and late.seconds < 5
+
+
+def test_the_openapi_document_lists_the_429_and_its_retry_after() -> None:
+    poll = openapi_document()["paths"]["/agent/commands/next"]["post"]
+
+    assert "Retry-After" in poll["responses"]["429"]["headers"]
+    assert "AGENT_POLL_SHARE" in poll["description"]
