@@ -10,6 +10,7 @@ SIMULATION_UNSUPPORTED. With it, the read is sent as in a real run.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,14 @@ from route_provider import RouteProvider
 from sqlalchemy import Engine, text
 from worker_support import action, flow_definition, settings, wait_until
 
-from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
+from orquestador.actions import (
+    ActionContext,
+    Adapter,
+    AdapterRegistry,
+    Effect,
+    Identity,
+    PermanentError,
+)
 from orquestador.actions.builtin import register_builtins
 from orquestador.integrations.http_adapter import http_adapter
 from orquestador.integrations.routes import load_routes
@@ -249,3 +257,20 @@ def test_a_read_that_opts_in_is_called_for_real_in_a_dry_run(
     assert output is not None and output != {}
     # A real read, not a simulation: nothing to list under wouldHaveDone.
     assert view["wouldHaveDone"] == []
+
+
+def test_a_route_invoked_directly_in_a_simulation_sends_nothing_unless_it_opts_in(
+    registry: AdapterRegistry, provider: RouteProvider
+) -> None:
+    # The engine never invokes such a route in a dry run; the route refuses it as well.
+    def simulated() -> ActionContext:
+        deadline = time.monotonic() + 2
+        return ActionContext({}, "e:a", 1, deadline, Identity("o", "r", "e"), simulation=True)
+
+    for capability in ("billing.invoices", "document.verify"):
+        with pytest.raises(PermanentError) as refused:
+            registry.get(capability, 1).invoke(simulated())
+        assert refused.value.code == "SIMULATION_UNSUPPORTED"
+    assert provider.received == []
+    assert registry.get("billing.invoices", 2).invoke(simulated()) == {"invoices": []}
+    assert [(r.method, r.path) for r in provider.received] == [("GET", "/v1/invoices")]

@@ -122,6 +122,76 @@ def test_each_mistake_is_one_line_with_its_place(tmp_path):
     assert all("\n" not in p for p in problems)
 
 
+DRY_RUNS = """\
+[[route]]
+capability = "reports.read"
+version = 1
+effect = "READ_ONLY"
+method = "GET"
+url = "${BILLING_URL}/v1/report"
+timeout_seconds = 5
+max_attempts = 1
+dry_run = "always"
+
+[[route]]
+capability = "billing.refund"
+version = 1
+effect = "IDEMPOTENT_WRITE"
+method = "POST"
+url = "${BILLING_URL}/v1/refunds"
+timeout_seconds = 5
+max_attempts = 1
+dry_run = "call"
+
+[[route]]
+capability = "reports.read"
+version = 2
+effect = "READ_ONLY"
+method = "GET"
+url = "${BILLING_URL}/v1/report"
+timeout_seconds = 5
+max_attempts = 1
+example = { total = 0 }
+dry_run = "call"
+"""
+
+
+def test_dry_run_is_simulate_or_call_and_call_only_on_a_read_without_example(tmp_path):
+    path = _file(tmp_path, DRY_RUNS)
+    routes, problems = route_file_problems(path, ENVIRON, 60)
+    assert routes == []
+    assert problems == [
+        f'{path}:9: route reports.read@1: dry_run: must be "simulate" (the default) or "call"',
+        f'{path}:19: route billing.refund@1: dry_run: "call" is for READ_ONLY routes: a dry run '
+        "never sends a write",
+        f'{path}:30: route reports.read@2: dry_run: "call" sends the request, so the example '
+        "is never answered",
+    ]
+    opted_in = DRY_RUNS.split("[[route]]")[1].replace('"always"', '"call"')
+    (route,) = load_routes(_file(tmp_path, "[[route]]" + opted_in), ENVIRON, 60)
+    assert route.dry_run == "call"
+    billing, verify = load_routes(_file(tmp_path, GOOD), ENVIRON, lease_seconds=60)
+    assert (billing.dry_run, verify.dry_run) == ("simulate", "simulate")
+
+
+def test_the_shipped_example_calls_no_provider_in_a_dry_run_unless_a_read_opts_in():
+    environ = {
+        "BILLING_URL": "https://billing.example.com",
+        "BILLING_TOKEN": "tok",
+        "KYC_URL": "https://kyc.example.com",
+        "KYC_API_KEY": "key",
+    }
+    routes = load_routes(ROOT / "docs/examples/integrations.toml", environ, 60)
+    for route in routes:
+        # Each route answers a dry run with its example, or is a read that opts in.
+        assert route.example is not None or (route.dry_run == "call" and not route.effect.writes), (
+            route.key
+        )
+    verify = next(r for r in routes if r.key == "document.verify@1")
+    assert (verify.method, verify.effect, verify.dry_run) == ("POST", "READ_ONLY", "simulate")
+    assert verify.example is not None
+
+
 def test_toml_syntax_errors_name_their_line(tmp_path):
     path = _file(tmp_path, GOOD + "\n[[route]\ncapability = 1\n")
     _, problems = route_file_problems(path, ENVIRON, 60)

@@ -72,6 +72,20 @@ def test_timeouts_must_be_finite_and_below_the_lease():
     registry.check_timeouts_below(61)
 
 
+def test_only_a_read_without_simulate_may_be_called_in_a_dry_run():
+    assert _adapter().dry_run == "simulate"
+    assert _adapter(effect=Effect.READ_ONLY, dry_run="call").dry_run == "call"
+    for effect in (Effect.IDEMPOTENT_WRITE, Effect.NON_IDEMPOTENT_WRITE):
+        with pytest.raises(ValueError, match="dry_run='call' is for READ_ONLY adapters"):
+            _adapter(effect=effect, dry_run="call")
+    with pytest.raises(ValueError, match="both simulate and dry_run='call'"):
+        _adapter(effect=Effect.READ_ONLY, dry_run="call", simulate=lambda ctx: {})
+    with pytest.raises(ValueError, match="dry_run must be 'simulate' or 'call'"):
+        _adapter(effect=Effect.READ_ONLY, dry_run="sometimes")
+    # noop calls nothing, so it is the one built-in a dry run calls as it is.
+    assert NOOP.dry_run == "call"
+
+
 def test_load_registry_holds_only_noop_by_default_and_loads_operator_modules():
     assert [a.key for a in load_registry(Settings.from_env({})).adapters()] == [
         "noop@1",
