@@ -2,9 +2,10 @@
 
 An adapter's own errors (TransientError, PermanentError, UncertainError) carry words
 its author chose for operators; anything else it raised is reported with its class.
-Either way every input string of the call is blanked out of the text before it is
-kept, and the text is cut to ATTEMPT_MESSAGE_MAX characters: inputs may be secret,
-and a message is not a place for a provider's whole answer.
+Either way every configured secret value becomes `[redacted]` (SPEC 16, see
+`orquestador.redaction`) and every input string of the call `[input]` before the text
+is kept or logged, and the text is cut to ATTEMPT_MESSAGE_MAX characters: inputs may be
+secret, and a message is not a place for a provider's whole answer.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any
 
 from orquestador.actions.errors import ActionError
 from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
-from orquestador.logs import exception_message
+from orquestador.redaction import REDACTED, replace_values, secret_values
 
 # Shorter strings are too common to blank out without destroying the message.
 _MIN_BLANKED = 4
 _BLANK = "[input]"
+# As long as the log formatter keeps of an exception's first line.
+ERROR_LINE_MAX = 500
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -35,10 +38,11 @@ def _strings(value: Any) -> Iterator[str]:
 def attempt_message(exc: BaseException, inputs: Any) -> str:
     """What may be stored and logged about `exc`, a failure of a call that got `inputs`."""
     text = str(exc) if isinstance(exc, ActionError) else f"{type(exc).__name__}: {exc}"
-    # Longest first, so that a value containing another is blanked whole.
-    for value in sorted(set(_strings(inputs)), key=len, reverse=True):
-        if len(value) >= _MIN_BLANKED:
-            text = text.replace(value, _BLANK)
+    replacements = {value: _BLANK for value in _strings(inputs) if len(value) >= _MIN_BLANKED}
+    # A secret that is also an input is still a secret. Redacted before the cut, so no
+    # part of a value is left at the end.
+    replacements.update(dict.fromkeys(secret_values(), REDACTED))
+    text = replace_values(text, replacements)
     if len(text) > ATTEMPT_MESSAGE_MAX:
         text = text[: ATTEMPT_MESSAGE_MAX - 1] + "…"
     return text
@@ -48,8 +52,10 @@ def error_line(exc: BaseException) -> str:
     """`Class: first line` of an infrastructure error (a database error's own words).
 
     SQLAlchemy's message repeats the whole statement; the driver's first line says
-    what went wrong. Parameters are never part of either (engines hide them).
+    what went wrong. Parameters are never part of either (engines hide them). Configured
+    secrets are redacted, before the cut: an adapter's exception may end a job this way.
     """
     cause = getattr(exc, "orig", None) or exc
-    first = exception_message(exc)
+    text = replace_values(str(cause).strip(), dict.fromkeys(secret_values(), REDACTED))
+    first = text.splitlines()[0][:ERROR_LINE_MAX] if text else ""
     return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
