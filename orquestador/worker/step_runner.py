@@ -236,6 +236,16 @@ class StepRunner(StepOutcomes):
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
             message = f"no answer within {adapter.timeout_seconds:g} s; the call was abandoned"
             log.warning("adapter timed out, outcome uncertain: %s", message, extra=extra)
+            if step.risk.writes and not self.abandoned_call_ended(step):
+                # The write may still land, and whatever comes next (a retry, a look-up)
+                # may run in another worker that cannot know: nothing is handed on
+                # while the call is in flight. Past the grace, a person decides.
+                self.reconcile(
+                    "UNCERTAIN_OUTCOME",
+                    CheckpointOutcome(step.action_id, "UNKNOWN", "ADAPTER_TIMEOUT", message),
+                    actionId=step.action_id,
+                    lookup="IN_FLIGHT",
+                )
             # The job's stop signal is now set as well, so after a lookup's Found the run
             # hands its lease back before the next action, and the next holder goes on
             # from the SUCCEEDED checkpoint without calling anything again.

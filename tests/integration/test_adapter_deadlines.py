@@ -23,11 +23,11 @@ from tests.integration.worker_support import (
     start_execution,
 )
 
-# What each effect's overrun becomes: a read is simply retried, an idempotent write is
-# retried with the same key, a non-idempotent write goes to an operator.
+# What each effect's overrun becomes when the call is still running after the grace: a
+# read is simply retried; a write may still land, so it goes to an operator.
 OVERRUN = {
     Effect.READ_ONLY: ("RETRY_WAIT", "FAILED"),
-    Effect.IDEMPOTENT_WRITE: ("RETRY_WAIT", "UNKNOWN"),
+    Effect.IDEMPOTENT_WRITE: ("RECONCILIATION_REQUIRED", "UNKNOWN"),
     Effect.NON_IDEMPOTENT_WRITE: ("RECONCILIATION_REQUIRED", "UNKNOWN"),
 }
 
@@ -48,9 +48,11 @@ def test_an_overrunning_adapter_is_abandoned_at_its_deadline(runtime_engine, eff
     slow = Double("test.slow", effect, timeout_seconds=0.3, output=ignores_its_deadline)
     eid = start_execution(runtime_engine, flow_definition([action("s", "test.slow")]))
 
-    status = run_once(runtime_engine, Executor(registry_of(slow), settings()))
+    executor = Executor(registry_of(slow), settings(adapter_abandon_grace_seconds=0.3))
+    status = run_once(runtime_engine, executor)
 
-    # The run ended while the call was still blocked: the job did not wait for it.
+    # The run ended while the call was still blocked: the job did not wait for it longer
+    # than the grace.
     assert not returned.is_set()
     expected_status, checkpoint_status = OVERRUN[effect]
     assert status == expected_status
@@ -92,3 +94,28 @@ def test_a_cooperative_adapter_sees_its_deadline_through_should_stop(runtime_eng
     assert execution(runtime_engine, eid).error_code == "RETRIES_EXHAUSTED"
     request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
     assert (request.state, request.busy_execution_id) == ("new", None)  # a read: released
+
+
+def test_a_timed_out_write_is_handed_on_only_once_its_call_ended(runtime_engine):
+    # Regression: the retry of a timed-out idempotent write was scheduled while its call
+    # still ran; another worker took the retry, its look-up said NotFound, and the
+    # execution ended FAILED with the request released as the first write landed.
+    writes: list[str] = []
+    on_its_way = threading.Event()  # never set: the request takes its time to leave
+
+    def lands_late(ctx):
+        ctx.stop_event.wait(30)  # abandoned at its deadline
+        on_its_way.wait(1.0)  # the write lands a second later
+        writes.append(ctx.external_key)
+        return {"late": True}
+
+    slow = Double("test.slow", Effect.IDEMPOTENT_WRITE, timeout_seconds=0.3, output=lands_late)
+    eid = start_execution(runtime_engine, flow_definition([action("s", "test.slow")]))
+
+    status = run_once(runtime_engine, Executor(registry_of(slow), settings()))
+
+    # Retried, but only once the abandoned call had ended: its write is in, and the next
+    # attempt (in any worker) runs knowing nothing of this one is still in flight.
+    assert status == "RETRY_WAIT" and writes == [f"{eid}:s"]
+    checkpoint = checkpoints(runtime_engine, eid)["s"]
+    assert (checkpoint.status, checkpoint.error_code) == ("UNKNOWN", "ADAPTER_TIMEOUT")
