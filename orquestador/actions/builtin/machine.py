@@ -207,6 +207,8 @@ def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDat
             timeout_seconds=builtin_timeout_seconds(settings.worker_lease_seconds),
             max_attempts=3,
             invoke=adapters.wait,
+            # It reads only this product's database, yet a dry run simulates it rather than
+            # calling it: the command it would read is the simulated one, which exists nowhere.
             simulate=adapters.simulate_wait,
         )
     )
