@@ -1333,6 +1333,18 @@ EXECUTOR_GUARDS = [
         (_PAST_GRACE,),
     ),
     Mutation(
+        "timed-out-write-waits-for-its-call",
+        _STEP_RUNNER_PY,
+        "            if step.risk.writes and not self.abandoned_call_ended(step):\n",
+        "            if False:\n",
+        "A timed-out write is handed on (a retry, a look-up, maybe in another worker) only "
+        "once its abandoned call ended; past the grace it parks.",
+        (
+            "tests/integration/test_adapter_deadlines.py"
+            "::test_a_timed_out_write_is_handed_on_only_once_its_call_ended",
+        ),
+    ),
+    Mutation(
         "abandoned-call-keyed",
         _STEP_RUNNER_PY,
         "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)",
