@@ -7,7 +7,12 @@ import logging
 from alembic import op
 from sqlalchemy import Connection, text
 
-from orquestador.db.schema import PURGE_SIMULATIONS_SIGNATURE, RUNTIME_GRANTS
+from orquestador.db.schema import (
+    PURGE_SIMULATIONS_SIGNATURE,
+    RUNTIME_GRANTS,
+    RUNTIME_UPDATE_COLUMNS,
+    WRITE_BATCH_SIGNATURE,
+)
 
 log = logging.getLogger("orquestador.migrations")
 
@@ -58,33 +63,76 @@ def apply_runtime_grants(connection: Connection, role: str) -> list[str]:
     """GRANT RUNTIME_GRANTS to ROLE on every such table present; return those tables.
 
     GRANT is idempotent, so this repairs a database migrated without the role (or before
-    the role existed) and costs nothing when the grants are already there.
+    the role existed) and costs nothing when the grants are already there. UPDATE is
+    left column by column (RUNTIME_UPDATE_COLUMNS), whatever the role held before.
     """
     quote = connection.dialect.identifier_preparer.quote
     tables = present_tables(connection)
     for table in tables:
         privileges = ", ".join(RUNTIME_GRANTS[table])
         connection.execute(text(f"GRANT {privileges} ON TABLE {quote(table)} TO {quote(role)}"))
+        restrict_updates(connection, role, table, RUNTIME_UPDATE_COLUMNS.get(table, ()))
     for sequence in serial_sequences(connection, tables):
         connection.execute(text(f"GRANT USAGE ON SEQUENCE {sequence} TO {quote(role)}"))
-    if purge_function_present(connection):
-        connection.execute(
-            text(f"GRANT EXECUTE ON FUNCTION {PURGE_SIMULATIONS_SIGNATURE} TO {quote(role)}")
-        )
+    for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE):
+        if function_present(connection, signature):
+            connection.execute(text(f"GRANT EXECUTE ON FUNCTION {signature} TO {quote(role)}"))
     return tables
+
+
+def restrict_updates(
+    connection: Connection, role: str, table: str, columns: tuple[str, ...]
+) -> None:
+    """Leave ROLE UPDATE on exactly COLUMNS of TABLE (none: no UPDATE at all).
+
+    Revoking the table's UPDATE also revokes every column's, so a role once given the
+    whole table (before migration 0012, or by hand) keeps only the listed columns. A role
+    that owns the table (a development database migrated by its runtime role) is left
+    alone: an owner revoking its own rights would lock itself out.
+    """
+    if owns(connection, role, table):
+        return
+    quote = connection.dialect.identifier_preparer.quote
+    connection.execute(text(f"REVOKE UPDATE ON TABLE {quote(table)} FROM {quote(role)}"))
+    if columns:
+        listed = ", ".join(quote(column) for column in columns)
+        connection.execute(
+            text(f"GRANT UPDATE ({listed}) ON TABLE {quote(table)} TO {quote(role)}")
+        )
+
+
+def owns(connection: Connection, role: str, table: str) -> bool:
+    """Whether ROLE owns TABLE, directly or through a role it belongs to."""
+    return bool(
+        connection.execute(
+            text(
+                "SELECT pg_has_role(:role, c.relowner, 'MEMBER')"
+                " FROM pg_class c WHERE c.oid = CAST(:table AS regclass)"
+            ),
+            {"role": role, "table": table},
+        ).scalar()
+    )
+
+
+def function_present(connection: Connection, signature: str) -> bool:
+    """Whether the function of this signature exists in this database."""
+    found = connection.execute(text("SELECT to_regprocedure(:f)"), {"f": signature}).scalar()
+    return found is not None
 
 
 def purge_function_present(connection: Connection) -> bool:
     """Whether migration 0009's purge function exists in this database."""
-    found = connection.execute(
-        text("SELECT to_regprocedure(:f)"), {"f": PURGE_SIMULATIONS_SIGNATURE}
-    ).scalar()
-    return found is not None
+    return function_present(connection, PURGE_SIMULATIONS_SIGNATURE)
 
 
 # The platform's own role may only append events to its transactional outbox: it never
-# reads them back (its ids are its own) nor touches anything else of the product.
-PLATFORM_GRANTS: dict[str, tuple[str, ...]] = {"platform_event": ("INSERT",)}
+# reads them back (its ids are its own) nor touches anything else of the product. It
+# inserts the event's own columns only; received_at and the processing columns
+# (processed_at, outcome, request_id, execution_id) are the product's, so an event
+# cannot arrive already marked processed.
+PLATFORM_INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "platform_event": ("org_id", "id", "moment", "plan_id", "machine_id", "occurred_at", "data"),
+}
 
 
 class PlatformRoleIsRuntimeRole(ValueError):
@@ -92,7 +140,7 @@ class PlatformRoleIsRuntimeRole(ValueError):
 
 
 def apply_platform_grants(connection: Connection, role: str, runtime_role: str | None) -> None:
-    """Leave ROLE exactly PLATFORM_GRANTS on the product's tables: revoke the rest, then grant.
+    """Leave ROLE exactly PLATFORM_INSERT_COLUMNS on the product's tables: revoke, then grant.
 
     Revoking first makes a second run repair a role that was once given more. The runtime
     role is refused: revoking its privileges would stop the product.
@@ -100,15 +148,21 @@ def apply_platform_grants(connection: Connection, role: str, runtime_role: str |
     if role == runtime_role:
         raise PlatformRoleIsRuntimeRole(PlatformRoleIsRuntimeRole.__doc__)
     quote = connection.dialect.identifier_preparer.quote
+    # REVOKE ALL on a table takes its column privileges with it.
     for table in present_tables(connection):
         connection.execute(text(f"REVOKE ALL ON TABLE {quote(table)} FROM {quote(role)}"))
-    for table, privileges in PLATFORM_GRANTS.items():
-        granted = ", ".join(privileges)
-        connection.execute(text(f"GRANT {granted} ON TABLE {quote(table)} TO {quote(role)}"))
+    for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE):
+        if function_present(connection, signature):
+            connection.execute(text(f"REVOKE ALL ON FUNCTION {signature} FROM {quote(role)}"))
+    for table, columns in PLATFORM_INSERT_COLUMNS.items():
+        listed = ", ".join(quote(column) for column in columns)
+        connection.execute(
+            text(f"GRANT INSERT ({listed}) ON TABLE {quote(table)} TO {quote(role)}")
+        )
     log.info(
         "platform role %r: %s",
         role,
-        "; ".join(f"{', '.join(p)} on {t}" for t, p in PLATFORM_GRANTS.items()),
+        "; ".join(f"INSERT ({', '.join(c)}) on {t}" for t, c in PLATFORM_INSERT_COLUMNS.items()),
     )
 
 

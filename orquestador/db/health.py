@@ -5,10 +5,11 @@ from __future__ import annotations
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
 from orquestador.config import Settings, sqlalchemy_url
-from orquestador.db.grants import purge_function_present, serial_sequences
+from orquestador.db.grants import function_present, serial_sequences
 from orquestador.db.schema import (
     PURGE_SIMULATIONS_SIGNATURE,
     RUNTIME_GRANTS,
+    RUNTIME_UPDATE_COLUMNS,
     WRITE_BATCH_FUNCTION,
     WRITE_BATCH_SIGNATURE,
 )
@@ -22,6 +23,20 @@ _TABLE_PRIVILEGES = text(
     FROM unnest(CAST(:tables AS text[]), CAST(:privileges AS text[])) AS g(table_name, privilege)
     """
 )
+
+# The columns the runtime role must be able to UPDATE, as it sees them.
+_UPDATE_PRIVILEGES = text(
+    """
+    SELECT g.table_name, g.column_name,
+           coalesce(has_column_privilege(to_regclass(g.table_name), g.column_name, 'UPDATE'),
+                    false) AS held
+    FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[])) AS g(table_name, column_name)
+    WHERE to_regclass(g.table_name) IS NOT NULL
+    """
+)
+
+# How a table's missing privileges are listed.
+_PRIVILEGE_ORDER = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 
 def unreachable_databases(settings: Settings) -> list[str]:
@@ -64,6 +79,10 @@ def _privilege_problems(connection: Connection) -> list[str]:
     for row in rows:
         if row.visible and not row.held:
             lacking.setdefault(row.table_name, []).append(row.privilege)
+    for table, update in _lacking_updates(connection).items():
+        lacking.setdefault(table, []).append(update)
+    for privileges in lacking.values():
+        privileges.sort(key=lambda p: _PRIVILEGE_ORDER.index(p.split(" ")[0]))
     problems: list[str] = []
     if invisible:
         problems.append(
@@ -84,17 +103,17 @@ def _privilege_problems(connection: Connection) -> list[str]:
     ]
     for sequence in sequences:
         problems.append(f"DATABASE_URL: role {role!r} lacks USAGE on sequence {sequence}")
-    purge = (
-        purge_function_present(connection)
+    functions = [
+        signature
+        for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE)
+        if function_present(connection, signature)
         and not connection.execute(
-            text("SELECT has_function_privilege(:f, 'EXECUTE')"), {"f": PURGE_SIMULATIONS_SIGNATURE}
+            text("SELECT has_function_privilege(:f, 'EXECUTE')"), {"f": signature}
         ).scalar()
-    )
-    if purge:
-        problems.append(
-            f"DATABASE_URL: role {role!r} lacks EXECUTE on function {PURGE_SIMULATIONS_SIGNATURE}"
-        )
-    if lacking or sequences or purge:
+    ]
+    for signature in functions:
+        problems.append(f"DATABASE_URL: role {role!r} lacks EXECUTE on function {signature}")
+    if lacking or sequences or functions:
         problems.append(
             f"grant them as the owner: RUNTIME_DATABASE_ROLE={role} orquestador migrate grant"
         )
@@ -110,6 +129,26 @@ def _privilege_problems(connection: Connection) -> list[str]:
                 "older than this release; run 'orquestador migrate upgrade' as the owner"
             )
     return problems
+
+
+def _lacking_updates(connection: Connection) -> dict[str, str]:
+    """Per table, the UPDATE the role lacks: "UPDATE" when it lacks every column it needs,
+    else "UPDATE (the missing columns)"."""
+    pairs = [(table, c) for table, columns in RUNTIME_UPDATE_COLUMNS.items() for c in columns]
+    rows = connection.execute(
+        _UPDATE_PRIVILEGES,
+        {"tables": [t for t, _ in pairs], "columns": [c for _, c in pairs]},
+    ).all()
+    missing: dict[str, list[str]] = {}
+    for row in rows:
+        if not row.held:
+            missing.setdefault(row.table_name, []).append(row.column_name)
+    return {
+        table: "UPDATE"
+        if len(columns) == len(RUNTIME_UPDATE_COLUMNS[table])
+        else f"UPDATE ({', '.join(columns)})"
+        for table, columns in missing.items()
+    }
 
 
 def connection_problem(url: str) -> str | None:

@@ -124,6 +124,8 @@ request = Table(
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     Index(None, "org_id", "owner_id"),
+    # Target of execution's composite key: an execution is simulated iff its request is.
+    UniqueConstraint("id", "simulation"),
 )
 
 execution = Table(
@@ -164,6 +166,9 @@ execution = Table(
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     Column("finished_at", TIMESTAMP(timezone=True)),
     CheckConstraint(_in("status", EXECUTION_STATUSES), name="status"),
+    # A real execution on a dry run's request (or the reverse) cannot exist, whoever
+    # writes it: the API, the platform consumer, a dry run or a hand-written INSERT.
+    ForeignKeyConstraint(["request_id", "simulation"], ["request.id", "request.simulation"]),
     # Only RUNNING rows carry a lease; claims and renewals rely on it.
     CheckConstraint(
         "(status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
@@ -444,21 +449,80 @@ notification_opt_out = Table(
 )
 
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
+# No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "flow": ("SELECT", "INSERT"),
-    "request": ("SELECT", "INSERT", "UPDATE"),
-    "execution": ("SELECT", "INSERT", "UPDATE"),
-    "action_execution": ("SELECT", "INSERT", "UPDATE"),
+    "request": ("SELECT", "INSERT"),
+    "execution": ("SELECT", "INSERT"),
+    "action_execution": ("SELECT", "INSERT"),
     "action_attempt": ("SELECT", "INSERT"),
     "audit_event": ("SELECT", "INSERT"),
-    "machine_command": ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    "hosting_plan": ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    "plan_flow_binding": ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    "panel_notice": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "machine_command": ("SELECT", "INSERT", "DELETE"),
+    "hosting_plan": ("SELECT", "INSERT", "DELETE"),
+    "plan_flow_binding": ("SELECT", "INSERT", "DELETE"),
+    "panel_notice": ("SELECT", "INSERT", "DELETE"),
     "notification_opt_out": ("SELECT", "INSERT", "DELETE"),
-    "notification_preference": ("SELECT", "INSERT", "UPDATE"),
-    "email_outbox": ("SELECT", "INSERT", "UPDATE", "DELETE"),
-    "platform_event": ("SELECT", "INSERT", "UPDATE"),
+    "notification_preference": ("SELECT", "INSERT"),
+    "email_outbox": ("SELECT", "INSERT", "DELETE"),
+    "platform_event": ("SELECT", "INSERT"),
+}
+
+# The columns the runtime role may UPDATE: exactly those the protocol's statements set
+# (queue/, automation/, machines/, notices/, worker/ and orquestador_write_batch). Never
+# an identity, an owner, an organization or `simulation`: a real request cannot be
+# turned into a dry run's and purged.
+RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "request": ("state", "revision", "data", "busy_execution_id", "updated_at"),
+    "execution": (
+        "status",
+        "attempts",
+        "max_attempts",
+        "fencing_token",
+        "lease_owner",
+        "lease_expires_at",
+        "next_attempt_at",
+        "result",
+        "error_code",
+        "error_detail",
+        "wait_key",
+        "started_at",
+        "updated_at",
+        "finished_at",
+    ),
+    # A new attempt rewrites its checkpoint whole (checkpoints._START's upsert).
+    "action_execution": (
+        "status",
+        "attempt",
+        "fencing_token",
+        "input_hash",
+        "external_key",
+        "effect",
+        "capability",
+        "adapter_version",
+        "output",
+        "error_code",
+        "attempt_base",
+        "first_started_at",
+        "observed",
+        "started_at",
+        "finished_at",
+    ),
+    "machine_command": ("status", "exit_code", "output", "updated_at", "sent_at", "finished_at"),
+    "hosting_plan": ("name",),
+    "plan_flow_binding": ("flow_id",),
+    "panel_notice": ("dismissed_at",),
+    "notification_preference": ("recipients", "updated_at"),
+    "email_outbox": (
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "lease_owner",
+        "lease_expires_at",
+        "last_error",
+        "sent_at",
+    ),
+    # The worker's processing columns: what became of the event.
+    "platform_event": ("processed_at", "outcome", "request_id", "execution_id"),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges
@@ -467,7 +531,7 @@ PURGE_SIMULATIONS_FUNCTION = "orquestador_purge_simulations"
 PURGE_SIMULATIONS_SIGNATURE = f"{PURGE_SIMULATIONS_FUNCTION}(interval, integer)"
 
 # Migration 0010: the protocol writer's batch in one call (queue/batches.py), run with
-# the caller's rights.
+# the caller's rights; since 0012 executable by the runtime role only.
 WRITE_BATCH_FUNCTION = "orquestador_write_batch"
 WRITE_BATCH_SIGNATURE = f"{WRITE_BATCH_FUNCTION}(jsonb, jsonb, jsonb, jsonb, jsonb, text)"
 # Migration 0011: the SQLSTATE the batch raises when a lease it wrote under ran out

@@ -246,11 +246,13 @@ def dry_run(api: Api, owner_engine: Engine, **who: Any) -> str:
     """A simulated execution on a simulated request that would have sent a poweroff."""
     _, request_id, execution_id = accepted(api, **who)
     with owner_engine.begin() as connection:
+        # One statement: the schema checks that request and execution agree at its end.
         connection.execute(
-            text("UPDATE request SET simulation = true WHERE id = :id"), {"id": request_id}
-        )
-        connection.execute(
-            text("UPDATE execution SET simulation = true WHERE id = :id"), {"id": execution_id}
+            text(
+                "WITH simulated AS (UPDATE request SET simulation = true WHERE id = :request)"
+                " UPDATE execution SET simulation = true WHERE id = :execution"
+            ),
+            {"request": request_id, "execution": execution_id},
         )
         connection.execute(
             text(

@@ -89,15 +89,12 @@ def _request_with_execution(
 ) -> tuple[uuid.UUID, uuid.UUID]:
     """A request with one execution (finished or not), a checkpoint and an attempt row."""
     flow_id = publish_flow(engine, flow_definition([]))
-    request_id = create_request(engine, flow_id)
+    request_id = create_request(engine, flow_id, simulation=simulation)
     execution_id = accept_transition(engine, request_id, simulation=simulation)
     with engine.begin() as conn:
         conn.execute(
-            text(
-                f"UPDATE request SET simulation = :sim, created_at = now() - :days * {DAY}"
-                " WHERE id = :id"
-            ),
-            {"sim": simulation, "days": created_days_ago, "id": request_id},
+            text(f"UPDATE request SET created_at = now() - :days * {DAY} WHERE id = :id"),
+            {"days": created_days_ago, "id": request_id},
         )
         if finished:
             conn.execute(

@@ -1,4 +1,5 @@
-"""The platform role: INSERT on platform_event, nothing else, granted by `orquestador migrate`."""
+"""The platform role: INSERT of an event's own columns of platform_event, nothing else, granted by
+`orquestador migrate`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from sqlalchemy.engine import URL
 
 from orquestador.db import migrate
 from orquestador.db.engine import make_engine
+from orquestador.db.grants import PLATFORM_INSERT_COLUMNS
 from tests.db_support import RUNTIME_ROLE, TestDatabase, TestServer
 
 PLATFORM_ROLE = "orquestador_test_platform"
@@ -22,6 +24,12 @@ PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", 
 INSERT_EVENT = (
     "INSERT INTO platform_event (org_id, id, moment, plan_id, machine_id, data)"
     " VALUES ('org-a', 'evt-1', 'provisioned', 'vps', 'm-1', '{\"hostname\": \"web-1\"}')"
+)
+# Everything the platform may write, as docs/AUTOMATION.md shows it.
+INSERT_WHOLE_EVENT = (
+    "INSERT INTO platform_event (org_id, id, moment, plan_id, machine_id, occurred_at, data)"
+    " VALUES ('org-a', 'evt-2', 'provisioned', 'vps', 'm-2', '2026-11-30T10:00:00Z', '{}')"
+    " ON CONFLICT DO NOTHING"
 )
 
 
@@ -40,6 +48,26 @@ def platform_role(pg_server: TestServer) -> str:
 def _platform_dsn(database: TestDatabase) -> str:
     url: URL = database.owner_url.set(username=PLATFORM_ROLE, password=PLATFORM_PASSWORD)
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _columns_insertable(database: TestDatabase, role: str) -> set[str]:
+    """The columns of platform_event ROLE may INSERT, granted on the table or column by column."""
+    engine = make_engine(database.owner_dsn)
+    try:
+        with engine.connect() as connection:
+            return set(
+                connection.execute(
+                    text(
+                        "SELECT attname FROM pg_attribute"
+                        " WHERE attrelid = 'platform_event'::regclass"
+                        " AND attnum > 0 AND NOT attisdropped"
+                        " AND has_column_privilege(:role, attrelid, attnum, 'INSERT')"
+                    ),
+                    {"role": role},
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
 
 
 def _privileges_held(database: TestDatabase, role: str) -> set[tuple[str, str]]:
@@ -75,11 +103,16 @@ def test_the_platform_role_may_insert_events_and_do_nothing_else(
 
     migrate.grant_runtime_role(database.owner_dsn, RUNTIME_ROLE, platform_role=platform_role)
 
-    assert _privileges_held(database, platform_role) == {("platform_event", "INSERT")}
+    # Nothing on any table as a whole; INSERT on the event's own columns.
+    assert _privileges_held(database, platform_role) == set()
+    assert _columns_insertable(database, platform_role) == set(
+        PLATFORM_INSERT_COLUMNS["platform_event"]
+    )
     with psycopg.connect(_platform_dsn(database)) as connection:
         # Inside the platform's own transaction, beside its own writes.
         with connection.transaction():
             connection.execute(INSERT_EVENT)
+            connection.execute(INSERT_WHOLE_EVENT)
         # Delivering the same event twice is harmless with ON CONFLICT DO NOTHING.
         with connection.transaction():
             connection.execute(INSERT_EVENT + " ON CONFLICT DO NOTHING")
@@ -102,7 +135,39 @@ def test_the_platform_role_may_insert_events_and_do_nothing_else(
             rows = connection.execute(text("SELECT id, processed_at FROM platform_event")).all()
     finally:
         runtime.dispose()
-    assert [(row.id, row.processed_at) for row in rows] == [("evt-1", None)]
+    assert sorted((row.id, row.processed_at) for row in rows) == [("evt-1", None), ("evt-2", None)]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("outcome", "'STARTED'"),
+        ("processed_at", "now()"),
+        ("request_id", "gen_random_uuid()"),
+        ("execution_id", "gen_random_uuid()"),
+        ("received_at", "now() - interval '1 day'"),
+    ],
+)
+def test_the_platform_role_cannot_insert_an_event_already_processed(
+    database: TestDatabase, platform_role: str, column: str, value: str
+) -> None:
+    migrate.grant_runtime_role(database.owner_dsn, RUNTIME_ROLE, platform_role=platform_role)
+    forged = (
+        f"INSERT INTO platform_event (org_id, id, moment, plan_id, machine_id, {column})"
+        f" VALUES ('org-a', 'evt-forged', 'provisioned', 'vps', 'm-1', {value})"
+    )
+    with (
+        psycopg.connect(_platform_dsn(database)) as connection,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        connection.execute(forged)
+    runtime = make_engine(database.runtime_dsn)
+    try:
+        with runtime.connect() as connection:
+            stored = connection.execute(text("SELECT count(*) FROM platform_event")).scalar_one()
+    finally:
+        runtime.dispose()
+    assert stored == 0
 
 
 def test_no_platform_role_configured_grants_it_nothing(
@@ -136,4 +201,6 @@ def test_migrate_grant_reads_platform_database_role(
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert _privileges_held(database, platform_role) == {("platform_event", "INSERT")}
+    assert _columns_insertable(database, platform_role) == set(
+        PLATFORM_INSERT_COLUMNS["platform_event"]
+    )

@@ -92,12 +92,18 @@ def publish_flow(engine: Engine, definition: dict[str, Any]) -> uuid.UUID:
 
 
 def create_request(
-    engine: Engine, flow_id: uuid.UUID, data: dict[str, Any] | None = None, state: str = "new"
+    engine: Engine,
+    flow_id: uuid.UUID,
+    data: dict[str, Any] | None = None,
+    state: str = "new",
+    *,
+    simulation: bool = False,
 ) -> uuid.UUID:
     with engine.begin() as conn:
         return conn.execute(
-            text("""INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by)
-                    VALUES (:org, :owner, :flow, :state, CAST(:data AS jsonb), :owner)
+            text("""INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by,
+                                         simulation)
+                    VALUES (:org, :owner, :flow, :state, CAST(:data AS jsonb), :owner, :sim)
                     RETURNING id"""),
             {
                 "org": ORG,
@@ -105,6 +111,7 @@ def create_request(
                 "flow": flow_id,
                 "state": state,
                 "data": json.dumps(data or {}),
+                "sim": simulation,
             },
         ).scalar_one()
 
@@ -170,7 +177,8 @@ def start_execution(
     engine: Engine, definition: dict[str, Any], data: dict[str, Any] | None = None, **kwargs: Any
 ) -> uuid.UUID:
     flow_id = publish_flow(engine, definition)
-    request_id = create_request(engine, flow_id, data)
+    # A dry run's execution goes on a dry run's request (the schema ties the two).
+    request_id = create_request(engine, flow_id, data, simulation=kwargs.get("simulation", False))
     return accept_transition(engine, request_id, **kwargs)
 
 

@@ -14,8 +14,11 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from orquestador.db import migrate
 from orquestador.db.schema import (
+    PURGE_SIMULATIONS_FUNCTION,
     PURGE_SIMULATIONS_SIGNATURE,
     RUNTIME_GRANTS,
+    RUNTIME_UPDATE_COLUMNS,
+    WRITE_BATCH_FUNCTION,
     WRITE_BATCH_SIGNATURE,
     metadata,
 )
@@ -47,6 +50,68 @@ def _step(server: TestServer, name: str, revision: str, *, down: bool = False) -
         url=server.url(name).render_as_string(hide_password=False), runtime_role=RUNTIME_ROLE
     )
     (migrate.downgrade if down else migrate.upgrade)(config, revision)
+
+
+SIMULATION_KEY = "fk_execution_request_id_simulation_request"
+
+
+def _owner_query(server: TestServer, name: str, sql: str, **params: object) -> list:
+    engine = _engine(server.url(name))
+    try:
+        with engine.connect() as connection:
+            return list(connection.execute(text(sql), params))
+    finally:
+        engine.dispose()
+
+
+def _may_update(server: TestServer, name: str, table: str, column: str) -> bool:
+    [(allowed,)] = _owner_query(
+        server,
+        name,
+        "SELECT has_column_privilege(:role, CAST(:table AS regclass), :column, 'UPDATE')",
+        role=RUNTIME_ROLE,
+        table=table,
+        column=column,
+    )
+    return bool(allowed)
+
+
+def _update_columns(server: TestServer, name: str) -> dict[str, set[str]]:
+    """The runtime role's column-level UPDATE grants, by table."""
+    rows = _owner_query(
+        server,
+        name,
+        "SELECT c.relname, a.attname FROM pg_class c"
+        " JOIN pg_attribute a ON a.attrelid = c.oid, aclexplode(a.attacl) x"
+        " WHERE x.grantee = CAST(:role AS regrole) AND x.privilege_type = 'UPDATE'"
+        " AND c.relnamespace = CAST('public' AS regnamespace)",
+        role=RUNTIME_ROLE,
+    )
+    columns: dict[str, set[str]] = {}
+    for table, column in rows:
+        columns.setdefault(table, set()).add(column)
+    return columns
+
+
+def _executors(server: TestServer, name: str, signature: str) -> set[str]:
+    """Who may EXECUTE the function besides its owner; PUBLIC for everyone."""
+    rows = _owner_query(
+        server,
+        name,
+        "SELECT CASE WHEN x.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(x.grantee) END"
+        " FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) x"
+        " WHERE p.oid = to_regprocedure(:f) AND x.privilege_type = 'EXECUTE'"
+        " AND x.grantee <> p.proowner",
+        f=signature,
+    )
+    return {grantee for (grantee,) in rows}
+
+
+def _search_path(server: TestServer, name: str, signature: str) -> str | None:
+    [(config,)] = _owner_query(
+        server, name, "SELECT proconfig FROM pg_proc WHERE oid = to_regprocedure(:f)", f=signature
+    )
+    return next((c for c in config or [] if c.startswith("search_path=")), None)
 
 
 def _tables(connection: Connection) -> set[str]:
@@ -196,9 +261,70 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).one()
         assert definer is False and "SKIP LOCKED" in body
 
+    # A dry run beside the real request: a simulated request with its simulated execution.
+    with engine.begin() as connection:
+        simulated_request = connection.execute(
+            text(
+                "INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by,"
+                " simulation) VALUES ('acme', 'ana', :flow, 'new', '{}', 'ana', true)"
+                " RETURNING id"
+            ),
+            {"flow": flows["manual"]},
+        ).scalar_one()
+        connection.execute(
+            text(
+                "INSERT INTO execution (request_id, org_id, flow_id, transition_id,"
+                " accepted_revision, accepted_state, actor_snapshot, simulation)"
+                " VALUES (:request, 'acme', :flow, 'go', 1, 'new', '{}', true)"
+            ),
+            {"request": simulated_request, "flow": flows["manual"]},
+        )
+    assert _may_update(server, name, "request", "simulation")
+    assert "PUBLIC" in _executors(server, name, WRITE_BATCH_SIGNATURE)
+
+    _step(server, name, "0012")
+    with engine.connect() as connection:
+        validated = connection.execute(
+            text("SELECT convalidated FROM pg_constraint WHERE conname = :name"),
+            {"name": SIMULATION_KEY},
+        ).scalar_one()
+    assert validated is True
+    # Neither kind of execution can join the other kind's request, even as the owner.
+    for request, simulation in ((simulated_request, False), (request_id, True)):
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO execution (request_id, org_id, flow_id, transition_id,"
+                    " accepted_revision, accepted_state, actor_snapshot, simulation)"
+                    " VALUES (:request, 'acme', :flow, 'go', 2, 'new', '{}', :simulation)"
+                ),
+                {"request": request, "flow": flows["manual"], "simulation": simulation},
+            )
+    assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
+    assert not any("UPDATE" in p for p in _runtime_grants(server, name).values())
+    assert not _may_update(server, name, "request", "simulation")
+    for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE):
+        assert _executors(server, name, signature) == {RUNTIME_ROLE}
+        assert _search_path(server, name, signature) == "search_path=pg_catalog, public, pg_temp"
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
+
+    _step(server, name, "0011", down=True)
+    with engine.connect() as connection:
+        keys = connection.execute(
+            text("SELECT count(*) FROM pg_constraint WHERE conname IN (:key, :unique)"),
+            {"key": SIMULATION_KEY, "unique": "uq_request_id_simulation"},
+        ).scalar_one()
+    assert keys == 0
+    assert _may_update(server, name, "request", "simulation")
+    assert "PUBLIC" in _executors(server, name, WRITE_BATCH_SIGNATURE)
+    assert _search_path(server, name, PURGE_SIMULATIONS_SIGNATURE) != (
+        "search_path=pg_catalog, public, pg_temp"
+    )
+    _step(server, name, "0012")
+    assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
 
     _step(server, name, "0003", down=True)
     with engine.connect() as connection:
@@ -311,6 +437,14 @@ def test_runtime_role_gets_exactly_the_declared_grants(
     _step(server, name, "head")
     granted = _runtime_grants(server, name)
     assert granted == {table: set(privileges) for table, privileges in RUNTIME_GRANTS.items()}
+    assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
+
+
+def test_no_table_is_declared_with_a_table_wide_update() -> None:
+    # UPDATE is granted column by column (RUNTIME_UPDATE_COLUMNS), never for a whole table.
+    assert not any("UPDATE" in privileges for privileges in RUNTIME_GRANTS.values())
+    for table, updated in RUNTIME_UPDATE_COLUMNS.items():
+        assert set(updated) <= set(metadata.tables[table].columns.keys()), table
 
 
 def test_granting_again_repairs_a_database_migrated_without_the_role(
@@ -324,4 +458,121 @@ def test_granting_again_repairs_a_database_migrated_without_the_role(
         migrate.grant_runtime_role(url, RUNTIME_ROLE)
         granted = _runtime_grants(server, name)
         assert granted == {t: set(p) for t, p in RUNTIME_GRANTS.items()}
+        assert _update_columns(server, name) == {
+            t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()
+        }
         assert _may_purge_simulations(server, name)
+        assert _executors(server, name, WRITE_BATCH_SIGNATURE) == {RUNTIME_ROLE}
+
+
+def test_granting_again_takes_back_a_table_wide_update(
+    empty_database: tuple[TestServer, str],
+) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    server_url = server.url(name)
+    engine = _engine(server_url)
+    with engine.begin() as connection:
+        # Given by hand, or left by a release before 0012.
+        connection.execute(text(f"GRANT UPDATE ON request, execution TO {RUNTIME_ROLE}"))
+    engine.dispose()
+    assert _may_update(server, name, "request", "simulation")
+    migrate.grant_runtime_role(server_url.render_as_string(hide_password=False), RUNTIME_ROLE)
+    assert not _may_update(server, name, "request", "simulation")
+    assert not _may_update(server, name, "execution", "simulation")
+    assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
+
+
+def test_no_project_function_is_executable_by_public_and_definers_pin_their_path(
+    empty_database: tuple[TestServer, str],
+) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    # Every function of the tables' schema, whatever a later revision adds.
+    functions = _owner_query(
+        server,
+        name,
+        "SELECT p.proname, p.oid::regprocedure::text, p.prosecdef FROM pg_proc p"
+        " WHERE p.pronamespace = CAST('public' AS regnamespace)"
+        " AND p.proname LIKE 'orquestador%'",
+    )
+    assert {function for function, _, _ in functions} >= {
+        PURGE_SIMULATIONS_FUNCTION,
+        WRITE_BATCH_FUNCTION,
+    }
+    for _, signature, definer in functions:
+        assert "PUBLIC" not in _executors(server, name, signature), signature
+        if definer:
+            assert _search_path(server, name, signature) == (
+                "search_path=pg_catalog, public, pg_temp"
+            ), signature
+
+
+def test_a_real_execution_on_a_simulated_request_is_kept_and_reported(
+    empty_database: tuple[TestServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # What the bug of 0011 let through: a real transition accepted on a dry run's request.
+    server, name = empty_database
+    _step(server, name, "0011")
+    engine = _engine(server.url(name))
+    with engine.begin() as connection:
+        flow_id = connection.execute(
+            text(
+                "INSERT INTO flow (org_id, key, version, trigger, definition, data_schema,"
+                " created_by) VALUES ('acme', 'f', 1, 'manual', '{}', '{}', 'ana') RETURNING id"
+            )
+        ).scalar_one()
+        mixed = connection.execute(
+            text(
+                "INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by,"
+                " simulation, created_at) VALUES ('acme', 'ana', :flow, 'new', '{}', 'ana',"
+                " true, now() - interval '30 days') RETURNING id"
+            ),
+            {"flow": flow_id},
+        ).scalar_one()
+        for simulation in (True, False):
+            connection.execute(
+                text(
+                    "INSERT INTO execution (request_id, org_id, flow_id, transition_id,"
+                    " accepted_revision, accepted_state, actor_snapshot, simulation,"
+                    " status, finished_at)"
+                    " VALUES (:request, 'acme', :flow, 'go', 1, 'new', '{}', :simulation,"
+                    " 'SUCCEEDED', now())"
+                ),
+                {"request": mixed, "flow": flow_id, "simulation": simulation},
+            )
+
+    with caplog.at_level(logging.WARNING, logger="orquestador.migrations"):
+        _step(server, name, "0012")
+    [report] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert str(mixed) in report and SIMULATION_KEY in report
+    with engine.connect() as connection:
+        validated = connection.execute(
+            text("SELECT convalidated FROM pg_constraint WHERE conname = :name"),
+            {"name": SIMULATION_KEY},
+        ).scalar_one()
+    assert validated is False
+    runtime = _engine(server.url(name, runtime=True))
+    with runtime.begin() as connection:
+        purged = connection.execute(
+            text(f"SELECT {PURGE_SIMULATIONS_FUNCTION}(interval '1 day', 10)")
+        ).scalar_one()
+        # New rows are checked all the same.
+        with pytest.raises(IntegrityError), connection.begin_nested():
+            connection.execute(
+                text(
+                    "INSERT INTO execution (request_id, org_id, flow_id, transition_id,"
+                    " accepted_revision, accepted_state, actor_snapshot)"
+                    " VALUES (:request, 'acme', :flow, 'go', 2, 'new', '{}')"
+                ),
+                {"request": mixed, "flow": flow_id},
+            )
+    runtime.dispose()
+    assert purged == 0
+    with engine.connect() as connection:
+        kept = connection.execute(
+            text("SELECT count(*) FROM execution WHERE request_id = :id"), {"id": mixed}
+        ).scalar_one()
+    assert kept == 2
+    _step(server, name, "0011", down=True)
+    engine.dispose()
