@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, func, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Row, and_, false, func, select, tuple_
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
 from orquestador.db.schema import (
@@ -126,7 +126,11 @@ class ResourceAccess:
         return connection.execute(query).one_or_none()
 
     def lock_request(self, connection: Connection, request_id: uuid.UUID) -> Row | None:
-        """The request row locked for a write, with its pinned flow's definition."""
+        """The real request row locked for a real transition, with its pinned flow's definition.
+
+        A dry run's request accepts only dry runs: for a real transition it does not
+        exist, exactly like a missing or foreign one.
+        """
         query = (
             select(
                 request.c.id,
@@ -135,10 +139,15 @@ class ResourceAccess:
                 request.c.state,
                 request.c.revision,
                 request.c.busy_execution_id,
+                request.c.simulation,
                 flow.c.definition,
             )
             .join(flow, flow.c.id == request.c.flow_id)
-            .where(request.c.id == request_id, self._sees_request())
+            .where(
+                request.c.id == request_id,
+                self._sees_request(),
+                request.c.simulation.is_(false()),
+            )
             .with_for_update(of=request)
         )
         return connection.execute(query).one_or_none()

@@ -23,8 +23,9 @@ from orquestador.errors import OrquestadorError
 
 log = logging.getLogger(__name__)
 
-# Finds the request and locks it for the write, with its pinned flow's definition, or
-# None when the caller may not see it: who sees what is the caller's rule, not ours.
+# Finds the request and locks it for the write, with its pinned flow's definition and
+# whether it is a dry run's, or None when the caller may not see it: who sees what is
+# the caller's rule, not ours.
 RequestLocker = Callable[[Connection, uuid.UUID], Row | None]
 
 
@@ -68,7 +69,9 @@ def accept_transition(
         # The row lock serializes every acceptance on this request: whoever waits
         # re-reads the revision and busy marker the winner left behind.
         row = lock_request(connection, command.request_id)
-        if row is None:
+        # A dry run's request accepts only dry runs (POST /flows/{id}/dry-runs): to a
+        # real transition it does not exist, whichever locker let it through.
+        if row is None or row.simulation:
             raise TransitionRefused(REQUEST_NOT_FOUND, "The request does not exist.")
         transition = FlowDefinition.from_json(row.definition).transitions.get(command.transition_id)
         if transition is None:
