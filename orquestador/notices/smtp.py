@@ -24,6 +24,7 @@ import ssl
 import time
 import unicodedata
 from dataclasses import dataclass, field
+from email.errors import MessageError
 from email.header import Header
 from email.message import EmailMessage
 from email.policy import default as default_policy
@@ -396,7 +397,7 @@ class SmtpSender:
     def _send(self, email: OutgoingEmail) -> list[str]:
         try:
             message = build_message(email, self.sender)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, MessageError) as exc:
             # No server will ever take it: give the row up instead of retrying it.
             raise DeliveryFailed(
                 self._safe(f"the message cannot be built: {type(exc).__name__}: {exc}"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import uuid
 from email.header import decode_header
 from email.message import EmailMessage
@@ -208,3 +209,29 @@ def test_the_header_block_check_refuses_what_a_library_might_let_through():
     message.set_content(BODY)
     with pytest.raises(ValueError, match="headers are not the ones built"):
         check_header_block(message)
+
+
+def test_any_mix_of_encoded_words_and_breaks_builds_only_the_headers_built():
+    """A seeded walk through titles made of the pieces injections are made of."""
+    from email import message_from_bytes
+    from email.policy import default
+
+    from orquestador.notices.smtp import build_message
+
+    pieces = [
+        "=?utf-8?q?", "=?utf-8?b?", "=?iso-8859-1?q?", "=?utf-16?b?", "?=", "=?", "?",
+        "=0D", "=0A", "DQo=", "Cg==", "AA0ACg==", "\r", "\n", "\v", "\x1c", "\x85",
+        "\u2028", "\u2029", "\x00", "\ud800", "\t", " ", "_", "é", "✓", "Reply-To:",
+        f"From: {ATTACKER}", "<html>", ":", ";", ",", "x" * 80,
+    ]  # fmt: skip
+    chosen = random.Random(20)
+    for _ in range(2000):
+        title = "".join(chosen.choice(pieces) for _ in range(chosen.randint(0, 30)))
+        email = OutgoingEmail("<u@orquestador>", RECIPIENTS, title, BODY)
+        built = build_message(email, SENDER)
+        raw = built.as_bytes(policy=default.clone(linesep="\r\n"))
+        back = message_from_bytes(raw, policy=default)
+        assert sorted(name.lower() for name in back) == sorted(BUILT), repr(title)
+        subject = str(back["Subject"])
+        assert "\r" not in subject and "\n" not in subject, repr(title)
+        assert back.get_content().rstrip("\r\n") == BODY
