@@ -52,7 +52,11 @@ def capability_view(adapter: Adapter) -> dict[str, Any]:
         "inputSchema": adapter.input_schema,
         "outputSchema": adapter.output_schema,
         "canLookUp": adapter.lookup is not None,
-        "canSimulate": adapter.simulation_only or adapter.simulate is not None,
+        # A dry run can use it: it simulates, runs only in dry runs, or is a read that
+        # asked to be called in dry runs (dry_run = "call").
+        "canSimulate": (
+            adapter.simulation_only or adapter.simulate is not None or adapter.dry_run == "call"
+        ),
         "timeoutSeconds": adapter.timeout_seconds,
         "maxAttempts": adapter.max_attempts,
     }

@@ -67,6 +67,17 @@ QUOTE = Adapter(
     invoke=_create_invoice,
     simulate=lambda ctx: {"price": 10},  # what a dry run answers instead of calling
 )
+STOCK = Adapter(
+    capability="acme.stock",
+    version=1,
+    effect=Effect.READ_ONLY,
+    input_schema={"type": "object"},
+    output_schema={"type": "object"},
+    timeout_seconds=5,
+    max_attempts=2,
+    invoke=_create_invoice,
+    dry_run="call",  # a read that asks to be called in dry runs too
+)
 
 
 BUILTINS = {"machine.command", "machine.wait", "notify"}
@@ -81,7 +92,7 @@ def registrations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def register(registry: Any) -> None:
         calls.append(1)
         # Out of order on purpose: the answer sorts.
-        for adapter in (QUOTE, INVOICE, INVOICE_V1):
+        for adapter in (STOCK, QUOTE, INVOICE, INVOICE_V1):
             registry.add(adapter)
 
     module.register = register  # type: ignore[attr-defined]
@@ -134,6 +145,17 @@ def test_lists_the_operator_modules_adapters_by_capability_then_version(api: Api
                 "effect": "READ_ONLY",
                 "inputSchema": {"type": "object"},
                 "outputSchema": {"type": "object", "required": ["price"]},
+                "canLookUp": False,
+                "canSimulate": True,
+                "timeoutSeconds": 5,
+                "maxAttempts": 2,
+            },
+            {
+                "capability": "acme.stock",
+                "version": 1,
+                "effect": "READ_ONLY",
+                "inputSchema": {"type": "object"},
+                "outputSchema": {"type": "object"},
                 "canLookUp": False,
                 "canSimulate": True,
                 "timeoutSeconds": 5,
