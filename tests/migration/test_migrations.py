@@ -12,7 +12,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, create_engine, inspect, pool, text
 from sqlalchemy.exc import IntegrityError, ProgrammingError
 
+from orquestador.config import Settings
 from orquestador.db import migrate
+from orquestador.db.health import runtime_privilege_problems
 from orquestador.db.schema import (
     PURGE_SIMULATIONS_FUNCTION,
     PURGE_SIMULATIONS_SIGNATURE,
@@ -576,3 +578,28 @@ def test_a_real_execution_on_a_simulated_request_is_kept_and_reported(
     assert kept == 2
     _step(server, name, "0011", down=True)
     engine.dispose()
+
+
+def test_check_names_the_columns_and_functions_the_runtime_role_lacks(
+    empty_database: tuple[TestServer, str],
+) -> None:
+    server, name = empty_database
+    _step(server, name, "head")
+    runtime_dsn = server.url(name, runtime=True).render_as_string(hide_password=False)
+    settings = Settings.from_env({}, database_url=runtime_dsn)
+    assert runtime_privilege_problems(settings) == []
+    engine = _engine(server.url(name))
+    with engine.begin() as connection:
+        connection.execute(text(f"REVOKE UPDATE (wait_key) ON execution FROM {RUNTIME_ROLE}"))
+        connection.execute(text(f"REVOKE UPDATE ON email_outbox FROM {RUNTIME_ROLE}"))
+        connection.execute(
+            text(f"REVOKE EXECUTE ON FUNCTION {WRITE_BATCH_SIGNATURE} FROM {RUNTIME_ROLE}")
+        )
+    engine.dispose()
+    role = f"DATABASE_URL: role {RUNTIME_ROLE!r} lacks"
+    assert runtime_privilege_problems(settings) == [
+        f"{role} UPDATE (wait_key) on table execution",
+        f"{role} UPDATE on table email_outbox",
+        f"{role} EXECUTE on function {WRITE_BATCH_SIGNATURE}",
+        f"grant them as the owner: RUNTIME_DATABASE_ROLE={RUNTIME_ROLE} orquestador migrate grant",
+    ]
