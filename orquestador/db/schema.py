@@ -448,6 +448,42 @@ notification_opt_out = Table(
     PrimaryKeyConstraint("org_id", "category", "channel"),
 )
 
+# Machine agents' enrolled tokens, by their `jti` (never the token): the API refuses a
+# revoked one from the next request on. Created by an operator as the owner role; the
+# runtime role reads them and may only revoke.
+machine_credential = Table(
+    "machine_credential",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("org_id", Text, nullable=False),
+    Column("machine_id", Text, nullable=False),
+    Column("issued_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("issued_by", Text, nullable=False),
+    Column("revoked_at", TIMESTAMP(timezone=True)),
+    Column("revoked_by", Text),
+    CheckConstraint("expires_at > issued_at", name="lifetime"),
+    CheckConstraint("(revoked_at IS NULL) = (revoked_by IS NULL)", name="revoked_by_whom"),
+    Index(None, "org_id", "machine_id"),
+)
+
+# Tokens signed out of the pages, by SHA-256, until they expire (api/page_sessions.py).
+page_session_revocation = Table(
+    "page_session_revocation",
+    metadata,
+    Column("token_sha256", Text, primary_key=True),
+    Column("org_id", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),
+    Column(
+        "revoked_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
+    Index(None, "expires_at"),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -465,6 +501,8 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "notification_preference": ("SELECT", "INSERT"),
     "email_outbox": ("SELECT", "INSERT", "DELETE"),
     "platform_event": ("SELECT", "INSERT"),
+    "machine_credential": ("SELECT",),
+    "page_session_revocation": ("SELECT", "INSERT", "DELETE"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -523,6 +561,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     # The worker's processing columns: what became of the event.
     "platform_event": ("processed_at", "outcome", "request_id", "execution_id"),
+    # Revoking a credential; its machine, organization and expiry are the owner's.
+    "machine_credential": ("revoked_at", "revoked_by"),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges

@@ -55,6 +55,12 @@ def _step(server: TestServer, name: str, revision: str, *, down: bool = False) -
 
 
 SIMULATION_KEY = "fk_execution_request_id_simulation_request"
+# What migration 0013 adds; revisions before it have none of these tables.
+TABLES_OF_0013 = frozenset({"machine_credential", "page_session_revocation"})
+
+
+def _declared_updates(without: frozenset[str] = frozenset()) -> dict[str, set[str]]:
+    return {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items() if t not in without}
 
 
 def _owner_query(server: TestServer, name: str, sql: str, **params: object) -> list:
@@ -302,16 +308,32 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
                 ),
                 {"request": request, "flow": flows["manual"], "simulation": simulation},
             )
-    assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
+    assert _update_columns(server, name) == _declared_updates(without=TABLES_OF_0013)
     assert not any("UPDATE" in p for p in _runtime_grants(server, name).values())
     assert not _may_update(server, name, "request", "simulation")
     for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE):
         assert _executors(server, name, signature) == {RUNTIME_ROLE}
         assert _search_path(server, name, signature) == "search_path=pg_catalog, public, pg_temp"
 
+    _step(server, name, "0013")
+    with engine.connect() as connection:
+        assert _tables(connection) >= TABLES_OF_0013
+        assert connection.execute(text("SELECT count(*) FROM request")).scalar_one() == 2
+    granted = _runtime_grants(server, name)
+    assert granted["machine_credential"] == {"SELECT"}
+    assert granted["page_session_revocation"] == {"SELECT", "INSERT", "DELETE"}
+    assert _update_columns(server, name) == _declared_updates()
+    _runtime_role_may_revoke_credentials_only(server, name)
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
+
+    _step(server, name, "0012", down=True)
+    with engine.connect() as connection:
+        assert not TABLES_OF_0013 & _tables(connection)
+    assert _update_columns(server, name) == _declared_updates(without=TABLES_OF_0013)
+    _step(server, name, "0013")
 
     _step(server, name, "0011", down=True)
     with engine.connect() as connection:
@@ -326,7 +348,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         "search_path=pg_catalog, public, pg_temp"
     )
     _step(server, name, "0012")
-    assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
+    assert _update_columns(server, name) == _declared_updates(without=TABLES_OF_0013)
 
     _step(server, name, "0003", down=True)
     with engine.connect() as connection:
@@ -341,6 +363,49 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     with engine.connect() as connection:
         assert _tables(connection) == set()
     engine.dispose()
+
+
+def _runtime_role_may_revoke_credentials_only(server: TestServer, name: str) -> None:
+    """0013's limits: credentials are read and revoked, never made or changed otherwise."""
+    owner = _engine(server.url(name))
+    with owner.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO machine_credential (id, org_id, machine_id, issued_at, expires_at,"
+                " issued_by) VALUES ('c-1', 'acme', 'm-1', now(), now() + interval '1 day',"
+                " 'cli:ana')"
+            )
+        )
+    owner.dispose()
+    runtime = _engine(server.url(name, runtime=True))
+    try:
+        for statement in (
+            "INSERT INTO machine_credential (id, org_id, machine_id, issued_at, expires_at,"
+            " issued_by) VALUES ('c-2', 'acme', 'm-1', now(), now() + interval '9 years', 'x')",
+            "UPDATE machine_credential SET expires_at = now() + interval '9 years'",
+            "UPDATE machine_credential SET machine_id = 'm-2', org_id = 'other'",
+            "DELETE FROM machine_credential",
+            "UPDATE page_session_revocation SET expires_at = now()",
+        ):
+            with pytest.raises(ProgrammingError) as raised, runtime.begin() as connection:
+                connection.execute(text(statement))
+            assert getattr(raised.value.orig, "sqlstate", None) == "42501", statement
+        with runtime.begin() as connection:
+            connection.execute(
+                text(
+                    "UPDATE machine_credential SET revoked_at = now(), revoked_by = 'ops'"
+                    " WHERE id = 'c-1'"
+                )
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO page_session_revocation (token_sha256, org_id, subject,"
+                    " expires_at) VALUES ('d', 'acme', 'ana', now() - interval '1 second')"
+                )
+            )
+            connection.execute(text("DELETE FROM page_session_revocation WHERE expires_at < now()"))
+    finally:
+        runtime.dispose()
 
 
 def test_binding_schema_rejects_a_flow_whose_trigger_is_not_the_moment(
