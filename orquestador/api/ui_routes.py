@@ -2,8 +2,10 @@
 
 A person pastes a token at /ui/login; it is verified with the API's own verifier and
 kept in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) that only /ui paths
-receive. Every page reads through ResourceAccess exactly as the JSON API does, so a
-foreign execution is the same "not found" as a missing one. Pages carry no script at
+receive. Signing out records the token as signed out on the server (page_sessions), so
+no copy of the cookie opens a page again. Every page reads through ResourceAccess
+exactly as the JSON API does, so a foreign execution is the same "not found" as a
+missing one. Pages carry no script at
 all and a strict Content-Security-Policy; templates are autoescaped, so names written
 by flow authors (states, transitions, keys) always show as text.
 """
@@ -32,6 +34,7 @@ from orquestador.api.execution_routes import (
     read_execution,
     read_view_facts,
 )
+from orquestador.api.page_sessions import revoke_session, session_revoked
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
 from orquestador.api.views import execution_views
@@ -50,6 +53,9 @@ blueprint = Blueprint(
 SESSION_COOKIE = "orquestador_session"
 # A browser keeps at most about 4 KiB per cookie: a longer token could not be kept.
 MAX_TOKEN_CHARACTERS = 3800
+
+# Why a token is refused once its person signed out of the pages with it.
+SIGNED_OUT = "signed out of the pages"
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -79,11 +85,20 @@ def _cookie_caller() -> Caller | None:
     if not token or len(token) > MAX_TOKEN_CHARACTERS:
         return None
     try:
-        return api_context().verifier.verify(token)
+        return _page_caller(token)
     except InvalidToken as refused:
         # The reason is for operators; the token itself is never logged.
         log.info("refused a session cookie: %s", refused)
         return None
+
+
+def _page_caller(token: str) -> Caller:
+    """The caller a token names, unless it was refused or signed out of the pages."""
+    caller = api_context().verifier.verify(token)
+    with engine().connect() as conn:
+        if session_revoked(conn, token):
+            raise InvalidToken(SIGNED_OUT)
+    return caller
 
 
 def _safe_next(target: str | None) -> str:
@@ -201,10 +216,12 @@ def login_submit() -> Any:
         error, status = "That token is too long to be kept by a browser.", 400
     else:
         try:
-            caller = api_context().verifier.verify(token)
+            caller = _page_caller(token)
         except InvalidToken as refused:
             log.info("refused a sign-in token: %s", refused)
             error, status = "That token was not accepted: it is invalid or has expired.", 401
+            if str(refused) == SIGNED_OUT:
+                error = "That token was signed out of these pages: sign in with a new one."
         else:
             if not caller.has_scope(SCOPE_REQUESTS_READ):
                 error, status = (
@@ -231,6 +248,20 @@ def login_submit() -> Any:
 @blueprint.post("/logout")
 def logout() -> Any:
     _require_same_origin()
+    token = request.cookies.get(SESSION_COOKIE)
+    caller = _cookie_caller()
+    if token and caller is not None and caller.expires_at is not None:
+        # Forgetting the cookie is not enough: a copy of it (another tab's, a stolen one)
+        # would still sign in. The record lasts as long as the token could be accepted.
+        with engine().begin() as conn:
+            revoke_session(
+                conn,
+                token,
+                org_id=caller.org,
+                subject=caller.sub,
+                expires_at=caller.expires_at + api_context().settings.jwt_leeway_seconds,
+            )
+        log.info("signed out of the execution pages", extra={"org": caller.org})
     response = redirect(url_for("ui.login"), 303)
     _forget(response)
     return response
