@@ -3,12 +3,15 @@
 It long-polls the API for its machine's commands, runs each as the argv the operator
 configured for its name in AGENT_COMMANDS_FILE (never a shell string from the server),
 and reports `running`, then `succeeded`, `failed` or `timed_out`. It rides out an API
-outage with capped backoff and stops cleanly on SIGTERM or SIGINT.
+outage with capped backoff, waits as told when the API holds all the long polls it
+allows (429 with Retry-After), backs off when another poll for its machine keeps ending
+its own, and stops cleanly on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import logging
 import os
@@ -34,6 +37,9 @@ POLL_WAIT_SECONDS = 20
 # Between tries while the API does not answer: doubling from the first, capped.
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 30.0
+# A 429 without a usable Retry-After waits this long; a stated one is kept within bounds.
+BUSY_DEFAULT_SECONDS = 5.0
+BUSY_MAX_SECONDS = 300.0
 MAX_TIMEOUT_SECONDS = 86400
 # Output sent with a final status, in characters (the API keeps the same amount).
 MAX_OUTPUT_CHARACTERS = 65536
@@ -154,6 +160,27 @@ class ApiUnreachable(Exception):
     """The API did not answer, or answered that it cannot serve now (5xx)."""
 
 
+class ApiBusy(ApiUnreachable):
+    """The API answered 429: it serves again after `retry_after` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"the API answered 429 (retry after {retry_after:g}s)")
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float:
+    """A Retry-After header (seconds or an HTTP date) as seconds within bounds."""
+    seconds = BUSY_DEFAULT_SECONDS
+    text = (value or "").strip()
+    if text.isdigit():
+        seconds = float(text)
+    elif text:
+        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+            when = email.utils.parsedate_to_datetime(text)
+            seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(seconds, 1.0), BUSY_MAX_SECONDS)
+
+
 class TokenRefused(Exception):
     """The API refused the agent's token (401 or 403): retrying will not help."""
 
@@ -179,6 +206,8 @@ class AgentClient:
         except urllib.error.HTTPError as error:
             if error.code in (401, 403):
                 raise TokenRefused(f"the API answered {error.code} to the agent's token") from None
+            if error.code == 429:
+                raise ApiBusy(retry_after_seconds(error.headers.get("Retry-After"))) from None
             if error.code >= 500:
                 raise ApiUnreachable(f"the API answered {error.code}") from None
             return error.code, _problem_of(error)
@@ -241,6 +270,8 @@ class Agent:
         self._interruptible = False
         self._outage_since: float | None = None
         self._backoff = BACKOFF_FIRST_SECONDS
+        self._busy_since: float | None = None
+        self._ended_early: int = 0
 
     # Signals ------------------------------------------------------------------------
 
@@ -283,22 +314,64 @@ class Agent:
             self._outage_since = None
         self._backoff = BACKOFF_FIRST_SECONDS
 
+    def _api_busy(self, busy: ApiBusy) -> None:
+        # Every refused agent is told the same delay: jitter spreads their next tries.
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
+            log.warning(
+                "the API holds all the long polls it allows; polling again after "
+                "Retry-After (%gs) until it takes this one",
+                busy.retry_after,
+            )
+        delay = busy.retry_after * random.uniform(1.0, 1.5)
+        self._interruptibly(lambda: self._sleep(delay))
+
+    def _poll_taken(self) -> None:
+        if self._busy_since is not None:
+            log.info("long poll taken after %.0fs of refusals", time.monotonic() - self._busy_since)
+            self._busy_since = None
+
+    def _poll_ended_early(self) -> None:
+        # Only a newer poll for this machine (another agent with its token?) or the API
+        # stopping ends a poll before its wait: polling again at once would end that one
+        # in turn, so wait, longer each time, and say so once.
+        self._ended_early += 1
+        if self._ended_early == 1:
+            log.warning(
+                "the API ended this agent's long poll early: another poll for this "
+                "machine took over (a second agent with its token?); backing off"
+            )
+        delay = min(
+            BACKOFF_FIRST_SECONDS * 2 ** (self._ended_early - 1), BACKOFF_CAP_SECONDS
+        ) * random.uniform(0.5, 1.0)
+        self._interruptibly(lambda: self._sleep(delay))
+
     # The loop -----------------------------------------------------------------------
 
     def run(self) -> int:
         log.info("agent started", extra={"commands": sorted(self._commands)})
         try:
             while not self._stopping:
+                started = time.monotonic()
                 try:
                     command = self._interruptibly(
                         lambda: self._client.next_command(self._poll_wait)
                     )
+                except ApiBusy as busy:
+                    self._api_busy(busy)
+                    continue
                 except ApiUnreachable as down:
                     self._api_down(str(down))
                     continue
                 self._api_up()
+                self._poll_taken()
                 if command is not None:
+                    self._ended_early = 0
                     self._handle(command)
+                elif time.monotonic() - started < self._poll_wait / 2:
+                    self._poll_ended_early()
+                else:
+                    self._ended_early = 0
         except _Interrupted:
             pass
         except TokenRefused as refused:

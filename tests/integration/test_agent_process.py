@@ -9,17 +9,21 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
 from api_support import ORG, api_settings
 from sqlalchemy import Engine, text
 
+from orquestador.api.agent_routes import POLL_SHARE_EXTENSION, PollShare
 from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.tokens import mint_token
@@ -54,14 +58,34 @@ def _free_port() -> int:
 
 
 class ApiServer:
-    """The real app on a fixed port, which a test can stop and start again."""
+    """The real app on a fixed port, which a test can stop and start again.
 
-    def __init__(self, runtime_dsn: str) -> None:
-        self.settings = api_settings(runtime_dsn)
+    `answers` counts what it answered, by (path, status).
+    """
+
+    def __init__(self, runtime_dsn: str, **overrides: Any) -> None:
+        self.settings = api_settings(runtime_dsn, **overrides)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/api/v1"
         self._app = create_app(self.settings)
+        self.answers: Counter[tuple[str, int]] = Counter()
+        serve = self._app.wsgi_app
+
+        def counting(environ: dict[str, Any], start_response: Any) -> Any:
+            path = environ.get("PATH_INFO", "")
+
+            def respond(status: str, headers: Any, *exc_info: Any) -> Any:
+                self.answers[(path, int(status.split()[0]))] += 1
+                return start_response(status, headers, *exc_info)
+
+            return serve(environ, respond)
+
+        self._app.wsgi_app = counting  # type: ignore[method-assign]
         self._server = None
+
+    @property
+    def poll_share(self) -> PollShare:
+        return self._app.extensions[POLL_SHARE_EXTENSION]
 
     def start(self) -> None:
         self._server, _ = serve_in_thread(self._app, "127.0.0.1", self.port)
@@ -104,7 +128,7 @@ class AgentProcess:
 
 @contextmanager
 def running_agent(
-    api: ApiServer, commands_file: Path, machine: str = "m-1"
+    api: ApiServer, commands_file: Path, machine: str = "m-1", wait: str = "1"
 ) -> Iterator[AgentProcess]:
     token = mint_token(api.settings, sub=f"machine:{machine}", org=ORG, scopes=["agent"])
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
@@ -115,7 +139,7 @@ def running_agent(
         LOG_LEVEL="INFO",
     )
     process = subprocess.Popen(
-        [*ORQUESTADOR, "agent", "--wait", "1"],
+        [*ORQUESTADOR, "agent", "--wait", wait],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -223,6 +247,72 @@ def test_the_agent_survives_an_api_restart(
         assert agent.process.wait(15) == 0
     # One line for the outage, however many tries it took.
     assert sum("API unreachable" in line for line in agent.lines) == 1
+
+
+NEXT = "/api/v1/agent/commands/next"
+
+
+def test_the_agent_waits_as_told_while_the_api_holds_all_its_long_polls(
+    database, commands_file: Path, runtime_engine: Engine
+) -> None:
+    api = ApiServer(database.runtime_dsn, api_threads=2, agent_poll_share=0.5)
+    api.start()
+    holder: list[int] = []
+    try:
+        assert api.poll_share.limit == 1
+        # Another machine's poll holds the one place.
+        token = mint_token(api.settings, sub="machine:m-9", org=ORG, scopes=["agent"])
+        hold = urllib.request.Request(
+            f"{api.url}/agent/commands/next?wait=30",
+            data=b"",
+            method="POST",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        holding = threading.Thread(
+            target=lambda: holder.append(urllib.request.urlopen(hold, timeout=40).status)
+        )
+        holding.start()
+        assert api.poll_share.wait_until_held(1, timeout=10)
+
+        with running_agent(api, commands_file) as agent:
+            agent.wait_for_line("the API holds all the long polls it allows")
+            send(runtime_engine, "poweroff", machine="m-9")
+            holding.join(10)
+            command_id = send(runtime_engine, "poweroff")
+
+            # Told "Retry-After: 5", the agent polls again after 5 to 7.5 s and gets it.
+            assert final_row(runtime_engine, command_id)[:2] == ("succeeded", 0)
+            agent.wait_for_line("long poll taken after")
+            agent.process.send_signal(signal.SIGTERM)
+            assert agent.process.wait(15) == 0
+    finally:
+        api.dispose()
+
+    assert holder == [200]
+    assert api.answers[(NEXT, 429)] <= 2, api.answers
+    lines = "".join(agent.lines)
+    assert lines.count("the API holds all the long polls it allows") == 1, lines
+    assert "API unreachable" not in lines
+
+
+def test_two_agents_with_one_machines_token_back_off_rather_than_end_each_other_in_a_storm(
+    api: ApiServer, commands_file: Path, runtime_engine: Engine
+) -> None:
+    # Each poll of one agent ends the other's open poll with 204 at once; polling again
+    # at once would make that a loop as fast as the API answers.
+    with running_agent(api, commands_file, wait="20") as first:
+        assert api.poll_share.wait_until_held(1, timeout=10)
+        with running_agent(api, commands_file, wait="20") as second:
+            first.wait_for_line("ended this agent's long poll early")
+            command_id = send(runtime_engine, "poweroff")
+            assert final_row(runtime_engine, command_id)[:2] == ("succeeded", 0)
+            for agent in (first, second):
+                agent.process.send_signal(signal.SIGTERM)
+                assert agent.process.wait(15) == 0
+
+    polls = sum(count for (path, _), count in api.answers.items() if path == NEXT)
+    assert polls < 60, api.answers
+    assert "API unreachable" not in "".join(first.lines + second.lines)
 
 
 def test_sigterm_while_waiting_on_a_long_poll_stops_at_once(
