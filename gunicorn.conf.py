@@ -1,10 +1,12 @@
 """gunicorn settings of the API, for running gunicorn itself: `gunicorn -c gunicorn.conf.py`.
 
 `orquestador api` applies the same settings (orquestador.serve.gunicorn_options) without
-this file; both read the environment (API_HOST, API_PORT, API_WORKERS, LOG_LEVEL,
-LOG_FORMAT, PROMETHEUS_MULTIPROC_DIR, ...). gthread workers; a graceful timeout above the
-worker's drain; access lines in LOG_FORMAT with credential-like query values redacted;
-a clean Prometheus multiprocess directory on start and dead workers marked on exit.
+this file; both read the environment (API_HOST, API_PORT, API_WORKERS, API_THREADS,
+LOG_LEVEL, LOG_FORMAT, PROMETHEUS_MULTIPROC_DIR, ...). gthread workers of API_THREADS
+threads, of which agent long polls may hold AGENT_POLL_SHARE (the worker class tells the
+app how many it runs); a graceful timeout above the worker's drain; access lines in
+LOG_FORMAT with credential-like query values redacted; a clean Prometheus multiprocess
+directory on start and dead workers marked on exit.
 """
 
 from orquestador.config import Settings
