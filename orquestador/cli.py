@@ -18,6 +18,7 @@ from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.errors import ConfigError, OrquestadorError
 from orquestador.executions_cli import add_executions_command
+from orquestador.machines_cli import add_machines_command
 
 log = logging.getLogger("orquestador")
 
@@ -117,7 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     who.add_argument(
         "--machine",
         metavar="MACHINE_ID",
-        help="a machine agent's token: sub machine:MACHINE_ID, scope agent (no --scope)",
+        help="a machine agent's token for trying things out: sub machine:MACHINE_ID, scope "
+        "agent (no --scope), at most a day; a lasting one: orquestador machines enroll",
     )
     token.add_argument("--org", required=True, help="organization id")
     token.add_argument("--scope", default="", help='space separated, e.g. "requests:read"')
@@ -154,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     decide.set_defaults(handler=_decide)
 
     add_executions_command(command)
+    add_machines_command(command)
 
     agent = command(
         "agent",
@@ -383,9 +386,18 @@ def _token(args: argparse.Namespace) -> int:
         raise CommandFailed("--ttl must be greater than zero", 2)
     if args.machine is not None:
         from orquestador.api.auth import SCOPE_AGENT, identity_claim_problem
+        from orquestador.machines.credentials import MAX_AD_HOC_SECONDS
 
         if args.scope:
             raise CommandFailed("--machine mints an agent token (scope agent); drop --scope", 2)
+        if args.ttl > MAX_AD_HOC_SECONDS:
+            # The API refuses a longer one that nobody enrolled: it could not be revoked.
+            raise CommandFailed(
+                f"--machine tokens last at most {MAX_AD_HOC_SECONDS} seconds (a day); enrol "
+                "the machine for a long-lived, revocable one: orquestador machines enroll "
+                f"{args.machine} --org {args.org}",
+                2,
+            )
         problem = identity_claim_problem(args.machine) or (
             "must not contain spaces" if any(c.isspace() for c in args.machine) else None
         )
@@ -423,7 +435,7 @@ def _agent(args: argparse.Namespace) -> int:
             problems.append("ORQUESTADOR_API_URL is not set, e.g. http://127.0.0.1:8080/api/v1")
         if not settings.api_token:
             problems.append(
-                "ORQUESTADOR_TOKEN is not set (an agent token: orquestador token --machine M "
+                "ORQUESTADOR_TOKEN is not set (an agent token: orquestador machines enroll M "
                 "--org O)"
             )
     if not 0 <= args.wait <= 30:

@@ -18,6 +18,7 @@ from orquestador.api import (
     execution_routes,
     flow_routes,
     health_routes,
+    machine_routes,
     notice_routes,
     openapi,
     plan_routes,
@@ -93,6 +94,7 @@ def create_app(
         app.register_blueprint(event_routes.blueprint)
         app.register_blueprint(notice_routes.blueprint)
         app.register_blueprint(agent_routes.blueprint)
+        app.register_blueprint(machine_routes.blueprint)
         app.register_blueprint(ui_routes.blueprint)
     log.info(
         "API created",

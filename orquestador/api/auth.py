@@ -13,10 +13,11 @@ import jwt
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from flask import g, request
 
-from orquestador.api.context import BearerVerifier, api_context
+from orquestador.api.context import BearerVerifier, api_context, engine
 from orquestador.api.problems import ApiProblem
 from orquestador.config import Settings
 from orquestador.errors import ConfigError
+from orquestador.machines.credentials import credential_refusal
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ SCOPE_NOTICES_READ = "notices:read"
 SCOPE_ORG_ADMIN = "org:admin"
 # A machine agent: `sub` is "machine:<machineId>"; it sees only its own machine's commands.
 SCOPE_AGENT = "agent"
+# An operator of the organization's machines: revokes their agents' credentials.
+SCOPE_MACHINES_ADMIN = "machines:admin"
+MACHINE_SUBJECT_PREFIX = "machine:"
 
 # A broader scope satisfies the narrower one it contains.
 _IMPLIED_BY = {SCOPE_REQUESTS_READ: (SCOPE_REQUESTS_READ_ALL,)}
@@ -55,6 +59,16 @@ class Caller:
     sub: str
     org: str
     scopes: frozenset[str]
+    # The token's own facts (jti, iat, exp), for the machine credential check.
+    token_id: str | None = None
+    issued_at: int | None = None
+    expires_at: int | None = None
+
+    @property
+    def machine(self) -> str | None:
+        """The machine an agent token names (`sub` machine:<id>), else None."""
+        machine = self.sub.removeprefix(MACHINE_SUBJECT_PREFIX)
+        return machine if machine != self.sub and machine else None
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes or any(s in self.scopes for s in _IMPLIED_BY.get(scope, ()))
@@ -178,7 +192,23 @@ class TokenVerifier:
         reason = scope_claim_problem(scope)
         if reason:
             raise InvalidToken(f"scope {reason}")
-        return Caller(sub=sub, org=org, scopes=frozenset(scope.split()))
+        return Caller(
+            sub=sub,
+            org=org,
+            scopes=frozenset(scope.split()),
+            token_id=_claim_text(claims.get("jti")),
+            issued_at=_claim_seconds(claims.get("iat")),
+            expires_at=_claim_seconds(claims.get("exp")),
+        )
+
+
+def _claim_text(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_IDENTITY_CHARACTERS else None
+
+
+def _claim_seconds(value: Any) -> int | None:
+    # PyJWT has checked exp, nbf and iat are numbers when present.
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _bearer_token() -> str | None:
@@ -199,12 +229,36 @@ def authenticate(verifier: BearerVerifier) -> Caller:
     if token is None:
         raise _unauthenticated("A bearer token is required.", invalid=False)
     try:
-        return verifier.verify(token)
+        caller = verifier.verify(token)
+        refusal = machine_credential_refusal(caller)
+        if refusal:
+            raise InvalidToken(refusal)
+        return caller
     except InvalidToken as exc:
         # The reason is logged for operators; the token itself never is, and the caller
         # hears the same words whatever the reason.
         log.info("refused a bearer token: %s", exc, extra={"reason": str(exc)})
         raise _unauthenticated("The bearer token is invalid or expired.", invalid=True) from None
+
+
+def machine_credential_refusal(caller: Any) -> str | None:
+    """Why a machine's token no longer counts (revoked, not enrolled and long-lived), or None.
+
+    Read from the database on every request, so a revocation holds from the next one on;
+    a database that does not answer is a 503, never a refusal an agent would give up on.
+    """
+    # Any other subject is no machine's: the agent routes refuse it 403 NOT_A_MACHINE.
+    if not isinstance(caller, Caller) or caller.machine is None:
+        return None
+    with engine().connect() as conn:
+        return credential_refusal(
+            conn,
+            org_id=caller.org,
+            machine_id=caller.machine,
+            token_id=caller.token_id,
+            issued_at=caller.issued_at,
+            expires_at=caller.expires_at,
+        )
 
 
 def requires_scope(scope: str) -> Callable[[F], F]:

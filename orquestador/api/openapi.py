@@ -8,7 +8,13 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api import openapi_agent, openapi_automation, openapi_notices, schemas
+from orquestador.api import (
+    openapi_agent,
+    openapi_automation,
+    openapi_machines,
+    openapi_notices,
+    schemas,
+)
 from orquestador.api.openapi_parts import (
     QUERY_INVALID,
     READ_ERRORS,
@@ -330,7 +336,7 @@ def _core_paths() -> dict[str, Any]:
 
 
 # Each area of the API keeps its own paths and schemas beside its routes' concerns.
-_AREAS = (openapi_agent, openapi_automation, openapi_notices)
+_AREAS = (openapi_agent, openapi_automation, openapi_machines, openapi_notices)
 
 
 def _paths() -> dict[str, Any]:

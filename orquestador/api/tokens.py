@@ -13,12 +13,23 @@ from orquestador.errors import ConfigError
 
 
 def mint_token(
-    settings: Settings, *, sub: str, org: str, scopes: list[str], ttl_seconds: int = 3600
+    settings: Settings,
+    *,
+    sub: str,
+    org: str,
+    scopes: list[str],
+    ttl_seconds: int = 3600,
+    token_id: str | None = None,
+    issued_at: int | None = None,
 ) -> str:
-    """A token the API accepts: RS256 with JWT_PRIVATE_KEY_FILE when set, else HS256."""
+    """A token the API accepts: RS256 with JWT_PRIVATE_KEY_FILE when set, else HS256.
+
+    `token_id` and `issued_at` are given when the token is recorded (an enrolled machine's
+    credential stores its `jti` and times); otherwise a fresh id and the current time.
+    """
     if ttl_seconds <= 0:
         raise ValueError("ttl_seconds must be greater than zero")
-    now = int(time.time())
+    now = int(time.time()) if issued_at is None else issued_at
     claims = {
         "iss": settings.jwt_issuer,
         "aud": settings.jwt_audience,
@@ -28,7 +39,7 @@ def mint_token(
         "iat": now,
         "nbf": now,
         "exp": now + ttl_seconds,
-        "jti": uuid.uuid4().hex,
+        "jti": token_id or uuid.uuid4().hex,
     }
     if settings.jwt_private_key_file:
         try:

@@ -5,9 +5,9 @@ kept in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS) that only /ui pa
 receive. Signing out records the token as signed out on the server (page_sessions), so
 no copy of the cookie opens a page again. Every page reads through ResourceAccess
 exactly as the JSON API does, so a foreign execution is the same "not found" as a
-missing one. Pages carry no script at
-all and a strict Content-Security-Policy; templates are autoescaped, so names written
-by flow authors (states, transitions, keys) always show as text.
+missing one. Pages carry no script at all and a strict Content-Security-Policy;
+templates are autoescaped, so names written by flow authors (states, transitions,
+keys) always show as text.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ SCOPES = [
     "events:write",
     "notices:read",
     "org:admin",
+    "machines:admin",
 ]
 
 FLOW = {
@@ -183,11 +184,21 @@ def real_ids(
     # A second request stays idle, so fuzzed transitions can reach the acceptance path.
     body = {"flowId": flow_id, "data": {"note": "seed"}}
     idle = client.post("/api/v1/requests", json=body, headers=authorization).get_json()["id"]
+    # An enrolled machine, so fuzzed revocations sometimes revoke something.
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO machine_credential (id, org_id, machine_id, issued_at, expires_at,"
+                " issued_by) VALUES ('fuzzed', 'org-fuzz', 'm-fuzz', now(),"
+                " now() + interval '1 day', 'cli:fuzz')"
+            )
+        )
     return {
         "flowId": flow_id,
         "requestId": idle,
         "executionId": execution_id,
         "parkedExecutionId": parked,
+        "machineId": "m-fuzz",
     }
 
 
