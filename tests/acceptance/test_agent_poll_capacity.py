@@ -37,6 +37,7 @@ from orquestador.config import Settings
 from orquestador.machines.bell import POLL_OPENED_CHANNEL
 from tests.db_support import TestDatabase
 
+ROOT = Path(__file__).resolve().parents[2]
 AGENTS = 200
 POLL_WAIT_SECONDS = 20
 SAMPLES = 300
@@ -71,9 +72,14 @@ class RunningApi:
 
 
 @contextmanager
-def gunicorn_api(database: TestDatabase, log: Path, **environment: str) -> Iterator[RunningApi]:
-    """`orquestador api` with nothing but what a deployment must set: the shipped workers,
-    threads, share and gunicorn settings."""
+def gunicorn_api(
+    database: TestDatabase,
+    log: Path,
+    command: list[str] | None = None,
+    **environment: str,
+) -> Iterator[RunningApi]:
+    """`orquestador api` (or COMMAND) with nothing but what a deployment must set: the
+    shipped workers, threads, share and gunicorn settings."""
     port = _free_port()
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
     env.update(
@@ -87,8 +93,9 @@ def gunicorn_api(database: TestDatabase, log: Path, **environment: str) -> Itera
     with log.open("wb") as sink:
         # A file, not a pipe: nobody has to read the access log for gunicorn to go on.
         process = subprocess.Popen(
-            [sys.executable, "-m", "orquestador.cli", "api"],
+            command or [sys.executable, "-m", "orquestador.cli", "api"],
             env=env,
+            cwd=ROOT,
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
@@ -365,3 +372,41 @@ def test_a_stopping_api_answers_its_open_polls_204_at_once(
 
     assert answers == [204]
     assert stopped_after < 10, f"stopping took {stopped_after:.1f}s"
+
+
+def test_the_share_follows_the_threads_gunicorn_runs_even_when_its_command_line_sets_them(
+    database: TestDatabase, tmp_path: Path
+) -> None:
+    settings = Settings.from_env({}, jwt_secret=SECRET)
+    tokens = [mint_token(settings, sub=f"machine:m-{n}", org=ORG, scopes=["agent"]) for n in (1, 2)]
+    # API_THREADS says 4 (two places); gunicorn runs 2 threads: one place.
+    command = [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "--threads", "2"]
+    with gunicorn_api(database, tmp_path / "api.log", command, API_WORKERS="1") as api:
+        answers: list[int] = []
+
+        def poll(token: str, wait: int) -> int:
+            request = urllib.request.Request(
+                api.url(f"/agent/commands/next?wait={wait}"),
+                data=b"",
+                method="POST",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=40) as response:
+                    return response.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        conninfo = database.owner_url.set(drivername="postgresql")
+        with psycopg.connect(
+            conninfo.render_as_string(hide_password=False), autocommit=True
+        ) as listener:
+            listener.execute(f"LISTEN {POLL_OPENED_CHANNEL}")
+            holder = threading.Thread(target=lambda: answers.append(poll(tokens[0], 3)))
+            holder.start()
+            assert list(listener.notifies(timeout=20, stop_after=1)), "the poll never opened"
+        second = poll(tokens[1], 3)
+        holder.join(10)
+
+    assert second == 429
+    assert answers == [204]
