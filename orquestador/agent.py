@@ -375,9 +375,9 @@ class Agent:
         except _Interrupted:
             pass
         except TokenRefused as refused:
-            log.error(
-                "%s; stopping (mint a new one: orquestador token --machine M --org O)", refused
-            )
+            # Revoked or expired: only a new token helps (the unit retries with what its
+            # environment file then holds).
+            log.error("%s; stopping (a new token: orquestador machines enroll M --org O)", refused)
             return 1
         log.info("agent stopped")
         return 0
