@@ -13,8 +13,7 @@ POLL_OPENED_CHANNEL, whose bells end the polls of that machine announced before 
 the database's clock, so that a late notification never ends a newer poll). A process
 whose bell is not listening at that moment (connecting, reconnecting), or a poll not yet
 announced when the notification arrives, keeps its older poll until that poll's own
-wait ends. `stop_polls` ends every poll of the process when
-it shuts down.
+wait ends. `stop_polls` ends every poll of the process when it shuts down.
 
 The thread runs while someone subscribes and ends when nobody has for a while, so an
 idle process holds no connection for it.
