@@ -11,8 +11,11 @@ from pathlib import Path
 
 import jwt
 import pytest
+from sqlalchemy import create_engine, pool, text
 
+from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
+from orquestador.db.schema import WRITE_BATCH_SIGNATURE
 from tests.db_support import (
     RUNTIME_ROLE,
     TestServer,
@@ -256,15 +259,25 @@ def test_check_on_a_database_behind_this_release_says_to_upgrade(
     empty_database_url: str, runtime_url: str
 ) -> None:
     env = {"MIGRATION_DATABASE_URL": empty_database_url, "RUNTIME_DATABASE_ROLE": RUNTIME_ROLE}
-    # Granted, but one revision short: the worker's batch function is not there yet.
-    assert _run(["migrate", "upgrade", "0009"], env).returncode == 0
+    # Granted, but one revision short: the tables of 0013 are not there yet.
+    assert _run(["migrate", "upgrade", "0012"], env).returncode == 0
+    result = _run(["check"], {"DATABASE_URL": runtime_url})
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "sees no table machine_credential, page_session_revocation" in line
+    assert "run 'orquestador migrate'" in line
+    assert _run(["migrate", "upgrade"], env).returncode == 0
+    assert _run(["check"], {"DATABASE_URL": runtime_url}).returncode == 0
+    # Every table there, but not the worker's batch function (as at 0009, before 0013).
+    owner = create_engine(sqlalchemy_url(empty_database_url), poolclass=pool.NullPool)
+    with owner.begin() as connection:
+        connection.execute(text(f"DROP FUNCTION {WRITE_BATCH_SIGNATURE}"))
+    owner.dispose()
     result = _run(["check"], {"DATABASE_URL": runtime_url})
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert "function orquestador_write_batch is missing" in line
     assert "orquestador migrate upgrade" in line
-    assert _run(["migrate", "upgrade"], env).returncode == 0
-    assert _run(["check"], {"DATABASE_URL": runtime_url}).returncode == 0
 
 
 def test_grant_refuses_a_database_behind_the_code(empty_database_url: str) -> None:
