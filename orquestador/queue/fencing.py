@@ -57,7 +57,6 @@ FENCE = """
     AND e.lease_expires_at > clock_timestamp()
 """
 
-_LOCK_HOLDER = text(f"SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE")
 _HOLDS = text(f"SELECT 1 FROM execution e WHERE {FENCE}")
 
 
@@ -68,12 +67,6 @@ def refuse_stale(claim: Claim, what: str) -> LeaseLost:
         f"lease of execution {claim.execution_id} (token {claim.token}) is no longer "
         f"held; {what} refused"
     )
-
-
-def lock_holder(conn: Connection, claim: Claim, what: str) -> None:
-    """Lock the execution row if this claim still holds it by database time; else LeaseLost."""
-    if conn.execute(_LOCK_HOLDER, claim.params).first() is None:
-        raise refuse_stale(claim, what)
 
 
 def still_holds(conn: Connection, claim: Claim) -> bool:

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, bindparam, text
 from orquestador.db.schema import JSONB_VALUE
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
-from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, lock_holder, refuse_stale
+from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.prepared import pipelined, run
 
 log = logging.getLogger(__name__)
@@ -315,7 +315,8 @@ def schedule_retry(
 ) -> None:
     """Attempt checkpoint, RETRY_WAIT with its due time, and RETRY_SCHEDULED audit: together."""
     with conn.begin():
-        lock_holder(conn, claim, "schedule retry")
+        # Ending the attempt locks the execution under the fence first (LeaseLost if
+        # stale); the audit row and the fenced move to RETRY_WAIT follow under that lock.
         write_attempt_outcome(conn, claim, outcome)
         _audit(
             conn,

@@ -49,6 +49,7 @@ from tests.integration.worker_support import (
     scripted,
     settings,
     start_execution,
+    wait_until,
 )
 
 CHARGE_OUTPUT = {"type": "object", "required": ["chargeId"]}
@@ -264,6 +265,48 @@ def test_an_abandoned_call_still_running_past_the_grace_parks_its_write(runtime_
     assert (row.error_code, row.error_detail["lookup"]) == ("UNCERTAIN_OUTCOME", "IN_FLIGHT")
     request = request_row(runtime_engine, row.request_id)
     assert (request.state, request.busy_execution_id) == ("new", eid)
+
+
+def test_a_reclaim_in_the_same_worker_does_not_look_up_while_the_old_call_lingers(
+    runtime_engine,
+):
+    # The job that abandoned the call lost its lease while it waited for the call to
+    # end; the same worker reclaims the execution and finds the write interrupted. Its
+    # look-up must wait for the old call too: asked now, the provider says NotFound.
+    release = threading.Event()
+
+    def never_leaves(ctx: ActionContext) -> dict[str, Any]:
+        release.wait(30)
+        return {"chargeId": "late"}
+
+    charge = _charge(never_leaves, max_attempts=3)
+    charge.timeout_seconds = 0.2
+    lookup = answers(NotFound())
+    eid = start_execution(runtime_engine, _charge_flow())
+    executor = _executor(_with_lookup(charge, lookup), adapter_abandon_grace_seconds=1.5)
+    key = f"{eid}:charge"
+    first: dict[str, str] = {}
+    try:
+        job = threading.Thread(
+            target=lambda: first.update(status=run_once(runtime_engine, executor))
+        )
+        job.start()
+        wait_until(lambda: executor.calls.lingering(key), what="the call abandoned")
+        expire_lease(runtime_engine, eid)
+        again = claim_one(runtime_engine, "w2")
+        with runtime_engine.connect() as conn:
+            status = executor.run(conn, again)
+        job.join(10)
+    finally:
+        release.set()
+    assert first["status"] == LEASE_LOST  # the first job could write nothing after it
+    assert status == "RECONCILIATION_REQUIRED" and lookup.calls == []
+    row = execution(runtime_engine, eid)
+    assert (row.error_code, row.error_detail["lookup"]) == (
+        "INTERRUPTED_NON_IDEMPOTENT_WRITE",
+        "IN_FLIGHT",
+    )
+    assert len(charge.calls) == 1, "the write was tried again while the first could land"
 
 
 # --- NotFound ---------------------------------------------------------------------------

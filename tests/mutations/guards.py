@@ -19,7 +19,7 @@ them (an equivalent mutation is noise, not a survivor):
   can wait in between.
 - `busy_execution_id = :execution_id` in `_COMPLETE` and `_MOVE_REQUEST`: the Python
   check of the locked request (`request_change`) refuses first.
-- FOR UPDATE in `fencing._LOCK_HOLDER` and `outcomes._LOCK_EXECUTION`: the transaction's
+- FOR UPDATE in `outcomes._LOCK_EXECUTION`: the transaction's
   next statement takes the same row lock under the same fence before it can wait on
   anything.
 - `e.status = 'RUNNING'` in the batch function's fence (migration 0011): the CHECK
@@ -109,16 +109,6 @@ FENCING_GUARDS = [
         "\n",
         "Only the worker named as the lease's owner writes under it.",
         (guard("test_a_claim_under_another_owners_name_writes_nothing"),),
-    ),
-    Mutation(
-        "lock-holder-refuses",
-        _FENCING_PY,
-        "    if conn.execute(_LOCK_HOLDER, claim.params).first() is None:\n"
-        "        raise refuse_stale(claim, what)",
-        "    conn.execute(_LOCK_HOLDER, claim.params).first()",
-        "Locking the execution under the fence refuses a holder that lost its lease, so a "
-        "finish whose seam outlasted the lease rolls back.",
-        (guard("test_a_finish_whose_seam_outlasts_the_lease_is_rolled_back"),),
     ),
 ]
 
@@ -1169,6 +1159,9 @@ def _compared(name: str, attribute: str) -> str:
 
 _IN_FLIGHT = f"{LOOKUP}::test_an_overrun_write_is_looked_up_only_once_its_call_ended[1]"
 _PAST_GRACE = f"{LOOKUP}::test_an_abandoned_call_still_running_past_the_grace_parks_its_write"
+_SAME_WORKER_RECLAIM = (
+    f"{LOOKUP}::test_a_reclaim_in_the_same_worker_does_not_look_up_while_the_old_call_lingers"
+)
 
 EXECUTOR_GUARDS = [
     *(
@@ -1320,8 +1313,9 @@ EXECUTOR_GUARDS = [
         '            return _Answer(Unknown(), "IN_FLIGHT")\n',
         "",
         "While a call abandoned under the key still runs, the provider is not asked: its "
-        "NotFound is no proof, the write may land a moment later.",
-        (_IN_FLIGHT, _PAST_GRACE),
+        "NotFound is no proof, the write may land a moment later (a reclaim in the same "
+        "worker included).",
+        (_SAME_WORKER_RECLAIM,),
     ),
     Mutation(
         "lookup-in-flight-past-grace",
