@@ -84,6 +84,7 @@ class Settings:
     machine_command_retention_days: int = _env("MACHINE_COMMAND_RETENTION_DAYS", "30", "machines")
     agent_commands_file: str = _env("AGENT_COMMANDS_FILE", "", "machines")
     machine_token_days: int = _env("MACHINE_TOKEN_DAYS", "365", "machines")
+    agent_kill_grace_seconds: float = _env("AGENT_KILL_GRACE_SECONDS", "10", "machines")
 
     smtp_url: str = field(
         default="",
@@ -91,6 +92,7 @@ class Settings:
         metadata={"env": "SMTP_URL", "section": "e-mail"},
     )
     smtp_from: str = _env("SMTP_FROM", "orquestador@localhost", "e-mail")
+    public_base_url: str = _env("PUBLIC_BASE_URL", "", "e-mail")
     simulation_retention_days: int = _env("SIMULATION_RETENTION_DAYS", "7", "retention")
     email_retention_days: int = _env("EMAIL_RETENTION_DAYS", "30", "retention")
     notice_retention_days: int = _env("NOTICE_RETENTION_DAYS", "90", "retention")
@@ -222,6 +224,7 @@ class Settings:
         for name in (
             "worker_drain_seconds",
             "adapter_abandon_grace_seconds",
+            "agent_kill_grace_seconds",
             "jwt_leeway_seconds",
             "retry_after_min_seconds",
             "machine_command_retention_days",
@@ -276,6 +279,11 @@ class Settings:
             self.worker_metrics_port.isdigit() and 0 < int(self.worker_metrics_port) < 65536
         ):
             problems.append("WORKER_METRICS_PORT must be a TCP port (1-65535) or empty (off)")
+        if self.public_base_url and not _HTTP_URL.match(self.public_base_url):
+            problems.append(
+                "PUBLIC_BASE_URL must be an http:// or https:// URL, e.g. "
+                "https://orquestador.example.com"
+            )
         if self.api_url and not _HTTP_URL.match(self.api_url):
             problems.append(
                 "ORQUESTADOR_API_URL must be an http:// or https:// URL, e.g. "
