@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Connection, Row, and_, false, func, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    String,
+    and_,
+    cast,
+    false,
+    func,
+    select,
+    tuple_,
+)
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
 from orquestador.db.schema import (
@@ -54,6 +65,9 @@ class ExecutionFilter:
     simulation: bool = False
     # (created_at, id) of the last item of the previous page; the page starts below it.
     after: tuple[datetime, uuid.UUID] | None = None
+    # The leading hex digits of an execution id (a short id, dashes left out): an id
+    # names one execution, real or dry run, so it is looked for among both.
+    id_prefix: str | None = None
 
 
 _EXECUTION_COLUMNS = (
@@ -73,6 +87,8 @@ _EXECUTION_COLUMNS = (
     execution.c.updated_at,
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
+    # The machine the request names, else the one its data names (a moment's machineId).
+    func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId")).label("machine_id"),
 )
 
 # The audit rows that froze what a step saw, explain a decision or list a dry run's
@@ -167,7 +183,13 @@ class ResourceAccess:
         Keyset pagination: the page starts strictly below the previous page's last
         (created_at, id), so rows inserted meanwhile never shift or repeat an item.
         """
-        conditions = [self._sees_execution(), execution.c.simulation == page.simulation]
+        conditions = [self._sees_execution()]
+        if page.id_prefix is not None:
+            # The route lets only hex digits through: nothing in it is a LIKE wildcard.
+            hex_id = func.replace(cast(execution.c.id, String), "-", "")
+            conditions.append(hex_id.startswith(page.id_prefix.lower()))
+        else:
+            conditions.append(execution.c.simulation == page.simulation)
         if page.status is not None:
             conditions.append(execution.c.status == page.status)
         if page.flow_id is not None:
@@ -200,7 +222,11 @@ class ResourceAccess:
                 action_execution.c.attempt,
                 action_execution.c.error_code,
                 action_execution.c.started_at,
+                action_execution.c.first_started_at,
                 action_execution.c.finished_at,
+                # A wait's latest look at its command: what a WAITING step waits for.
+                action_execution.c.observed,
+                action_execution.c.capability,
             )
             .join(execution, execution.c.id == action_execution.c.execution_id)
             .join(request, request.c.id == execution.c.request_id)
@@ -260,6 +286,7 @@ class ResourceAccess:
                 action_execution.c.error_code,
                 action_execution.c.output,
                 action_execution.c.started_at,
+                action_execution.c.first_started_at,
                 action_execution.c.finished_at,
             )
             .join(execution, execution.c.id == action_execution.c.execution_id)
@@ -316,6 +343,32 @@ class ResourceAccess:
         )
         return list(connection.execute(query))
 
+    def waiting_contexts(
+        self, connection: Connection, execution_ids: Sequence[uuid.UUID]
+    ) -> list[Row]:
+        """For the visible WAITING executions among `execution_ids`: the flow definition
+        and the request data a wait's inputs were resolved from.
+
+        The request is busy while its execution waits, so its data is still the data the
+        transition was accepted with.
+        """
+        query = (
+            select(
+                execution.c.id,
+                execution.c.transition_id,
+                flow.c.definition,
+                request.c.data,
+            )
+            .join(request, request.c.id == execution.c.request_id)
+            .join(flow, flow.c.id == execution.c.flow_id)
+            .where(
+                execution.c.id.in_(execution_ids),
+                execution.c.status == "WAITING",
+                self._sees_execution(),
+            )
+        )
+        return list(connection.execute(query))
+
     def commands_now(
         self, connection: Connection, command_ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, Row]:
@@ -328,7 +381,11 @@ class ResourceAccess:
         if not command_ids:
             return {}
         query = select(
-            machine_command.c.id, machine_command.c.status, machine_command.c.updated_at
+            machine_command.c.id,
+            machine_command.c.status,
+            machine_command.c.updated_at,
+            machine_command.c.machine_id,
+            machine_command.c.command,
         ).where(
             machine_command.c.org_id == self.caller.org,
             machine_command.c.id.in_(command_ids),

@@ -6,12 +6,13 @@ import functools
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 
 from flask import Blueprint, Response, g, jsonify, request
 from jsonschema import Draft202012Validator
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Row, func, select
 
 from orquestador.api.access import ExecutionFilter, Reach, ResourceAccess
 from orquestador.api.auth import (
@@ -39,6 +40,7 @@ from orquestador.api.views import (
     execution_view,
     execution_views,
     group_facts,
+    wait_seconds,
 )
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
@@ -49,6 +51,7 @@ from orquestador.errors import (
     NotReconcilable,
 )
 from orquestador.queue.reconciliation import Resolution, cancel, resolve, step_in_doubt
+from orquestador.queue.waits import NOT_READY
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ def listing() -> Response:
             ids = [row.id for row in rows]
             steps = access.steps_of(connection, ids) if ids else []
             attempts = access.attempts_of(connection, ids) if ids else []
-            facts = read_view_facts(connection, access, ids)
+            facts = read_view_facts(connection, access, ids, steps)
     return jsonify(
         {
             "items": execution_views(rows, steps, attempts, facts),
@@ -229,21 +232,63 @@ def cancel_execution(execution_id: uuid.UUID) -> Response:
 
 
 def read_view_facts(
-    connection: Connection, access: ResourceAccess, execution_ids: list[uuid.UUID]
+    connection: Connection,
+    access: ResourceAccess,
+    execution_ids: list[uuid.UUID],
+    steps: Iterable[Row] = (),
 ) -> dict[uuid.UUID, ExecutionFacts]:
     """Then and now for visible executions: the frozen audit facts, and the current rows
-    of the commands they name, read in the caller's snapshot, scoped by organization."""
+    of the commands they name, read in the caller's snapshot, scoped by organization.
+
+    `steps` (the executions' checkpoints) tell which waits are paused: what they wait
+    for is looked up too."""
     if not execution_ids:
         return {}
     parsed = group_facts(execution_ids, access.view_audit_of(connection, execution_ids))
     wanted = {c for observed, _, _ in parsed.values() for c in command_ids(observed)}
+    waiting, read_at = _waits(connection, access, execution_ids, steps)
+    wanted |= {c for _, commands in waiting.values() for c in commands}
     commands = access.commands_now(connection, sorted(wanted))
     return {
         key: ExecutionFacts(
-            observed=observed, commands=commands, decision=decision, would_have_done=simulated
+            observed=observed,
+            commands=commands,
+            decision=decision,
+            would_have_done=simulated,
+            wait_seconds=waiting.get(key, ({}, []))[0],
+            read_at=read_at,
         )
         for key, (observed, decision, simulated) in parsed.items()
     }
+
+
+def _waits(
+    connection: Connection,
+    access: ResourceAccess,
+    execution_ids: list[uuid.UUID],
+    steps: Iterable[Row],
+) -> tuple[dict[uuid.UUID, tuple[dict[str, float], list[uuid.UUID]]], datetime]:
+    """Per WAITING execution, its waits' deadlines in seconds and the commands they wait
+    for; and the database's clock, which time left counts from."""
+    read_at = connection.execute(select(func.clock_timestamp())).scalar_one()
+    contexts = access.waiting_contexts(connection, execution_ids)
+    if not contexts:
+        return {}, read_at
+    paused: dict[uuid.UUID, list[Row]] = {}
+    for step in steps:
+        if step.status == "FAILED" and step.error_code == NOT_READY:
+            paused.setdefault(step.execution_id, []).append(step)
+    found: dict[uuid.UUID, tuple[dict[str, float], list[uuid.UUID]]] = {}
+    for context in contexts:
+        waits = paused.get(context.id, [])
+        seconds = wait_seconds(
+            context.definition,
+            context.transition_id,
+            context.data,
+            [w.action_id for w in waits],
+        )
+        found[context.id] = (seconds, command_ids({w.action_id: w.observed for w in waits}))
+    return found, read_at
 
 
 def read_execution(
@@ -262,7 +307,7 @@ def read_execution(
                 return None
             steps = access.execution_steps(connection, execution_id)
             attempts = access.execution_attempts(connection, execution_id)
-            facts = read_view_facts(connection, access, [execution_id])[execution_id]
+            facts = read_view_facts(connection, access, [execution_id], steps)[execution_id]
     return row, execution_view(row, steps, attempts, facts)
 
 
@@ -342,6 +387,7 @@ def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
     if simulation not in ("true", "false"):
         raise query_problem("simulation", "true or false")
     return ExecutionFilter(
+        id_prefix=execution_id_prefix(args.get("id")),
         simulation=simulation == "true",
         limit=limit,
         status=status,
@@ -349,6 +395,23 @@ def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
         request_id=_uuid_argument(args, "requestId"),
         after=read_cursor(after_text) if after_text is not None else None,
     )
+
+
+# A short id: at least 8 leading hex digits of an execution id; dashes are ignored.
+SHORT_ID_DIGITS = 8
+_ID_PREFIX = re.compile(rf"[0-9a-fA-F]{{{SHORT_ID_DIGITS},32}}")
+
+
+def execution_id_prefix(text: str | None) -> str | None:
+    """The hex digits an `id` search names (a whole id or a short one), lower case."""
+    if text is None:
+        return None
+    digits = text.strip().replace("-", "")
+    if not _ID_PREFIX.fullmatch(digits):
+        raise query_problem(
+            "id", f"an execution id, or at least {SHORT_ID_DIGITS} of its first hex digits"
+        )
+    return digits.lower()
 
 
 def _uuid_argument(args: Mapping[str, str], name: str) -> uuid.UUID | None:

@@ -228,6 +228,13 @@ def _core_paths() -> dict[str, Any]:
                         "true lists only dry runs (simulated executions); without it they "
                         "are left out.",
                     ),
+                    query_parameter(
+                        "id",
+                        {"type": "string", "pattern": "^[0-9a-fA-F-]{8,36}$"},
+                        "Only the executions whose id starts with these hex digits (a whole "
+                        "id, or a short id of at least 8; dashes are ignored), real or dry "
+                        "run alike: how a short id is resolved.",
+                    ),
                 ],
                 "responses": {
                     "200": json_response(ref("ExecutionPage"), "One page."),

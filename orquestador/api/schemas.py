@@ -125,6 +125,12 @@ EXECUTION: dict[str, Any] = {
         "flowId": _UUID,
         "transitionId": {"type": "string"},
         "status": {"enum": list(EXECUTION_STATUSES)},
+        "flowKey": {"type": "string"},
+        "flowVersion": {"type": "integer", "minimum": 1},
+        "machineId": {
+            "type": "string",
+            "description": "The machine the request names, else the `machineId` of its data.",
+        },
         "outcome": {"description": "The business outcome the decision table chose."},
         "toState": {"type": "string"},
         "errorCode": {"type": "string"},
@@ -150,13 +156,37 @@ EXECUTION: dict[str, Any] = {
                 "properties": {
                     "actionId": {"type": "string"},
                     "status": {
-                        "enum": ["RUNNING", "WAITING", "SUCCEEDED", "FAILED", "UNKNOWN"],
+                        "enum": ["RUNNING", "WAITING", "STOPPED", "SUCCEEDED", "FAILED", "UNKNOWN"],
                         "description": (
                             "WAITING: a durable wait between its rounds (the execution is"
-                            " WAITING); it has not failed."
+                            " WAITING); it has not failed. STOPPED: a wait that ended"
+                            " without its answer because the execution ended (cancelled)."
                         ),
                     },
-                    "startedAt": _TIMESTAMP,
+                    "startedAt": {
+                        **_TIMESTAMP,
+                        "description": "The step's first start (a wait's first round).",
+                    },
+                    "waitingFor": {
+                        "type": "object",
+                        "description": (
+                            "A WAITING step's command as it is now: machine, command,"
+                            " status (`purged: true` when no such row exists any more), and"
+                            " when the flow names the deadline, the deadline and the whole"
+                            " seconds left at view time."
+                        ),
+                        "required": ["commandId"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "commandId": _UUID,
+                            "machineId": {"type": "string"},
+                            "command": {"type": "string"},
+                            "status": {"enum": list(COMMAND_STATUSES)},
+                            "purged": {"const": True},
+                            "deadline": _TIMESTAMP,
+                            "secondsLeft": {"type": "integer", "minimum": 0},
+                        },
+                    },
                     "finishedAt": _TIMESTAMP,
                     "errorCode": {"type": "string"},
                     "nextAttemptAt": _TIMESTAMP,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row
 
+from orquestador.domain.mappings import MappingError, build_context, resolve_source
 from orquestador.queue.waits import NOT_READY
 
 API_PREFIX = "/api/v1"
@@ -97,6 +98,10 @@ class ExecutionFacts:
     commands: Mapping[uuid.UUID, Row] = field(default_factory=dict)
     decision: dict[str, Any] | None = None
     would_have_done: list[dict[str, Any]] = field(default_factory=list)
+    # Per waiting action, its deadlineSeconds as the flow resolves it (absent: unknown).
+    wait_seconds: Mapping[str, float] = field(default_factory=dict)
+    # When the view is read: what "time left" counts from.
+    read_at: datetime | None = None
 
 
 def read_facts(
@@ -203,6 +208,7 @@ def execution_view(
         "transitionId": row.transition_id,
         "status": row.status,
     }
+    _flow_and_machine(body, row)
     result = row.result if isinstance(row.result, dict) else {}
     for source, target in _RESULT_KEYS.items():
         if result.get(source) is not None:
@@ -219,6 +225,7 @@ def execution_view(
     by_action: dict[str, list[Row]] = {}
     for attempt in attempts:
         by_action.setdefault(attempt.action_id, []).append(attempt)
+    steps_read = list(steps)
     body["steps"] = [
         _step_view(
             step,
@@ -226,11 +233,12 @@ def execution_view(
             row.next_attempt_at if waiting else None,
             paused=row.status in _UNFINISHED,
         )
-        for step in steps
+        for step in steps_read
     ]
     if facts is not None:
-        for step in body["steps"]:
+        for step, checkpoint in zip(body["steps"], steps_read, strict=True):
             _then_and_now(step, facts)
+            _waiting_for(step, checkpoint, facts)
         if facts.decision is not None:
             body["decision"] = facts.decision
     if row.simulation:
@@ -257,6 +265,69 @@ def _then_and_now(step: dict[str, Any], facts: ExecutionFacts) -> None:
         if now is not None
         else {"purged": True}
     )
+
+
+def _flow_and_machine(body: dict[str, Any], row: Row) -> None:
+    """The flow's key and version and the machine, when the row was read with them."""
+    for column, key in (
+        ("flow_key", "flowKey"),
+        ("flow_version", "flowVersion"),
+        ("machine_id", "machineId"),
+    ):
+        value = getattr(row, column, None)
+        if value is not None:
+            body[key] = value
+
+
+def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -> None:
+    """What a WAITING step waits for: the command, its machine and status now, the deadline."""
+    if step["status"] != "WAITING":
+        return
+    seen = getattr(checkpoint, "observed", None)
+    command_id = _command_id(seen)
+    if command_id is None:
+        return
+    waiting: dict[str, Any] = {"commandId": str(command_id)}
+    now = facts.commands.get(command_id)
+    if now is not None:
+        waiting.update(machineId=now.machine_id, command=now.command, status=now.status)
+    else:
+        waiting["purged"] = True
+    first = _first_start(checkpoint)
+    seconds = facts.wait_seconds.get(step["actionId"])
+    if first is not None and seconds is not None:
+        deadline = first + timedelta(seconds=seconds)
+        waiting["deadline"] = timestamp(deadline)
+        if facts.read_at is not None:
+            left = (deadline - facts.read_at).total_seconds()
+            waiting["secondsLeft"] = max(0, int(left))
+    step["waitingFor"] = waiting
+
+
+def wait_seconds(
+    definition: Any, transition_id: str, data: Any, action_ids: Iterable[str]
+) -> dict[str, float]:
+    """deadlineSeconds of each of `action_ids` in the transition, where the flow names it
+    as a constant or as a pointer into the request data (an earlier step's output is not
+    at hand here: no deadline then, rather than a wrong one)."""
+    transitions = definition.get("transitions", []) if isinstance(definition, dict) else []
+    actions = next(
+        (t.get("actions") or [] for t in transitions if t.get("id") == transition_id), []
+    )
+    wanted = set(action_ids)
+    context = build_context(data, {}, "", "")
+    found: dict[str, float] = {}
+    for action in actions:
+        source = (action.get("input") or {}).get("deadlineSeconds")
+        if action.get("id") not in wanted or source is None:
+            continue
+        try:
+            value = resolve_source(source, context)
+        except MappingError:
+            continue
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found[action["id"]] = float(value)
+    return found
 
 
 def execution_views(
@@ -328,7 +399,7 @@ def _evidence_step(step: Row, ended: list[Row]) -> dict[str, Any]:
         "errorCode": step.error_code,
         # The current attempt's own words; None while it runs or when it left none.
         "message": current.message if current is not None else None,
-        "startedAt": timestamp(step.started_at),
+        "startedAt": timestamp(_first_start(step)),
         "finishedAt": timestamp(step.finished_at),
     }
     if step.status == "SUCCEEDED":
@@ -354,20 +425,32 @@ def _history(step: Row, ended: list[Row]) -> list[dict[str, Any]]:
     return history
 
 
+def _first_start(step: Row) -> datetime | None:
+    """When the step first started: a wait's later rounds and a reclaim restart
+    `started_at`, so an 8 s wait would otherwise look as if it took no time."""
+    return getattr(step, "first_started_at", None) or step.started_at
+
+
 def _step_view(
     step: Row, ended: list[Row], next_attempt_at: datetime | None, *, paused: bool = False
 ) -> dict[str, Any]:
     # Between the rounds of a durable wait the checkpoint rests FAILED with NOT_READY;
-    # to a reader of an unfinished execution that step is waiting, not failed.
-    if paused and step.status == "FAILED" and step.error_code == NOT_READY:
-        body: dict[str, Any] = {"actionId": step.action_id, "status": "WAITING"}
-        if step.started_at is not None:
-            body["startedAt"] = timestamp(step.started_at)
+    # to a reader of an unfinished execution that step is waiting, not failed. Once the
+    # execution ended (cancelled, say) the wait stopped without its answer: not a failure.
+    if step.status == "FAILED" and step.error_code == NOT_READY:
+        body: dict[str, Any] = {
+            "actionId": step.action_id,
+            "status": "WAITING" if paused else "STOPPED",
+        }
+        if _first_start(step) is not None:
+            body["startedAt"] = timestamp(_first_start(step))
+        if not paused and step.finished_at is not None:
+            body["finishedAt"] = timestamp(step.finished_at)
         body["attempts"] = _history(step, ended)
         return body
     body = {"actionId": step.action_id, "status": step.status}
-    if step.started_at is not None:
-        body["startedAt"] = timestamp(step.started_at)
+    if _first_start(step) is not None:
+        body["startedAt"] = timestamp(_first_start(step))
     if step.finished_at is not None:
         body["finishedAt"] = timestamp(step.finished_at)
     if step.error_code is not None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import pytest
 from jsonschema import Draft202012Validator
 from sqlalchemy import Engine
 
 from orquestador.api.schemas import EXECUTION
-from tests.integration.api_support import OTHER_ORG, Api, problem, running_api
+from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
 from tests.integration.execution_page_support import (
     SEEN_AT,
     accepted,
@@ -210,7 +211,76 @@ def test_a_wait_between_its_rounds_reads_waiting_not_failed(api: Api, owner_engi
     cancelled = _step(_view(api, execution_id), "wait")
 
     assert (waiting["status"], "errorCode" in waiting) == ("WAITING", False)
-    assert (cancelled["status"], cancelled["errorCode"]) == ("FAILED", "NOT_READY")
+    # Once cancelled the wait stopped without its answer: no internal marker, no failure.
+    assert (cancelled["status"], "errorCode" in cancelled) == ("STOPPED", False)
+
+
+def _waiting_on(owner_engine: Engine, execution_id: str, command_id: str) -> None:
+    """The wait's third round parked: it first started 8 s ago, its last round just now."""
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+            " fencing_token, input_hash, external_key, effect, capability, adapter_version,"
+            " error_code, observed, first_started_at, started_at, finished_at)"
+            " VALUES (%s, 'wait', 'FAILED', 1, 1, 'hash', %s, 'READ_ONLY', 'machine.wait', 1,"
+            " 'NOT_READY', jsonb_build_object('commandId', %s::text, 'status', 'pending'),"
+            " now() - interval '8 s', now(), now())",
+            (execution_id, f"{execution_id}:wait", command_id),
+        )
+        connection.exec_driver_sql(
+            "UPDATE execution SET status = 'WAITING', next_attempt_at = now() + interval '1 s'"
+            " WHERE id = %s",
+            (execution_id,),
+        )
+
+
+def test_a_waiting_step_shows_its_first_start_and_what_it_waits_for(
+    api: Api, owner_engine: Engine
+) -> None:
+    _, _, execution_id = accepted(api)
+    command_id = insert_command(owner_engine, org=ORG, status="sent", key="k-wait")
+    _waiting_on(owner_engine, execution_id, command_id)
+    with owner_engine.connect() as connection:
+        first = connection.exec_driver_sql(
+            "SELECT first_started_at FROM action_execution WHERE execution_id = %s",
+            (execution_id,),
+        ).scalar_one()
+
+    view = _view(api, execution_id)
+    wait = _step(view, "wait")
+
+    assert wait["status"] == "WAITING"
+    assert datetime.fromisoformat(wait["startedAt"]) == first
+    waiting_for = wait["waitingFor"]
+    assert {k: waiting_for[k] for k in ("commandId", "machineId", "command", "status")} == {
+        "commandId": command_id,
+        "machineId": "m-1",
+        "command": "poweroff",
+        "status": "sent",
+    }
+    # deadlineSeconds is the flow's constant 30, counted from the first start.
+    assert datetime.fromisoformat(waiting_for["deadline"]) == first + timedelta(seconds=30)
+    assert 19 <= waiting_for["secondsLeft"] <= 22
+    # The listing carries the flow's key and the machine the request data names.
+    listed = api.get("/executions").get_json()["items"][0]
+    assert (listed["flowKey"], listed["flowVersion"], listed["machineId"]) == (
+        "decommission",
+        1,
+        "m-1",
+    )
+
+
+def test_a_waiting_step_never_shows_another_organization_s_command(
+    api: Api, owner_engine: Engine
+) -> None:
+    _, _, execution_id = accepted(api)
+    foreign = insert_command(owner_engine, org=OTHER_ORG, status="sent", key="k-foreign")
+    _waiting_on(owner_engine, execution_id, foreign)
+
+    waiting_for = _step(_view(api, execution_id), "wait")["waitingFor"]
+
+    assert waiting_for["purged"] is True
+    assert "machineId" not in waiting_for and "status" not in waiting_for
 
 
 def test_an_operator_s_fail_decision_is_the_decision_shown(api: Api, owner_engine: Engine) -> None:
