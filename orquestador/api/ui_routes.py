@@ -289,7 +289,10 @@ def executions() -> Any:
             ids = [row.id for row in rows]
             steps = access.steps_of(connection, ids) if ids else []
             attempts = access.attempts_of(connection, ids) if ids else []
-            facts = read_view_facts(connection, access, ids)
+            facts = read_view_facts(connection, access, ids, steps)
+    if page.id_prefix is not None and len(rows) == 1 and page.after is None:
+        # An id, or a short id only one execution starts with: that execution's page.
+        return redirect(url_for("ui.execution_page", execution_id=str(rows[0].id)), 303)
     views = execution_views(rows, steps, attempts, facts)
     items = [_page_facts(row, view) for row, view in zip(rows, views, strict=True)]
     next_args: dict[str, str] = {}
@@ -299,12 +302,15 @@ def executions() -> Any:
             next_args["status"] = page.status
         if page.simulation:
             next_args["simulation"] = "true"
+        if page.id_prefix:
+            next_args["id"] = page.id_prefix
     return render_template(
         "executions.html",
         caller=g.caller,
         items=items,
         status=page.status,
         simulation=page.simulation,
+        searched=request.args.get("id", ""),
         status_links=STATUS_LINKS,
         next_url=url_for("ui.executions", **next_args) if more else None,
     )
@@ -396,6 +402,20 @@ def _when(value: str | None) -> str:
     except ValueError:
         return value
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@blueprint.app_template_filter("in_words")
+def _in_words(seconds: int | None) -> str:
+    """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
+    if seconds is None:
+        return "—"
+    minutes, rest = divmod(max(0, int(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    return f"{rest} s"
 
 
 @blueprint.app_template_filter("as_text")

@@ -298,3 +298,102 @@ def point_audit_at(owner_engine: Engine, execution_id: str, command_id: str) -> 
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+def waiting(
+    api: Api, owner_engine: Engine, *, command_status: str = "sent", **who: Any
+) -> Arranged:
+    """The wait's latest round parked on a `command_status` command: its first round
+    started 8 s ago, its latest just now (the execution is WAITING)."""
+    org = who.get("org", ORG)
+    flow_id, request_id, execution_id = accepted(api, **who)
+    command_id = insert_command(
+        owner_engine, org=org, status=command_status, key=f"{execution_id}:send"
+    )
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+                " fencing_token, input_hash, external_key, effect, capability,"
+                " adapter_version, error_code, observed, first_started_at, started_at,"
+                " finished_at) VALUES (:id, 'wait', 'FAILED', 1, 1, 'hash', :key,"
+                " 'READ_ONLY', 'machine.wait', 1, 'NOT_READY',"
+                " jsonb_build_object('commandId', CAST(:command AS text), 'status', 'pending'),"
+                " now() - interval '8 s', now(), now())"
+            ),
+            {"id": execution_id, "key": f"{execution_id}:wait", "command": command_id},
+        )
+        connection.execute(
+            text(
+                "UPDATE execution SET status = 'WAITING',"
+                " next_attempt_at = now() + interval '1 s' WHERE id = :id"
+            ),
+            {"id": execution_id},
+        )
+    return Arranged(flow_id, request_id, execution_id, command_id)
+
+
+def cancel_directly(owner_engine: Engine, execution_id: str) -> None:
+    """What cancel leaves of a waiting execution: CANCELLED, the wait's checkpoint as it was."""
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text("UPDATE execution SET status = 'CANCELLED', finished_at = now() WHERE id = :id"),
+            {"id": execution_id},
+        )
+        connection.execute(
+            text("UPDATE request SET busy_execution_id = NULL WHERE busy_execution_id = :id"),
+            {"id": execution_id},
+        )
+
+
+def fixed_destination(api: Api, owner_engine: Engine, **who: Any) -> str:
+    """A transition without a decision table that notified someone: TRANSITION_COMPLETED
+    with no hit policy and no rules, and a notify step's observation (no command)."""
+    _, request_id, execution_id = accepted(api, **who)
+    _end(
+        owner_engine,
+        execution_id=execution_id,
+        request_id=request_id,
+        kind="TRANSITION_COMPLETED",
+        detail={
+            "actionIds": ["tell"],
+            "hitPolicy": None,
+            "ruleIds": [],
+            "toState": "off",
+            "outcome": None,
+            "observed": {"tell": {"noticeId": new_id(), "email": "queued"}},
+            "revision": 2,
+            "transitionId": "power-off",
+            "fromState": "new",
+        },
+        status="SUCCEEDED",
+        error_code=None,
+        result={"toState": "off"},
+        to_state="off",
+    )
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO action_execution (execution_id, action_id, status, attempt,"
+                " fencing_token, input_hash, external_key, effect, capability,"
+                " adapter_version, started_at, finished_at) VALUES (:id, 'tell', 'SUCCEEDED',"
+                " 1, 1, 'hash', :key, 'IDEMPOTENT_WRITE', 'notify', 1, now(), now())"
+            ),
+            {"id": execution_id, "key": f"{execution_id}:tell"},
+        )
+    return execution_id
+
+
+def twin(owner_engine: Engine, execution_id: str, twin_id: str) -> None:
+    """Another (cancelled) execution of the same request under a chosen id: two ids that
+    share their first digits, as a short id may."""
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO execution (id, request_id, org_id, flow_id, transition_id,"
+                " accepted_revision, accepted_state, actor_snapshot, status)"
+                " SELECT :twin, request_id, org_id, flow_id, transition_id, accepted_revision,"
+                " accepted_state, actor_snapshot, 'CANCELLED' FROM execution WHERE id = :id"
+            ),
+            {"id": execution_id, "twin": twin_id},
+        )

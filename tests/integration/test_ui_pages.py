@@ -13,11 +13,15 @@ from orquestador.api.ui_routes import SESSION_COOKIE, STATUS_LINKS
 from orquestador.db.schema import EXECUTION_STATUSES
 from tests.integration.api_support import OTHER_ORG, Api, running_api
 from tests.integration.execution_page_support import (
+    cancel_directly,
     completed,
     deadline_passed,
     dry_run,
+    fixed_destination,
     insert_command,
     point_audit_at,
+    twin,
+    waiting,
 )
 
 HOST = "http://localhost"
@@ -248,3 +252,72 @@ def test_the_list_reads_the_same_number_of_statements_for_one_execution_or_many(
 
     assert page.count("WAIT_DEADLINE_EXCEEDED") == 5
     assert five == one
+
+
+def test_a_waiting_step_shows_what_it_waits_for_and_a_cancelled_one_no_marker(
+    api: Api, owner_engine: Engine
+) -> None:
+    client = signed_in(api)
+    arranged = waiting(api, owner_engine)
+
+    page = text_of(client.get(f"/ui/executions/{arranged.execution_id}").get_data(as_text=True))
+    cancel_directly(owner_engine, arranged.execution_id)
+    after = text_of(client.get(f"/ui/executions/{arranged.execution_id}").get_data(as_text=True))
+
+    assert "Waiting for command poweroff on machine m-1" in page
+    assert "Status now sent" in page and "Deadline" in page
+    assert re.search(r"Time left (19|2[0-2]) s", page), page
+    assert "Not decided yet." in page
+    for marker in ("NOT_READY", "FAILED", "Not decided yet", "Waiting for"):
+        assert marker not in after, marker
+    assert "STOPPED" in after and "The wait stopped when the execution ended" in after
+    assert "Cancelled before anything was decided." in after
+
+
+def test_a_fixed_destination_and_a_notify_step_read_as_what_they_are(
+    api: Api, owner_engine: Engine
+) -> None:
+    client = signed_in(api)
+    execution_id = fixed_destination(api, owner_engine)
+
+    page = text_of(client.get(f"/ui/executions/{execution_id}").get_data(as_text=True))
+
+    assert "This transition has a fixed destination: no decision table was consulted." in page
+    assert "Matched rules" not in page and "Hit policy" not in page
+    assert "Nothing to look up" not in page and "Now" not in page
+    assert "Then, when the flow decided" in page and "queued" in page
+
+
+def test_the_search_box_finds_an_execution_by_its_short_id(api: Api, owner_engine: Engine) -> None:
+    client = signed_in(api)
+    mine = completed(api, owner_engine)
+    foreign = completed(api, owner_engine, org=OTHER_ORG)
+
+    found = client.get(f"/ui/executions?id={mine.execution_id[:8]}")
+    whole = client.get(f"/ui/executions?id={mine.execution_id}")
+    other = client.get(f"/ui/executions?id={foreign.execution_id[:8]}")
+    short = client.get("/ui/executions?id=abc1234")
+
+    assert found.status_code == whole.status_code == 303
+    assert found.headers["Location"] == whole.headers["Location"]
+    assert found.headers["Location"].endswith(f"/ui/executions/{mine.execution_id}")
+    assert other.status_code == 200
+    assert "No execution you may see has an id starting with" in other.get_data(as_text=True)
+    assert foreign.execution_id not in other.get_data(as_text=True)
+    assert short.status_code == 400
+    assert "at least 8 of its first hex digits" in short.get_data(as_text=True)
+    listing = client.get("/ui/executions").get_data(as_text=True)
+    assert 'name="id"' in listing and "machine m-1" in listing
+
+
+def test_a_short_id_two_executions_share_lists_both(api: Api, owner_engine: Engine) -> None:
+    client = signed_in(api)
+    arranged = completed(api, owner_engine)
+    other_id = arranged.execution_id[:8] + "-0000-4000-8000-000000000000"
+    twin(owner_engine, arranged.execution_id, other_id)
+
+    page = client.get(f"/ui/executions?id={arranged.execution_id[:8]}")
+
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert arranged.execution_id in html and other_id in html
