@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
+import textwrap
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +46,11 @@ CLIENT_SETTINGS = (
     "JWT_AUDIENCE",
 )
 MAX_PAGE_SIZE = 200
-AUDIT_DETAIL_CHARACTERS = 120
+# The audit's detail is wrapped to this width under its row, never cut.
+AUDIT_DETAIL_WIDTH = 100
+# A short id: the first hex digits of an execution id (dashes ignored), at least this many.
+SHORT_ID_DIGITS = 8
+_HEX_ID = re.compile(r"[0-9a-fA-F-]+")
 
 
 class UsageProblem(Exception):
@@ -104,7 +111,7 @@ def add_executions_command(command: CommandFactory) -> None:
     listing.add_argument("--after", metavar="CURSOR", help="the next page, as the last one said")
 
     show = action("show", "one execution: status, outcome, steps and attempts", _show)
-    show.add_argument("execution", metavar="ID")
+    show.add_argument("execution", metavar="ID", help=_ID_HELP)
 
     evidence = action(
         "evidence",
@@ -112,14 +119,14 @@ def add_executions_command(command: CommandFactory) -> None:
         "(needs executions:reconcile)",
         _evidence,
     )
-    evidence.add_argument("execution", metavar="ID")
+    evidence.add_argument("execution", metavar="ID", help=_ID_HELP)
 
     reconcile = action(
         "reconcile",
         "decide about a parked execution: confirm, retry or fail (needs executions:reconcile)",
         _reconcile,
     )
-    reconcile.add_argument("execution", metavar="ID")
+    reconcile.add_argument("execution", metavar="ID", help=_ID_HELP)
     reconcile.add_argument(
         "--action",
         metavar="A",
@@ -147,8 +154,14 @@ def add_executions_command(command: CommandFactory) -> None:
         "reconciliation instead",
         _cancel,
     )
-    cancel.add_argument("execution", metavar="ID")
+    cancel.add_argument("execution", metavar="ID", help=_ID_HELP)
     cancel.add_argument("--reason", required=True, help="why (kept in the audit)")
+
+
+_ID_HELP = (
+    f"the execution's id, or a short id: its first {SHORT_ID_DIGITS} or more hex digits "
+    "(unique among the executions you may see)"
+)
 
 
 def _page_size(text: str) -> int:
@@ -297,6 +310,35 @@ def _path_id(text: str) -> str:
     return quote(text, safe="")
 
 
+def _execution_path(client: ApiClient, text: str) -> str:
+    """The path segment of the execution `text` names: a whole id, or a short one resolved
+    by the server (`?id=`, within what the token may see, so a foreign execution is as
+    missing as one that does not exist)."""
+    text = text.strip()
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        pass
+    if not _HEX_ID.fullmatch(text):
+        return _path_id(text)
+    digits = text.replace("-", "").lower()
+    if len(digits) < SHORT_ID_DIGITS:
+        raise UsageProblem(
+            f"{text!r} is too short for an id: give the whole execution id or at least "
+            f"{SHORT_ID_DIGITS} of its first hex digits"
+        )
+    found = [item["id"] for item in client.get("/executions", {"id": digits, "limit": 2})["items"]]
+    if not found:
+        detail = f"No execution you may see has an id starting with {digits}."
+        raise Refused(404, {"code": "NOT_FOUND", "detail": detail}, detail)
+    if len(found) > 1:
+        raise UsageProblem(
+            f"the short id {digits} is ambiguous: more than one execution starts with it "
+            f"({', '.join(found)}); give more digits"
+        )
+    return found[0]
+
+
 # --- actions ---------------------------------------------------------------------------
 
 
@@ -321,14 +363,15 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
         print("no executions")
     else:
         _print_table(
-            ("ID", "STATUS", "TRANSITION", "ERROR", "REQUEST", "CREATED"),
+            ("ID", "STATUS", "TRANSITION", "ERROR", "FLOW", "MACHINE", "CREATED"),
             [
                 (
                     item["id"],
                     item["status"],
                     item["transitionId"],
                     item.get("errorCode"),
-                    item["requestId"],
+                    _flow_name(item),
+                    item.get("machineId"),
                     item["createdAt"],
                 )
                 for item in items
@@ -340,16 +383,18 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _show(client: ApiClient, args: argparse.Namespace) -> int:
-    view = client.get(f"/executions/{_path_id(args.execution)}")
+    view = client.get(f"/executions/{_execution_path(client, args.execution)}")
     if args.json:
         _print_json(view)
     else:
         _print_execution(view)
+        _print_decision(view)
+        _print_then_and_now(view)
     return 0
 
 
 def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
-    found = client.get(f"/executions/{_path_id(args.execution)}/evidence")
+    found = client.get(f"/executions/{_execution_path(client, args.execution)}/evidence")
     if args.json:
         _print_json(found)
         return 0
@@ -407,19 +452,10 @@ def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
             )
     audit = found.get("audit", [])
     if audit:
-        print()
-        _print_table(
-            ("AT", "KIND", "ACTOR", "DETAIL"),
-            [
-                (
-                    event["at"],
-                    event["kind"],
-                    event.get("actor"),
-                    _shorten(json.dumps(event.get("detail"), ensure_ascii=False)),
-                )
-                for event in audit
-            ],
-        )
+        print("\naudit")
+        for event in audit:
+            print(f"  {event['at']}  {event['kind']}  {_cell(event.get('actor'))}")
+            _print_wrapped(json.dumps(event.get("detail"), ensure_ascii=False), indent="    ")
     return 0
 
 
@@ -433,7 +469,9 @@ def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
         body["output"] = _json_argument(args.output, "--output")
     if args.to_state is not None:
         body["toState"] = args.to_state
-    view = client.post(f"/executions/{_path_id(args.execution)}/reconciliation", body)
+    view = client.post(
+        f"/executions/{_execution_path(client, args.execution)}/reconciliation", body
+    )
     if args.json:
         _print_json(view)
     else:
@@ -443,7 +481,9 @@ def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _cancel(client: ApiClient, args: argparse.Namespace) -> int:
-    view = client.post(f"/executions/{_path_id(args.execution)}/cancel", {"reason": args.reason})
+    view = client.post(
+        f"/executions/{_execution_path(client, args.execution)}/cancel", {"reason": args.reason}
+    )
     if args.json:
         _print_json(view)
     elif view["status"] == "RECONCILIATION_REQUIRED":
@@ -511,7 +551,8 @@ def _print_execution(view: dict[str, Any]) -> None:
             ("execution", view["id"]),
             ("status", view["status"]),
             ("request", view["requestId"]),
-            ("flow", view["flowId"]),
+            ("flow", _flow_name(view) or view["flowId"]),
+            ("machine", view.get("machineId")),
             ("transition", view["transitionId"]),
             ("outcome", view.get("outcome")),
             ("to state", view.get("toState")),
@@ -564,7 +605,94 @@ def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-def _shorten(text: str) -> str:
-    if len(text) <= AUDIT_DETAIL_CHARACTERS:
-        return text
-    return text[: AUDIT_DETAIL_CHARACTERS - 1] + "…"
+def _print_wrapped(text: str, *, indent: str) -> None:
+    # Long words (a key, an id) are broken, never dropped: every character is printed.
+    for line in textwrap.wrap(
+        text,
+        width=AUDIT_DETAIL_WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+    ):
+        print(line)
+
+
+def _flow_name(view: dict[str, Any]) -> str | None:
+    if not view.get("flowKey"):
+        return None
+    return f"{view['flowKey']} v{view['flowVersion']}"
+
+
+def _print_decision(view: dict[str, Any]) -> None:
+    """How the destination was chosen, in the page's words."""
+    decision = view.get("decision")
+    if decision is None:
+        said = {
+            "CANCELLED": "cancelled before anything was decided",
+            "RECONCILIATION_REQUIRED": "nothing decided yet: a person must first say what happened",
+            "SUCCEEDED": "ended without a recorded decision",
+            "FAILED": "ended without a recorded decision",
+        }.get(view["status"], "not decided yet")
+        print(f"\ndecision  {said}")
+        return
+    by = decision.get("by")
+    if by == "operator":
+        said = f"an operator gave up on it ({decision.get('errorCode')})"
+    elif by == "errorExit":
+        said = (
+            f"step {decision.get('actionId')} failed ({decision.get('errorCode')}); "
+            "its error exit chose"
+        )
+    elif decision.get("ruleIds"):
+        said = f"rules {', '.join(decision['ruleIds'])} matched ({decision.get('hitPolicy')})"
+    elif decision.get("hitPolicy"):
+        said = f"no rule matched ({decision['hitPolicy']})"
+    else:
+        said = "a fixed destination: no decision table"
+    print(f"\ndecision  {said}; to {_cell(decision.get('toState'))}")
+
+
+def _print_then_and_now(view: dict[str, Any]) -> None:
+    """What each step waits for, and what it saw then beside what is true now."""
+    for step in view.get("steps", []):
+        lines: list[tuple[str, Any]] = []
+        waiting = step.get("waitingFor")
+        if waiting is not None:
+            if waiting.get("purged"):
+                what = f"command {waiting['commandId']} (no longer in the records)"
+            else:
+                what = f"command {waiting.get('command')} on machine {waiting.get('machineId')}"
+            lines += [("waiting for", what), ("status now", waiting.get("status"))]
+            if "deadline" in waiting:
+                left = waiting.get("secondsLeft")
+                lines.append(
+                    (
+                        "deadline",
+                        f"{waiting['deadline']} ({_in_words(left)} left)"
+                        if left
+                        else f"{waiting['deadline']} (passed)",
+                    )
+                )
+        if step.get("status") == "STOPPED":
+            lines.append(("stopped", "the wait stopped when the execution ended"))
+        if "observed" in step:
+            lines.append(("then", json.dumps(step["observed"], ensure_ascii=False)))
+            now = step.get("current")
+            if now is not None and now.get("purged"):
+                lines.append(("now", "the command is no longer in the records"))
+            elif now is not None:
+                lines.append(("now", f"{now['status']} (updated {now['updatedAt']})"))
+        if lines:
+            print(f"\nstep {step['actionId']}")
+            _print_fields(lines, indent="  ", skip_empty=True)
+
+
+def _in_words(seconds: int | None) -> str:
+    """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
+    minutes, rest = divmod(max(0, int(seconds or 0)), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    return f"{rest} s"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,10 +26,17 @@ from orquestador.config import Settings
 from orquestador.serve import serve_in_thread
 from orquestador.worker.executor import Executor
 from tests.db_support import TestDatabase
+from tests.integration.execution_page_support import (
+    cancel_directly,
+    end_past_deadline,
+    park_wait,
+    twin,
+)
 from tests.integration.worker_support import (
     ORG,
     OWNER,
     action,
+    decommission,
     execution,
     flow_definition,
     registry_of,
@@ -146,7 +154,7 @@ def test_find_inspect_and_confirm_a_parked_execution(
 
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split()[:4] == ["ID", "STATUS", "TRANSITION", "ERROR"]
+    assert header.split() == ["ID", "STATUS", "TRANSITION", "ERROR", "FLOW", "MACHINE", "CREATED"]
     assert row.split()[:4] == [str(eid), "RECONCILIATION_REQUIRED", "go", "UNCERTAIN_OUTCOME"]
     assert str(pending) not in listed.stdout
     page = json.loads(listed_json.stdout)
@@ -314,3 +322,102 @@ def test_in_a_dev_folder_the_dev_server_and_a_development_token_are_the_defaults
 
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() == "no executions"
+
+
+def test_show_prints_what_a_wait_waits_for_and_then_beside_now(
+    server: Server, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    env = _as(server)
+    waiting = start_execution(runtime_engine, decommission(30), {"machineId": "m-1"})
+    park_wait(owner_engine, str(waiting), org=ORG)
+    ended = start_execution(runtime_engine, decommission(30), {"machineId": "m-2"})
+    request_id = str(execution(runtime_engine, ended).request_id)
+    end_past_deadline(owner_engine, str(ended), request_id, org=ORG, now="timed_out")
+
+    shown_waiting = _run("show", str(waiting), env=env)
+    shown_ended = _run("show", str(ended), env=env)
+    listed = _run("list", env=env)
+    cancel_directly(owner_engine, str(waiting))
+    shown_cancelled = _run("show", str(waiting), env=env)
+
+    assert shown_waiting.returncode == 0, shown_waiting.stderr
+    out = shown_waiting.stdout
+    assert "machine     m-1" in out
+    assert "waiting for  command poweroff on machine m-1" in out
+    assert "status now   sent" in out
+    assert re.search(r"deadline     \S+Z \((19|2[0-2]) s left\)", out), out
+    assert "decision  not decided yet" in out
+    ended_out = shown_ended.stdout
+    assert '"status": "sent"' in ended_out.split("then", 1)[1]
+    assert re.search(r"now\s+timed_out \(updated ", ended_out), ended_out
+    assert "step wait failed (WAIT_DEADLINE_EXCEEDED); its error exit chose; to attention" in (
+        ended_out
+    )
+    rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:]}
+    flow_key = decommission(30)["key"][:5]  # each publish draws a new key: "flow-…"
+    assert rows[str(waiting)][4].startswith(flow_key) and rows[str(waiting)][6] == "m-1"
+    assert rows[str(ended)][6] == "m-2"
+    cancelled = shown_cancelled.stdout
+    assert "NOT_READY" not in cancelled and "not decided yet" not in cancelled
+    assert "STOPPED" in cancelled and "decision  cancelled before anything was decided" in (
+        cancelled
+    )
+
+
+def test_short_ids_name_one_execution_of_the_organization(
+    server: Server, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    eid = str(_park(runtime_engine, _charge(UncertainError("timeout"))))
+    env = _as(server)
+
+    shown = _run("show", eid[:8], env=env)
+    evidence = _run("evidence", eid[:10].upper(), env=env)
+    too_short = _run("show", eid[:7], env=env)
+    foreign = _run("show", eid[:8], env=_as(server, org="org-elsewhere"))
+    absent = "ffffffff" if not eid.startswith("ffffffff") else "00000000"
+    missing = _run("show", absent, env=env)
+    twin_id = eid[:8] + "-0000-4000-8000-000000000000"
+    twin(owner_engine, eid, twin_id)
+    ambiguous = _run("show", eid[:8], env=env)
+    longer = _run("show", eid[:13], env=env)
+
+    assert shown.returncode == 0, shown.stderr
+    assert f"execution   {eid}" in shown.stdout
+    assert evidence.returncode == 0 and f"execution   {eid}" in evidence.stdout
+    assert too_short.returncode == 2
+    _one_line_no_traceback(too_short)
+    assert "at least 8 of its first hex digits" in too_short.stderr
+    for refused in (foreign, missing):
+        assert refused.returncode == 1
+        _one_line_no_traceback(refused)
+        assert "404 NOT_FOUND" in refused.stderr
+    # The same words for another organization's execution as for none at all.
+    assert foreign.stderr == missing.stderr.replace(absent, eid[:8])
+    assert ambiguous.returncode == 2
+    _one_line_no_traceback(ambiguous)
+    assert "ambiguous" in ambiguous.stderr and twin_id in ambiguous.stderr
+    if eid[8:13] != "-0000":
+        assert longer.returncode == 0 and f"execution   {eid}" in longer.stdout
+
+
+def test_evidence_wraps_a_long_audit_detail_instead_of_cutting_it(
+    server: Server, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    eid = _park(runtime_engine, _charge(UncertainError("timeout")))
+    note = "checked-" + "x" * 300 + "-END"
+    with owner_engine.begin() as connection:
+        connection.exec_driver_sql(
+            "INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)"
+            " SELECT org_id, 'NOTE', request_id, id, 'operator-1',"
+            " jsonb_build_object('note', %s::text)"
+            " FROM execution WHERE id = %s",
+            (note, eid),
+        )
+
+    evidence = _run("evidence", str(eid), env=_as(server))
+
+    assert evidence.returncode == 0, evidence.stderr
+    audit = evidence.stdout.split("\naudit\n", 1)[1].splitlines()
+    assert "…" not in evidence.stdout
+    assert max(len(line) for line in audit) <= 100
+    assert note in "".join(line.strip() for line in audit)

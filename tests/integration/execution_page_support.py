@@ -176,6 +176,16 @@ def deadline_passed(
     """
     org = who.get("org", ORG)
     flow_id, request_id, execution_id = accepted(api, definition, **who)
+    command_id = end_past_deadline(owner_engine, execution_id, request_id, org=org, now=now)
+    if purged:
+        purge(owner_engine, command_id)
+    return Arranged(flow_id, request_id, execution_id, command_id)
+
+
+def end_past_deadline(
+    owner_engine: Engine, execution_id: str, request_id: str, *, org: str, now: str
+) -> str:
+    """deadline_passed's rows for an accepted execution; returns the command's id."""
     command_id = insert_command(owner_engine, org=org, status=now, key=f"{execution_id}:send")
     _checkpoints(owner_engine, execution_id, command_id, "FAILED")
     observed = {"wait": {"commandId": command_id, "status": "sent", "seenAt": SEEN_AT.isoformat()}}
@@ -199,9 +209,7 @@ def deadline_passed(
         result={"outcome": "STEP_ERROR", "toState": "attention", "actionId": "wait"},
         to_state="attention",
     )
-    if purged:
-        purge(owner_engine, command_id)
-    return Arranged(flow_id, request_id, execution_id, command_id)
+    return command_id
 
 
 def completed(api: Api, owner_engine: Engine, **who: Any) -> Arranged:
@@ -307,6 +315,14 @@ def waiting(
     started 8 s ago, its latest just now (the execution is WAITING)."""
     org = who.get("org", ORG)
     flow_id, request_id, execution_id = accepted(api, **who)
+    command_id = park_wait(owner_engine, execution_id, org=org, command_status=command_status)
+    return Arranged(flow_id, request_id, execution_id, command_id)
+
+
+def park_wait(
+    owner_engine: Engine, execution_id: str, *, org: str, command_status: str = "sent"
+) -> str:
+    """waiting's rows for an accepted execution; returns the command's id."""
     command_id = insert_command(
         owner_engine, org=org, status=command_status, key=f"{execution_id}:send"
     )
@@ -330,7 +346,7 @@ def waiting(
             ),
             {"id": execution_id},
         )
-    return Arranged(flow_id, request_id, execution_id, command_id)
+    return command_id
 
 
 def cancel_directly(owner_engine: Engine, execution_id: str) -> None:
