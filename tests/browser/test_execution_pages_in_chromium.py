@@ -14,8 +14,15 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.browser.browser_support import DESK, PHONE, screenshot, serving, start_chromium
-from tests.integration.api_support import Api, running_api
-from tests.integration.execution_page_support import completed, deadline_passed, dry_run
+from tests.integration.api_support import OTHER_ORG, Api, running_api
+from tests.integration.execution_page_support import (
+    cancel_directly,
+    completed,
+    deadline_passed,
+    dry_run,
+    fixed_destination,
+    waiting,
+)
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +225,58 @@ def test_a_dry_run_reads_would_have_done_and_sits_under_dry_runs(
     assert "Would have done" in section.text
     assert "send (machine.command, IDEMPOTENT_WRITE): send poweroff to machine m-1" in section.text
     screenshot(browser, "execution-dry-run")
+
+
+def test_a_wait_reads_what_it_waits_for_then_stops_in_words_and_a_short_id_finds_it(
+    site: tuple[Api, str], browser: Any, owner_engine: Engine
+) -> None:
+    api, base = site
+    waits = waiting(api, owner_engine)
+    fixed = fixed_destination(api, owner_engine)
+    foreign = completed(api, owner_engine, org=OTHER_ORG)
+    browser.get(f"{base}/ui/login")
+    _sign_in(browser, api.token())
+
+    # The search field takes a short id and opens that execution's page.
+    field = _by_css(browser, "form.search input[name=id]")
+    field.send_keys(waits.execution_id[:8])
+    _navigates(browser, _by_css(browser, "form.search button[type=submit]").click)
+    assert browser.current_url == f"{base}/ui/executions/{waits.execution_id}"
+    block = _by_css(browser, ".waiting-for")
+    assert "command poweroff on machine m-1" in block.text
+    assert _by_css(block, ".command-status").text == "sent"
+    assert re.fullmatch(r"(19|2[0-2]) s", _by_css(block, ".time-left").text)
+    # Started is the wait's first round, 8 s before its latest.
+    with owner_engine.connect() as connection:
+        first = connection.exec_driver_sql(
+            "SELECT to_char(first_started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
+            " FROM action_execution WHERE execution_id = %s",
+            (waits.execution_id,),
+        ).scalar_one()
+    assert f"Started\n{first} UTC" in _by_css(browser, "article.step").text
+    screenshot(browser, "execution-waiting-for-a-command")
+
+    cancel_directly(owner_engine, waits.execution_id)
+    browser.refresh()
+    page = _text(browser)
+    assert "NOT_READY" not in page and "Not decided yet" not in page
+    assert "STOPPED" in page and "Cancelled before anything was decided." in page
+    screenshot(browser, "execution-cancelled-wait")
+
+    browser.get(f"{base}/ui/executions/{fixed}")
+    page = _text(browser)
+    assert "fixed destination" in page
+    assert "Matched rules" not in page and "Nothing to look up" not in page
+    screenshot(browser, "execution-fixed-destination")
+
+    # Another organization's short id finds nothing, as if it did not exist.
+    browser.get(f"{base}/ui/executions")
+    _by_css(browser, "form.search input[name=id]").send_keys(foreign.execution_id[:8])
+    _navigates(browser, _by_css(browser, "form.search button[type=submit]").click)
+    assert "No execution you may see has an id starting with" in _text(browser)
+    assert _all_css(browser, "ul.executions a.title") == []
+    browser.set_window_size(*PHONE)
+    width = browser.execute_script("return document.documentElement.clientWidth")
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+    screenshot(browser, "search-on-a-phone")
+    assert _policy_violations(browser) == []
