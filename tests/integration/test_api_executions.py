@@ -25,6 +25,10 @@ BASE_KEYS = {
     "steps",
     "createdAt",
     "updatedAt",
+    # What a person reads it by: the flow, and the machine the request's data names.
+    "flowKey",
+    "flowVersion",
+    "machineId",
 }
 
 
