@@ -313,6 +313,7 @@ def test_the_search_box_finds_an_execution_by_its_short_id(api: Api, owner_engin
 def test_a_short_id_two_executions_share_lists_both(api: Api, owner_engine: Engine) -> None:
     client = signed_in(api)
     arranged = completed(api, owner_engine)
+    unrelated = completed(api, owner_engine)
     other_id = arranged.execution_id[:8] + "-0000-4000-8000-000000000000"
     twin(owner_engine, arranged.execution_id, other_id)
 
@@ -321,3 +322,4 @@ def test_a_short_id_two_executions_share_lists_both(api: Api, owner_engine: Engi
     assert page.status_code == 200
     html = page.get_data(as_text=True)
     assert arranged.execution_id in html and other_id in html
+    assert unrelated.execution_id not in html
