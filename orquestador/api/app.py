@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, g, redirect, request, url_for
 from sqlalchemy import Engine
 
 from orquestador.actions import AdapterRegistry, load_registry
@@ -96,6 +96,8 @@ def create_app(
         app.register_blueprint(agent_routes.blueprint)
         app.register_blueprint(machine_routes.blueprint)
         app.register_blueprint(ui_routes.blueprint)
+        # A person who opens the bare address lands on the pages, not on a 404.
+        app.add_url_rule("/", "home", _to_executions_page, methods=["GET"])
     log.info(
         "API created",
         extra={
@@ -104,6 +106,10 @@ def create_app(
         },
     )
     return app
+
+
+def _to_executions_page() -> Response:
+    return redirect(url_for("ui.executions"), code=302)
 
 
 def _refuse_oversized_head() -> None:

@@ -171,6 +171,26 @@ def test_unexpected_errors_are_a_bare_500(api: Api, monkeypatch: pytest.MonkeyPa
     }
 
 
+def test_the_bare_address_redirects_to_the_executions_page(api: Api) -> None:
+    client = api.client()
+    response = client.get("/")
+
+    assert response.status_code == 302
+    assert response.headers["Location"] == "/ui/executions"
+    # The page itself is where a person without a session is sent on to sign in.
+    page = client.get(response.headers["Location"])
+    assert page.status_code == 303 and "/ui/login" in page.headers["Location"]
+
+
+def test_without_the_pages_the_bare_address_is_the_usual_404(database) -> None:
+    with running_api(database.runtime_dsn, request_api_enabled=False) as api:
+        client = api.client()
+        bare, missing = client.get("/"), client.get("/no-such-path")
+
+    assert bare.status_code == 404
+    assert bare.get_data() == missing.get_data()
+
+
 @pytest.mark.parametrize(
     "flows, requests",
     [(False, False), (True, False), (False, True)],
