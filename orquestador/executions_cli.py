@@ -147,6 +147,18 @@ def add_executions_command(command: CommandFactory) -> None:
         help="fail: where the request goes (default: the step's onError state, else it stays)",
     )
 
+    def reconcile_checked(args: argparse.Namespace) -> int:
+        # argparse cannot tie one option to another's value: checked here, before any
+        # setting is read or request sent, as the same usage error (exit 2).
+        if args.decision == "confirm" and args.output is None:
+            reconcile.error(
+                "--output is required with --decision confirm: the step's output as the "
+                "provider reports it (JSON, or @FILE), checked against the adapter's schema"
+            )
+        return _run(_reconcile, args)
+
+    reconcile.set_defaults(handler=reconcile_checked)
+
     cancel = action(
         "cancel",
         "cancel an execution that has not started or waits (executions:cancel, or "
