@@ -13,7 +13,9 @@ POLL_OPENED_CHANNEL, whose bells end the polls of that machine announced before 
 the database's clock, so that a late notification never ends a newer poll). A process
 whose bell is not listening at that moment (connecting, reconnecting), or a poll not yet
 announced when the notification arrives, keeps its older poll until that poll's own
-wait ends. `stop_polls` ends every poll of the process when it shuts down.
+wait ends. `stop_polls` ends every poll of the process when it shuts down; from then on
+a lost connection ends the thread quietly (the database may stop first), where before it
+is a warning and a reconnect.
 
 The thread runs while someone subscribes and ends when nobody has for a while, so an
 idle process holds no connection for it.
@@ -241,6 +243,13 @@ class CommandBell:
                             return
             except Exception as exc:
                 self.listening.clear()
+                with self._lock:
+                    if self._stopping:
+                        # The process is stopping, and its database may go first (dev stops
+                        # its embedded server): nothing is wrong, and nothing will listen.
+                        self._thread = None
+                        log.debug("command bell closed while stopping: %s", type(exc).__name__)
+                        return
                 log.warning("command bell disconnected: %s", type(exc).__name__)
                 threading.Event().wait(RECONNECT_SECONDS)
                 if self._idle():
