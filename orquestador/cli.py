@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
+from orquestador.dev_address import recorded_dev_api
 from orquestador.errors import ConfigError, OrquestadorError
 from orquestador.executions_cli import add_executions_command
 from orquestador.machines_cli import add_machines_command
@@ -430,8 +431,10 @@ def _agent(args: argparse.Namespace) -> int:
     else:
         commands, file_problems = load_commands(settings.agent_commands_file)
         problems += file_problems
+    # In the folder of a running `orquestador dev`, its API unless one is named.
+    api_url = settings.api_url or recorded_dev_api(settings.home_path) or ""
     if not args.check:
-        if not settings.api_url:
+        if not api_url:
             problems.append("ORQUESTADOR_API_URL is not set, e.g. http://127.0.0.1:8080/api/v1")
         if not settings.api_token:
             problems.append(
@@ -446,7 +449,7 @@ def _agent(args: argparse.Namespace) -> int:
     if args.check:
         print(f"{settings.agent_commands_file}: {len(commands)} commands, valid")
         return 0
-    return run_agent(settings.api_url, settings.api_token, commands, poll_wait_seconds=args.wait)
+    return run_agent(api_url, settings.api_token, commands, poll_wait_seconds=args.wait)
 
 
 def _check(args: argparse.Namespace) -> int:

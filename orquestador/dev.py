@@ -9,9 +9,14 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from orquestador.config import Settings
 from orquestador.db import migrate
+from orquestador.dev_address import forget_dev_api, loopback_url, record_dev_api
+
+if TYPE_CHECKING:
+    from werkzeug.serving import BaseWSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +92,6 @@ def _ensure_dev_secret(settings: Settings) -> None:
 
 def _serve(settings: Settings, data_dir: Path | None) -> int:
     from orquestador.api.app import create_app
-    from orquestador.api.tokens import mint_token
     from orquestador.serve import serve_in_thread
 
     stop = threading.Event()
@@ -101,6 +105,20 @@ def _serve(settings: Settings, data_dir: Path | None) -> int:
     # Bind first: a busy port ends here, before any work is claimed (the server
     # explains which port and exits 1).
     server, _ = serve_in_thread(create_app(settings), settings.api_host, settings.api_port)
+    # The command line run in this folder finds the API here, whatever port it got.
+    record_dev_api(settings.home_path, loopback_url(settings.api_host, server.server_port))
+    try:
+        return _run_until_stopped(settings, server, stop, data_dir)
+    finally:
+        forget_dev_api(settings.home_path)
+
+
+def _run_until_stopped(
+    settings: Settings, server: BaseWSGIServer, stop: threading.Event, data_dir: Path | None
+) -> int:
+    from orquestador.api.tokens import mint_token
+    from orquestador.machines.bell import stop_polls
+
     worker = None
     if settings.worker_enabled:
         from orquestador.worker.daemon import build_worker
@@ -133,6 +151,8 @@ def _serve(settings: Settings, data_dir: Path | None) -> int:
     )
     stop.wait()
     print("stopping: draining the worker and the API", flush=True)
+    # Open agent polls answer 204 now, and the command bell goes quietly with the database.
+    stop_polls()
     server.shutdown()
     if worker is not None:
         worker.request_stop()

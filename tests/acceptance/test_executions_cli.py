@@ -421,3 +421,32 @@ def test_evidence_wraps_a_long_audit_detail_instead_of_cutting_it(
     assert "…" not in evidence.stdout
     assert max(len(line) for line in audit) <= 100
     assert note in "".join(line.strip() for line in audit)
+
+
+def test_in_a_dev_folder_the_recorded_dev_server_wins_over_api_port_and_loses_to_the_url(
+    server: Server, tmp_path: Path
+) -> None:
+    home = tmp_path / ".orquestador"
+    home.mkdir()
+    (home / "dev-jwt-secret").write_text(SECRET + "\n")
+    record = home / "dev-api.json"
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        # Bound, never listening: a command sent here could not list anything.
+        silent_port = bound.getsockname()[1]
+        silent = f"http://127.0.0.1:{silent_port}/api/v1"
+        # What a running `orquestador dev` leaves (this test's process stands in for it).
+        record.write_text(json.dumps({"url": server.url, "pid": os.getpid()}))
+        found = _run("list", env={"API_PORT": str(silent_port)}, cwd=tmp_path)
+        named = _run("list", env={"ORQUESTADOR_API_URL": silent}, cwd=tmp_path)
+        # A dev process killed without a stop leaves its record behind: it is not used.
+        ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        record.write_text(json.dumps({"url": silent, "pid": int(ended.stdout)}))
+        stale = _run("list", env={"API_PORT": str(server.port)}, cwd=tmp_path)
+
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "no executions"
+    assert named.returncode == 2 and "cannot reach the API at " + silent in named.stderr
+    assert stale.returncode == 0, stale.stderr
+    assert not record.exists(), "the stale record is removed"

@@ -1,0 +1,84 @@
+"""Where the running `orquestador dev` answers, kept in ORQUESTADOR_HOME for the command line.
+
+`dev` writes `dev-api.json` ({"url", "pid"}) once its port is bound and removes it when it
+stops. A command run in the same folder without ORQUESTADOR_API_URL reads it, so a dev
+server on another port than API_PORT's is still found. A record whose process is gone
+(the dev process was killed) is stale: it is removed on read and never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+RECORD_NAME = "dev-api.json"
+API_PATH = "/api/v1"
+
+
+def record_path(home: Path) -> Path:
+    return home / RECORD_NAME
+
+
+def loopback_url(host: str, port: int) -> str:
+    """The API's base URL as a client on this host reaches it."""
+    # A server bound to every address answers on loopback.
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "[::1]"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}{API_PATH}"
+
+
+def record_dev_api(home: Path, url: str) -> Path:
+    """Record URL as this process's; replaced whole, so a reader never sees half of it."""
+    path = record_path(home)
+    partial = path.with_name(f".{RECORD_NAME}.{os.getpid()}")
+    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}) + "\n")
+    partial.replace(path)
+    return path
+
+
+def forget_dev_api(home: Path) -> None:
+    """Remove the record if this process wrote it (a newer dev may have replaced it)."""
+    path = record_path(home)
+    if _read(path).get("pid") == os.getpid():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def recorded_dev_api(home: Path) -> str | None:
+    """The URL of the dev server running for HOME, or None (no record, or a stale one)."""
+    path = record_path(home)
+    record = _read(path)
+    url, pid = record.get("url"), record.get("pid")
+    if not isinstance(url, str) or not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    if not _alive(pid):
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+    return url
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: it exists
+    return True

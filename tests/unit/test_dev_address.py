@@ -1,0 +1,85 @@
+"""The dev server's address in ORQUESTADOR_HOME: written, read, stale once its process ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orquestador.dev_address import (
+    forget_dev_api,
+    loopback_url,
+    record_dev_api,
+    record_path,
+    recorded_dev_api,
+)
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                           capture_output=True, text=True)  # fmt: skip
+    return int(ended.stdout)
+
+
+def test_the_record_of_a_live_process_names_its_url(tmp_path: Path) -> None:
+    path = record_dev_api(tmp_path, "http://127.0.0.1:18123/api/v1")
+
+    assert json.loads(path.read_text()) == {
+        "url": "http://127.0.0.1:18123/api/v1",
+        "pid": os.getpid(),
+    }
+    assert recorded_dev_api(tmp_path) == "http://127.0.0.1:18123/api/v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["dev-api.json"], "no partial file left"
+
+
+def test_a_record_whose_process_is_gone_is_stale_and_removed(tmp_path: Path) -> None:
+    record_path(tmp_path).write_text(
+        json.dumps({"url": "http://127.0.0.1:1/api/v1", "pid": _gone_pid()})
+    )
+
+    assert recorded_dev_api(tmp_path) is None
+    assert not record_path(tmp_path).exists()
+
+
+@pytest.mark.parametrize(
+    "text", ["", "{", "[]", '{"url": "x"}', '{"url": 1, "pid": 1}', '{"url": "x", "pid": true}']
+)
+def test_a_broken_record_is_no_record(tmp_path: Path, text: str) -> None:
+    record_path(tmp_path).write_text(text)
+
+    assert recorded_dev_api(tmp_path) is None
+
+
+def test_no_record_is_none(tmp_path: Path) -> None:
+    assert recorded_dev_api(tmp_path / "missing") is None
+
+
+def test_a_stopping_dev_forgets_only_its_own_record(tmp_path: Path) -> None:
+    record_dev_api(tmp_path, "http://127.0.0.1:18123/api/v1")
+    forget_dev_api(tmp_path)
+    assert not record_path(tmp_path).exists()
+
+    # A newer dev process (here: the parent of this one, alive) replaced the record.
+    newer = {"url": "http://127.0.0.1:18124/api/v1", "pid": os.getppid()}
+    record_path(tmp_path).write_text(json.dumps(newer))
+    forget_dev_api(tmp_path)
+    assert recorded_dev_api(tmp_path) == newer["url"]
+
+
+@pytest.mark.parametrize(
+    "host, url",
+    [
+        ("127.0.0.1", "http://127.0.0.1:8080/api/v1"),
+        ("0.0.0.0", "http://127.0.0.1:8080/api/v1"),
+        ("::", "http://[::1]:8080/api/v1"),
+        ("::1", "http://[::1]:8080/api/v1"),
+        ("localhost", "http://localhost:8080/api/v1"),
+    ],
+)
+def test_the_url_is_the_one_a_client_on_this_host_uses(host: str, url: str) -> None:
+    assert loopback_url(host, 8080) == url
