@@ -58,6 +58,16 @@ def run_dev(settings: Settings) -> int:
             local.runtime_role,
         )
         data_dir = local.server.data_dir
+        if local.server.adopted_pid is not None:
+            # An earlier dev killed without a stop (kill -9, a closed terminal) leaves its
+            # server running: this one takes it over rather than fail or start a second.
+            log.info(
+                "adopted the embedded PostgreSQL server already running on %s (pid %s), "
+                "left running by an earlier orquestador dev that did not stop; it stops "
+                "with this one",
+                data_dir,
+                local.server.adopted_pid,
+            )
     try:
         migrate.upgrade(migrate.alembic_config(url=migration_url, runtime_role=runtime_role))
         if runtime_role:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import pwd
 import shlex
@@ -17,6 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
+
+log = logging.getLogger(__name__)
 
 # The port only names the socket file (.s.PGSQL.5432): the server never listens on TCP.
 PORT = 5432
@@ -31,7 +34,11 @@ INSTALL_HINT = (
 _SOCKET_PATH_LIMIT = 107
 # A SIGKILLed postmaster leaves children attached to shared memory for a moment.
 _LINGER_SECONDS = 10.0
-_LINGER_MARKERS = ('lock file "postmaster.pid" already exists', "shared memory block")
+_LINGER_MARKERS = (
+    'lock file "postmaster.pid" already exists',
+    f'.s.PGSQL.{PORT}.lock" already exists',
+    "shared memory block",
+)
 _START_TIMEOUT = 60
 
 
@@ -59,6 +66,34 @@ def _read_from(path: Path, offset: int) -> str:
             return fh.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
+    """Whether PID is a live PostgreSQL server whose working directory is DATA_DIR.
+
+    Without /proc (or when it may not be read) only the pid's existence counts, as
+    PostgreSQL's own check does.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another account's process (the server's, under root): it exists
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    # A killed postmaster not yet reaped keeps its name: it counts until it is gone.
+    if stat_line[stat_line.find("(") + 1 : stat_line.rfind(")")] not in ("postgres", "postmaster"):
+        return False
+    try:
+        # The postmaster works in its data directory.
+        return Path(os.readlink(f"/proc/{pid}/cwd")) == data_dir.resolve()
+    except OSError:
+        return True  # a zombie has no working directory left; or it is not ours to read
 
 
 def server_account() -> tuple[int, int] | None:
@@ -141,7 +176,9 @@ def _copy_install() -> Path:
 class EmbeddedPostgres:
     """One PostgreSQL server for one data directory, reachable only through a unix socket.
 
-    ``start()`` is idempotent and reuses a server already running on the data directory.
+    ``start()`` is idempotent and reuses a server already running on the data directory
+    (``adopted_pid`` then names it: a process that was killed leaves its server running).
+    A postmaster.pid whose process is gone, or is no server of this directory, is removed.
     Nothing here stops the server at exit: callers decide its lifetime and call ``stop()``
     (or use the instance as a context manager).
     """
@@ -152,6 +189,9 @@ class EmbeddedPostgres:
         self.fsync = fsync
         self._bin: Path | None = None
         self._account: tuple[int, int] | None = None
+        self._started_here = False
+        # The postmaster's pid when start() found the server running and did not start it.
+        self.adopted_pid: int | None = None
         # Caller PG* variables (PGHOST, PGOPTIONS, ...) must not redirect or alter our commands.
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
 
@@ -177,7 +217,11 @@ class EmbeddedPostgres:
         while True:
             answer = self._ping()
             if answer == 0:
+                if not self._started_here:
+                    self.adopted_pid = self._recorded_pid()
                 return
+            if answer != 1:
+                self._remove_stale_pid_file()
             # A server still starting up, or a killed postmaster whose children are exiting.
             waiting = answer == 1 or (
                 (self.data_dir / "postmaster.pid").exists() and self._status_running()
@@ -185,15 +229,17 @@ class EmbeddedPostgres:
             if waiting and time.monotonic() < deadline:
                 time.sleep(0.25)
                 continue
-            log = self.data_dir / "server.log"
-            offset = log.stat().st_size if log.exists() else 0
+            server_log = self.data_dir / "server.log"
+            offset = server_log.stat().st_size if server_log.exists() else 0
             rc, out = self._run(
-                self._pg_ctl("start", "-l", str(log), "-o", self._options()),
+                self._pg_ctl("start", "-l", str(server_log), "-o", self._options()),
                 timeout=_START_TIMEOUT + 30,
             )
             if rc == 0 or self._ping() == 0:
+                self._started_here = True
+                self.adopted_pid = None
                 return
-            new_log = _read_from(log, offset)
+            new_log = _read_from(server_log, offset)
             lingering = any(m in new_log for m in _LINGER_MARKERS)
             if lingering and time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -304,6 +350,41 @@ class EmbeddedPostgres:
     def _pg_ctl(self, *args: str) -> list[str]:
         wait = ["-w", "-t", str(_START_TIMEOUT)] if args[0] in ("start", "stop") else []
         return [str(self._bin_dir / "pg_ctl"), args[0], "-D", str(self.data_dir), *wait, *args[1:]]
+
+    def _recorded_pid(self, lock_file: Path | None = None) -> int | None:
+        """The pid a lock file names (its first line; postmaster.pid by default), or None."""
+        try:
+            first = (lock_file or self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+            return int(first)
+        except (OSError, ValueError):
+            return None
+
+    def _remove_stale_pid_file(self) -> None:
+        """Remove lock files whose process is gone or is no server of this directory.
+
+        PostgreSQL only asks whether the pid of postmaster.pid (and of the socket's lock)
+        exists: after a crash or a reboot the number may belong to any other process, and
+        the server would refuse to start for as long as that one lives. A postmaster's
+        children that outlive it are still caught by the server itself (its shared memory
+        block is in use), so removing the files cannot start a second server.
+        """
+        for lock_file in (
+            self.data_dir / "postmaster.pid",
+            self.socket_dir / f".s.PGSQL.{PORT}.lock",
+        ):
+            pid = self._recorded_pid(lock_file)
+            if pid is None or _is_postmaster_of(pid, self.data_dir):
+                continue
+            try:
+                lock_file.unlink()
+            except FileNotFoundError:
+                continue
+            log.info(
+                "removed the stale %s of %s: process %s is no PostgreSQL server of it",
+                lock_file.name,
+                self.data_dir,
+                pid,
+            )
 
     def _status_running(self) -> bool:
         return self._run(self._pg_ctl("status"), timeout=30)[0] == 0

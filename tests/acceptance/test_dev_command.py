@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
@@ -238,3 +239,44 @@ def test_dev_records_its_address_for_the_command_line_and_stops_without_a_warnin
     assert " WARNING " not in output, output
     assert "Traceback" not in output
     assert not record.exists(), "a stopped dev leaves no address behind"
+
+
+def test_dev_adopts_the_database_server_a_killed_dev_left_running(folder: Path) -> None:
+    from orquestador.db.embedded import EmbeddedPostgres
+
+    data = folder / ".orquestador" / "pgdata"
+    port = _free_port()
+    env = _environment(port)
+    base = f"http://127.0.0.1:{port}/api/v1"
+    first = _start_dev(folder, env)
+    second = None
+    try:
+        _wait_for_health(first, base)
+        with psycopg.connect(host=str(data / "socket"), user="postgres", dbname="postgres",
+                             autocommit=True) as conn:  # fmt: skip
+            conn.execute("create table kept (v text)")
+            conn.execute("insert into kept values ('before the crash')")
+        postmaster = int((data / "postmaster.pid").read_text().split()[0])
+        first.kill()  # kill -9: no stop, the server runs on
+        first.communicate(timeout=60)
+        os.kill(postmaster, 0)
+
+        second = _start_dev(folder, env)
+        _wait_for_health(second, base)
+        with psycopg.connect(host=str(data / "socket"), user="postgres", dbname="postgres",
+                             autocommit=True) as conn:  # fmt: skip
+            kept = conn.execute("select v from kept").fetchall()
+        running = int((data / "postmaster.pid").read_text().split()[0])
+    finally:
+        output = _stop(second) if second is not None else ""
+        # Whatever happened above, no server outlives the test.
+        EmbeddedPostgres(data).stop()
+    assert running == postmaster, "the same server, not a second one"
+    assert kept == [("before the crash",)]
+    assert (
+        f"adopted the embedded PostgreSQL server already running on {data.resolve()} "
+        f"(pid {postmaster}), left running by an earlier orquestador dev" in output
+    ), output
+    assert second.returncode == 0, output
+    # It stops with the dev that adopted it.
+    assert not (data / "postmaster.pid").exists()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -51,6 +54,28 @@ def connect(server: EmbeddedPostgres) -> psycopg.Connection:
 
 def postmaster_pid(server: EmbeddedPostgres) -> int:
     return int((server.data_dir / "postmaster.pid").read_text().splitlines()[0])
+
+
+def postmasters_of(data_dir: Path) -> list[int]:
+    """PostgreSQL processes working in DATA_DIR whose parent is not one: its postmasters."""
+
+    def name_and_parent(pid: str) -> tuple[str, str]:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.find("(") + 1 : stat.rfind(")")], stat[stat.rfind(")") + 2 :].split()[1]
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name, parent = name_and_parent(entry.name)
+            if name != "postgres" or Path(os.readlink(entry / "cwd")) != data_dir.resolve():
+                continue
+            if name_and_parent(parent)[0] != "postgres":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def wait_until_gone(pid: int, timeout: float = 10.0) -> None:
@@ -122,6 +147,93 @@ def test_start_recovers_after_postmaster_is_killed(make_server) -> None:
     assert postmaster_pid(server) != pid
     with connect(server) as conn:
         assert conn.execute("select v from survivor").fetchall() == [("committed",)]
+
+
+def test_a_server_left_running_is_adopted_not_started_again(make_server) -> None:
+    # The first wrapper's process is gone (kill -9): its server runs on, unowned.
+    orphaned = make_server(fsync=True)
+    orphaned.start()
+    assert orphaned.adopted_pid is None, "started here"
+    with connect(orphaned) as conn:
+        conn.execute("create table kept (v int)")
+        conn.execute("insert into kept values (7)")
+    pid = postmaster_pid(orphaned)
+
+    successor = EmbeddedPostgres(orphaned.data_dir)
+    successor.start()
+
+    assert successor.adopted_pid == pid
+    assert postmaster_pid(successor) == pid
+    with connect(successor) as conn:
+        assert conn.execute("select v from kept").fetchall() == [(7,)]
+    assert postmasters_of(successor.data_dir) == [pid], "one server, not a second"
+    successor.start()
+    assert successor.adopted_pid == pid, "still the adopted one"
+
+
+def _leave_stale_lock_files(server: EmbeddedPostgres, pid: int) -> None:
+    """Stop the server cleanly, then put back its lock files naming PID instead."""
+    locks = [server.data_dir / "postmaster.pid", server.socket_dir / ".s.PGSQL.5432.lock"]
+    texts = [lock.read_text().split("\n") for lock in locks]
+    server.stop()
+    for lock, lines in zip(locks, texts, strict=True):
+        assert not lock.exists()
+        lock.write_text("\n".join([str(pid), *lines[1:]]))
+
+
+def _ended_pid() -> int:
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    return probe.pid
+
+
+def test_a_stale_postmaster_pid_of_a_gone_process_is_removed_and_the_server_starts(
+    make_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="orquestador.db.embedded")
+    server = make_server()
+    server.start()
+    gone = _ended_pid()
+    _leave_stale_lock_files(server, gone)
+
+    server.start()
+
+    assert postmaster_pid(server) not in (gone, 0)
+    assert server.adopted_pid is None
+    with connect(server) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+    assert f"removed the stale postmaster.pid of {server.data_dir}: process {gone}" in caplog.text
+
+
+def test_a_stale_postmaster_pid_naming_another_live_process_is_removed_too(
+    make_server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # After a reboot the recorded number may be any process's: PostgreSQL alone would
+    # refuse to start ("Is another postmaster running?") for as long as that one lives.
+    caplog.set_level(logging.INFO, logger="orquestador.db.embedded")
+    server = make_server()
+    server.start()
+    # A process of the server's own account: one of another account the server could
+    # not signal, and PostgreSQL takes such a pid for a stale one itself.
+    account = server_account()
+    as_account: dict[str, Any] = (
+        {"user": account[0], "group": account[1], "extra_groups": []} if account else {}
+    )
+    stranger = subprocess.Popen(["sleep", "120"], **as_account)
+    try:
+        _leave_stale_lock_files(server, stranger.pid)
+        started = time.monotonic()
+        server.start()
+        took = time.monotonic() - started
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+    assert postmaster_pid(server) != stranger.pid
+    with connect(server) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+    assert f"process {stranger.pid} is no PostgreSQL server of it" in caplog.text
+    assert took < 10, "no wait for a server that is not there"
 
 
 def test_stop_without_a_server_is_a_no_op(make_server) -> None:
