@@ -83,3 +83,23 @@ def test_a_stopping_dev_forgets_only_its_own_record(tmp_path: Path) -> None:
 )
 def test_the_url_is_the_one_a_client_on_this_host_uses(host: str, url: str) -> None:
     assert loopback_url(host, 8080) == url
+
+
+def test_the_agent_in_a_dev_folder_needs_no_api_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orquestador.cli import main
+
+    commands = tmp_path / "agent-commands.toml"
+    commands.write_text('[reboot]\nargv = ["/bin/true"]\ntimeout_seconds = 5\n')
+    monkeypatch.delenv("ORQUESTADOR_API_URL", raising=False)
+    monkeypatch.setenv("ORQUESTADOR_HOME", str(tmp_path))
+    monkeypatch.setenv("ORQUESTADOR_TOKEN", "an-agent-token")
+    monkeypatch.setenv("AGENT_COMMANDS_FILE", str(commands))
+    # An out-of-range --wait stops the command after its checks, before any request.
+    assert main(["agent", "--wait", "31"]) == 2
+    assert "ORQUESTADOR_API_URL is not set" in capsys.readouterr().err
+
+    record_dev_api(tmp_path, "http://127.0.0.1:18123/api/v1")
+    assert main(["agent", "--wait", "31"]) == 2
+    assert capsys.readouterr().err.strip() == "orquestador: --wait must be from 0 to 30 seconds"
