@@ -59,8 +59,8 @@ ATTEMPT_STATUSES = ("SUCCEEDED", "FAILED", "UNKNOWN")
 # The safe message kept per attempt is at most this many characters.
 ATTEMPT_MESSAGE_MAX = 1024
 EFFECTS = ("READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE")
-COMMAND_STATUSES = ("pending", "sent", "running", "succeeded", "failed", "timed_out")
-FINAL_COMMAND_STATUSES = ("succeeded", "failed", "timed_out")
+COMMAND_STATUSES = ("pending", "sent", "running", "succeeded", "failed", "timed_out", "cancelled")
+FINAL_COMMAND_STATUSES = ("succeeded", "failed", "timed_out", "cancelled")
 EMAIL_STATUSES = ("pending", "sent", "failed")
 # What became of a platform event: an execution started, or why none did.
 EVENT_OUTCOMES = ("STARTED", "NO_BINDING", "REJECTED")
@@ -300,6 +300,8 @@ machine_command = Table(
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     Column("sent_at", TIMESTAMP(timezone=True)),
     Column("finished_at", TIMESTAMP(timezone=True)),
+    # A cancel asked the agent to stop a command it had already taken (sent or running).
+    Column("cancel_requested_at", TIMESTAMP(timezone=True)),
     UniqueConstraint("external_key"),
     CheckConstraint(_in("status", COMMAND_STATUSES), name="status"),
     Index(None, "org_id", "machine_id", "status"),
@@ -545,7 +547,15 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "started_at",
         "finished_at",
     ),
-    "machine_command": ("status", "exit_code", "output", "updated_at", "sent_at", "finished_at"),
+    "machine_command": (
+        "status",
+        "exit_code",
+        "output",
+        "updated_at",
+        "sent_at",
+        "finished_at",
+        "cancel_requested_at",
+    ),
     "hosting_plan": ("name",),
     "plan_flow_binding": ("flow_id",),
     "panel_notice": ("dismissed_at",),

@@ -59,8 +59,19 @@ SIMULATION_KEY = "fk_execution_request_id_simulation_request"
 TABLES_OF_0013 = frozenset({"machine_credential", "page_session_revocation"})
 
 
-def _declared_updates(without: frozenset[str] = frozenset()) -> dict[str, set[str]]:
-    return {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items() if t not in without}
+# What migration 0014 adds: a column the runtime role may UPDATE.
+COLUMNS_OF_0014 = {"machine_command": {"cancel_requested_at"}}
+
+
+def _declared_updates(
+    without: frozenset[str] = frozenset(), *, before_0014: bool = True
+) -> dict[str, set[str]]:
+    later = COLUMNS_OF_0014 if before_0014 else {}
+    return {
+        t: set(c) - later.get(t, set())
+        for t, c in RUNTIME_UPDATE_COLUMNS.items()
+        if t not in without
+    }
 
 
 def _owner_query(server: TestServer, name: str, sql: str, **params: object) -> list:
@@ -325,9 +336,43 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     assert _update_columns(server, name) == _declared_updates()
     _runtime_role_may_revoke_credentials_only(server, name)
 
+    command_id = uuid.uuid4()
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO machine_command (id, org_id, machine_id, command, external_key,"
+                " status) VALUES (:id, 'acme', 'm-1', 'poweroff', :key, 'sent')"
+            ),
+            {"id": command_id, "key": f"{execution_id}:power"},
+        )
+    _step(server, name, "0014")
+    assert _update_columns(server, name) == _declared_updates(before_0014=False)
+    runtime = _engine(server.url(name, runtime=True))
+    with runtime.begin() as connection:
+        # What a cancel does to a command an agent took, then what the agent reports.
+        connection.execute(
+            text(
+                "UPDATE machine_command SET cancel_requested_at = now(), status = 'cancelled'"
+                " WHERE id = :id"
+            ),
+            {"id": command_id},
+        )
+    runtime.dispose()
+
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, metadata) == []
+
+    _step(server, name, "0013", down=True)
+    with engine.connect() as connection:
+        # The older code knows no cancelled command: it reads as failed, final either way.
+        status = connection.execute(
+            text("SELECT status FROM machine_command WHERE id = :id"), {"id": command_id}
+        ).scalar_one()
+        columns = {c["name"] for c in inspect(connection).get_columns("machine_command")}
+    assert status == "failed" and "cancel_requested_at" not in columns
+    assert _update_columns(server, name) == _declared_updates()
+    _step(server, name, "0014")
 
     _step(server, name, "0012", down=True)
     with engine.connect() as connection:
