@@ -514,7 +514,23 @@ def _cancel(client: ApiClient, args: argparse.Namespace) -> int:
     else:
         print(f"cancelled; the execution is {view['status']}")
         _print_execution(view)
+    if not args.json:
+        for line in _machine_commands_said(view.get("machineCommands") or {}):
+            print(line)
     return 0
+
+
+def _machine_commands_said(commands: dict[str, Any]) -> list[str]:
+    """What the cancel did to the execution's machine commands, one line per command."""
+    said = [
+        f"machine command {c['command']} on {c['machineId']} ({c['id']}): {what}"
+        for key, what in (
+            ("cancelled", "cancelled, no agent will get it"),
+            ("stopRequested", "already taken; its agent was asked to stop it"),
+        )
+        for c in commands.get(key) or []
+    ]
+    return said or ["no machine command was under way"]
 
 
 def _writes_done(view: dict[str, Any]) -> str:

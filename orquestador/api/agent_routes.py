@@ -240,5 +240,7 @@ def report(command_id: str) -> Response:
             "finishedAt": timestamp(reported.finished_at),
             "changed": reported.changed,
             "outputTruncated": output is not None and len(output) > MAX_OUTPUT_CHARACTERS,
+            # A cancel asked to stop the command: the agent stops it and reports cancelled.
+            "cancelRequested": reported.cancel_requested,
         }
     )

@@ -215,17 +215,21 @@ def cancel_execution(execution_id: uuid.UUID) -> Response:
     _require_visible(access, execution_id, readable_by=None if operator else caller)
     try:
         with engine().connect() as connection:
-            status = cancel(connection, execution_id, caller.org, caller.sub, body["reason"])
+            cancelled = cancel(connection, execution_id, caller.org, caller.sub, body["reason"])
     except NotCancellable as refused:
         raise ApiProblem(409, refused.code, refused.message) from None
     # 200 either way: the cancel was applied as the write rule allows. After a write
     # done or in doubt the view says RECONCILIATION_REQUIRED, CANCELLED_AFTER_WRITES,
     # and names the writes; the request stays busy until an operator decides.
     log.info(
-        "execution cancelled" if status == "CANCELLED" else "cancel parked the execution",
-        extra={"execution_id": str(execution_id), "status": status},
+        "execution cancelled" if cancelled.status == "CANCELLED" else "cancel parked the execution",
+        extra={"execution_id": str(execution_id), "status": cancelled.status},
     )
-    return jsonify(_view_or_404(access, execution_id))
+    # Which of its machine commands no agent will get, and which agents were asked to
+    # stop: known only to this answer and the cancel's audit row.
+    return jsonify(
+        {**_view_or_404(access, execution_id), "machineCommands": cancelled.commands.as_json()}
+    )
 
 
 # --- helpers -------------------------------------------------------------------------

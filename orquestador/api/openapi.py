@@ -317,13 +317,16 @@ def _core_paths() -> dict[str, Any]:
                 "request is not released: the execution parks RECONCILIATION_REQUIRED with "
                 "`errorCode` `CANCELLED_AFTER_WRITES` and `errorDetail` `{fromStatus, "
                 "writesSucceeded, writesInDoubt}`, audited `RECONCILIATION_REQUIRED` with the "
-                "caller and the reason, for an operator to decide.",
+                "caller and the reason, for an operator to decide. Either way, in the same "
+                "transaction, the execution's machine commands that no agent has taken are "
+                "cancelled and those already taken are asked to stop (`machineCommands`, "
+                "also in the audit row's detail).",
                 "security": SECURED,
                 "parameters": [id_parameter("executionId")],
                 "requestBody": body(ref("CancelRequest")),
                 "responses": {
                     "200": json_response(
-                        ref("ExecutionView"),
+                        ref("CancelledExecution"),
                         "Cancelled (CANCELLED), or parked for reconciliation after writes "
                         "(RECONCILIATION_REQUIRED, `CANCELLED_AFTER_WRITES`).",
                     ),
@@ -391,6 +394,7 @@ def _document() -> dict[str, Any]:
                 "Evidence": schemas.EVIDENCE,
                 "ReconciliationRequest": schemas.RECONCILIATION_BODY,
                 "CancelRequest": schemas.CANCEL_BODY,
+                "CancelledExecution": schemas.CANCELLED_EXECUTION,
                 "Problem": schemas.PROBLEM,
                 "Health": schemas.HEALTH,
                 **_area_schemas(),

@@ -39,12 +39,25 @@ SCHEMAS: dict[str, Any] = {
             "args": {"type": "array", "items": {"type": "string"}},
         },
     },
+    "AgentStopRequest": {
+        "type": "object",
+        "required": ["id", "cancelRequested"],
+        "additionalProperties": False,
+        "description": "A command this machine's agent took before (sent or running) whose "
+        "execution was cancelled: stop it if it runs, then report `cancelled` (or the final "
+        "status it reached). Polls answer it, before any new command, until a final status "
+        "is reported. No command name or args: nothing here is to be run.",
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "cancelRequested": {"const": True},
+        },
+    },
     "CommandStatusReport": {
         "type": "object",
         "required": ["status"],
         "additionalProperties": False,
         "properties": {
-            "status": {"enum": ["running", "succeeded", "failed", "timed_out"]},
+            "status": {"enum": ["running", "succeeded", "failed", "timed_out", "cancelled"]},
             "exitCode": {"type": ["integer", "null"], "format": "int32"},
             "output": {
                 "type": ["string", "null"],
@@ -55,10 +68,28 @@ SCHEMAS: dict[str, Any] = {
     },
     "CommandStatus": {
         "type": "object",
-        "required": ["id", "status", "exitCode", "updatedAt", "finishedAt", "changed"],
+        "required": [
+            "id",
+            "status",
+            "exitCode",
+            "updatedAt",
+            "finishedAt",
+            "changed",
+            "cancelRequested",
+        ],
         "properties": {
             "id": {"type": "string", "format": "uuid"},
-            "status": {"enum": ["pending", "sent", "running", "succeeded", "failed", "timed_out"]},
+            "status": {
+                "enum": [
+                    "pending",
+                    "sent",
+                    "running",
+                    "succeeded",
+                    "failed",
+                    "timed_out",
+                    "cancelled",
+                ]
+            },
             "exitCode": {"type": ["integer", "null"]},
             "updatedAt": {"type": "string", "format": "date-time"},
             "finishedAt": {"type": ["string", "null"], "format": "date-time"},
@@ -68,6 +99,11 @@ SCHEMAS: dict[str, Any] = {
                 "report changes nothing).",
             },
             "outputTruncated": {"type": "boolean"},
+            "cancelRequested": {
+                "type": "boolean",
+                "description": "true when a cancel of the command's execution asked the "
+                "agent to stop it: stop the process and report `cancelled`.",
+            },
         },
     },
 }
@@ -82,8 +118,10 @@ def paths() -> dict[str, Any]:
                 "description": _AGENT
                 + " Hands out the machine's oldest `pending` command and marks it `sent`: "
                 "each command is handed out once, to one agent, even when several poll at "
-                "once. With none pending, waits up to `wait` seconds for one, then answers "
-                "204. No body.\n\nA poll that waits holds one of the API process's request "
+                "once. A command the agent took before and a cancel asked to stop comes "
+                "first, as `{id, cancelRequested: true}`, until the agent reports a final "
+                "status for it. With none pending, waits up to `wait` seconds for one, then "
+                "answers 204. No body.\n\nA poll that waits holds one of the API process's request "
                 "threads, so polls may hold at most `AGENT_POLL_SHARE` of them; beyond it a "
                 "poll answers 429 at once, with `Retry-After`. A machine has one open poll: "
                 "a newer one ends the older with 204 at once. A poll with `wait` 0 only "
@@ -97,7 +135,10 @@ def paths() -> dict[str, Any]:
                     )
                 ],
                 "responses": {
-                    "200": json_response(ref("AgentCommand"), "A command, now `sent`."),
+                    "200": json_response(
+                        {"oneOf": [ref("AgentCommand"), ref("AgentStopRequest")]},
+                        "A command, now `sent`; or a command to stop.",
+                    ),
                     "204": {
                         "description": "No command arrived within `wait` seconds, or a newer "
                         "poll of the machine (or the server stopping) ended this one."
@@ -130,11 +171,13 @@ def paths() -> dict[str, Any]:
                 "summary": "Report a command's status",
                 "description": _AGENT
                 + " Statuses only move forward: `sent` → `running` → one final status "
-                "(`succeeded`, `failed`, `timed_out`); a final status may follow `sent` "
-                "directly. The same status again answers 200 and changes nothing (an agent "
-                "may repeat a report whose answer it lost); a different final status, or "
-                "any move backwards, is 409. Each change wakes the executions waiting on "
-                "the command at once.",
+                "(`succeeded`, `failed`, `timed_out`, `cancelled`); a final status may follow "
+                "`sent` directly. The answer's `cancelRequested` tells the agent that a "
+                "cancel asked it to stop the command; an agent running a command repeats "
+                "`running` now and then to hear it. The same status again answers 200 and "
+                "changes nothing (an agent may repeat a report whose answer it lost); a "
+                "different final status, or any move backwards, is 409. Each change wakes "
+                "the executions waiting on the command at once.",
                 "security": SECURED,
                 "parameters": [
                     {

@@ -1,5 +1,6 @@
 """Machine commands: the rows a flow writes and a machine's agent takes, runs and reports."""
 
+from orquestador.machines.cancel import CancelledCommands, cancel_for_execution
 from orquestador.machines.commands import (
     FINAL,
     MAX_OUTPUT_CHARACTERS,
@@ -20,9 +21,11 @@ __all__ = [
     "FINAL",
     "MAX_OUTPUT_CHARACTERS",
     "AgentCommand",
+    "CancelledCommands",
     "Command",
     "CommandNotFound",
     "StatusConflict",
+    "cancel_for_execution",
     "claim_next",
     "create_command",
     "delete_final_commands",

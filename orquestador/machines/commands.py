@@ -65,13 +65,20 @@ class Command:
 
 @dataclass(frozen=True)
 class AgentCommand:
-    """What an agent receives: the command to run, never anything of the flow."""
+    """What an agent receives: the command to run, never anything of the flow.
+
+    With `cancel_requested`, a command the agent was handed before and must stop: the
+    answer then carries no command name or args, so no agent can mistake it for one to run.
+    """
 
     id: uuid.UUID
     command: str
     args: list[str]
+    cancel_requested: bool = False
 
     def as_json(self) -> dict[str, Any]:
+        if self.cancel_requested:
+            return {"id": str(self.id), "cancelRequested": True}
         return {"id": str(self.id), "command": self.command, "args": self.args}
 
 
@@ -191,9 +198,26 @@ _CLAIM = text(
 )
 
 
+# A command the machine's agent took and a cancel asked it to stop: the poll says so
+# before it hands out anything new, until the agent reports a final status.
+_STOP_REQUESTED = text(
+    """
+    SELECT id, command FROM machine_command
+    WHERE org_id = :org_id AND machine_id = :machine_id AND status IN ('sent', 'running')
+      AND cancel_requested_at IS NOT NULL
+    ORDER BY cancel_requested_at, id
+    LIMIT 1
+    """
+)
+
+
 def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentCommand | None:
-    """Hand the machine's oldest pending command to its agent, marking it sent; or None."""
-    row = conn.execute(_CLAIM, {"org_id": org_id, "machine_id": machine_id}).one_or_none()
+    """The machine's oldest command to stop, or its oldest pending one marked sent; or None."""
+    params = {"org_id": org_id, "machine_id": machine_id}
+    stop = conn.execute(_STOP_REQUESTED, params).one_or_none()
+    if stop is not None:
+        return AgentCommand(id=stop.id, command=stop.command, args=[], cancel_requested=True)
+    row = conn.execute(_CLAIM, params).one_or_none()
     if row is None:
         return None
     wake_waiting(conn, wait_key(row.id))
@@ -202,7 +226,8 @@ def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentComman
 
 _LOCK_FOR_AGENT = text(
     """
-    SELECT id, status, exit_code, updated_at, finished_at FROM machine_command
+    SELECT id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    FROM machine_command
     WHERE org_id = :org_id AND machine_id = :machine_id AND id = :id
     FOR UPDATE
     """
@@ -211,7 +236,7 @@ _SET_RUNNING = text(
     """
     UPDATE machine_command SET status = 'running', updated_at = clock_timestamp()
     WHERE id = :id
-    RETURNING id, status, exit_code, updated_at, finished_at
+    RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at
     """
 )
 _SET_FINAL = text(
@@ -220,7 +245,7 @@ _SET_FINAL = text(
     SET status = :status, exit_code = :exit_code, output = :output,
         updated_at = clock_timestamp(), finished_at = clock_timestamp()
     WHERE id = :id
-    RETURNING id, status, exit_code, updated_at, finished_at
+    RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at
     """
 )
 
@@ -235,6 +260,20 @@ class Reported:
     updated_at: datetime
     finished_at: datetime | None
     changed: bool
+    # A cancel asked the agent to stop the command: it should, and report `cancelled`.
+    cancel_requested: bool = False
+
+    @classmethod
+    def of(cls, row: Any, changed: bool) -> Reported:
+        return cls(
+            row.id,
+            row.status,
+            row.exit_code,
+            row.updated_at,
+            row.finished_at,
+            changed,
+            row.cancel_requested_at is not None,
+        )
 
 
 def report_status(
@@ -261,7 +300,7 @@ def report_status(
     if row is None:
         raise CommandNotFound(str(command_id))
     if row.status == status:
-        return Reported(row.id, row.status, row.exit_code, row.updated_at, row.finished_at, False)
+        return Reported.of(row, False)
     if row.status == "pending" or _RANK[status] <= _RANK[row.status]:
         raise StatusConflict(row.status, status)
     if status == "running":
@@ -278,6 +317,4 @@ def report_status(
             },
         ).one()
     wake_waiting(conn, wait_key(row.id))
-    return Reported(
-        updated.id, updated.status, updated.exit_code, updated.updated_at, updated.finished_at, True
-    )
+    return Reported.of(updated, True)

@@ -15,7 +15,7 @@ _DELETE_FINAL = text(
     DELETE FROM machine_command
     WHERE id IN (
         SELECT id FROM machine_command
-        WHERE status IN ('succeeded', 'failed', 'timed_out')
+        WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
           AND finished_at <= clock_timestamp() - make_interval(days => :days)
         ORDER BY finished_at
         LIMIT :batch

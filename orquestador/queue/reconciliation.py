@@ -27,6 +27,7 @@ from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
+from orquestador.machines.cancel import CancelledCommands, cancel_for_execution
 from orquestador.queue.outcomes import Writes, writes_of
 
 log = logging.getLogger(__name__)
@@ -390,13 +391,25 @@ class _Deciding:
         return "FAILED"
 
 
-def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str) -> str:
-    """Cancel a PENDING, RETRY_WAIT or WAITING execution; return the status it is left in.
+@dataclass(frozen=True)
+class Cancelled:
+    """What a cancel left: the execution's status, and what became of its machine commands."""
+
+    status: str
+    commands: CancelledCommands
+
+
+def cancel(
+    conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str
+) -> Cancelled:
+    """Cancel a PENDING, RETRY_WAIT or WAITING execution; the status it is left in.
 
     CANCELLED, with the request released in its accepted state, only when no write
     happened or may have happened in the execution (the write rule, read under the
     locks); otherwise RECONCILIATION_REQUIRED (CANCELLED_AFTER_WRITES) with the
     request still busy, for an operator to decide. Any other status is NotCancellable.
+    Either way, in the same transaction, the execution's machine commands that no agent
+    took are cancelled and those taken are asked to stop; the audit row names both.
     """
     with conn.begin():
         try:
@@ -409,15 +422,18 @@ def cancel(conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, r
                 "cancelled (an action in flight cannot be stopped)"
             )
         writes = writes_of(conn, execution.id)
+        commands = cancel_for_execution(conn, org_id=org_id, execution_id=execution.id)
         if writes.succeeded or writes.in_doubt:
-            status = _park_cancelled(conn, execution, actor, reason, writes)
+            status = _park_cancelled(conn, execution, actor, reason, writes, commands)
         else:
-            status = _end_cancelled(conn, execution, actor, reason)
+            status = _end_cancelled(conn, execution, actor, reason, commands)
     metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
-    return status
+    return Cancelled(status, commands)
 
 
-def _end_cancelled(conn: Connection, execution: Any, actor: str, reason: str) -> str:
+def _end_cancelled(
+    conn: Connection, execution: Any, actor: str, reason: str, commands: CancelledCommands
+) -> str:
     params = {"request_id": execution.request_id, "execution_id": execution.id}
     conn.execute(_RELEASE_REQUEST, params)
     conn.execute(
@@ -434,13 +450,22 @@ def _end_cancelled(conn: Connection, execution: Any, actor: str, reason: str) ->
         execution,
         "EXECUTION_CANCELLED",
         actor,
-        {"reason": reason, "fromStatus": execution.status},
+        {
+            "reason": reason,
+            "fromStatus": execution.status,
+            "machineCommands": commands.as_json(),
+        },
     )
     return "CANCELLED"
 
 
 def _park_cancelled(
-    conn: Connection, execution: Any, actor: str, reason: str, writes: Writes
+    conn: Connection,
+    execution: Any,
+    actor: str,
+    reason: str,
+    writes: Writes,
+    commands: CancelledCommands,
 ) -> str:
     # The execution's detail is what every reader of the execution sees: where it was
     # and which writes stop the cancel. The person and their words go to the audit row,
@@ -468,6 +493,7 @@ def _park_cancelled(
             "reason": CANCELLED_AFTER_WRITES,
             "cancelReason": reason,
             **detail,
+            "machineCommands": commands.as_json(),
             "checkpoints": [_checkpoint_as_it_was(c) for c in checkpoints],
         },
     )

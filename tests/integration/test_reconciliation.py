@@ -229,13 +229,17 @@ def test_a_contract_mismatch_accepts_retry_but_not_confirm(runtime_engine):
 def test_cancel_ends_a_pending_execution_and_releases_its_request(runtime_engine):
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "ordered by mistake") == "CANCELLED"
+        assert cancel(conn, eid, ORG, "user-1", "ordered by mistake").status == "CANCELLED"
     row = execution(runtime_engine, eid)
     assert row.status == "CANCELLED" and row.finished_at is not None
     request = request_row(runtime_engine, row.request_id)
     assert (request.state, request.revision, request.busy_execution_id) == ("new", 2, None)
     (cancelled,) = audit(runtime_engine, eid, "EXECUTION_CANCELLED")
-    assert cancelled.detail == {"reason": "ordered by mistake", "fromStatus": "PENDING"}
+    assert cancelled.detail == {
+        "reason": "ordered by mistake",
+        "fromStatus": "PENDING",
+        "machineCommands": {"cancelled": [], "stopRequested": []},
+    }
     with runtime_engine.connect() as conn:
         assert claim_due_executions(conn, "w", 5, 30) == []
 
@@ -261,7 +265,7 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
     def cancel_now():
         with runtime_engine.connect() as conn:
             try:
-                result["status"] = cancel(conn, eid, ORG, "user-1", "race")
+                result["status"] = cancel(conn, eid, ORG, "user-1", "race").status
             except NotCancellable:
                 result["status"] = "refused"
 
@@ -302,7 +306,7 @@ def _charged_then_waiting(engine, second, *, second_effect=Effect.READ_ONLY, **r
 def _parked_by_cancel(engine, eid, from_status, succeeded, in_doubt):
     """The cancel parked the execution: request busy as accepted, audited with who and why."""
     with engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "customer changed plan") == (
+        assert cancel(conn, eid, ORG, "user-1", "customer changed plan").status == (
             "RECONCILIATION_REQUIRED"
         )
     row = execution(engine, eid)
@@ -324,6 +328,7 @@ def _parked_by_cancel(engine, eid, from_status, succeeded, in_doubt):
         "cancelReason": "customer changed plan",
         "fromStatus": from_status,
         **writes,
+        "machineCommands": {"cancelled": [], "stopRequested": []},
     }
     assert {c["actionId"]: c["status"] for c in parked.detail["checkpoints"]}["charge"] == (
         "SUCCEEDED"
@@ -415,7 +420,9 @@ def test_cancel_of_a_confirmed_execution_not_yet_claimed_parks_with_nothing_in_d
     _charge, eid = _parked_charge(runtime_engine)
     _decide(runtime_engine, eid, "confirm", output={"chargeId": "ch_1"})
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "too late, sorry") == "RECONCILIATION_REQUIRED"
+        assert (
+            cancel(conn, eid, ORG, "user-1", "too late, sorry").status == "RECONCILIATION_REQUIRED"
+        )
     row = execution(runtime_engine, eid)
     assert (row.error_code, row.error_detail) == (
         "CANCELLED_AFTER_WRITES",
@@ -438,13 +445,17 @@ def test_cancel_after_only_reads_still_cancels_and_releases(runtime_engine):
     )
 
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed") == "CANCELLED"
+        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "CANCELLED"
     row = execution(runtime_engine, eid)
     assert (row.status, row.error_code) == ("CANCELLED", "CANCELLED")
     request = request_row(runtime_engine, row.request_id)
     assert (request.state, request.revision, request.busy_execution_id) == ("new", 2, None)
     (cancelled,) = audit(runtime_engine, eid, "EXECUTION_CANCELLED")
-    assert cancelled.detail == {"reason": "not needed", "fromStatus": "RETRY_WAIT"}
+    assert cancelled.detail == {
+        "reason": "not needed",
+        "fromStatus": "RETRY_WAIT",
+        "machineCommands": {"cancelled": [], "stopRequested": []},
+    }
     assert audit(runtime_engine, eid, "RECONCILIATION_REQUIRED") == []
 
 

@@ -22,6 +22,7 @@ from orquestador.machines.commands import Command, create_command, find_command,
 
 COMMAND_NOT_ALLOWED = "COMMAND_NOT_ALLOWED"
 COMMAND_NOT_FOUND = "COMMAND_NOT_FOUND"
+COMMAND_CANCELLED = "COMMAND_CANCELLED"
 WAIT_DEADLINE_EXCEEDED = "WAIT_DEADLINE_EXCEEDED"
 
 # An agent's token names its machine in `sub` ("machine:<id>", at most 200 characters).
@@ -79,7 +80,8 @@ WAIT_OUTPUT: dict[str, Any] = {
     "required": ["commandId", "status", "exitCode"],
     "properties": {
         "commandId": {"type": "string", "format": "uuid"},
-        "status": {"enum": list(FINAL_COMMAND_STATUSES)},
+        # A cancelled command is no answer a flow can go on from: the wait fails instead.
+        "status": {"enum": [s for s in FINAL_COMMAND_STATUSES if s != "cancelled"]},
         "exitCode": {"type": ["integer", "null"]},
     },
 }
@@ -140,6 +142,15 @@ class MachineAdapters:
         if command is None:
             raise PermanentError(COMMAND_NOT_FOUND, "no such command in this organization")
         seen = _seen(command)
+        if command.status == "cancelled":
+            # Never an output: a flow reading `status` must not take a stopped command
+            # (perhaps half done on the machine) for one that ran to its end.
+            raise PermanentError(
+                COMMAND_CANCELLED,
+                "the command was cancelled before it finished: the machine may have done "
+                "part of it",
+                observed=seen,
+            )
         if command.final:
             ctx.observe(seen)
             return {

@@ -1,0 +1,94 @@
+"""What a cancel does to its execution's machine commands: end those not taken, stop the rest.
+
+It runs in the cancel's transaction (queue/reconciliation.py), so the commands change
+with the execution or not at all. It imports nothing of the queue: the cancel calls it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+
+@dataclass(frozen=True)
+class CancelledCommands:
+    """What a cancel did to its execution's commands: ended, or asked to stop."""
+
+    cancelled: list[CancelledCommand]
+    stop_requested: list[CancelledCommand]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cancelled": [c.as_json() for c in self.cancelled],
+            "stopRequested": [c.as_json() for c in self.stop_requested],
+        }
+
+
+@dataclass(frozen=True)
+class CancelledCommand:
+    id: uuid.UUID
+    machine_id: str
+    command: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": str(self.id), "machineId": self.machine_id, "command": self.command}
+
+
+# The execution's commands still under way, found by their external key (the step's,
+# "<execution id>:<action id>") within the organization. The CTE locks them: a poll
+# claiming one at the same moment either took it first (this finds it sent and asks
+# the agent to stop) or finds it cancelled and skips it. Pending ones end here, so
+# no agent ever receives them; taken ones keep their status until the agent reports.
+_CANCEL_FOR_EXECUTION = text(
+    """
+    WITH open AS (
+        SELECT id, status FROM machine_command
+        WHERE org_id = :org_id AND external_key LIKE :key_prefix
+          AND status IN ('pending', 'sent', 'running')
+        FOR UPDATE
+    )
+    UPDATE machine_command AS c
+    SET status = CASE WHEN open.status = 'pending' THEN 'cancelled' ELSE c.status END,
+        finished_at = CASE WHEN open.status = 'pending' THEN clock_timestamp()
+                           ELSE c.finished_at END,
+        cancel_requested_at = CASE WHEN open.status = 'pending' THEN c.cancel_requested_at
+                                   ELSE coalesce(c.cancel_requested_at, clock_timestamp()) END,
+        updated_at = clock_timestamp()
+    FROM open
+    WHERE c.id = open.id AND c.status IN ('pending', 'sent', 'running')
+    RETURNING c.id, c.machine_id, c.command, c.status
+    """
+)
+
+
+def cancel_for_execution(
+    conn: Connection, *, org_id: str, execution_id: uuid.UUID
+) -> CancelledCommands:
+    """Cancel the execution's pending commands, ask its agents to stop the taken ones.
+
+    Runs in the cancel's transaction. The agents of machines with a stop to hear are
+    rung once it commits, so an agent waiting in a long poll looks again at once.
+    """
+    rows = conn.execute(
+        _CANCEL_FOR_EXECUTION, {"org_id": org_id, "key_prefix": f"{execution_id}:%"}
+    ).all()
+    cancelled, stop_requested = [], []
+    for row in sorted(rows, key=lambda r: (r.machine_id, str(r.id))):
+        command = CancelledCommand(row.id, row.machine_id, row.command)
+        (cancelled if row.status == "cancelled" else stop_requested).append(command)
+    for machine_id in sorted({c.machine_id for c in stop_requested}):
+        conn.execute(
+            _NOTIFY,
+            {
+                "channel": NEW_COMMAND_CHANNEL,
+                "payload": notification_payload(org_id, machine_id),
+            },
+        )
+    return CancelledCommands(cancelled, stop_requested)

@@ -1,0 +1,167 @@
+"""Cancel reaches the machine: commands nobody took end with the cancel, taken ones are told."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from orquestador.actions import AdapterRegistry
+from orquestador.actions.builtin import register_builtins
+from orquestador.machines import claim_next, report_status
+from orquestador.worker.daemon import Worker
+from tests.integration.api_support import Api, running_api
+from tests.integration.worker_support import (
+    ORG,
+    audit,
+    decommission,
+    execution,
+    settings,
+    start_execution,
+    status_is,
+    wait_until,
+)
+
+
+@pytest.fixture
+def worker(database, runtime_engine: Engine) -> Iterator[Worker]:
+    configured = settings(database_url=database.runtime_dsn)
+    registry = AdapterRegistry()
+    register_builtins(registry, configured)
+    running = Worker(configured, runtime_engine, registry)
+    running.start()
+    yield running
+    running.stop(timeout=30)
+
+
+@pytest.fixture
+def api(database) -> Iterator[Api]:
+    with running_api(database.runtime_dsn) as api:
+        yield api
+
+
+def waiting_on_a_command(engine: Engine) -> tuple[uuid.UUID, uuid.UUID]:
+    """An execution parked on its machine.wait, and the command it sent (still pending)."""
+    execution_id = start_execution(engine, decommission(600), {"machineId": "m-1"})
+
+    def parked() -> Any:
+        with engine.connect() as conn:
+            return conn.execute(
+                text("SELECT wait_key FROM execution WHERE id = :id AND status = 'WAITING'"),
+                {"id": execution_id},
+            ).scalar()
+
+    key = wait_until(parked, what="the wait to park")
+    return execution_id, uuid.UUID(key.removeprefix("machine_command:"))
+
+
+def command_row(engine: Engine, command_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT status, finished_at, cancel_requested_at FROM machine_command"
+                " WHERE id = :id"
+            ),
+            {"id": command_id},
+        ).one()
+
+
+def take(engine: Engine) -> Any:
+    with engine.begin() as conn:
+        return claim_next(conn, org_id=ORG, machine_id="m-1")
+
+
+def cancel(api: Api, execution_id: uuid.UUID) -> dict[str, Any]:
+    response = api.post(
+        f"/executions/{execution_id}/cancel",
+        {"reason": "the customer stayed"},
+        org=ORG,
+        scopes=["executions:cancel"],
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    return response.get_json()
+
+
+def said(command_id: uuid.UUID) -> dict[str, str]:
+    return {"id": str(command_id), "machineId": "m-1", "command": "poweroff"}
+
+
+def test_a_pending_command_is_cancelled_with_the_execution_and_never_handed_out(
+    worker: Worker, runtime_engine: Engine, api: Api
+) -> None:
+    execution_id, command_id = waiting_on_a_command(runtime_engine)
+    assert command_row(runtime_engine, command_id).status == "pending"
+
+    answer = cancel(api, execution_id)
+
+    # machine.command is a write that succeeded: the cancel parks (the write rule), and
+    # its command ends with it all the same.
+    assert answer["status"] == "RECONCILIATION_REQUIRED"
+    assert answer["machineCommands"] == {"cancelled": [said(command_id)], "stopRequested": []}
+    row = command_row(runtime_engine, command_id)
+    assert (row.status, row.cancel_requested_at) == ("cancelled", None)
+    assert row.finished_at is not None
+    assert take(runtime_engine) is None  # the agent's next poll gets nothing
+    (parked,) = audit(runtime_engine, execution_id, "RECONCILIATION_REQUIRED")
+    assert parked.detail["machineCommands"] == answer["machineCommands"]
+
+
+def test_a_taken_command_is_asked_to_stop_at_the_next_report_and_poll(
+    worker: Worker, runtime_engine: Engine, api: Api
+) -> None:
+    execution_id, command_id = waiting_on_a_command(runtime_engine)
+    assert take(runtime_engine).id == command_id  # the agent has it: sent
+
+    answer = cancel(api, execution_id)
+
+    assert answer["machineCommands"] == {"cancelled": [], "stopRequested": [said(command_id)]}
+    row = command_row(runtime_engine, command_id)
+    assert row.status == "sent" and row.cancel_requested_at is not None
+    # A poll says so first, with nothing to run in it.
+    stop = take(runtime_engine)
+    assert stop.as_json() == {"id": str(command_id), "cancelRequested": True}
+    # So does the next status report, over HTTP as the agent makes it.
+    headers = api.headers(sub="machine:m-1", org=ORG, scopes=["agent"])
+    running = api.client().post(
+        f"/api/v1/agent/commands/{command_id}/status", json={"status": "running"}, headers=headers
+    )
+    assert running.status_code == 200
+    assert running.get_json()["cancelRequested"] is True
+    stopped = api.client().post(
+        f"/api/v1/agent/commands/{command_id}/status",
+        json={"status": "cancelled", "exitCode": -15},
+        headers=headers,
+    )
+    assert stopped.get_json()["status"] == "cancelled"
+    assert take(runtime_engine) is None  # final: the poll no longer asks
+
+
+def test_a_command_of_another_execution_is_left_alone(
+    worker: Worker, runtime_engine: Engine, api: Api
+) -> None:
+    first, first_command = waiting_on_a_command(runtime_engine)
+    _second, second_command = waiting_on_a_command(runtime_engine)
+
+    answer = cancel(api, first)
+
+    assert answer["machineCommands"]["cancelled"] == [said(first_command)]
+    assert command_row(runtime_engine, second_command).status == "pending"
+
+
+def test_the_wait_fails_on_a_cancelled_command_rather_than_pass_it_on(
+    worker: Worker, runtime_engine: Engine
+) -> None:
+    # Stopped on the machine itself (an agent may report cancelled on its own): the wait
+    # takes its error exit instead of giving the decision a status to read as an end.
+    execution_id, command_id = waiting_on_a_command(runtime_engine)
+    assert take(runtime_engine).id == command_id
+    with runtime_engine.begin() as conn:
+        report_status(conn, org_id=ORG, machine_id="m-1", command_id=command_id, status="cancelled")
+
+    wait_until(status_is(runtime_engine, execution_id, "SUCCEEDED", "FAILED"), what="the end")
+    row = execution(runtime_engine, execution_id)
+    assert row.result["toState"] == "attention"
+    assert row.error_code == "COMMAND_CANCELLED"
