@@ -2,7 +2,10 @@
 
 It long-polls the API for its machine's commands, runs each as the argv the operator
 configured for its name in AGENT_COMMANDS_FILE (never a shell string from the server),
-and reports `running`, then `succeeded`, `failed` or `timed_out`. It rides out an API
+and reports `running`, then `succeeded`, `failed` or `timed_out`. While a command runs it
+repeats `running` every CANCEL_CHECK_SECONDS to hear whether a cancel asked it to stop;
+then it stops the process (SIGTERM, SIGKILL after AGENT_KILL_GRACE_SECONDS) and reports
+`cancelled`. It logs one line per report it delivered. It rides out an API
 outage with capped backoff, waits as told when the API holds all the long polls it
 allows (429 with Retry-After), backs off when another poll for its machine keeps ending
 its own, and stops cleanly on SIGTERM or SIGINT.
@@ -41,6 +44,10 @@ BACKOFF_CAP_SECONDS = 30.0
 BUSY_DEFAULT_SECONDS = 5.0
 BUSY_MAX_SECONDS = 300.0
 MAX_TIMEOUT_SECONDS = 86400
+# While a command runs: how often the agent repeats `running` to hear of a cancel.
+CANCEL_CHECK_SECONDS = 2.0
+# A stopped command's process gets this long after SIGTERM before SIGKILL.
+KILL_GRACE_SECONDS = 10.0
 # Output sent with a final status, in characters (the API keeps the same amount).
 MAX_OUTPUT_CHARACTERS = 65536
 _TRUNCATED = "\n[output truncated]"
@@ -107,9 +114,13 @@ def load_commands(path: str | Path) -> tuple[dict[str, CommandSpec], list[str]]:
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str  # succeeded, failed or timed_out
+    status: str  # succeeded, failed, timed_out or cancelled
     exit_code: int | None
     output: str
+
+
+def _never() -> bool:
+    return False
 
 
 def truncate(output: str) -> str:
@@ -120,8 +131,20 @@ def truncate(output: str) -> str:
     return output[: MAX_OUTPUT_CHARACTERS - len(_TRUNCATED)] + _TRUNCATED
 
 
-def run_command(spec: CommandSpec, args: list[str]) -> Outcome:
-    """Run the argv with its timeout; the whole process group is killed when it runs out."""
+def run_command(
+    spec: CommandSpec,
+    args: list[str],
+    *,
+    should_stop: Callable[[], bool] = _never,
+    check_seconds: float = CANCEL_CHECK_SECONDS,
+    kill_grace_seconds: float = KILL_GRACE_SECONDS,
+) -> Outcome:
+    """Run the argv with its timeout; the whole process group is killed when it runs out.
+
+    Every `check_seconds` while it runs, `should_stop` is asked; once it says so the group
+    gets SIGTERM, then SIGKILL if it is still there after `kill_grace_seconds`, and the
+    outcome is `cancelled` with the exit code the signal left (-15 or -9).
+    """
     argv = [*spec.argv, *(args if spec.pass_args else [])]
     # Output goes to a file, not a pipe: a command printing without end cannot fill the
     # agent's memory, and only the first part is read back.
@@ -136,15 +159,47 @@ def run_command(spec: CommandSpec, args: list[str]) -> Outcome:
             )
         except OSError as error:
             return Outcome("failed", None, f"cannot start {argv[0]}: {error.strerror}")
-        try:
-            code: int | None = process.wait(timeout=spec.timeout_seconds)
-            status = "succeeded" if code == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            code, status = None, "timed_out"
+        code, status = _wait_or_stop(process, spec.timeout_seconds, should_stop, check_seconds)
+        if status == "cancelled":
+            code = _stop_group(process, kill_grace_seconds)
         sink.seek(0)
         output = sink.read(MAX_OUTPUT_CHARACTERS * 4 + 1).decode("utf-8", "replace")
     return Outcome(status, code, truncate(output))
+
+
+def _wait_or_stop(
+    process: subprocess.Popen[bytes],
+    timeout_seconds: float,
+    should_stop: Callable[[], bool],
+    check_seconds: float,
+) -> tuple[int | None, str]:
+    give_up_at = time.monotonic() + timeout_seconds
+    while True:
+        left = give_up_at - time.monotonic()
+        try:
+            code = process.wait(timeout=max(min(check_seconds, left), 0))
+            return code, "succeeded" if code == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= give_up_at:
+            _kill_group(process)
+            return None, "timed_out"
+        if should_stop():
+            return None, "cancelled"
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace_seconds: float) -> int:
+    """SIGTERM to the command's group, SIGKILL after the grace; the exit code it left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        return process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        log.warning(
+            "the command ignored SIGTERM for %gs: killed", grace_seconds, extra={"pid": process.pid}
+        )
+        _kill_group(process)
+        return process.returncode
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -224,12 +279,14 @@ class AgentClient:
             raise ApiUnreachable(f"unexpected answer {status} to commands/next")
         return body
 
-    def report(self, command_id: str, status: str, outcome: Outcome | None = None) -> int:
+    def report(
+        self, command_id: str, status: str, outcome: Outcome | None = None
+    ) -> tuple[int, Any]:
+        """The HTTP status of the answer and its body."""
         body: dict[str, Any] = {"status": status}
         if outcome is not None:
             body.update(exitCode=outcome.exit_code, output=outcome.output)
-        answer, _ = self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
-        return answer
+        return self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
 
 
 def _problem_of(error: urllib.error.HTTPError) -> Any:
@@ -261,10 +318,14 @@ class Agent:
         *,
         poll_wait_seconds: float = POLL_WAIT_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
+        cancel_check_seconds: float = CANCEL_CHECK_SECONDS,
+        kill_grace_seconds: float = KILL_GRACE_SECONDS,
     ) -> None:
         self._client = client
         self._commands = commands
         self._poll_wait = poll_wait_seconds
+        self._cancel_check = cancel_check_seconds
+        self._kill_grace = kill_grace_seconds
         self._sleep = sleep
         self._stopping = False
         self._interruptible = False
@@ -385,6 +446,12 @@ class Agent:
     def _handle(self, command: dict[str, Any]) -> None:
         command_id, name = str(command.get("id")), str(command.get("command"))
         extra = {"command_id": command_id, "command": name}
+        if command.get("cancelRequested") is True:
+            # A command taken before (by this agent before a restart, say) that nothing
+            # here runs now: there is nothing to stop, only the cancel to confirm.
+            log.info("cancel asked for a command not running here", extra=extra)
+            self._report(command_id, "cancelled", Outcome("cancelled", None, ""))
+            return
         spec = self._commands.get(name)
         if spec is None:
             log.warning("unknown command %r: reported failed", name, extra=extra)
@@ -393,11 +460,22 @@ class Agent:
             )
             self._report(command_id, outcome.status, outcome)
             return
-        if not self._report(command_id, "running"):
+        answer = self._report(command_id, "running")
+        if answer is None:
+            return
+        if answer.get("cancelRequested") is True:
+            log.info("cancel asked before %s started: not run", name, extra=extra)
+            self._report(command_id, "cancelled", Outcome("cancelled", None, ""))
             return
         args = [str(arg) for arg in command.get("args") or []]
         started = time.monotonic()
-        outcome = run_command(spec, args)
+        outcome = run_command(
+            spec,
+            args,
+            should_stop=lambda: self._cancel_asked(command_id),
+            check_seconds=self._cancel_check,
+            kill_grace_seconds=self._kill_grace,
+        )
         log.info(
             "ran %s: %s (exit %s) in %.2fs",
             name,
@@ -408,11 +486,21 @@ class Agent:
         )
         self._report(command_id, outcome.status, outcome)
 
-    def _report(self, command_id: str, status: str, outcome: Outcome | None = None) -> bool:
-        """Deliver a status, retrying through an outage; False when the API refused it."""
+    def _cancel_asked(self, command_id: str) -> bool:
+        """Whether a cancel asked to stop the command: `running` again, one try."""
+        try:
+            answer, body = self._client.report(command_id, "running")
+        except ApiUnreachable:
+            return False  # asked again at the next check; the command goes on meanwhile
+        return answer == 200 and isinstance(body, dict) and body.get("cancelRequested") is True
+
+    def _report(
+        self, command_id: str, status: str, outcome: Outcome | None = None
+    ) -> dict[str, Any] | None:
+        """Deliver a status, retrying through an outage; the answer, or None if refused."""
         while True:
             try:
-                answer = self._client.report(command_id, status, outcome)
+                answer, body = self._client.report(command_id, status, outcome)
             except ApiUnreachable as down:
                 if self._stopping:
                     log.error("stopping with the %s report of %s undelivered", status, command_id)
@@ -436,7 +524,15 @@ class Agent:
                     status,
                     extra={"command_id": command_id},
                 )
-            return answer == 200
+                return None
+            # After the answer, never before: the line says what the API has recorded.
+            log.info(
+                "reported %s for command %s",
+                status,
+                command_id,
+                extra={"command_id": command_id, "status": status},
+            )
+            return body if isinstance(body, dict) else {}
 
 
 def run_agent(
@@ -445,7 +541,13 @@ def run_agent(
     commands: dict[str, CommandSpec],
     *,
     poll_wait_seconds: float = POLL_WAIT_SECONDS,
+    kill_grace_seconds: float = KILL_GRACE_SECONDS,
 ) -> int:
-    agent = Agent(AgentClient(api_url, token), commands, poll_wait_seconds=poll_wait_seconds)
+    agent = Agent(
+        AgentClient(api_url, token),
+        commands,
+        poll_wait_seconds=poll_wait_seconds,
+        kill_grace_seconds=kill_grace_seconds,
+    )
     agent.install_signal_handlers()
     return agent.run()

@@ -449,7 +449,13 @@ def _agent(args: argparse.Namespace) -> int:
     if args.check:
         print(f"{settings.agent_commands_file}: {len(commands)} commands, valid")
         return 0
-    return run_agent(api_url, settings.api_token, commands, poll_wait_seconds=args.wait)
+    return run_agent(
+        api_url,
+        settings.api_token,
+        commands,
+        poll_wait_seconds=args.wait,
+        kill_grace_seconds=settings.agent_kill_grace_seconds,
+    )
 
 
 def _check(args: argparse.Namespace) -> int:

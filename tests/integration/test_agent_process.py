@@ -27,8 +27,9 @@ from orquestador.api.agent_routes import POLL_SHARE_EXTENSION, PollShare
 from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.tokens import mint_token
-from orquestador.machines import create_command
+from orquestador.machines import cancel_for_execution, create_command
 from orquestador.serve import serve_in_thread
+from tests.integration.worker_support import wait_until
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
 
@@ -48,6 +49,14 @@ timeout_seconds = 0.5
 [chatty]
 argv = ["sh", "-c", "printf 'a\\\\000b'; head -c 200000 /dev/zero | tr '\\\\000' x"]
 timeout_seconds = 10
+
+[long]
+argv = ["sleep", "60"]
+timeout_seconds = 120
+
+[stubborn]
+argv = ["sh", "-c", "trap '' TERM; sleep 60"]
+timeout_seconds = 120
 """
 
 
@@ -128,7 +137,11 @@ class AgentProcess:
 
 @contextmanager
 def running_agent(
-    api: ApiServer, commands_file: Path, machine: str = "m-1", wait: str = "1"
+    api: ApiServer,
+    commands_file: Path,
+    machine: str = "m-1",
+    wait: str = "1",
+    **settings: str,
 ) -> Iterator[AgentProcess]:
     token = mint_token(api.settings, sub=f"machine:{machine}", org=ORG, scopes=["agent"])
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
@@ -137,6 +150,7 @@ def running_agent(
         ORQUESTADOR_TOKEN=token,
         AGENT_COMMANDS_FILE=str(commands_file),
         LOG_LEVEL="INFO",
+        **settings,
     )
     process = subprocess.Popen(
         [*ORQUESTADOR, "agent", "--wait", wait],
@@ -173,7 +187,7 @@ def commands_file(tmp_path: Path) -> Path:
     return path
 
 
-def send(engine: Engine, name: str, machine: str = "m-1") -> str:
+def send(engine: Engine, name: str, machine: str = "m-1", key: str | None = None) -> str:
     with engine.begin() as conn:
         row = create_command(
             conn,
@@ -181,7 +195,7 @@ def send(engine: Engine, name: str, machine: str = "m-1") -> str:
             machine_id=machine,
             command=name,
             args=[],
-            external_key=f"{uuid.uuid4()}:send",
+            external_key=key or f"{uuid.uuid4()}:send",
         )
     return str(row.id)
 
@@ -195,7 +209,7 @@ def final_row(engine: Engine, command_id: str, timeout: float = 20) -> tuple:
                 text("SELECT status, exit_code, output FROM machine_command WHERE id = :id"),
                 {"id": command_id},
             ).one()
-        if row.status in ("succeeded", "failed", "timed_out"):
+        if row.status in ("succeeded", "failed", "timed_out", "cancelled"):
             return tuple(row)
         assert time.monotonic() < give_up, f"command still {row.status}"
         time.sleep(0.05)
@@ -224,7 +238,13 @@ def test_the_agent_runs_commands_and_reports_each_outcome(
         assert len(output) == 65536
         agent.process.send_signal(signal.SIGTERM)
         assert agent.process.wait(15) == 0
-    assert "agent stopped" in "".join(agent.lines)
+    said = "".join(agent.lines)
+    assert "agent stopped" in said
+    # One line per delivered report, after it was delivered.
+    assert f"reported running for command {ok}" in said
+    assert f"reported succeeded for command {ok}" in said
+    assert f"reported failed for command {unknown}" in said
+    assert f"reported timed_out for command {slow}" in said
     with runtime_engine.connect() as conn:
         untouched = conn.execute(
             text("SELECT status FROM machine_command WHERE id = :id"), {"id": foreign}
@@ -247,6 +267,50 @@ def test_the_agent_survives_an_api_restart(
         assert agent.process.wait(15) == 0
     # One line for the outage, however many tries it took.
     assert sum("API unreachable" in line for line in agent.lines) == 1
+
+
+def running_status(engine: Engine, command_id: str) -> bool:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT status = 'running' FROM machine_command WHERE id = :id"),
+            {"id": command_id},
+        ).scalar_one()
+
+
+def cancel_its_execution(engine: Engine, execution_id: uuid.UUID) -> list[str]:
+    """What the cancel of the command's execution does to it; the ids asked to stop."""
+    with engine.begin() as conn:
+        done = cancel_for_execution(conn, org_id=ORG, execution_id=execution_id)
+    return [str(c.id) for c in done.stop_requested]
+
+
+def test_a_cancel_stops_the_running_command_with_sigterm_then_sigkill_after_the_grace(
+    api: ApiServer, commands_file: Path, runtime_engine: Engine
+) -> None:
+    with running_agent(api, commands_file, AGENT_KILL_GRACE_SECONDS="1") as agent:
+        execution_id = uuid.uuid4()
+        long = send(runtime_engine, "long", key=f"{execution_id}:long")
+        wait_until(lambda: running_status(runtime_engine, long), what="long to run")
+        began = time.monotonic()
+        assert cancel_its_execution(runtime_engine, execution_id) == [long]
+
+        # SIGTERM ends sleep: the signal's exit code, well before its 60 s.
+        assert final_row(runtime_engine, long)[:2] == ("cancelled", -signal.SIGTERM)
+        assert time.monotonic() - began < 15
+
+        execution_id = uuid.uuid4()
+        stubborn = send(runtime_engine, "stubborn", key=f"{execution_id}:stubborn")
+        wait_until(lambda: running_status(runtime_engine, stubborn), what="stubborn to run")
+        assert cancel_its_execution(runtime_engine, execution_id) == [stubborn]
+
+        # It ignores SIGTERM: killed once the grace has passed.
+        assert final_row(runtime_engine, stubborn)[:2] == ("cancelled", -signal.SIGKILL)
+        agent.wait_for_line(f"reported cancelled for command {stubborn}")
+        agent.process.send_signal(signal.SIGTERM)
+        assert agent.process.wait(15) == 0
+    said = "".join(agent.lines)
+    assert "the command ignored SIGTERM for 1s: killed" in said
+    assert said.count("ignored SIGTERM") == 1
 
 
 NEXT = "/api/v1/agent/commands/next"
