@@ -18,7 +18,7 @@ from sqlalchemy import Connection, text
 
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
 from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
-from orquestador.queue.waits import wake_waiting
+from orquestador.queue.waits import COMMAND_WAIT_PREFIX, wake_waiting
 
 FINAL = frozenset(FINAL_COMMAND_STATUSES)
 # What an agent may report; pending and sent belong to the server.
@@ -35,7 +35,7 @@ TRUNCATION_MARK = "\n[output truncated]"
 
 def wait_key(command_id: uuid.UUID | str) -> str:
     """What an execution waiting on the command waits for (execution.wait_key)."""
-    return f"machine_command:{command_id}"
+    return f"{COMMAND_WAIT_PREFIX}{command_id}"
 
 
 def truncate_output(output: str) -> str:

@@ -10,6 +10,7 @@ same number with no line in the attempt history (a wait is not an ended attempt)
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,8 @@ from orquestador.queue.transactions import one_statement
 
 # The error code a waiting step's checkpoint carries between rounds.
 NOT_READY = "NOT_READY"
+# A wait on a machine command: machines.commands.wait_key builds these keys.
+COMMAND_WAIT_PREFIX = "machine_command:"
 
 # One fenced statement: the step's RUNNING checkpoint pauses (FAILED with NOT_READY, its
 # attempt number kept, what it saw stored) and the execution leaves RUNNING for WAITING
@@ -49,6 +52,16 @@ _PARK = text(
         -- be what the round did not see: due at once instead of after the delay.
         next_attempt_at = CASE
             WHEN e.wait_key = :wait_key AND e.next_attempt_at > :claimed_at
+            THEN clock_timestamp()
+            -- A first round has no key on the row while it runs, so no wake marks it: it
+            -- looks at the command itself. Changed since the claim, or no longer what the
+            -- round saw (a report whose UPDATE ran before the claim and committed after
+            -- the read): due at once too.
+            WHEN EXISTS (
+                SELECT 1 FROM machine_command c
+                WHERE c.id = :command_id
+                  AND (c.updated_at > :claimed_at OR c.status <> CAST(:seen_status AS text))
+            )
             THEN clock_timestamp()
             ELSE clock_timestamp() + make_interval(secs => :delay_seconds)
         END,
@@ -105,6 +118,9 @@ def park_waiting(
                 "wait_key": wait_key,
                 "delay_seconds": float(check_again_in),
                 "claimed_at": claim.claimed_at,
+                "command_id": _command_of(wait_key),
+                # What the round saw of it (machine.wait's observation); NULL: not compared.
+                "seen_status": (observed or {}).get("status"),
                 "observed": observed or None,
             },
         ).first()
@@ -118,6 +134,16 @@ def park_waiting(
     return row.next_attempt_at
 
 
+def _command_of(wait_key: str | None) -> uuid.UUID | None:
+    """The machine command a wait key names, or None for any other key."""
+    if wait_key is None or not wait_key.startswith(COMMAND_WAIT_PREFIX):
+        return None
+    try:
+        return uuid.UUID(wait_key.removeprefix(COMMAND_WAIT_PREFIX))
+    except ValueError:
+        return None
+
+
 def wake_waiting(conn: Connection, wait_key: str) -> int:
     """Make every execution waiting on `wait_key` due now; how many there were.
 
@@ -125,9 +151,9 @@ def wake_waiting(conn: Connection, wait_key: str) -> int:
     (a command's new status, say). Workers hear of it through the ready channel once the
     transaction commits; no notification when nothing waits on the key. A change that
     lands while a later round on the same key runs makes that round's park due at once.
-    Only a first round, whose key nobody knows before the adapter names it, can miss a
-    change that lands between its read and its park: it waits its own `check_again_in`,
-    which bounds that delay.
+    A first round's key is on no row before its park, so no wake can mark it: its park
+    reads the command's own `updated_at` instead, and a change after the claim makes it
+    due at once all the same.
     """
     woken = int(conn.execute(_WAKE, {"wait_key": wait_key}).one().woken)
     if woken:

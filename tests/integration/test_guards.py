@@ -687,7 +687,7 @@ def test_a_cancel_never_releases_a_request_another_execution_holds(runtime_engin
             {"other": other, "id": request_id},
         )
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed") == "CANCELLED"
+        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "CANCELLED"
     assert request_row(runtime_engine, request_id).busy_execution_id == other
 
 
@@ -697,7 +697,7 @@ def test_a_cancel_with_only_a_write_in_doubt_parks_and_keeps_the_request(runtime
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     assert run_once(runtime_engine, Executor(registry_of(write), settings())) == "RETRY_WAIT"
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed") == "RECONCILIATION_REQUIRED"
+        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "RECONCILIATION_REQUIRED"
     row = execution(runtime_engine, eid)
     assert (row.error_code, row.error_detail["writesInDoubt"]) == ("CANCELLED_AFTER_WRITES", ["w"])
     assert request_row(runtime_engine, row.request_id).busy_execution_id == eid

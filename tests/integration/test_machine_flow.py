@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
-from orquestador.actions import AdapterRegistry
+from orquestador.actions import AdapterRegistry, NotReady
 from orquestador.actions.builtin import register_builtins
 from orquestador.machines import claim_next, report_status
 from orquestador.queue import Resolution, resolve
 from orquestador.worker.daemon import Worker
+from orquestador.worker.executor import Executor
 from tests.integration.worker_support import (
     ORG,
     audit,
     decommission,
     execution,
     request_row,
+    run_once,
     settings,
     start_execution,
     status_is,
@@ -242,3 +246,53 @@ def test_an_operator_s_retry_of_an_expired_wait_starts_a_new_deadline(
     (resolved,) = audit(runtime_engine, execution_id, "RECONCILIATION_RESOLVED")
     assert (resolved.actor, resolved.detail["decision"]) == ("operator-1", "retry")
     assert resolved.detail["parkedFor"] == "WAIT_DEADLINE_EXCEEDED"
+
+
+def test_a_report_landing_between_a_first_round_s_read_and_its_park_wakes_it_at_once(
+    database, runtime_engine: Engine
+) -> None:
+    # The first round of a wait has no wait key on its row until it parks, so the
+    # report's wake finds nothing to mark. Forced here: the agent takes the command, the
+    # round reads it `sent`, the report of `running` commits, and only then the park.
+    configured = settings(database_url=database.runtime_dsn)
+    builtins = AdapterRegistry()
+    register_builtins(builtins, configured)
+    wait = builtins.get("machine.wait", 1)
+    read_sent, reported = threading.Event(), threading.Event()
+    taken: list[uuid.UUID] = []
+    seen: list[str] = []
+
+    def read_then_let_the_report_in(ctx: Any) -> Any:
+        taken.append(command_of(runtime_engine))  # the agent's poll: sent
+        try:
+            return wait.invoke(ctx)
+        except NotReady as not_ready:
+            seen.append(not_ready.observed["status"])
+            read_sent.set()
+            assert reported.wait(10), "the report never committed"
+            raise
+
+    registry = AdapterRegistry()
+    for adapter in builtins.adapters():
+        registry.add(
+            replace(adapter, invoke=read_then_let_the_report_in) if adapter is wait else adapter
+        )
+
+    def agent_reports() -> None:
+        if read_sent.wait(10):
+            report(runtime_engine, taken[0], "running")
+            reported.set()
+
+    reporter = threading.Thread(target=agent_reports)
+    reporter.start()
+    execution_id = start_execution(runtime_engine, decommission(600), {"machineId": "m-1"})
+    assert run_once(runtime_engine, Executor(registry, configured)) == "WAITING"
+    reporter.join(10)
+    assert seen == ["sent"]  # what the round read, before the report committed
+
+    row = execution(runtime_engine, execution_id)
+    # Due at once (at the park's own time), not at a recheck a second later.
+    assert (row.next_attempt_at - row.updated_at).total_seconds() < 0.1, (
+        row.next_attempt_at,
+        row.updated_at,
+    )

@@ -761,6 +761,18 @@ WAIT_GUARDS = [
         "A wait pauses only the attempt this holder is running.",
         (guard("test_only_a_running_read_of_this_holder_can_wait[left running]"),),
     ),
+    Mutation(
+        "park-first-round-looks-at-the-command",
+        _WAITS_PY,
+        "                WHERE c.id = :command_id\n",
+        "                WHERE false AND c.id = :command_id\n",
+        "A status change between a first round's read and its park (no wait key on the row "
+        "yet, so no wake marks it) makes the park due at once.",
+        (
+            "tests/integration/test_machine_flow.py::test_a_report_landing_between_a_first"
+            "_round_s_read_and_its_park_wakes_it_at_once",
+        ),
+    ),
 ]
 
 # --- worker/leases.py and worker/heartbeat.py -----------------------------------------
@@ -1369,6 +1381,7 @@ EXECUTOR_GUARDS = [
 
 _RECONCILIATION_PY = "orquestador/queue/reconciliation.py"
 RECONCILIATION = "tests/integration/test_reconciliation.py"
+MACHINE_CANCEL = "tests/integration/test_machine_cancel.py"
 
 CANCEL_GUARDS = [
     Mutation(
@@ -1416,6 +1429,23 @@ CANCEL_GUARDS = [
         "    WHERE id = :request_id\n",
         "A cancel releases the request only while the cancelled execution holds it.",
         (guard("test_a_cancel_never_releases_a_request_another_execution_holds"),),
+    ),
+    Mutation(
+        "cancel-ends-only-its-own-commands",
+        "orquestador/machines/cancel.py",
+        "        WHERE org_id = :org_id AND external_key LIKE :key_prefix\n",
+        "        WHERE org_id = :org_id\n",
+        "A cancel ends or stops only the cancelled execution's machine commands.",
+        (f"{MACHINE_CANCEL}::test_a_command_of_another_execution_is_left_alone",),
+    ),
+    Mutation(
+        "cancel-ends-only-commands-nobody-took",
+        "orquestador/machines/cancel.py",
+        "    SET status = CASE WHEN open.status = 'pending' THEN 'cancelled' ELSE c.status END,\n",
+        "    SET status = 'cancelled',\n",
+        "A command an agent already took keeps its status: the agent is asked to stop it and "
+        "reports what became of it.",
+        (f"{MACHINE_CANCEL}::test_a_taken_command_is_asked_to_stop_at_the_next_report_and_poll",),
     ),
 ]
 

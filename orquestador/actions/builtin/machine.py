@@ -34,9 +34,9 @@ MAX_DEADLINE_SECONDS = 86400
 # notification, a status changed by hand): the wake is the fast path, this the bound.
 POLL_FALLBACK_SECONDS = 30.0
 # The first round looks again this soon. A status change wakes a parked execution by its
-# wait key, which the first round has not recorded yet while it reads: a change landing
-# between that read and the park is seen at this second look instead. Later rounds keep
-# their wait key and are woken at once; their interval grows with the time waited.
+# wait key; a change landing between the first round's read and its park (before the key
+# is on the row) is caught by the park itself, which looks at the command. Every round is
+# woken at once by a change; this interval, growing with the time waited, is the backstop.
 FIRST_RECHECK_SECONDS = 1.0
 
 COMMAND_INPUT: dict[str, Any] = {
