@@ -27,10 +27,15 @@ _TABLE_PRIVILEGES = text(
 # The columns the runtime role must be able to UPDATE, as it sees them.
 _UPDATE_PRIVILEGES = text(
     """
-    SELECT g.table_name, g.column_name,
-           coalesce(has_column_privilege(to_regclass(g.table_name), g.column_name, 'UPDATE'),
-                    false) AS held
+    SELECT g.table_name, g.column_name, a.attname IS NOT NULL AS present,
+           -- A column a later migration adds is not asked about: it would be an error.
+           CASE WHEN a.attname IS NOT NULL
+                THEN coalesce(has_column_privilege(to_regclass(g.table_name), g.column_name,
+                                                   'UPDATE'), false)
+                ELSE false END AS held
     FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[])) AS g(table_name, column_name)
+    LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(g.table_name)
+         AND a.attname = g.column_name AND a.attnum > 0 AND NOT a.attisdropped
     WHERE to_regclass(g.table_name) IS NOT NULL
     """
 )
@@ -79,7 +84,8 @@ def _privilege_problems(connection: Connection) -> list[str]:
     for row in rows:
         if row.visible and not row.held:
             lacking.setdefault(row.table_name, []).append(row.privilege)
-    for table, update in _lacking_updates(connection).items():
+    updates, absent = _lacking_updates(connection)
+    for table, update in updates.items():
         lacking.setdefault(table, []).append(update)
     for privileges in lacking.values():
         privileges.sort(key=lambda p: _PRIVILEGE_ORDER.index(p.split(" ")[0]))
@@ -88,6 +94,12 @@ def _privilege_problems(connection: Connection) -> list[str]:
         problems.append(
             f"DATABASE_URL: role {role!r} sees no table {', '.join(invisible)} (not migrated, "
             "or no USAGE on their schema): run 'orquestador migrate' as the owner"
+        )
+    elif absent:
+        # Tables there, columns of a later migration not: the same advice, one line.
+        problems.append(
+            f"DATABASE_URL: the database lacks column {', '.join(absent)} (older than this "
+            "release): run 'orquestador migrate' as the owner"
         )
     for table, privileges in lacking.items():
         problems.append(
@@ -131,24 +143,26 @@ def _privilege_problems(connection: Connection) -> list[str]:
     return problems
 
 
-def _lacking_updates(connection: Connection) -> dict[str, str]:
+def _lacking_updates(connection: Connection) -> tuple[dict[str, str], list[str]]:
     """Per table, the UPDATE the role lacks: "UPDATE" when it lacks every column it needs,
-    else "UPDATE (the missing columns)"."""
+    else "UPDATE (the missing columns)"; and the columns not in the database at all
+    ("table.column"), which no grant can give."""
     pairs = [(table, c) for table, columns in RUNTIME_UPDATE_COLUMNS.items() for c in columns]
     rows = connection.execute(
         _UPDATE_PRIVILEGES,
         {"tables": [t for t, _ in pairs], "columns": [c for _, c in pairs]},
     ).all()
     missing: dict[str, list[str]] = {}
+    absent = [f"{row.table_name}.{row.column_name}" for row in rows if not row.present]
     for row in rows:
-        if not row.held:
+        if row.present and not row.held:
             missing.setdefault(row.table_name, []).append(row.column_name)
     return {
         table: "UPDATE"
         if len(columns) == len(RUNTIME_UPDATE_COLUMNS[table])
         else f"UPDATE ({', '.join(columns)})"
         for table, columns in missing.items()
-    }
+    }, absent
 
 
 def connection_problem(url: str) -> str | None:

@@ -266,6 +266,13 @@ def test_check_on_a_database_behind_this_release_says_to_upgrade(
     (line,) = result.stderr.strip().splitlines()
     assert "sees no table machine_credential, page_session_revocation" in line
     assert "run 'orquestador migrate'" in line
+    # Every table, but not the column 0014 adds: named, never a database error.
+    assert _run(["migrate", "upgrade", "0013"], env).returncode == 0
+    result = _run(["check"], {"DATABASE_URL": runtime_url})
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "lacks column machine_command.cancel_requested_at" in line
+    assert "run 'orquestador migrate'" in line
     assert _run(["migrate", "upgrade"], env).returncode == 0
     assert _run(["check"], {"DATABASE_URL": runtime_url}).returncode == 0
     # Every table there, but not the worker's batch function (as at 0009, before 0013).
