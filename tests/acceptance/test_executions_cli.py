@@ -23,6 +23,7 @@ from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
+from orquestador.machines import claim_next, create_command
 from orquestador.serve import serve_in_thread
 from orquestador.worker.executor import Executor
 from tests.db_support import TestDatabase
@@ -225,9 +226,40 @@ def test_cancel_by_the_owner_and_its_refusal_the_second_time(
 
     assert first.returncode == 0, first.stderr
     assert "the execution is CANCELLED" in first.stdout
+    # It says what became of the machine: here nothing was sent to one.
+    assert first.stdout.rstrip().endswith("no machine command was under way")
     assert second.returncode == 1
     _one_line_no_traceback(second)
     assert "409 NOT_CANCELLABLE" in second.stderr
+
+
+def test_a_cancel_names_each_machine_command_it_ended_or_asked_to_stop(
+    server: Server, runtime_engine: Engine
+) -> None:
+    eid = start_execution(runtime_engine, flow_definition([action("x", "test.charge")]))
+    ids = {}
+    with runtime_engine.begin() as conn:
+        for step, machine in (("taken", "m-1"), ("queued", "m-2")):
+            ids[step] = create_command(
+                conn,
+                org_id=ORG,
+                machine_id=machine,
+                command="poweroff",
+                args=[],
+                external_key=f"{eid}:{step}",
+            ).id
+        assert claim_next(conn, org_id=ORG, machine_id="m-1").id == ids["taken"]
+    operator = _as(server, ["executions:cancel", "requests:read-all"])
+
+    cancelled = _run("cancel", str(eid), "--reason", "not needed", env=operator)
+
+    assert cancelled.returncode == 0, cancelled.stderr
+    lines = cancelled.stdout.splitlines()
+    assert lines[-2:] == [
+        f"machine command poweroff on m-2 ({ids['queued']}): cancelled, no agent will get it",
+        f"machine command poweroff on m-1 ({ids['taken']}): already taken; its agent was "
+        "asked to stop it",
+    ]
 
 
 def test_a_cancel_after_a_charge_says_the_execution_was_parked_not_cancelled(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from orquestador.agent import CommandSpec, load_commands, run_command
+from orquestador.agent import Agent, CommandSpec, load_commands, run_command
 
 
 def _alive(pid: int) -> bool:
@@ -81,3 +81,48 @@ def _empty(tmp_path: Path) -> Path:
     path = tmp_path / "empty.toml"
     path.write_text("")
     return path
+
+
+class _RecordingClient:
+    """The agent's two routes, answered from a script; every report is kept."""
+
+    def __init__(self, cancel_requested: bool) -> None:
+        self.reports: list[tuple[str, str]] = []
+        self._cancel_requested = cancel_requested
+
+    def report(self, command_id: str, status: str, outcome: object = None) -> tuple[int, dict]:
+        self.reports.append((command_id, status))
+        return 200, {"status": status, "cancelRequested": self._cancel_requested}
+
+
+def test_a_stop_request_from_a_poll_is_reported_cancelled_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "ran"
+    spec = CommandSpec("poweroff", ("touch", str(marker)), 5)
+    client = _RecordingClient(cancel_requested=True)
+    agent = Agent(client, {"poweroff": spec})  # type: ignore[arg-type]
+
+    agent._handle({"id": "c-1", "cancelRequested": True})
+    # Told at its report of running, before it started: it is not started.
+    agent._handle({"id": "c-2", "command": "poweroff", "args": []})
+
+    assert client.reports == [("c-1", "cancelled"), ("c-2", "running"), ("c-2", "cancelled")]
+    assert not marker.exists()
+
+
+def test_a_command_ends_cancelled_once_a_check_says_so(tmp_path: Path) -> None:
+    spec = CommandSpec("long", ("sleep", "30"), 60)
+    checks: list[float] = []
+
+    def told_at_the_second_check() -> bool:
+        checks.append(time.monotonic())
+        return len(checks) == 2
+
+    began = time.monotonic()
+    outcome = run_command(
+        spec, [], should_stop=told_at_the_second_check, check_seconds=0.1, kill_grace_seconds=5
+    )
+
+    assert (outcome.status, outcome.exit_code) == ("cancelled", -15)
+    assert time.monotonic() - began < 5
