@@ -33,10 +33,13 @@ _UPDATE_PRIVILEGES = text(
                 THEN coalesce(has_column_privilege(to_regclass(g.table_name), g.column_name,
                                                    'UPDATE'), false)
                 ELSE false END AS held
-    FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[])) AS g(table_name, column_name)
+    FROM unnest(CAST(:tables AS text[]), CAST(:columns AS text[]))
+         WITH ORDINALITY AS g(table_name, column_name, n)
     LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(g.table_name)
          AND a.attname = g.column_name AND a.attnum > 0 AND NOT a.attisdropped
     WHERE to_regclass(g.table_name) IS NOT NULL
+    -- In the order declared: the lines check prints keep it.
+    ORDER BY g.n
     """
 )
 
