@@ -7,8 +7,10 @@ import uuid
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import Connection, Row, select
 
+from orquestador.api.action_contracts import contract_lookup
 from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object, unstorable_text
+from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import find_flow, publish_flow
 from orquestador.api.problems import ApiProblem, not_found
@@ -29,7 +31,12 @@ def publish() -> tuple[Response, int, dict[str, str]]:
     caller = current_caller()
     # The definition's own JSON Schema owns its shape, unknown fields included.
     definition = read_json_object()
-    errors, warnings = validate_definition(definition, api_context().capability_problem)
+    context = api_context()
+    errors, warnings = validate_definition(
+        definition,
+        context.capability_problem,
+        contract_lookup(context.settings, app_adapters()),
+    )
     if errors:
         raise ApiProblem(
             422, "FLOW_INVALID", "The flow definition cannot be published.", problems=errors

@@ -13,6 +13,12 @@ from typing import Any
 from jsonpointer import JsonPointer
 from jsonschema.exceptions import ValidationError
 
+from orquestador.domain.action_contracts import (
+    ActionContract,
+    ContractOf,
+    input_problems,
+    output_can_have,
+)
 from orquestador.domain.decision import DecisionResult, check_table, decision_view, evaluate
 from orquestador.domain.errors import DecisionError, MappingError, Problem
 from orquestador.domain.limits import number_problems
@@ -82,9 +88,18 @@ def _schema_errors(definition: Any) -> list[Problem]:
 
 
 def _read_problem(
-    pointer: str, readable_actions: Sequence[str], *, decision: bool, earlier_only: bool = False
+    pointer: str,
+    readable_actions: Sequence[str],
+    *,
+    decision: bool,
+    earlier_only: bool = False,
+    outputs: Mapping[str, Any] | None = None,
 ) -> str | None:
-    """Why a mapping may not read ``pointer``, or None when it may."""
+    """Why a mapping may not read ``pointer``, or None when it may.
+
+    ``outputs`` holds the declared output schema of each action known to have one: a
+    read of a field that schema rules out could never resolve.
+    """
     try:
         parts = pointer_parts(pointer)
     except ValueError as exc:
@@ -96,7 +111,13 @@ def _read_problem(
         return None
     if head == "actions" and len(parts) > 1:
         if parts[1] in readable_actions:
-            return None
+            schema = (outputs or {}).get(parts[1])
+            if schema is None or output_can_have(schema, parts[2:]):
+                return None
+            return (
+                f"{pointer} reads a field the output of {parts[1]!r} cannot have"
+                " (its adapter's output schema rules it out)"
+            )
         which = "an earlier action" if earlier_only else "an action"
         return f"{pointer} reads {parts[1]!r}, which is not {which} of this transition"
     if head == "decision" and decision:
@@ -126,6 +147,7 @@ class _Report:
     schema_errors: list[Problem]
     states: set[str] | None
     capability_problem: CapabilityProblem | None
+    contract_of: ContractOf | None = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     # Each path the schema found a problem at, and every path above one: `shaped`
@@ -165,7 +187,13 @@ def _items(container: Mapping[str, Any], name: str) -> list[tuple[int, Any]]:
     return list(enumerate(value)) if isinstance(value, list) else []
 
 
-def _check_action(action: Mapping[str, Any], at: str, seen: list[str], report: _Report) -> None:
+def _check_action(
+    action: Mapping[str, Any],
+    at: str,
+    seen: list[str],
+    outputs: dict[str, Any],
+    report: _Report,
+) -> None:
     if report.shaped(f"{at}/id") and action.get("id") in seen:
         report.error(f"{at}/id", f"duplicate action id {action['id']!r} in this transition")
     if report.shaped(f"{at}/onError"):
@@ -185,17 +213,52 @@ def _check_action(action: Mapping[str, Any], at: str, seen: list[str], report: _
     for name, source in inputs.items() if isinstance(inputs, Mapping) else ():
         where = f"{at}/input/{_pointer([name])[1:]}"
         if report.shaped(where) and "from" in source:
-            problem = _read_problem(source["from"], seen, decision=False, earlier_only=True)
+            problem = _read_problem(
+                source["from"], seen, decision=False, earlier_only=True, outputs=outputs
+            )
             report.error(f"{where}/from", problem)
+    if capability == "notify" and isinstance(inputs, Mapping) and "email" in inputs:
+        # One switch (SPEC 17): the opt-in lives on the node, where the page shows it.
+        report.error(
+            f"{at}/input/email",
+            f'e-mail is switched on by the action\'s own field {at}/email ("email": true),'
+            " not by an input",
+        )
+    contract = _contract(action, at, report)
+    if contract is None:
+        return
+    if isinstance(inputs, Mapping) and report.shaped(f"{at}/input"):
+        report.errors.extend(input_problems(contract, inputs, at))
+    if report.shaped(f"{at}/id") and isinstance(action.get("id"), str):
+        outputs[action["id"]] = contract.output_schema
 
 
-def _check_actions(transition: Mapping[str, Any], here: str, report: _Report) -> list[str]:
-    """Check each action; the ids of the transition's actions, in order."""
+def _contract(action: Mapping[str, Any], at: str, report: _Report) -> ActionContract | None:
+    """The adapter contract of a well-formed, known action, or None."""
+    if report.contract_of is None:
+        return None
+    capability, version = action.get("capability"), action.get("version")
+    if not (report.shaped(f"{at}/capability") and report.shaped(f"{at}/version")):
+        return None
+    if not isinstance(capability, str) or not isinstance(version, int):
+        return None
+    if report.capability_problem is not None and report.capability_problem(capability, version):
+        return None
+    return report.contract_of(capability, version)
+
+
+def _check_actions(
+    transition: Mapping[str, Any], here: str, outputs: dict[str, Any], report: _Report
+) -> list[str]:
+    """Check each action; the ids of the transition's actions, in order.
+
+    ``outputs`` receives the declared output schema of each action whose adapter is known.
+    """
     seen: list[str] = []
     for a, action in _items(transition, "actions"):
         if not isinstance(action, Mapping):
             continue
-        _check_action(action, f"{here}/actions/{a}", seen, report)
+        _check_action(action, f"{here}/actions/{a}", seen, outputs, report)
         # A well-formed id is readable by later actions even if its action has
         # other problems: calling those reads unknown would be a false report.
         if report.shaped(f"{here}/actions/{a}/id") and "id" in action:
@@ -204,13 +267,20 @@ def _check_actions(transition: Mapping[str, Any], here: str, report: _Report) ->
 
 
 def _check_decision(
-    decision: Mapping[str, Any], here: str, action_ids: list[str], report: _Report
+    decision: Mapping[str, Any],
+    here: str,
+    action_ids: list[str],
+    outputs: Mapping[str, Any],
+    report: _Report,
 ) -> None:
     errors, warnings = check_table(decision, here)
     report.errors.extend(errors)
     report.warnings.extend(warnings)
     for i, pointer in enumerate(decision["inputs"]):
-        report.error(f"{here}/inputs/{i}", _read_problem(pointer, action_ids, decision=False))
+        report.error(
+            f"{here}/inputs/{i}",
+            _read_problem(pointer, action_ids, decision=False, outputs=outputs),
+        )
     for r, rule in enumerate(decision["rules"]):
         report.unknown_state(f"{here}/rules/{r}/then/to", rule["then"]["to"])
 
@@ -220,17 +290,20 @@ def _check_transition(transition: Mapping[str, Any], here: str, report: _Report)
         report.unknown_state(f"{here}/from/{k}", state)
     if report.shaped(f"{here}/to"):
         report.unknown_state(f"{here}/to", transition.get("to"))
-    action_ids = _check_actions(transition, here, report)
+    outputs: dict[str, Any] = {}
+    action_ids = _check_actions(transition, here, outputs, report)
     decision = transition.get("decision")
     if decision is not None and report.shaped(f"{here}/decision"):
-        _check_decision(decision, f"{here}/decision", action_ids, report)
+        _check_decision(decision, f"{here}/decision", action_ids, outputs, report)
     for u, update in _items(transition, "updates"):
         at = f"{here}/updates/{u}"
         if not report.shaped(at):
             continue
         report.error(f"{at}/path", _update_path_problem(update["path"]))
         if "from" in update:
-            problem = _read_problem(update["from"], action_ids, decision=decision is not None)
+            problem = _read_problem(
+                update["from"], action_ids, decision=decision is not None, outputs=outputs
+            )
             report.error(f"{at}/from", problem)
 
 
@@ -271,7 +344,9 @@ def _check_start(definition: Mapping[str, Any], report: _Report) -> None:
 
 
 def validate_definition(
-    definition: Any, capability_problem: CapabilityProblem | None = None
+    definition: Any,
+    capability_problem: CapabilityProblem | None = None,
+    contract_of: ContractOf | None = None,
 ) -> tuple[list[Problem], list[Problem]]:
     """Every problem that stops ``definition`` from being published, then warnings.
 
@@ -279,7 +354,9 @@ def validate_definition(
     duplicate ids, decision tables, capabilities), each with its JSON path. A
     semantic check runs on every part the schema accepted, so a missing field
     does not hide an unknown ``initialState``. Capabilities are judged only when
-    ``capability_problem`` is given.
+    ``capability_problem`` is given; constant inputs and reads of outputs only when
+    ``contract_of`` gives the adapter's contract (SPEC 17: publish checks what it can
+    know).
     """
     schema_errors = _schema_errors(definition)
     if not isinstance(definition, Mapping):
@@ -290,6 +367,7 @@ def validate_definition(
         # A malformed entry is reported by the schema; the other names are still states.
         states={s for s in states if isinstance(s, str)} if isinstance(states, list) else None,
         capability_problem=capability_problem,
+        contract_of=contract_of,
         errors=list(schema_errors),
     )
     if "dataSchema" in definition and report.shaped("/dataSchema"):
@@ -327,11 +405,17 @@ class ActionSpec:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ActionSpec:
+        inputs = dict(raw["input"])
+        if raw["capability"] == "notify" and raw.get("email") is True and "email" not in inputs:
+            # The node's switch reaches notify as its `email` input; a flow cannot map
+            # that input itself (publish refuses it). Flows published before that rule
+            # keep the input they mapped.
+            inputs["email"] = {"const": True}
         return cls(
             id=raw["id"],
             capability=raw["capability"],
             version=raw["version"],
-            input=dict(raw["input"]),
+            input=inputs,
             on_error=raw.get("onError"),
             email=bool(raw.get("email", False)),
             raw=dict(raw),

@@ -1,0 +1,42 @@
+"""The adapter contracts a flow is checked against when it is published."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orquestador.actions.registry import AdapterRegistry
+from orquestador.config import Settings
+from orquestador.domain.action_contracts import ActionContract, ConstantProblem, ContractOf
+
+# The one adapter whose input is held to an operator setting beyond its schema.
+MACHINE_COMMAND = ("machine.command", 1)
+
+
+def _allowed_command(allowed: list[str]) -> ConstantProblem:
+    def problem(name: str, value: Any) -> str | None:
+        # The same allow-list machine.command@1 checks at run time, from the same setting.
+        if name != "command" or not isinstance(value, str) or value in allowed:
+            return None
+        return (
+            f"command {value!r} is not in MACHINE_COMMANDS "
+            f"({', '.join(sorted(allowed)) or 'empty'}); it could only fail COMMAND_NOT_ALLOWED"
+        )
+
+    return problem
+
+
+def contract_lookup(settings: Settings, registry: AdapterRegistry) -> ContractOf:
+    """The declared contract of each (capability, version) the registry has, else None."""
+    commands = _allowed_command(settings.machine_command_list)
+
+    def contract_of(capability: str, version: int) -> ActionContract | None:
+        if not registry.knows(capability, version):
+            return None
+        adapter = registry.get(capability, version)
+        return ActionContract(
+            input_schema=adapter.input_schema,
+            output_schema=adapter.output_schema,
+            constant_problem=commands if (capability, version) == MACHINE_COMMAND else None,
+        )
+
+    return contract_of
