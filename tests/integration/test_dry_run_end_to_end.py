@@ -72,10 +72,10 @@ CHARGED_POWER_OFF: dict[str, Any] = {
                     "id": "tell",
                     "capability": "notify",
                     "version": 1,
+                    "email": True,
                     "input": {
                         "title": {"const": "Machine off"},
                         "body": {"const": "m-1 was powered off"},
-                        "email": {"const": True},
                     },
                 },
             ],
@@ -215,6 +215,10 @@ def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
         ("tell", "notify", "IDEMPOTENT_WRITE"),
     ]
     assert view["wouldHaveDone"][2]["summary"] == "would charge for machine m-1"
+    # The node ticked e-mail: the dry run says the real run would send it.
+    assert (
+        view["wouldHaveDone"][4]["summary"] == "would notify: Machine off; would e-mail 1 recipient"
+    )
     assert (charge.invoked, charge.simulated) == (0, 1)
     # Nothing reached the world: no command row, no provider call, no e-mail queued;
     # the notice is written, marked as a test.

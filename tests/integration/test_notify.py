@@ -58,15 +58,17 @@ def worker(database, runtime_engine, sink) -> Iterator[Worker]:
         worker.stop(timeout=30)
 
 
-def _notify_flow(**inputs: Any) -> dict[str, Any]:
+def _notify_flow(*, email: bool | None = None, **inputs: Any) -> dict[str, Any]:
+    """A notify node; `email` is the node's own switch (absent when None)."""
     values = {"title": "Backup failed", "body": "The nightly backup of m-1 failed.", **inputs}
-    return flow_definition(
-        [action("tell", "notify", input={name: {"const": v} for name, v in values.items()})]
-    )
+    node = action("tell", "notify", input={name: {"const": v} for name, v in values.items()})
+    if email is not None:
+        node["email"] = email
+    return flow_definition([node])
 
 
-def _run(engine, **inputs: Any) -> tuple[uuid.UUID, dict[str, Any]]:
-    execution_id = start_execution(engine, _notify_flow(**inputs))
+def _run(engine, *, email: bool | None = None, **inputs: Any) -> tuple[uuid.UUID, dict[str, Any]]:
+    execution_id = start_execution(engine, _notify_flow(email=email, **inputs))
     wait_until(status_is(engine, execution_id, "SUCCEEDED", "FAILED"), what="the execution")
     assert execution(engine, execution_id).status == "SUCCEEDED"
     return execution_id, checkpoints(engine, execution_id)["tell"].output
@@ -86,7 +88,7 @@ def _written(engine, execution_id: uuid.UUID) -> dict[str, Any]:
 
 def test_email_only_when_the_node_asks_and_the_organization_wants_it(runtime_engine, worker, sink):
     set_preferences(runtime_engine)
-    unticked, unticked_out = _run(runtime_engine, severity="critical")
+    unticked, unticked_out = _run(runtime_engine, severity="critical", email=False)
     ticked, ticked_out = _run(runtime_engine, email=True, title="Disk full on m-1")
     set_preferences(runtime_engine, opt_out=["automation"])
     opted_out, opted_out_out = _run(runtime_engine, email=True)
@@ -212,7 +214,11 @@ def test_a_simulation_writes_a_test_notice_and_never_an_email(database, runtime_
     invoked = notify.invoke(_context(f"{uuid.uuid4()}:tell", simulation=True, email=True))
 
     assert output["email"] == invoked["email"] == "simulation"
-    assert ctx.observed == {"summary": "would notify: Quota exceeded"}
+    # The dry run says what the real run would have done about e-mail.
+    assert ctx.observed == {
+        "summary": "would notify: Quota exceeded; would e-mail 2 recipients",
+        "email": "queued",
+    }
     for answer in (output, invoked):
         notice = _notice(runtime_engine, answer["noticeId"])
         assert (notice.test, notice.email) == (True, "simulation")

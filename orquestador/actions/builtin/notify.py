@@ -22,6 +22,7 @@ from orquestador.actions.lookup import Found, LookupResult, NotFound
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.db.schema import panel_notice
+from orquestador.notices.preferences import email_decision
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION, SEVERITIES, EmailOutcome
 from orquestador.notices.writing import NoticeDraft, WrittenNotice, write_notice
 
@@ -42,6 +43,8 @@ INPUT_SCHEMA: dict[str, Any] = {
         # PostgreSQL text cannot hold NUL; line breaks are welcome.
         "body": {"type": "string", "maxLength": MAX_BODY_CHARACTERS, "pattern": "^[^\\x00]*$"},
         "severity": {"enum": list(SEVERITIES)},
+        # Filled by the engine from the node's own `"email": true` (the one switch); a
+        # flow cannot map it (publish refuses an `email` input on notify).
         "email": {"type": "boolean"},
     },
     "required": ["title", "body"],
@@ -83,6 +86,17 @@ def _draft(ctx: ActionContext) -> NoticeDraft:
     )
 
 
+def _email_words(outcome: EmailOutcome, recipients: list[str]) -> str:
+    """What a real run would do about e-mail, for a dry run's summary."""
+    if outcome is EmailOutcome.QUEUED:
+        return f"would e-mail {len(recipients)} recipient{'s' if len(recipients) != 1 else ''}"
+    return {
+        EmailOutcome.OFF_ON_NODE: "no e-mail: the node's email is off",
+        EmailOutcome.ORG_OPTED_OUT: "no e-mail: the organization opted out of automation e-mail",
+        EmailOutcome.NO_RECIPIENTS: "no e-mail: the organization has no recipients",
+    }.get(outcome, "no e-mail")
+
+
 def _output(written: WrittenNotice) -> dict[str, Any]:
     return {"noticeId": str(written.notice_id), "email": written.email.value}
 
@@ -106,10 +120,18 @@ class Notify:
         return _output(written)
 
     def simulate(self, ctx: ActionContext) -> dict[str, Any]:
-        """A dry run's notice: written and marked test, never an outbox row."""
+        """A dry run's notice: written and marked test, never an outbox row.
+
+        Its summary says whether the real run would e-mail it, by the same rule.
+        """
         with self._database.engine.begin() as conn:
+            if ctx.inputs.get("email", False):
+                would, recipients = email_decision(conn, ctx.identity.org_id, CATEGORY_AUTOMATION)
+            else:
+                would, recipients = EmailOutcome.OFF_ON_NODE, []
             written = write_notice(conn, _draft(ctx), email_requested=False, test=True)
-        ctx.observe({"summary": f"would notify: {ctx.inputs['title']}"})
+        summary = f"would notify: {ctx.inputs['title']}; {_email_words(would, recipients)}"
+        ctx.observe({"summary": summary, "email": would.value})
         return _output(written)
 
     def lookup(self, ctx: ActionContext) -> LookupResult:
