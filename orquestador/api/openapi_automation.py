@@ -103,11 +103,33 @@ EVENT_NOT_STARTED: dict[str, Any] = {
         "reason": {
             "enum": ["NO_BINDING", "REJECTED"],
             "description": "NO_BINDING: the plan binds no flow to the moment (or there is no "
-            "such plan). REJECTED: the bound flow refused the event (`problems`, with paths "
-            "into the request data).",
+            "such plan: see `plan`). REJECTED: the bound flow refused the event (`problems`, "
+            "with paths into the request data).",
+        },
+        "plan": {
+            "enum": ["unknown", "unbound"],
+            "description": "With NO_BINDING: `unknown` when the organization has no plan "
+            "with this planId, `unbound` when it has one that binds no flow to the moment.",
         },
         "problems": _PROBLEM_LIST,
     },
+}
+
+EVENT_ID_REUSED: dict[str, Any] = {
+    "allOf": [
+        ref("Problem"),
+        {
+            "type": "object",
+            "required": ["recorded"],
+            "properties": {
+                "code": {"const": "EVENT_ID_REUSED"},
+                "recorded": {
+                    "oneOf": [ref("EventStarted"), ref("EventNotStarted")],
+                    "description": "The answer of the event recorded under this id.",
+                },
+            },
+        },
+    ]
 }
 
 DRY_RUN_BODY: dict[str, Any] = {
@@ -140,6 +162,7 @@ SCHEMAS: dict[str, Any] = {
     "PlatformEvent": EVENT_BODY,
     "EventStarted": EVENT_STARTED,
     "EventNotStarted": EVENT_NOT_STARTED,
+    "EventIdReused": EVENT_ID_REUSED,
     "DryRunRequest": DRY_RUN_BODY,
     "DryRunAccepted": DRY_RUN_ACCEPTED,
 }
@@ -225,7 +248,8 @@ def paths() -> dict[str, Any]:
             "summary": "A platform event: start the flow bound to the plan's moment, once",
             "description": "Scope `events:write`. The event's `id` deduplicates per "
             "organization: the same id again (concurrently too) answers what the first "
-            "delivery answered and never starts a second execution. The request data of "
+            "delivery answered and never starts a second execution; the same id with another "
+            "body is 409 `EVENT_ID_REUSED`. The request data of "
             "the started flow is `{machineId, planId, event: {id, moment, occurredAt, data}}`.",
             "security": SECURED,
             "requestBody": body(ref("PlatformEvent")),
@@ -237,6 +261,12 @@ def paths() -> dict[str, Any]:
                 ),
                 "200": json_response(ref("EventNotStarted"), "Recorded; nothing started."),
                 **problems(*WRITE_ERRORS),
+                "409": {
+                    "description": "`EVENT_ID_REUSED`: the id was received before with another "
+                    "body (`problems` names the differing fields); that event stands, this body "
+                    "is not kept, and `recorded` is its answer.",
+                    "content": {"application/problem+json": {"schema": ref("EventIdReused")}},
+                },
             },
         },
     }

@@ -18,11 +18,23 @@ import logging
 import math
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, Text, and_, case, cast, func, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    func,
+    select,
+)
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
@@ -44,6 +56,12 @@ REJECTED = "REJECTED"
 STARTED = "STARTED"
 # The audit row that keeps why an event was refused: its answer is rebuilt from it.
 REJECTED_KIND = "PLATFORM_EVENT_REJECTED"
+# The audit row that keeps whether an event that found no flow named a plan at all.
+NOT_BOUND_KIND = "PLATFORM_EVENT_NOT_BOUND"
+# What a NO_BINDING answer says of the plan: none has the event's planId in the
+# organization, or one has and binds no flow to the moment.
+PLAN_UNKNOWN = "unknown"
+PLAN_UNBOUND = "unbound"
 # Every column but `data`, which is read alone inside the event's savepoint
 # (`read_event_data`): PostgreSQL stores documents Python cannot load (nested thousands
 # deep, numbers of thousands of digits), and loading one with a batch would fail the batch.
@@ -86,6 +104,11 @@ class EventAnswer:
     request_id: uuid.UUID | None = None
     execution_id: uuid.UUID | None = None
     problems: list[Problem] = field(default_factory=list)
+    # For NO_BINDING: PLAN_UNKNOWN or PLAN_UNBOUND (None for events recorded before).
+    plan: str | None = None
+    # The fields (API names) in which this delivery's body differs from the event
+    # recorded under its id: another event reusing the id, which is not kept.
+    differs_in: list[str] = field(default_factory=list)
 
     @property
     def started(self) -> bool:
@@ -99,6 +122,8 @@ class EventAnswer:
                 "executionId": str(self.execution_id),
             }
         body: dict[str, Any] = {"eventId": self.event_id, "started": False, "reason": self.outcome}
+        if self.plan is not None:
+            body["plan"] = self.plan
         if self.problems:
             body["problems"] = [p.as_dict() for p in self.problems]
         return body
@@ -107,7 +132,12 @@ class EventAnswer:
 def receive_event(
     engine: Engine, event: PlatformEvent, actor: Actor, *, max_attempts: int
 ) -> EventAnswer:
-    """Record the event and process it, or answer what its first delivery started."""
+    """Record the event and process it, or answer what its first delivery started.
+
+    The same id with the same body is the same event, answered alike every time. The
+    same id with another body gets the recorded event's answer with `reused_by` naming
+    the fields that differ: the recorded event stands, this body is not kept.
+    """
     with engine.begin() as connection:
         # A concurrent delivery of the same id waits here on the unique key until the
         # first commits, then inserts nothing and reads the outcome below.
@@ -124,15 +154,36 @@ def receive_event(
             )
             .on_conflict_do_nothing(index_elements=["org_id", "id"])
         )
+        # Data is compared as stored (jsonb equality), never loaded: see _EVENT_COLUMNS.
+        same_data = platform_event.c.data == bindparam(
+            "event_data", event.data, type_=platform_event.c.data.type
+        )
         row = connection.execute(
-            select(*_EVENT_COLUMNS)
+            select(*_EVENT_COLUMNS, same_data.label("same_data"))
             .where(platform_event.c.org_id == event.org, platform_event.c.id == event.id)
             .with_for_update()
         ).one()
         if row.processed_at is None:
             # Ours, or the platform's own insert that no consumer has reached yet.
-            return process_or_reject(connection, row, actor, max_attempts=max_attempts)
-        return _recorded_answer(connection, row)
+            answer = process_or_reject(connection, row, actor, max_attempts=max_attempts)
+        else:
+            answer = _recorded_answer(connection, row)
+        differing = _differing_fields(row, event)
+        return replace(answer, differs_in=differing) if differing else answer
+
+
+def _differing_fields(row: Row, event: PlatformEvent) -> list[str]:
+    """The fields in which a delivery differs from the event recorded under its id."""
+    pairs = [
+        ("moment", row.moment, event.moment),
+        ("planId", row.plan_id, event.plan_id),
+        ("machineId", row.machine_id, event.machine_id),
+        ("occurredAt", row.occurred_at, event.occurred_at),
+    ]
+    differing = [name for name, stored, sent in pairs if stored != sent]
+    if not row.same_data:
+        differing.append("data")
+    return differing
 
 
 def claim_unprocessed(connection: Connection, limit: int) -> list[Row]:
@@ -210,7 +261,7 @@ def process_event(
         )
     ).one_or_none()
     if bound is None:
-        return _record(connection, event, EventAnswer(event.id, NO_BINDING))
+        return _not_bound(connection, event)
     definition = FlowDefinition.from_json(bound.definition)
     start = definition.transitions.get(definition.start or "")
     if start is None or not start.leaves(definition.initial_state):
@@ -315,6 +366,32 @@ def request_data(event: Row, event_data: Any) -> dict[str, Any]:
     }
 
 
+def _not_bound(connection: Connection, event: Row) -> EventAnswer:
+    """Record NO_BINDING, and in an audit row whether the plan is unknown or merely unbound."""
+    known = connection.scalar(
+        select(
+            exists().where(
+                hosting_plan.c.org_id == event.org_id, hosting_plan.c.key == event.plan_id
+            )
+        )
+    )
+    plan = PLAN_UNBOUND if known else PLAN_UNKNOWN
+    connection.execute(
+        audit_event.insert().values(
+            org_id=event.org_id,
+            kind=NOT_BOUND_KIND,
+            actor=None,
+            detail={
+                "eventId": event.id,
+                "planId": event.plan_id,
+                "moment": event.moment,
+                "plan": plan,
+            },
+        )
+    )
+    return _record(connection, event, EventAnswer(event.id, NO_BINDING, plan=plan))
+
+
 def reject_event(
     connection: Connection, event: Row, flow_id: uuid.UUID | None, problems: list[Problem]
 ) -> EventAnswer:
@@ -348,24 +425,34 @@ def _record(connection: Connection, event: Row, answer: EventAnswer) -> EventAns
     return answer
 
 
+def _recorded_detail(connection: Connection, event: Row, kind: str) -> dict[str, Any]:
+    """The detail of the first audit row of `kind` about this event, or {}."""
+    detail = connection.execute(
+        select(audit_event.c.detail)
+        .where(
+            audit_event.c.org_id == event.org_id,
+            audit_event.c.kind == kind,
+            audit_event.c.detail["eventId"].astext == event.id,
+        )
+        .order_by(audit_event.c.id)
+        .limit(1)
+    ).scalar_one_or_none()
+    return detail or {}
+
+
 def _recorded_answer(connection: Connection, event: Row) -> EventAnswer:
     problems: list[Problem] = []
+    plan: str | None = None
     if event.outcome == REJECTED:
-        detail = connection.execute(
-            select(audit_event.c.detail)
-            .where(
-                audit_event.c.org_id == event.org_id,
-                audit_event.c.kind == REJECTED_KIND,
-                audit_event.c.detail["eventId"].astext == event.id,
-            )
-            .order_by(audit_event.c.id)
-            .limit(1)
-        ).scalar_one_or_none()
-        problems = [Problem(p["path"], p["message"]) for p in (detail or {}).get("problems", [])]
+        detail = _recorded_detail(connection, event, REJECTED_KIND)
+        problems = [Problem(p["path"], p["message"]) for p in detail.get("problems", [])]
+    elif event.outcome == NO_BINDING:
+        plan = _recorded_detail(connection, event, NOT_BOUND_KIND).get("plan")
     return EventAnswer(
         event.id,
         event.outcome,
         request_id=event.request_id,
         execution_id=event.execution_id,
         problems=problems,
+        plan=plan,
     )

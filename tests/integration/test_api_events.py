@@ -126,13 +126,45 @@ def test_a_provisioning_event_starts_the_bound_flow_for_that_machine(
 def test_the_same_event_id_again_answers_the_first_answer(api: Api, runtime_engine: Engine) -> None:
     _bind(api)
     first = _post_event(api, EVENT)
-    again = _post_event(api, {**EVENT, "machineId": "m-other"})
+    # The same body, its keys in another order and its date in another offset: the same event.
+    again = _post_event(
+        api, {**dict(reversed(EVENT.items())), "occurredAt": "2026-11-30T11:00:00+01:00"}
+    )
 
     assert again.status_code == 202
     assert again.get_json() == first.get_json()
     assert again.headers["Location"] == first.headers["Location"]
     assert count(runtime_engine, "execution") == 1
     assert count(runtime_engine, "request") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "fields"),
+    [
+        ({"machineId": "m-other"}, ["/machineId"]),
+        ({"data": {"hostname": "web-2"}}, ["/data"]),
+        ({"moment": "deleted", "occurredAt": None}, ["/moment", "/occurredAt"]),
+    ],
+)
+def test_a_reused_event_id_with_another_body_is_409_and_changes_nothing(
+    api: Api, runtime_engine: Engine, change: dict[str, Any], fields: list[str]
+) -> None:
+    _bind(api)
+    first = _post_event(api, EVENT)
+    other = {k: v for k, v in {**EVENT, **change}.items() if v is not None}
+
+    response = _post_event(api, other)
+
+    assert response.status_code == 409
+    body = problem(response)
+    assert body["code"] == "EVENT_ID_REUSED"
+    assert [p["path"] for p in body["problems"]] == fields
+    assert body["recorded"] == first.get_json()
+    # The first delivery stands, and is still answered to its own body.
+    assert _post_event(api, EVENT).get_json() == first.get_json()
+    row = _event_row(runtime_engine, EVENT["id"])
+    assert (row.machine_id, row.data) == (EVENT["machineId"], EVENT["data"])
+    assert count(runtime_engine, "execution") == 1
 
 
 def test_sixteen_concurrent_deliveries_start_one_execution(
@@ -180,13 +212,14 @@ def test_an_event_for_a_plan_without_a_binding_is_recorded_and_starts_nothing(
     deleted = {**EVENT, "id": "evt-del", "moment": "deleted"}
     unknown_plan = {**EVENT, "id": "evt-nop", "planId": "no-such-plan"}
 
-    for event in (deleted, unknown_plan):
+    for event, plan in ((deleted, "unbound"), (unknown_plan, "unknown")):
         response = _post_event(api, event)
         assert response.status_code == 200
         assert response.get_json() == {
             "eventId": event["id"],
             "started": False,
             "reason": "NO_BINDING",
+            "plan": plan,
         }
         assert _post_event(api, event).get_json() == response.get_json()
         row = _event_row(runtime_engine, event["id"])
@@ -315,13 +348,15 @@ def test_asking_about_a_poison_row_the_platform_inserted_answers_why_it_was_reje
             {"data": '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}"},
         )
 
+    # No body the API reads can equal the stored one: the answer is 409, with what the
+    # recorded event got (processed now, since no consumer had reached it).
     response = _post_event(api, {**EVENT, "id": "evt-deep"})
 
-    assert response.status_code == 200, response.get_data(as_text=True)
-    body = response.get_json()
+    assert response.status_code == 409, response.get_data(as_text=True)
+    body = problem(response)["recorded"]
     assert (body["started"], body["reason"]) == (False, "REJECTED")
     assert body["problems"] == [{"path": "/event/data", "message": "nests deeper than 64 levels"}]
-    assert _post_event(api, {**EVENT, "id": "evt-deep"}).get_json() == body
+    assert problem(_post_event(api, {**EVENT, "id": "evt-deep"}))["recorded"] == body
     with runtime_engine.connect() as connection:
         outcome = connection.execute(
             text("SELECT outcome FROM platform_event WHERE id = 'evt-deep'")
