@@ -35,9 +35,11 @@ SCHEMAS: dict[str, Any] = {
             "email": {
                 "type": "string",
                 "enum": [outcome.value for outcome in EmailOutcome],
-                "description": "What became of the e-mail: `queued` (an e-mail was queued), "
-                "`off_on_node` (the flow's node did not ask for one), `org_opted_out`, "
-                "`no_recipients` (the organization names nobody), `simulation` (a dry run).",
+                "description": "What became of the e-mail: `queued` (an e-mail was queued and "
+                "is not settled yet), `delivered` (the SMTP server accepted it), `failed` "
+                "(refused for good or given up), `off_on_node` (the flow's node did not ask "
+                "for one), `org_opted_out`, `no_recipients` (the organization names nobody), "
+                "`simulation` (a dry run).",
             },
             "test": {"type": "boolean", "description": "Written by a dry run; never e-mailed."},
             "requestId": _NULLABLE_ID,

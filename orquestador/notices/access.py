@@ -12,9 +12,32 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select, tuple_, update
+from sqlalchemy import Connection, Row, String, case, cast, func, select, tuple_, update
 
-from orquestador.db.schema import panel_notice
+from orquestador.db.schema import audit_event, panel_notice
+from orquestador.notices.vocabulary import AUDIT_NOTICE_EMAIL_SETTLED, EmailOutcome
+
+# A queued e-mail's notice says what became of it once the mailer settled it: the latest
+# NOTICE_EMAIL_SETTLED row about the notice, found through the execution's index.
+_SETTLED = (
+    select(audit_event.c.detail["email"].astext)
+    .where(
+        audit_event.c.execution_id == panel_notice.c.execution_id,
+        audit_event.c.org_id == panel_notice.c.org_id,
+        audit_event.c.kind == AUDIT_NOTICE_EMAIL_SETTLED,
+        audit_event.c.detail["noticeId"].astext == cast(panel_notice.c.id, String),
+    )
+    .order_by(audit_event.c.id.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+_EMAIL = case(
+    (
+        panel_notice.c.email == EmailOutcome.QUEUED.value,
+        func.coalesce(_SETTLED, panel_notice.c.email),
+    ),
+    else_=panel_notice.c.email,
+).label("email")
 
 _COLUMNS = (
     panel_notice.c.id,
@@ -22,7 +45,7 @@ _COLUMNS = (
     panel_notice.c.severity,
     panel_notice.c.title,
     panel_notice.c.body,
-    panel_notice.c.email,
+    _EMAIL,
     panel_notice.c.test,
     panel_notice.c.request_id,
     panel_notice.c.execution_id,

@@ -15,6 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.notices.vocabulary import AUDIT_NOTICE_EMAIL_SETTLED, EmailOutcome
+
 # One row per claim: each delivery gets the whole lease, however slow the server is.
 _CLAIM = text("""
     -- Due, pending rows no live lease covers; SKIP LOCKED lets mailers share the table
@@ -37,12 +39,28 @@ _CLAIM = text("""
     RETURNING o.id, o.org_id, o.message_id, o.recipients, o.subject, o.body, o.attempts
 """)
 
-_MARK_SENT = text("""
-    UPDATE email_outbox
-    SET status = 'sent', sent_at = clock_timestamp(), lease_owner = NULL,
-        lease_expires_at = NULL, last_error = NULL
-    WHERE id = :id AND lease_owner = :owner AND status = 'pending'
-""")
+# A settled row records what became of its notice's e-mail in an audit row written by
+# the same statement (NOTICE_EMAIL_SETTLED, {noticeId, email: delivered | failed}); the
+# notice as people read it says so. A row settled twice (a lost lease) records nothing
+# the second time: the predicate on the lease owner and status matches no row.
+_SETTLE = """
+    WITH settled AS (
+        UPDATE email_outbox
+        SET {assignments}, lease_owner = NULL, lease_expires_at = NULL
+        WHERE id = :id AND lease_owner = :owner AND status = 'pending'
+        RETURNING notice_id
+    ), told AS (
+        INSERT INTO audit_event (org_id, kind, request_id, execution_id, detail)
+        SELECT n.org_id, :kind, n.request_id, n.execution_id,
+               jsonb_build_object('noticeId', n.id::text, 'email', CAST(:email AS text))
+        FROM settled JOIN panel_notice AS n ON n.id = settled.notice_id
+    )
+    SELECT count(*) FROM settled
+"""
+
+_MARK_SENT = text(
+    _SETTLE.format(assignments="status = 'sent', sent_at = clock_timestamp(), last_error = NULL")
+).bindparams(kind=AUDIT_NOTICE_EMAIL_SETTLED, email=EmailOutcome.DELIVERED.value)
 
 _MARK_RETRY = text("""
     UPDATE email_outbox
@@ -51,11 +69,9 @@ _MARK_RETRY = text("""
     WHERE id = :id AND lease_owner = :owner AND status = 'pending'
 """)
 
-_MARK_FAILED = text("""
-    UPDATE email_outbox
-    SET status = 'failed', lease_owner = NULL, lease_expires_at = NULL, last_error = :error
-    WHERE id = :id AND lease_owner = :owner AND status = 'pending'
-""")
+_MARK_FAILED = text(
+    _SETTLE.format(assignments="status = 'failed', last_error = :error")
+).bindparams(kind=AUDIT_NOTICE_EMAIL_SETTLED, email=EmailOutcome.FAILED.value)
 
 
 @dataclass(frozen=True)
@@ -99,7 +115,7 @@ def claim_due_emails(
 def mark_sent(conn: Connection, email: ClaimedEmail, owner: str) -> bool:
     """False when the lease was lost meanwhile: the new holder settles the row."""
     with conn.begin():
-        return conn.execute(_MARK_SENT, {"id": email.id, "owner": owner}).rowcount == 1
+        return conn.execute(_MARK_SENT, {"id": email.id, "owner": owner}).scalar_one() == 1
 
 
 def mark_retry(
@@ -113,4 +129,4 @@ def mark_retry(
 def mark_failed(conn: Connection, email: ClaimedEmail, owner: str, error: str) -> bool:
     with conn.begin():
         params = {"id": email.id, "owner": owner, "error": error}
-        return conn.execute(_MARK_FAILED, params).rowcount == 1
+        return conn.execute(_MARK_FAILED, params).scalar_one() == 1

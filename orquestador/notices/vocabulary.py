@@ -22,7 +22,13 @@ class EmailOutcome(enum.StrEnum):
     ORG_OPTED_OUT = "org_opted_out"  # the organization opted out of the notice's category
     NO_RECIPIENTS = "no_recipients"  # the organization has configured nobody to send to
     SIMULATION = "simulation"  # a dry run: the notice is a test, nothing is sent
+    # What a queued e-mail became once the mailer settled its outbox row (shown on the
+    # notice; the notice row keeps `queued`, the NOTICE_EMAIL_SETTLED audit row says which).
+    DELIVERED = "delivered"  # the SMTP server accepted it
+    FAILED = "failed"  # refused for good, or given up after the mailer's last attempt
 
 
 # The audit row that says why an e-mail was or was not sent.
 AUDIT_NOTICE_WRITTEN = "NOTICE_WRITTEN"
+# The audit row that says a queued e-mail was delivered or failed: {noticeId, email}.
+AUDIT_NOTICE_EMAIL_SETTLED = "NOTICE_EMAIL_SETTLED"

@@ -31,7 +31,13 @@ def set_preferences(
         save_preferences(conn, org, opt_out or [], RECIPIENTS if recipients is None else recipients)
 
 
-def queue_email(engine: Engine, key: str | None = None, *, org: str = ORG) -> WrittenNotice:
+def queue_email(
+    engine: Engine,
+    key: str | None = None,
+    *,
+    org: str = ORG,
+    execution_id: uuid.UUID | None = None,
+) -> WrittenNotice:
     """A notice whose node ticked `email`, as notify@1 writes it."""
     key = key or f"{uuid.uuid4()}:notify"
     draft = NoticeDraft(
@@ -42,7 +48,7 @@ def queue_email(engine: Engine, key: str | None = None, *, org: str = ORG) -> Wr
         severity="warning",
         category=CATEGORY_AUTOMATION,
         request_id=None,
-        execution_id=None,
+        execution_id=execution_id,
     )
     with engine.begin() as conn:
         return write_notice(conn, draft, email_requested=True)

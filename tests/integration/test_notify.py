@@ -112,6 +112,7 @@ def test_email_only_when_the_node_asks_and_the_organization_wants_it(runtime_eng
         nobody: (nobody_out, "no_recipients"),
         again: (again_out, "queued"),
     }
+    wait_until(lambda: all(r.status == "sent" for r in outbox(runtime_engine)), what="sent")
     for execution_id, (output, email) in outcomes.items():
         assert output["email"] == email
         notice = _notice(runtime_engine, output["noticeId"])
@@ -134,7 +135,6 @@ def test_email_only_when_the_node_asks_and_the_organization_wants_it(runtime_eng
     assert sorted(str(row.notice_id) for row in rows) == sorted(
         [ticked_out["noticeId"], again_out["noticeId"]]
     )
-    wait_until(lambda: all(r.status == "sent" for r in outbox(runtime_engine)), what="sent")
     assert len(sink.received()) == 2
 
 

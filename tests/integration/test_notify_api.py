@@ -12,6 +12,15 @@ from sqlalchemy import text
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION
 from orquestador.notices.writing import NoticeDraft, write_notice
 from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
+from tests.integration.notice_support import (
+    new_mailer,
+    outbox,
+    queue_email,
+    running,
+    set_preferences,
+)
+from tests.integration.worker_support import wait_until
+from tests.smtp_sink import running_sink
 
 READER = {"scopes": ["notices:read"]}
 ADMIN = {"scopes": ["org:admin"]}
@@ -246,3 +255,32 @@ def test_sixteen_replacements_at_once_all_succeed_and_one_of_them_stands(api, ru
     final = api.get(f"/orgs/{ORG}/notification-preferences", **ADMIN).get_json()
     stood = {"optOut": final["optOut"], "recipients": final["recipients"]}
     assert stood in bodies
+
+
+def _listed_email(api: Api, notice_id: uuid.UUID) -> str:
+    items = api.get("/notices", **READER).get_json()["items"]
+    return next(item["email"] for item in items if item["id"] == str(notice_id))
+
+
+def test_a_notices_email_says_delivered_once_the_smtp_server_took_it(api, runtime_engine):
+    set_preferences(runtime_engine, org=ORG)
+    notice = queue_email(runtime_engine, org=ORG, execution_id=uuid.uuid4())
+    assert _listed_email(api, notice.notice_id) == "queued"
+
+    with running_sink() as sink, running(new_mailer(runtime_engine, sink.url)):
+        sink.wait_for(1)
+        wait_until(lambda: outbox(runtime_engine)[0].status == "sent", what="sent")
+
+    assert _listed_email(api, notice.notice_id) == "delivered"
+
+
+def test_a_notices_email_says_failed_once_the_mailer_gave_up(api, runtime_engine):
+    set_preferences(runtime_engine, org=ORG, recipients=["nobody@invalid.example"])
+    notice = queue_email(runtime_engine, org=ORG, execution_id=uuid.uuid4())
+
+    with running_sink() as sink:
+        sink.refuse_recipients = True
+        with running(new_mailer(runtime_engine, sink.url)):
+            wait_until(lambda: outbox(runtime_engine)[0].status == "failed", what="failed")
+
+    assert _listed_email(api, notice.notice_id) == "failed"
