@@ -44,6 +44,9 @@ class NoticeDraft:
     request_id: uuid.UUID | None
     execution_id: uuid.UUID | None
     actor: str | None = None
+    # Lines the e-mail carries below the body (what it is about, where to look); the
+    # panel notice is the body alone.
+    email_footer: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def write_notice(
                 message_id=message_id_for(draft.external_key),
                 recipients=recipients,
                 subject=draft.title,
-                body=draft.body,
+                body=draft.body + draft.email_footer,
             )
         )
     conn.execute(

@@ -23,17 +23,22 @@ from tests.integration.notice_support import (
     set_preferences,
 )
 from tests.integration.worker_support import (
+    accept_transition,
     action,
     audit,
     checkpoints,
+    create_request,
     execution,
     flow_definition,
+    publish_flow,
     settings,
     start_execution,
     status_is,
     wait_until,
 )
 from tests.smtp_sink import SmtpSink, running_sink
+
+PUBLIC_BASE_URL = "https://orquestador.example.com/"
 
 
 @pytest.fixture
@@ -49,6 +54,7 @@ def worker(database, runtime_engine, sink) -> Iterator[Worker]:
         database_url=database.runtime_dsn,
         smtp_url=sink.url,
         smtp_from="orquestador@example.com",
+        public_base_url=PUBLIC_BASE_URL,
     )
     worker = Worker(worker_settings, runtime_engine, load_registry(worker_settings))
     worker.start()
@@ -260,3 +266,51 @@ def test_inputs_that_could_break_a_header_or_the_row_are_refused(database, input
     assert {
         "/" + "/".join(map(str, e.absolute_path)) if e.absolute_path else "" for e in errors
     } == {path}
+
+
+def test_an_email_names_its_flow_and_machine_and_links_the_execution_page(
+    runtime_engine, worker, sink
+):
+    set_preferences(runtime_engine)
+    definition = _notify_flow(email=True)
+    request_id = create_request(
+        runtime_engine, publish_flow(runtime_engine, definition), machine_id="m-7"
+    )
+    execution_id = accept_transition(runtime_engine, request_id)
+
+    [received] = sink.wait_for(1)
+
+    text_lines = received.message.get_content().splitlines()
+    assert text_lines[0] == "The nightly backup of m-1 failed."
+    assert text_lines[-3:] == [
+        f"Flow: {definition['key']} (version 1)",
+        "Machine: m-7",
+        f"Execution: https://orquestador.example.com/ui/executions/{execution_id}",
+    ]
+    # The panel notice is the body alone.
+    notice = _notice(
+        runtime_engine, checkpoints(runtime_engine, execution_id)["tell"].output["noticeId"]
+    )
+    assert notice.body == "The nightly backup of m-1 failed."
+
+
+def test_without_a_public_base_url_an_email_has_no_link_line(database, runtime_engine):
+    set_preferences(runtime_engine)
+    notify = _registry(database).get("notify", 1)  # PUBLIC_BASE_URL unset
+    definition = _notify_flow(email=True)
+    request_id = create_request(runtime_engine, publish_flow(runtime_engine, definition))
+    key = f"{uuid.uuid4()}:tell"
+    ctx = _context(key, email=True)
+    ctx = ActionContext(
+        inputs=ctx.inputs,
+        external_key=key,
+        attempt=1,
+        deadline=float("inf"),
+        identity=Identity(ORG, str(request_id), key.partition(":")[0]),
+    )
+
+    notify.invoke(ctx)
+
+    [row] = outbox(runtime_engine)
+    assert row.body.endswith(f"\n-- \nFlow: {definition['key']} (version 1)\n")
+    assert "Execution:" not in row.body and "Machine:" not in row.body

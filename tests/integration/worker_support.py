@@ -98,12 +98,14 @@ def create_request(
     state: str = "new",
     *,
     simulation: bool = False,
+    machine_id: str | None = None,
 ) -> uuid.UUID:
     with engine.begin() as conn:
         return conn.execute(
             text("""INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by,
-                                         simulation)
-                    VALUES (:org, :owner, :flow, :state, CAST(:data AS jsonb), :owner, :sim)
+                                         simulation, machine_id)
+                    VALUES (:org, :owner, :flow, :state, CAST(:data AS jsonb), :owner, :sim,
+                            :machine)
                     RETURNING id"""),
             {
                 "org": ORG,
@@ -112,6 +114,7 @@ def create_request(
                 "state": state,
                 "data": json.dumps(data or {}),
                 "sim": simulation,
+                "machine": machine_id,
             },
         ).scalar_one()
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from sqlalchemy import Connection, select
+
 from orquestador.actions.builtin.database import (
     BUILTIN_TIMEOUT_SECONDS,
     BuiltinDatabase,
@@ -21,7 +23,7 @@ from orquestador.actions.contracts import ActionContext, Adapter, Effect
 from orquestador.actions.lookup import Found, LookupResult, NotFound
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
-from orquestador.db.schema import panel_notice
+from orquestador.db.schema import flow, panel_notice, request
 from orquestador.notices.preferences import email_decision
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION, SEVERITIES, EmailOutcome
 from orquestador.notices.writing import NoticeDraft, WrittenNotice, write_notice
@@ -71,7 +73,7 @@ def _uuid(value: str) -> uuid.UUID | None:
         return None
 
 
-def _draft(ctx: ActionContext) -> NoticeDraft:
+def _draft(ctx: ActionContext, email_footer: str = "") -> NoticeDraft:
     inputs = ctx.inputs
     return NoticeDraft(
         org_id=ctx.identity.org_id,
@@ -83,7 +85,37 @@ def _draft(ctx: ActionContext) -> NoticeDraft:
         request_id=_uuid(ctx.identity.request_id),
         execution_id=_uuid(ctx.identity.execution_id),
         actor=ctx.identity.actor,
+        email_footer=email_footer,
     )
+
+
+def execution_page(public_base_url: str, execution_id: str) -> str:
+    """The execution's page for people, under PUBLIC_BASE_URL."""
+    return f"{public_base_url.rstrip('/')}/ui/executions/{execution_id}"
+
+
+def _about(conn: Connection, ctx: ActionContext, public_base_url: str) -> str:
+    """The e-mail's footer: the flow and machine it is about, and the execution's page.
+
+    Read from the step's own request (in its organization): an e-mail read away from
+    the panel has to say what it is about. The link only when PUBLIC_BASE_URL is set.
+    """
+    lines = []
+    request_id = _uuid(ctx.identity.request_id)
+    found = None
+    if request_id is not None:
+        found = conn.execute(
+            select(flow.c.key, flow.c.version, request.c.machine_id)
+            .select_from(request.join(flow, flow.c.id == request.c.flow_id))
+            .where(request.c.id == request_id, request.c.org_id == ctx.identity.org_id)
+        ).one_or_none()
+    if found is not None:
+        lines.append(f"Flow: {found.key} (version {found.version})")
+        if found.machine_id:
+            lines.append(f"Machine: {found.machine_id}")
+    if public_base_url and _uuid(ctx.identity.execution_id) is not None:
+        lines.append(f"Execution: {execution_page(public_base_url, ctx.identity.execution_id)}")
+    return "\n\n-- \n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def _email_words(outcome: EmailOutcome, recipients: list[str]) -> str:
@@ -104,18 +136,19 @@ def _output(written: WrittenNotice) -> dict[str, Any]:
 class Notify:
     """The adapter's calls, on the built-ins' lazily made database."""
 
-    def __init__(self, database: BuiltinDatabase) -> None:
+    def __init__(self, database: BuiltinDatabase, public_base_url: str = "") -> None:
         self._database = database
+        self._public_base_url = public_base_url
 
     def invoke(self, ctx: ActionContext) -> dict[str, Any]:
         if ctx.simulation:
             # The engine calls simulate() in a dry run; should a simulated call ever
             # reach here, it still mails nobody.
             return self.simulate(ctx)
+        email_requested = ctx.inputs.get("email", False)
         with self._database.engine.begin() as conn:
-            written = write_notice(
-                conn, _draft(ctx), email_requested=ctx.inputs.get("email", False)
-            )
+            footer = _about(conn, ctx, self._public_base_url) if email_requested else ""
+            written = write_notice(conn, _draft(ctx, footer), email_requested=email_requested)
         ctx.observe({"noticeId": str(written.notice_id), "email": written.email.value})
         return _output(written)
 
@@ -151,9 +184,11 @@ class Notify:
 
 
 def notify_adapter(
-    database: BuiltinDatabase, timeout_seconds: float = BUILTIN_TIMEOUT_SECONDS
+    database: BuiltinDatabase,
+    timeout_seconds: float = BUILTIN_TIMEOUT_SECONDS,
+    public_base_url: str = "",
 ) -> Adapter:
-    calls = Notify(database)
+    calls = Notify(database, public_base_url)
     return Adapter(
         capability="notify",
         version=1,
@@ -170,4 +205,10 @@ def notify_adapter(
 
 
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
-    registry.add(notify_adapter(database, builtin_timeout_seconds(settings.worker_lease_seconds)))
+    registry.add(
+        notify_adapter(
+            database,
+            builtin_timeout_seconds(settings.worker_lease_seconds),
+            settings.public_base_url,
+        )
+    )
