@@ -189,7 +189,10 @@ def test_the_registry_is_loaded_once_and_shared_with_the_publishing_check(
 ) -> None:
     assert api.get("/capabilities").status_code == 200
     assert api.get("/capabilities").status_code == 200
-    api.publish(flow_definition([action("bill", "acme.invoice", version=2)]))
+    # Its input fits the contract: publishing checks it against the same registry.
+    api.publish(
+        flow_definition([action("bill", "acme.invoice", version=2, input={"amount": {"const": 5}})])
+    )
 
     assert registrations == [1]
     registry = api.app.extensions[ADAPTERS_EXTENSION]
@@ -231,7 +234,9 @@ def test_an_unconfigured_capability_is_refused_at_publish_with_its_path(api: Api
 def test_a_capability_gone_after_publishing_fails_integration_unavailable(
     api: Api, runtime_engine: Engine
 ) -> None:
-    flow = api.publish(flow_definition([action("bill", "acme.invoice", version=2)]))
+    flow = api.publish(
+        flow_definition([action("bill", "acme.invoice", version=2, input={"amount": {"const": 5}})])
+    )
     created = api.create_request(flow["id"], {})
     accepted = api.transition(created["id"], "go", created["revision"])
     assert accepted.status_code == 202
