@@ -3,7 +3,8 @@
 An adapter's own errors (TransientError, PermanentError, UncertainError) carry words
 its author chose for operators; anything else it raised is reported with its class.
 Either way every configured secret value becomes `[redacted]` (SPEC 16, see
-`orquestador.redaction`) and every input string of the call `[input]` before the text
+`orquestador.redaction`) and every input string it is given `[input]` (the engine gives
+those read from data or outputs; a flow's constants may be named) before the text
 is kept or logged, and the text is cut to ATTEMPT_MESSAGE_MAX characters: inputs may be
 secret, and a message is not a place for a provider's whole answer.
 """

@@ -60,6 +60,17 @@ def _timed(adapter: Adapter, outcome: str, began: float) -> None:
     )
 
 
+def mapped_inputs(spec: ActionSpec, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs a stored message may not quote: those read from data or earlier outputs.
+
+    A constant is the flow's own word, published for its readers: a refusal may name it
+    (COMMAND_NOT_ALLOWED names a constant command). Configured secrets are still redacted.
+    """
+    return {
+        name: value for name, value in inputs.items() if "const" not in spec.input.get(name, {})
+    }
+
+
 def _simulation_unsupported(ctx: ActionContext) -> dict[str, Any]:
     raise PermanentError(
         "SIMULATION_UNSUPPORTED",
@@ -272,7 +283,7 @@ class StepRunner(StepOutcomes):
             self.wait(step, exc, observed)
         except TransientError as exc:
             _timed(adapter, "retry", began)
-            message = attempt_message(exc, step.inputs)
+            message = attempt_message(exc, mapped_inputs(spec, step.inputs))
             log.info(
                 "action failed transiently: %s", message, extra={**extra, "error": "TransientError"}
             )
@@ -288,7 +299,7 @@ class StepRunner(StepOutcomes):
         except PermanentError as exc:
             if call is not _simulation_unsupported:  # nothing was called: nothing to time
                 _timed(adapter, "failed", began)
-            message = attempt_message(exc, step.inputs)
+            message = attempt_message(exc, mapped_inputs(spec, step.inputs))
             log.info(
                 "action failed permanently: %s",
                 message,
@@ -297,7 +308,7 @@ class StepRunner(StepOutcomes):
             self.permanent(spec, exc, action_ids, message, exc.observed or dict(ctx.observed))
         except Exception as exc:  # UncertainError and anything unexpected: may have happened
             _timed(adapter, "unknown", began)
-            message = attempt_message(exc, step.inputs)
+            message = attempt_message(exc, mapped_inputs(spec, step.inputs))
             log.warning(
                 "action outcome uncertain: %s",
                 message,

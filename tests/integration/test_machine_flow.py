@@ -144,6 +144,13 @@ def test_a_command_outside_the_allow_list_takes_the_error_exit_and_writes_nothin
     assert exit_row.detail["errorCode"] == "COMMAND_NOT_ALLOWED"
     with runtime_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM machine_command")).scalar() == 0
+        [message] = conn.execute(
+            text("SELECT message FROM action_attempt WHERE execution_id = :id"),
+            {"id": execution_id},
+        ).scalars()
+    # The command is a constant of the flow, so the refusal names it; the machine id,
+    # read from the request data, stays out of the stored message.
+    assert message == "command 'poweroff' is not in MACHINE_COMMANDS (reboot)"
 
 
 def test_a_dry_run_touches_no_machine_and_says_what_it_would_have_sent(
