@@ -65,6 +65,8 @@ def input_problems(contract: ActionContract, inputs: Mapping[str, Any], at: str)
     """Where an action's input mapping (at ``at``/input) can never satisfy its adapter."""
     schema = contract.input_schema
     problems: list[Problem] = []
+    if not isinstance(schema, Mapping):
+        return problems  # true or false: nothing to say per input
     properties = schema.get("properties")
     declared = properties if isinstance(properties, Mapping) else {}
     closed = schema.get("additionalProperties") is False and "patternProperties" not in schema
@@ -90,7 +92,11 @@ def input_problems(contract: ActionContract, inputs: Mapping[str, Any], at: str)
         return problems
     # Only errors from a field's own subschema count: the other fields are missing here
     # and will be there at run time.
-    for error in validator_for(schema).iter_errors(constants):
+    try:
+        errors = list(validator_for(schema).iter_errors(constants))
+    except Exception:  # a schema publishing cannot evaluate: the run decides
+        errors = []
+    for error in errors:
         path, schema_path = list(error.absolute_path), list(error.schema_path)
         if not path or not schema_path or schema_path[0] != "properties":
             continue
