@@ -91,7 +91,20 @@ EVENT_BODY: dict[str, Any] = {
 EVENT_STARTED: dict[str, Any] = {
     "type": "object",
     "required": ["eventId", "requestId", "executionId"],
-    "properties": {"eventId": {"type": "string"}, "requestId": _UUID, "executionId": _UUID},
+    "properties": {
+        "eventId": {"type": "string"},
+        "requestId": _UUID,
+        "executionId": _UUID,
+        "differsFromRecorded": {"$ref": "#/components/schemas/EventDiffers"},
+    },
+}
+
+EVENT_DIFFERS: dict[str, Any] = {
+    "type": "array",
+    "items": {"enum": ["moment", "planId", "machineId", "occurredAt", "data"]},
+    "description": "Present when this id was received before with another body: the fields "
+    "that differ. The answer is the recorded event's; this body was not kept (send a new "
+    "event under a new id).",
 }
 
 EVENT_NOT_STARTED: dict[str, Any] = {
@@ -112,24 +125,8 @@ EVENT_NOT_STARTED: dict[str, Any] = {
             "with this planId, `unbound` when it has one that binds no flow to the moment.",
         },
         "problems": _PROBLEM_LIST,
+        "differsFromRecorded": {"$ref": "#/components/schemas/EventDiffers"},
     },
-}
-
-EVENT_ID_REUSED: dict[str, Any] = {
-    "allOf": [
-        ref("Problem"),
-        {
-            "type": "object",
-            "required": ["recorded"],
-            "properties": {
-                "code": {"const": "EVENT_ID_REUSED"},
-                "recorded": {
-                    "oneOf": [ref("EventStarted"), ref("EventNotStarted")],
-                    "description": "The answer of the event recorded under this id.",
-                },
-            },
-        },
-    ]
 }
 
 DRY_RUN_BODY: dict[str, Any] = {
@@ -162,7 +159,7 @@ SCHEMAS: dict[str, Any] = {
     "PlatformEvent": EVENT_BODY,
     "EventStarted": EVENT_STARTED,
     "EventNotStarted": EVENT_NOT_STARTED,
-    "EventIdReused": EVENT_ID_REUSED,
+    "EventDiffers": EVENT_DIFFERS,
     "DryRunRequest": DRY_RUN_BODY,
     "DryRunAccepted": DRY_RUN_ACCEPTED,
 }
@@ -248,8 +245,8 @@ def paths() -> dict[str, Any]:
             "summary": "A platform event: start the flow bound to the plan's moment, once",
             "description": "Scope `events:write`. The event's `id` deduplicates per "
             "organization: the same id again (concurrently too) answers what the first "
-            "delivery answered and never starts a second execution; the same id with another "
-            "body is 409 `EVENT_ID_REUSED`. The request data of "
+            "delivery answered and never starts a second execution; with another body the "
+            "answer also lists `differsFromRecorded`. The request data of "
             "the started flow is `{machineId, planId, event: {id, moment, occurredAt, data}}`.",
             "security": SECURED,
             "requestBody": body(ref("PlatformEvent")),
@@ -261,12 +258,6 @@ def paths() -> dict[str, Any]:
                 ),
                 "200": json_response(ref("EventNotStarted"), "Recorded; nothing started."),
                 **problems(*WRITE_ERRORS),
-                "409": {
-                    "description": "`EVENT_ID_REUSED`: the id was received before with another "
-                    "body (`problems` names the differing fields); that event stands, this body "
-                    "is not kept, and `recorded` is its answer.",
-                    "content": {"application/problem+json": {"schema": ref("EventIdReused")}},
-                },
             },
         },
     }

@@ -115,17 +115,19 @@ class EventAnswer:
         return self.outcome == STARTED
 
     def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"eventId": self.event_id}
         if self.started:
-            return {
-                "eventId": self.event_id,
-                "requestId": str(self.request_id),
-                "executionId": str(self.execution_id),
-            }
-        body: dict[str, Any] = {"eventId": self.event_id, "started": False, "reason": self.outcome}
-        if self.plan is not None:
-            body["plan"] = self.plan
-        if self.problems:
-            body["problems"] = [p.as_dict() for p in self.problems]
+            body |= {"requestId": str(self.request_id), "executionId": str(self.execution_id)}
+        else:
+            body |= {"started": False, "reason": self.outcome}
+            if self.plan is not None:
+                body["plan"] = self.plan
+            if self.problems:
+                body["problems"] = [p.as_dict() for p in self.problems]
+        if self.differs_in:
+            # The answer is the recorded event's, not this body's: say so where the
+            # sender reads the answer (SPEC 17: a reused id is flagged).
+            body["differsFromRecorded"] = list(self.differs_in)
         return body
 
 
@@ -135,7 +137,7 @@ def receive_event(
     """Record the event and process it, or answer what its first delivery started.
 
     The same id with the same body is the same event, answered alike every time. The
-    same id with another body gets the recorded event's answer with `reused_by` naming
+    same id with another body gets the recorded event's answer with `differs_in` naming
     the fields that differ: the recorded event stands, this body is not kept.
     """
     with engine.begin() as connection:

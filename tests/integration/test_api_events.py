@@ -141,12 +141,12 @@ def test_the_same_event_id_again_answers_the_first_answer(api: Api, runtime_engi
 @pytest.mark.parametrize(
     ("change", "fields"),
     [
-        ({"machineId": "m-other"}, ["/machineId"]),
-        ({"data": {"hostname": "web-2"}}, ["/data"]),
-        ({"moment": "deleted", "occurredAt": None}, ["/moment", "/occurredAt"]),
+        ({"machineId": "m-other"}, ["machineId"]),
+        ({"data": {"hostname": "web-2"}}, ["data"]),
+        ({"moment": "deleted", "occurredAt": None}, ["moment", "occurredAt"]),
     ],
 )
-def test_a_reused_event_id_with_another_body_is_409_and_changes_nothing(
+def test_a_reused_event_id_with_another_body_is_flagged_and_changes_nothing(
     api: Api, runtime_engine: Engine, change: dict[str, Any], fields: list[str]
 ) -> None:
     _bind(api)
@@ -155,11 +155,9 @@ def test_a_reused_event_id_with_another_body_is_409_and_changes_nothing(
 
     response = _post_event(api, other)
 
-    assert response.status_code == 409
-    body = problem(response)
-    assert body["code"] == "EVENT_ID_REUSED"
-    assert [p["path"] for p in body["problems"]] == fields
-    assert body["recorded"] == first.get_json()
+    # The recorded event's answer, flagged: this body is not the event the id stands for.
+    assert response.status_code == 202
+    assert response.get_json() == {**first.get_json(), "differsFromRecorded": fields}
     # The first delivery stands, and is still answered to its own body.
     assert _post_event(api, EVENT).get_json() == first.get_json()
     row = _event_row(runtime_engine, EVENT["id"])
@@ -348,15 +346,15 @@ def test_asking_about_a_poison_row_the_platform_inserted_answers_why_it_was_reje
             {"data": '{"deep": ' + "[" * 10_000 + "]" * 10_000 + "}"},
         )
 
-    # No body the API reads can equal the stored one: the answer is 409, with what the
-    # recorded event got (processed now, since no consumer had reached it).
     response = _post_event(api, {**EVENT, "id": "evt-deep"})
 
-    assert response.status_code == 409, response.get_data(as_text=True)
-    body = problem(response)["recorded"]
+    assert response.status_code == 200, response.get_data(as_text=True)
+    body = response.get_json()
     assert (body["started"], body["reason"]) == (False, "REJECTED")
     assert body["problems"] == [{"path": "/event/data", "message": "nests deeper than 64 levels"}]
-    assert problem(_post_event(api, {**EVENT, "id": "evt-deep"}))["recorded"] == body
+    # Asked with a body of its own, not the stored one: the answer says so.
+    assert body["differsFromRecorded"] == ["machineId", "occurredAt", "data"]
+    assert _post_event(api, {**EVENT, "id": "evt-deep"}).get_json() == body
     with runtime_engine.connect() as connection:
         outcome = connection.execute(
             text("SELECT outcome FROM platform_event WHERE id = 'evt-deep'")

@@ -146,7 +146,7 @@ def test_post_events_waits_for_a_consumer_holding_the_row_and_answers_its_outcom
         def deliver() -> None:
             response = api.client().post(
                 "/api/v1/events",
-                json={"id": "e-race", "moment": "provisioned", "planId": "vps", "machineId": "x"},
+                json={"id": "e-race", "moment": "provisioned", "planId": "vps", "machineId": "m-1"},
                 headers=api.headers(scopes=AUTOMATION_SCOPES),
             )
             answers.append((response.status_code, response.get_json()))
