@@ -91,13 +91,15 @@ _EXECUTION_COLUMNS = (
     func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId")).label("machine_id"),
 )
 
-# The audit rows that froze what a step saw, explain a decision or list a dry run's
-# simulated calls.
+# The audit rows that froze what a step saw, explain a decision, list a dry run's
+# simulated calls or say what a cancel did to the machine commands.
 VIEW_AUDIT_KINDS = (
     "TRANSITION_COMPLETED",
     "STEP_ERROR_EXIT",
     "TRANSITION_FAILED",
     "ACTION_SIMULATED",
+    "EXECUTION_CANCELLED",
+    "RECONCILIATION_REQUIRED",
 )
 
 

@@ -249,7 +249,7 @@ def read_view_facts(
     if not execution_ids:
         return {}
     parsed = group_facts(execution_ids, access.view_audit_of(connection, execution_ids))
-    wanted = {c for observed, _, _ in parsed.values() for c in command_ids(observed)}
+    wanted = {c for observed, *_ in parsed.values() for c in command_ids(observed)}
     waiting, read_at = _waits(connection, access, execution_ids, steps)
     wanted |= {c for _, commands in waiting.values() for c in commands}
     commands = access.commands_now(connection, sorted(wanted))
@@ -261,8 +261,9 @@ def read_view_facts(
             would_have_done=simulated,
             wait_seconds=waiting.get(key, ({}, []))[0],
             read_at=read_at,
+            machine_commands=machine_commands,
         )
-        for key, (observed, decision, simulated) in parsed.items()
+        for key, (observed, decision, simulated, machine_commands) in parsed.items()
     }
 
 

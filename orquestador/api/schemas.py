@@ -105,6 +105,27 @@ TRANSITION_ACCEPTED: dict[str, Any] = {
     "properties": {"executionId": _UUID},
 }
 
+_CANCELLED_COMMANDS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["id", "machineId", "command"],
+        "additionalProperties": False,
+        "properties": {"id": _UUID, "machineId": {"type": "string"}, "command": {"type": "string"}},
+    },
+}
+_MACHINE_COMMANDS_CANCELLED = {
+    "type": "object",
+    "required": ["cancelled", "stopRequested"],
+    "additionalProperties": False,
+    "description": "What a cancel did to the execution's machine commands (absent: no cancel). "
+    "`cancelled`: commands no agent had taken, now `cancelled`; the agent never receives them. "
+    "`stopRequested`: commands an agent had taken (sent or running), whose agent is told "
+    "`cancelRequested` at its next status report or poll; they end when it reports "
+    "(`cancelled` once it stopped the process).",
+    "properties": {"cancelled": _CANCELLED_COMMANDS, "stopRequested": _CANCELLED_COMMANDS},
+}
+
 EXECUTION: dict[str, Any] = {
     "type": "object",
     "required": [
@@ -255,6 +276,7 @@ EXECUTION: dict[str, Any] = {
                 },
             },
         },
+        "machineCommands": _MACHINE_COMMANDS_CANCELLED,
         "decision": {
             "type": "object",
             "description": (
@@ -532,32 +554,10 @@ CANCEL_BODY: dict[str, Any] = {
     "properties": {"reason": _REASON},
 }
 
-_CANCELLED_COMMANDS = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "required": ["id", "machineId", "command"],
-        "additionalProperties": False,
-        "properties": {"id": _UUID, "machineId": {"type": "string"}, "command": {"type": "string"}},
-    },
-}
 # The cancel's answer: the execution as it is now, and what became of its machine commands.
 CANCELLED_EXECUTION: dict[str, Any] = {
     **EXECUTION,
     "required": [*EXECUTION["required"], "machineCommands"],
-    "properties": {
-        **EXECUTION["properties"],
-        "machineCommands": {
-            "type": "object",
-            "required": ["cancelled", "stopRequested"],
-            "additionalProperties": False,
-            "description": "`cancelled`: commands no agent had taken, now `cancelled`; the "
-            "agent never receives them. `stopRequested`: commands an agent had taken (sent "
-            "or running), whose agent is told `cancelRequested` at its next status report "
-            "or poll; they end when it reports (`cancelled` once it stopped the process).",
-            "properties": {"cancelled": _CANCELLED_COMMANDS, "stopRequested": _CANCELLED_COMMANDS},
-        },
-    },
 }
 
 PROBLEM: dict[str, Any] = {

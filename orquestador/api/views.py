@@ -102,12 +102,18 @@ class ExecutionFacts:
     wait_seconds: Mapping[str, float] = field(default_factory=dict)
     # When the view is read: what "time left" counts from.
     read_at: datetime | None = None
+    # What the last cancel did to the execution's machine commands (None: no cancel).
+    machine_commands: dict[str, Any] | None = None
 
 
-def read_facts(
-    audit: Iterable[Row],
-) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
-    """(observed per action, the decision, the simulated calls) from one execution's audit.
+FrozenFacts = tuple[
+    dict[str, Any], dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None
+]
+
+
+def read_facts(audit: Iterable[Row]) -> FrozenFacts:
+    """(observed per action, the decision, the simulated calls, what a cancel did to the
+    machine commands) from one execution's audit.
 
     The last decision row wins: an execution ends once, but an operator's resolution
     may have sent it round again.
@@ -115,8 +121,15 @@ def read_facts(
     observed: dict[str, Any] = {}
     decision: dict[str, Any] | None = None
     simulated: list[dict[str, Any]] = []
+    machine_commands: dict[str, Any] | None = None
     for event in audit:
         detail = event.detail if isinstance(event.detail, dict) else {}
+        if event.kind in ("EXECUTION_CANCELLED", "RECONCILIATION_REQUIRED"):
+            # A cancel's row (ended or parked) lists the commands it cancelled or asked
+            # to stop; a worker's park has none.
+            if isinstance(detail.get("machineCommands"), dict):
+                machine_commands = detail["machineCommands"]
+            continue
         if event.kind == "ACTION_SIMULATED":
             simulated.append(
                 {
@@ -137,12 +150,10 @@ def read_facts(
         frozen = detail.get("observed")
         observed = dict(frozen) if isinstance(frozen, dict) else {}
         decision = _decision(event.kind, detail)
-    return observed, decision, simulated
+    return observed, decision, simulated, machine_commands
 
 
-def group_facts(
-    execution_ids: Iterable[Any], audit: Iterable[Row]
-) -> dict[Any, tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]]:
+def group_facts(execution_ids: Iterable[Any], audit: Iterable[Row]) -> dict[Any, FrozenFacts]:
     """read_facts of each execution, from one query's audit rows carrying execution_id."""
     by_execution: dict[Any, list[Row]] = {key: [] for key in execution_ids}
     for event in audit:
@@ -241,6 +252,8 @@ def execution_view(
             _waiting_for(step, checkpoint, facts)
         if facts.decision is not None:
             body["decision"] = facts.decision
+        if facts.machine_commands is not None:
+            body["machineCommands"] = facts.machine_commands
     if row.simulation:
         body["simulation"] = True
         body["wouldHaveDone"] = facts.would_have_done if facts is not None else []

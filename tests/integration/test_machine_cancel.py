@@ -16,6 +16,7 @@ from orquestador.worker.executor import Executor
 from tests.integration.api_support import Api, running_api
 from tests.integration.worker_support import (
     ORG,
+    OWNER,
     audit,
     decommission,
     execution,
@@ -159,3 +160,44 @@ def test_the_wait_fails_on_a_cancelled_command_rather_than_pass_it_on(
     row = execution(runtime_engine, execution_id)
     assert row.result["toState"] == "attention"
     assert row.error_code == "COMMAND_CANCELLED"
+
+
+def test_the_execution_view_and_page_say_what_the_cancel_did_on_machines(
+    worker: Executor, runtime_engine: Engine, api: Api
+) -> None:
+    _, taken_command = waiting_on_a_command(runtime_engine, worker)
+    assert take(runtime_engine).id == taken_command
+    taken_execution = _execution_of(runtime_engine, taken_command)
+    pending_execution, pending_command = waiting_on_a_command(runtime_engine, worker)
+    cancel(api, taken_execution)
+    cancel(api, pending_execution)
+
+    for execution_id, key, command_id in (
+        (pending_execution, "cancelled", pending_command),
+        (taken_execution, "stopRequested", taken_command),
+    ):
+        view = api.get(f"/executions/{execution_id}", sub=OWNER, org=ORG).get_json()
+        other = "stopRequested" if key == "cancelled" else "cancelled"
+        assert view["machineCommands"] == {key: [said(command_id)], other: []}
+
+    client = api.client()
+    signed = client.post(
+        "/ui/login",
+        data={"token": api.token(sub=OWNER, org=ORG)},
+        headers={"Origin": "http://localhost"},
+    )
+    assert signed.status_code == 303
+    words = " ".join(
+        client.get(f"/ui/executions/{pending_execution}").get_data(as_text=True).split()
+    )
+    assert "cancelled before any agent took it; it will not run" in words
+    words = " ".join(client.get(f"/ui/executions/{taken_execution}").get_data(as_text=True).split())
+    assert "already taken; its agent was asked to stop it" in words
+
+
+def _execution_of(engine: Engine, command_id: uuid.UUID) -> uuid.UUID:
+    with engine.connect() as conn:
+        key = conn.execute(
+            text("SELECT external_key FROM machine_command WHERE id = :id"), {"id": command_id}
+        ).scalar_one()
+    return uuid.UUID(key.split(":")[0])
