@@ -226,7 +226,7 @@ def cancel_execution(execution_id: uuid.UUID) -> Response:
         extra={"execution_id": str(execution_id), "status": cancelled.status},
     )
     # Which of its machine commands no agent will get, and which agents were asked to
-    # stop: known only to this answer and the cancel's audit row.
+    # stop: the view reads it from the cancel's audit row; this answer says it outright.
     return jsonify(
         {**_view_or_404(access, execution_id), "machineCommands": cancelled.commands.as_json()}
     )
