@@ -340,7 +340,8 @@ def _migrate(args: argparse.Namespace) -> int:
             print("runtime grants skipped: grant them with 'orquestador migrate grant'")
         return 0
     finally:
-        if local is not None:
+        # A server this command found running (a dev's, or one a killed dev left) keeps running.
+        if local is not None and local.server.adopted_pid is None:
             local.server.stop()
 
 

@@ -246,11 +246,9 @@ def _owner_connection(settings: Settings) -> Iterator[Connection]:
             ]
         )
     local = None
-    stop_after = False
     if not url:
-        from orquestador.db.local import data_dir_for, start_local_database
+        from orquestador.db.local import start_local_database
 
-        stop_after = not (data_dir_for(settings.home_path) / "postmaster.pid").exists()
         local = start_local_database(settings.home_path)
         url = local.migration_url
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
@@ -263,5 +261,6 @@ def _owner_connection(settings: Settings) -> Iterator[Connection]:
             yield conn
     finally:
         engine.dispose()
-        if local is not None and stop_after:
+        # A server this command found running (a dev's) keeps running.
+        if local is not None and local.server.adopted_pid is None:
             local.server.stop()

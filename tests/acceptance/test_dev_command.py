@@ -113,6 +113,18 @@ def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder:
         # A valid token reaches the resource check (404), an invalid one does not (401).
         assert _get(f"{base}/requests/{uuid.uuid4()}", token)[0] == 404
         assert _get(f"{base}/requests/{uuid.uuid4()}", token + "x")[0] == 401
+        # migrate beside a running dev uses its server and leaves it running.
+        migrated = subprocess.run(
+            [*ORQUESTADOR, "migrate"],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert migrated.returncode == 0, migrated.stderr
+        assert _get(f"{base}/requests/{uuid.uuid4()}", token)[0] == 404
+        assert _get(f"{base}/readyz")[0] == 200
     finally:
         output = _stop(process)
     assert process.returncode == 0, output
