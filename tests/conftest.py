@@ -1,17 +1,18 @@
-"""One way to get a test database: migrate a template once per run, clone it per test.
+"""One way to get a test database: migrate a template once per process, clone it per test.
 
 The server comes from ORQUESTADOR_TEST_DATABASE_URL when set, else a testcontainers
 PostgreSQL when a Docker engine answers, else the embedded server in a temporary folder.
+Under pytest-xdist every worker process migrates its own template; the embedded server
+is one for the whole run (tests/shared_server.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -20,6 +21,7 @@ from sqlalchemy.engine import make_url
 from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
 from orquestador.db.engine import make_engine
+from tests import shared_server
 from tests.db_support import (
     RUNTIME_ROLE,
     TestDatabase,
@@ -32,6 +34,23 @@ from tests.db_support import (
 log = logging.getLogger(__name__)
 
 TEMPLATE_PREFIX = "orquestador_template"
+FOLDER_KEY = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker gets the same folder for the run's embedded server."""
+    stash = node.config.stash
+    if FOLDER_KEY not in stash:
+        stash[FOLDER_KEY] = shared_server.new_folder()
+    node.workerinput[shared_server.WORKER_INPUT_KEY] = str(stash[FOLDER_KEY])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Runs on the controller after every worker has finished.
+    folder = config.stash.get(FOLDER_KEY, None)
+    if folder is not None:
+        shared_server.remove(folder)
 
 
 def _docker_answers() -> bool:
@@ -45,7 +64,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[TestServer]:
+def pg_server(request: pytest.FixtureRequest) -> Iterator[TestServer]:
     external = os.environ.get("ORQUESTADOR_TEST_DATABASE_URL")
     if external:
         yield TestServer(sqlalchemy_url(external))
@@ -56,22 +75,23 @@ def pg_server() -> Iterator[TestServer]:
         with PostgresContainer("postgres:18-alpine", driver="psycopg") as container:
             yield TestServer(make_url(container.get_connection_url()))
         return
-    from orquestador.db.embedded import EmbeddedPostgres
-
-    folder = Path(tempfile.mkdtemp(prefix="orquestador-test-pg-"))
-    folder.chmod(0o755)
-    server = EmbeddedPostgres(folder / "pgdata", fsync=False)
-    server.start()
+    shared = getattr(request.config, "workerinput", {}).get(shared_server.WORKER_INPUT_KEY)
+    if shared:
+        # The controller stops it once every worker is done (pytest_unconfigure).
+        yield TestServer(make_url(shared_server.shared_server(Path(shared)).url("postgres")))
+        return
+    folder = shared_server.new_folder()
+    server = shared_server.server_in(folder)
     try:
+        server.start()
         yield TestServer(make_url(server.url("postgres")))
     finally:
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+        shared_server.remove(folder)
 
 
 @pytest.fixture(scope="session")
 def template_database(pg_server: TestServer) -> Iterator[str]:
-    """Migrated once per run; every test database is a copy of it."""
+    """Migrated once per run (per worker under xdist); every test database is a copy of it."""
     ensure_runtime_role(pg_server)
     name = create_database(pg_server, TEMPLATE_PREFIX)
     config = migrate.alembic_config(

@@ -57,14 +57,22 @@ class TestDatabase:
         return self.owner_url.render_as_string(hide_password=False)
 
 
-def ensure_runtime_role(server: TestServer) -> None:
+def ensure_role(server: TestServer, role: str, password: str) -> None:
+    """Create a login role once per server, however many test processes ask at the same time."""
+    # Roles are server-wide: a parallel worker may create the same one between the check and
+    # the CREATE, which then fails on the unique index (or as a duplicate) and is fine.
     server.admin(
         f"""DO $$ BEGIN
-              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{RUNTIME_ROLE}') THEN
-                CREATE ROLE {RUNTIME_ROLE} LOGIN PASSWORD '{RUNTIME_PASSWORD}';
+              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                CREATE ROLE {role} LOGIN PASSWORD '{password}';
               END IF;
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
             END $$"""
     )
+
+
+def ensure_runtime_role(server: TestServer) -> None:
+    ensure_role(server, RUNTIME_ROLE, RUNTIME_PASSWORD)
 
 
 def create_database(server: TestServer, prefix: str, template: str | None = None) -> str:

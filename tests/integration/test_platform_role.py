@@ -15,7 +15,7 @@ from sqlalchemy.engine import URL
 from orquestador.db import migrate
 from orquestador.db.engine import make_engine
 from orquestador.db.grants import PLATFORM_INSERT_COLUMNS
-from tests.db_support import RUNTIME_ROLE, TestDatabase, TestServer
+from tests.db_support import RUNTIME_ROLE, TestDatabase, TestServer, ensure_role
 
 PLATFORM_ROLE = "orquestador_test_platform"
 PLATFORM_PASSWORD = "orquestador-test-platform"
@@ -35,13 +35,7 @@ INSERT_WHOLE_EVENT = (
 
 @pytest.fixture
 def platform_role(pg_server: TestServer) -> str:
-    pg_server.admin(
-        f"""DO $$ BEGIN
-              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{PLATFORM_ROLE}') THEN
-                CREATE ROLE {PLATFORM_ROLE} LOGIN PASSWORD '{PLATFORM_PASSWORD}';
-              END IF;
-            END $$"""
-    )
+    ensure_role(pg_server, PLATFORM_ROLE, PLATFORM_PASSWORD)
     return PLATFORM_ROLE
 
 

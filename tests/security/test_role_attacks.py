@@ -14,7 +14,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from orquestador.db import migrate
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION, WRITE_BATCH_FUNCTION
-from tests.db_support import RUNTIME_ROLE, TestDatabase, TestServer
+from tests.db_support import RUNTIME_ROLE, TestDatabase, TestServer, ensure_role
 
 PURGE = text(f"SELECT {PURGE_SIMULATIONS_FUNCTION}(interval '1 day', 100)")
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -172,13 +172,7 @@ def test_an_overload_in_a_writable_schema_does_not_hijack_the_purge(
 
 @pytest.fixture
 def platform_dsn(database: TestDatabase, pg_server: TestServer) -> Iterator[str]:
-    pg_server.admin(
-        f"""DO $$ BEGIN
-              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{PLATFORM_ROLE}') THEN
-                CREATE ROLE {PLATFORM_ROLE} LOGIN PASSWORD '{PLATFORM_PASSWORD}';
-              END IF;
-            END $$"""
-    )
+    ensure_role(pg_server, PLATFORM_ROLE, PLATFORM_PASSWORD)
     migrate.grant_runtime_role(database.owner_dsn, RUNTIME_ROLE, platform_role=PLATFORM_ROLE)
     url = database.owner_url.set(
         drivername="postgresql", username=PLATFORM_ROLE, password=PLATFORM_PASSWORD
