@@ -199,7 +199,8 @@ def test_a_page_costs_the_same_queries_whatever_its_size(api: Api, owner_engine:
         ("after=%F0%9F%98%80", "/after"),
         ("after=" + base64.urlsafe_b64encode(b"2030-01-01T00:00:00|x").decode(), "/after"),
         (
-            "after=" + base64.urlsafe_b64encode(f"yesterday|{uuid.uuid4()}".encode()).decode(),
+            "after="
+            + base64.urlsafe_b64encode(b"yesterday|26813a60-7c92-4dc0-b784-b0777a19736f").decode(),
             "/after",
         ),
         ("after=" + "A" * 500, "/after"),
