@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
 from orquestador.db.engine import make_engine
-from tests import shared_server
+from tests import run_alone, shared_server
 from tests.db_support import (
     RUNTIME_ROLE,
     TestDatabase,
@@ -51,6 +51,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     folder = config.stash.get(FOLDER_KEY, None)
     if folder is not None:
         shared_server.remove(folder)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    # Setup, call and teardown of one test, under the run-wide lock of tests/run_alone.py.
+    folder = getattr(item.config, "workerinput", {}).get(shared_server.WORKER_INPUT_KEY)
+    if folder is None:
+        return (yield)
+    with run_alone.turn(Path(folder), alone=item.get_closest_marker(run_alone.MARK) is not None):
+        return (yield)
 
 
 def _docker_answers() -> bool:
