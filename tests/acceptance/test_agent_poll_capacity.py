@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
@@ -290,6 +291,7 @@ def _summary(name: str, values: list[float]) -> str:
     )
 
 
+@pytest.mark.alone  # a latency bound: another worker's tests would be in the p99
 def test_200_polling_agents_leave_healthz_and_reads_within_100_ms_at_p99(
     database: TestDatabase, tmp_path: Path
 ) -> None:
