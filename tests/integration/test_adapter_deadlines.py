@@ -76,9 +76,6 @@ def test_an_overrunning_adapter_is_abandoned_at_its_deadline(runtime_engine, eff
     assert execution(runtime_engine, eid).status == expected_status
 
 
-# Timing-sensitive: the adapter's deadline starts before the job's wait does, so under load
-# it can see should_stop and return before the job stops waiting; no other test beside it.
-@pytest.mark.alone
 def test_a_cooperative_adapter_sees_its_deadline_through_should_stop(runtime_engine):
     stopped = threading.Event()
 

@@ -371,6 +371,8 @@ def test_a_lost_lock_connection_is_lost_leadership(database):
         assert first.hold() is True
         assert second.hold() is False
         first.release()  # the connection closes: the server frees the lock with it
+        # ...once its backend has seen the close, which a busy server does a moment later.
+        wait_until(second.hold, timeout=10, what="the lock freed with the closed session")
         assert second.hold() is True
         assert first.hold() is False
     finally:
