@@ -36,11 +36,12 @@ class _Answer:
     a Future's condition variable costs several times as much.
     """
 
-    __slots__ = ("_done", "_error", "_lock", "_state", "_value")
+    __slots__ = ("_deadline", "_done", "_error", "_lock", "_state", "_value")
 
     _PENDING, _ANSWERED, _ABANDONED = 0, 1, 2
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
+        self._deadline = deadline  # time.monotonic(): the call context's own deadline
         self._state = self._PENDING
         self._value: Any = None
         self._error: BaseException | None = None
@@ -50,8 +51,14 @@ class _Answer:
 
     def give(self, value: Any, error: BaseException | None) -> bool:
         """From the call thread, once the call ended; False when the caller no longer
-        listens (its late answer is dropped, and `ended` now says the call is over)."""
+        listens (its late answer is dropped, and `ended` now says the call is over).
+
+        An answer at or past the deadline is late even if the caller has not noticed
+        yet: the context's should_stop() said so, and a cooperative adapter that
+        returned on it must not be taken for one that finished in time."""
         with self._lock:
+            if self._state == self._PENDING and time.monotonic() >= self._deadline:
+                self._state = self._ABANDONED
             abandoned = self._state == self._ABANDONED
             if not abandoned:
                 self._state = self._ANSWERED
@@ -66,16 +73,19 @@ class _Answer:
         self._done.release()  # anyone else who asks sees it ended too
         return True
 
-    def wait(self, timeout: float) -> bool:
-        """True once answered; False (and abandoned for good) when `timeout` ran out."""
-        if self._done.acquire(timeout=timeout):
+    def wait(self) -> bool:
+        """True once answered in time; False (and abandoned for good) at the deadline."""
+        if not self._done.acquire(timeout=max(0.0, self._deadline - time.monotonic())):
+            with self._lock:
+                if self._state != self._ANSWERED:
+                    self._state = self._ABANDONED
+                    return False
+            self._done.acquire()  # it answered in time, in the instant between the two
             return True
-        with self._lock:
-            if self._state == self._PENDING:
-                self._state = self._ABANDONED
-                return False
-        self._done.acquire()  # it answered in the instant between the two
-        return True
+        if self._state == self._ANSWERED:
+            return True
+        self._done.release()  # a late answer: its call ended, as `ended` will say
+        return False
 
     def result(self) -> Any:
         if self._error is not None:
@@ -145,18 +155,19 @@ class AdapterCalls:
         self,
         function: Callable[[Any], Any],
         argument: Any,
-        timeout: float,
+        deadline: float,
         log_extra: dict[str, Any] | None = None,
         key: str | None = None,
     ) -> Any:
-        """The call's result or exception; CallTimedOut once `timeout` seconds have passed.
+        """The call's result or exception; CallTimedOut once `deadline` (time.monotonic())
+        has passed, whether the call is still running or answered too late.
 
         `key`: the external key the call writes under; if the call is abandoned, it
         stays `lingering` under that key until its thread returns.
         """
-        answer = _Answer()
+        answer = _Answer(deadline)
         self._take().inbox.put((function, argument, answer, log_extra or {}, key))
-        if not answer.wait(max(0.0, timeout)):
+        if not answer.wait():
             # Abandoned: from now on the thread's late answer is dropped.
             if key is not None:
                 self._linger(key, answer)

@@ -404,7 +404,7 @@ class StepOutcomes:
         )
         extra = {**step.log_extra, "attempt": attempt_number}
         try:
-            result = self.x.calls.call(adapter.lookup, ctx, timeout, extra)
+            result = self.x.calls.call(adapter.lookup, ctx, ctx.deadline, extra)
         except CallTimedOut:
             stop.set()
             log.warning("lookup gave no answer within %g s; still in doubt", timeout, extra=extra)

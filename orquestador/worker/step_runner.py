@@ -241,7 +241,7 @@ class StepRunner(StepOutcomes):
             if call is _simulation_unsupported:
                 output = call(ctx)  # raises; nothing to run on a thread
             else:
-                output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)
+                output = self.x.calls.call(call, ctx, ctx.deadline, extra, key)
         except CallTimedOut:
             _timed(adapter, "unknown", began)
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up

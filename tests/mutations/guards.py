@@ -1353,8 +1353,8 @@ EXECUTOR_GUARDS = [
     Mutation(
         "abandoned-call-keyed",
         _STEP_RUNNER_PY,
-        "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra, key)",
-        "output = self.x.calls.call(call, ctx, adapter.timeout_seconds, extra)",
+        "output = self.x.calls.call(call, ctx, ctx.deadline, extra, key)",
+        "output = self.x.calls.call(call, ctx, ctx.deadline, extra)",
         "A call is made under its external key, so that once abandoned it is known by it.",
         (_IN_FLIGHT,),
     ),

@@ -1,0 +1,51 @@
+"""An adapter's answer counts only when it came before the deadline its context showed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from orquestador.worker.calls import AdapterCalls, CallTimedOut
+
+
+@pytest.fixture
+def calls() -> AdapterCalls:
+    return AdapterCalls(keep_idle=2)
+
+
+def test_an_answer_in_time_is_the_result(calls: AdapterCalls) -> None:
+    assert calls.call(lambda x: x + 1, 41, time.monotonic() + 5) == 42
+
+
+def test_an_answer_given_once_the_deadline_passed_is_dropped_though_nobody_gave_up_yet(
+    calls: AdapterCalls,
+) -> None:
+    # A cooperative adapter returns as soon as should_stop() turns true; the job may not
+    # have stopped waiting yet. That answer is late: it is dropped, the call timed out.
+    deadline = time.monotonic() + 0.05
+    returned = threading.Event()
+
+    def returns_at_its_deadline(_: object) -> str:
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+        returned.set()
+        return "partial"
+
+    with pytest.raises(CallTimedOut):
+        calls.call(returns_at_its_deadline, None, deadline, key="k")
+    assert returned.wait(5)
+    assert calls.lingering("k") is None  # it ended: nothing lingers under its key
+
+
+def test_a_call_still_running_at_its_deadline_is_abandoned_and_lingers(
+    calls: AdapterCalls,
+) -> None:
+    release = threading.Event()
+    with pytest.raises(CallTimedOut):
+        calls.call(lambda _: release.wait(5), None, time.monotonic() + 0.05, key="k")
+    lingering = calls.lingering("k")
+    assert lingering is not None and not lingering.ended(0)
+    release.set()
+    assert lingering.ended(5)
