@@ -138,6 +138,8 @@ def run_pytest(scratch: Path, tests: Sequence[str], timeout: float) -> tuple[int
         "pytest",
         "-x",
         "-q",
+        "-n",
+        "0",  # a few tests each: one process starts faster than parallel workers
         "-p",
         "no:cacheprovider",
         f"--timeout={PER_TEST_TIMEOUT_SECONDS}",
