@@ -16,7 +16,6 @@ from sqlalchemy import Engine
 from tests.browser.browser_support import DESK, PHONE, screenshot, serving, start_chromium
 from tests.integration.api_support import OTHER_ORG, Api, running_api
 from tests.integration.execution_page_support import (
-    cancel_directly,
     completed,
     deadline_passed,
     dry_run,
@@ -256,11 +255,19 @@ def test_a_wait_reads_what_it_waits_for_then_stops_in_words_and_a_short_id_finds
     assert f"Started\n{first} UTC" in _by_css(browser, "article.step").text
     screenshot(browser, "execution-waiting-for-a-command")
 
-    cancel_directly(owner_engine, waits.execution_id)
+    cancelled = api.post(
+        f"/executions/{waits.execution_id}/cancel",
+        {"reason": "the customer stayed"},
+        scopes=["executions:cancel"],
+    )
+    assert cancelled.status_code == 200, cancelled.get_data(as_text=True)
     browser.refresh()
     page = _text(browser)
     assert "NOT_READY" not in page and "Not decided yet" not in page
     assert "STOPPED" in page and "Cancelled before anything was decided." in page
+    # The command its agent had taken is asked to stop, and the page says so.
+    said = _by_css(browser, "section.cancel-commands").text
+    assert "poweroff on m-1: already taken; its agent was asked to stop it." in said
     screenshot(browser, "execution-cancelled-wait")
 
     browser.get(f"{base}/ui/executions/{fixed}")
