@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from orquestador.db.embedded import pid_exists
+
 RECORD_NAME = "dev-api.json"
 API_PATH = "/api/v1"
 
@@ -57,7 +59,7 @@ def recorded_dev_api(home: Path) -> str | None:
     url, pid = record.get("url"), record.get("pid")
     if not isinstance(url, str) or not isinstance(pid, int) or isinstance(pid, bool):
         return None
-    if not _alive(pid):
+    if not pid_exists(pid):
         with contextlib.suppress(OSError):
             path.unlink()
         return None
@@ -70,15 +72,3 @@ def _read(path: Path) -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: it exists
-    return True

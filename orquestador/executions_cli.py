@@ -26,6 +26,7 @@ import requests
 from orquestador.config import Settings
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.dev_address import recorded_dev_api
+from orquestador.wording import duration_in_words
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -700,7 +701,7 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
                 lines.append(
                     (
                         "deadline",
-                        f"{waiting['deadline']} ({_in_words(left)} left)"
+                        f"{waiting['deadline']} ({duration_in_words(left or 0)} left)"
                         if left
                         else f"{waiting['deadline']} (passed)",
                     )
@@ -717,14 +718,3 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
         if lines:
             print(f"\nstep {step['actionId']}")
             _print_fields(lines, indent="  ", skip_empty=True)
-
-
-def _in_words(seconds: int | None) -> str:
-    """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
-    minutes, rest = divmod(max(0, int(seconds or 0)), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    if minutes:
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    return f"{rest} s"

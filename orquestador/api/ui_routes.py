@@ -38,6 +38,7 @@ from orquestador.api.page_sessions import revoke_session, session_revoked
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
 from orquestador.api.views import execution_views
+from orquestador.wording import duration_in_words
 
 log = logging.getLogger(__name__)
 
@@ -406,16 +407,7 @@ def _when(value: str | None) -> str:
 
 @blueprint.app_template_filter("in_words")
 def _in_words(seconds: int | None) -> str:
-    """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
-    if seconds is None:
-        return "—"
-    minutes, rest = divmod(max(0, int(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    if minutes:
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    return f"{rest} s"
+    return "—" if seconds is None else duration_in_words(seconds)
 
 
 @blueprint.app_template_filter("as_text")

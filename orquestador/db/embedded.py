@@ -68,12 +68,8 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
-def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
-    """Whether PID is a live PostgreSQL server whose working directory is DATA_DIR.
-
-    Without /proc (or when it may not be read) only the pid's existence counts, as
-    PostgreSQL's own check does.
-    """
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this pid exists, whoever's it is."""
     if pid <= 0:
         return False
     try:
@@ -82,6 +78,17 @@ def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
         return False
     except PermissionError:
         pass  # another account's process (the server's, under root): it exists
+    return True
+
+
+def _is_postmaster_of(pid: int, data_dir: Path) -> bool:
+    """Whether PID is a live PostgreSQL server whose working directory is DATA_DIR.
+
+    Without /proc (or when it may not be read) only the pid's existence counts, as
+    PostgreSQL's own check does.
+    """
+    if not pid_exists(pid):
+        return False
     try:
         stat_line = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -1,0 +1,14 @@
+"""Words the pages and the command line share, so that both say a thing the same way."""
+
+from __future__ import annotations
+
+
+def duration_in_words(seconds: int) -> str:
+    """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
+    minutes, rest = divmod(max(0, int(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    return f"{rest} s"
