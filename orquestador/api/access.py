@@ -20,9 +20,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Row,
-    String,
     and_,
-    cast,
     false,
     func,
     select,
@@ -187,9 +185,13 @@ class ResourceAccess:
         """
         conditions = [self._sees_execution()]
         if page.id_prefix is not None:
-            # The route lets only hex digits through: nothing in it is a LIKE wildcard.
-            hex_id = func.replace(cast(execution.c.id, String), "-", "")
-            conditions.append(hex_id.startswith(page.id_prefix.lower()))
+            # Ids starting with these hex digits are one range of the primary key's order.
+            prefix = page.id_prefix.lower()
+            conditions.append(
+                execution.c.id.between(
+                    uuid.UUID(prefix.ljust(32, "0")), uuid.UUID(prefix.ljust(32, "f"))
+                )
+            )
         else:
             conditions.append(execution.c.simulation == page.simulation)
         if page.status is not None:
