@@ -1,4 +1,6 @@
-"""The benchmark's adapter: a no-op declared IDEMPOTENT_WRITE so the full checkpoint path runs."""
+"""The benchmark's adapters, declared IDEMPOTENT_WRITE so the full checkpoint path runs:
+a no-op, and one that takes `seconds` (a slow call holding its worker slot, for the
+skewed-load run)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,12 @@ from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 
 
 def _nothing(ctx: ActionContext) -> dict[str, Any]:
+    return {"ok": True}
+
+
+def _sleep(ctx: ActionContext) -> dict[str, Any]:
+    # Waits on the stop event so a stopping worker is not held up by the sleep.
+    ctx.stop_event.wait(float(ctx.inputs.get("seconds", 0.5)))
     return {"ok": True}
 
 
@@ -22,5 +30,17 @@ def register(registry: AdapterRegistry) -> None:
             timeout_seconds=5,
             max_attempts=3,
             invoke=_nothing,
+        )
+    )
+    registry.add(
+        Adapter(
+            capability="bench.sleep",
+            version=1,
+            effect=Effect.IDEMPOTENT_WRITE,
+            input_schema={"type": "object"},
+            output_schema={"type": "object"},
+            timeout_seconds=30,
+            max_attempts=3,
+            invoke=_sleep,
         )
     )

@@ -185,19 +185,19 @@ def reference_baseline(dsn: str, seconds: int, runs: int, clients: int, folder: 
 # --- the product ----------------------------------------------------------------
 
 
-def accept_backlog(engine, flow_id, n: int) -> None:
+def accept_backlog(engine, flow_id, n: int, org: str = "bench") -> None:
     """N accepted executions at once, as the API would leave them (PENDING, request busy)."""
     with engine.begin() as conn:
         conn.execute(
             text("""
             WITH r AS (
                 INSERT INTO request (org_id, owner_id, flow_id, state, revision, data, created_by)
-                SELECT 'bench', 'bench', :flow, 'new', 2, '{}'::jsonb, 'bench'
+                SELECT :org, 'bench', :flow, 'new', 2, '{}'::jsonb, 'bench'
                 FROM generate_series(1, :n) RETURNING id)
             INSERT INTO execution (request_id, org_id, flow_id, transition_id, accepted_revision,
                                    accepted_state, actor_snapshot)
-            SELECT id, 'bench', :flow, 'go', 2, 'new', '{"sub": "bench"}'::jsonb FROM r"""),
-            {"flow": flow_id, "n": n},
+            SELECT id, :org, :flow, 'go', 2, 'new', '{"sub": "bench"}'::jsonb FROM r"""),
+            {"flow": flow_id, "n": n, "org": org},
         )
         conn.execute(
             text("""UPDATE request r SET busy_execution_id = e.id FROM execution e
@@ -207,22 +207,22 @@ def accept_backlog(engine, flow_id, n: int) -> None:
         conn.execute(text("VACUUM ANALYZE execution"))
 
 
-def accept_one(engine, flow_id) -> None:
+def accept_one(engine, flow_id, org: str = "bench") -> None:
     with engine.begin() as conn:
         rid = conn.execute(
             text("""INSERT INTO request (org_id, owner_id, flow_id, state, revision,
                                        data, created_by)
-                                   VALUES ('bench', 'bench', :flow, 'new', 2, '{}', 'bench')
+                                   VALUES (:org, 'bench', :flow, 'new', 2, '{}', 'bench')
                                    RETURNING id"""),
-            {"flow": flow_id},
+            {"flow": flow_id, "org": org},
         ).scalar_one()
         eid = conn.execute(
             text("""INSERT INTO execution (request_id, org_id, flow_id,
                                        transition_id, accepted_revision, accepted_state,
                                        actor_snapshot)
-                                   VALUES (:rid, 'bench', :flow, 'go', 2, 'new', '{}')
+                                   VALUES (:rid, :org, :flow, 'go', 2, 'new', '{}')
                                    RETURNING id"""),
-            {"rid": rid, "flow": flow_id},
+            {"rid": rid, "flow": flow_id, "org": org},
         ).scalar_one()
         conn.execute(
             text("UPDATE request SET busy_execution_id = :e WHERE id = :r"), {"e": eid, "r": rid}
@@ -540,6 +540,140 @@ def run_idle_latency(dsn: str, count: int, gap: float) -> dict:
         admin(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def sleep_flow(seconds: float) -> dict[str, object]:
+    """One transition with one `bench.sleep` call of `seconds`: a slow adapter."""
+    return {
+        "key": "bench-sleep",
+        "trigger": "manual",
+        "dataSchema": {"type": "object"},
+        "initialState": "new",
+        "states": ["new", "done"],
+        "transitions": [
+            {
+                "id": "go",
+                "from": ["new"],
+                "to": "done",
+                "actions": [
+                    {
+                        "id": "a0",
+                        "capability": "bench.sleep",
+                        "version": 1,
+                        "input": {"seconds": {"const": seconds}},
+                    }
+                ],
+            }
+        ],
+    }
+
+
+_ORG_WORK_LEFT = text(
+    """SELECT EXISTS (SELECT 1 FROM execution
+                      WHERE org_id = :org AND status IN ('PENDING', 'RETRY_WAIT', 'RUNNING'))"""
+)
+_ORG_PENDING = text(
+    """SELECT EXISTS (SELECT 1 FROM execution
+                      WHERE org_id = :org AND status IN ('PENDING', 'RETRY_WAIT'))"""
+)
+
+
+def run_skewed(
+    dsn: str, backlog: int, seconds: float, every: float, processes: int, concurrency: int
+) -> dict:
+    """One organization's backlog of `backlog` slow executions (`seconds` each) and another
+    organization's trickle, one execution accepted every `every` seconds while the backlog
+    is still waiting to be claimed. The trickle's start latency (acceptance to claim, from
+    the database's timestamps) shows how long a small organization waits behind a large one.
+    """
+    name = f"bench_skewed_{uuid.uuid4().hex[:8]}"
+    admin(dsn, f'CREATE DATABASE "{name}"')
+    target = with_database(dsn, name)
+    engine = create_engine(sqlalchemy_url(target), poolclass=pool.NullPool)
+    api = create_engine(sqlalchemy_url(target), pool_size=1, max_overflow=0)
+    try:
+        migrate.upgrade(migrate.alembic_config(url=target, runtime_role=None))
+        definition = sleep_flow(seconds)
+        flows = {}
+        with engine.begin() as conn:
+            for org in ("bulk", "trickle"):
+                flows[org] = conn.execute(
+                    text(
+                        """INSERT INTO flow (org_id, key, version, trigger, definition,
+                                         data_schema, created_by)
+                       VALUES (:org, :key, 1, 'manual', CAST(:d AS jsonb), '{"type":"object"}',
+                               'bench') RETURNING id"""
+                    ),
+                    {"org": org, "key": definition["key"], "d": json.dumps(definition)},
+                ).scalar_one()
+        accept_backlog(engine, flows["bulk"], backlog, org="bulk")
+        workers = spawn_workers(target, processes, concurrency, 10)
+        deadline = time.monotonic() + 120 + backlog * seconds / max(1, concurrency)
+        # The trickle starts once the workers claim, so their start-up is not counted.
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if conn.execute(
+                    text("SELECT EXISTS (SELECT 1 FROM execution WHERE started_at IS NOT NULL)")
+                ).scalar():
+                    break
+            time.sleep(0.1)
+        accepted = 0
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if not conn.execute(_ORG_PENDING, {"org": "bulk"}).scalar():
+                    break
+            accept_one(api, flows["trickle"], org="trickle")
+            accepted += 1
+            time.sleep(every)
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if not any(
+                    conn.execute(_ORG_WORK_LEFT, {"org": org}).scalar()
+                    for org in ("bulk", "trickle")
+                ):
+                    break
+            time.sleep(0.2)
+        stop_workers(workers)
+        with engine.connect() as conn:
+            trickle = [
+                float(r[0])
+                for r in conn.execute(
+                    text(
+                        "SELECT extract(epoch FROM started_at - created_at) FROM execution "
+                        "WHERE org_id = 'trickle' AND started_at IS NOT NULL"
+                    )
+                )
+            ]
+            done, not_succeeded, first, last = conn.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE status = 'SUCCEEDED'), "
+                    "count(*) FILTER (WHERE status <> 'SUCCEEDED'), "
+                    "min(started_at), max(finished_at) FROM execution WHERE org_id = 'bulk'"
+                )
+            ).one()
+        elapsed = (last - first).total_seconds()
+        return {
+            "backlog": backlog,
+            "adapter_seconds": seconds,
+            "processes": processes,
+            "concurrency": concurrency,
+            "backlog_done": done,
+            "backlog_not_succeeded": not_succeeded,
+            "backlog_seconds": round(elapsed, 2),
+            "backlog_rate": round(done / elapsed, 1),
+            "trickle_every_s": every,
+            "trickle_accepted": accepted,
+            "trickle_started": len(trickle),
+            "trickle_start_p50_s": round(percentile(trickle, 0.5), 2) if trickle else None,
+            "trickle_start_p99_s": round(percentile(trickle, 0.99), 2) if trickle else None,
+            "trickle_start_max_s": round(max(trickle), 2) if trickle else None,
+            # Other work on the machine slows the drain; its load goes with the numbers.
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        }
+    finally:
+        api.dispose()
+        engine.dispose()
+        admin(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default=os.environ.get("BENCH_DATABASE_URL", ""))
@@ -571,6 +705,19 @@ def main() -> int:
     )
     parser.add_argument("--skip-same-protocol", action="store_true")
     parser.add_argument("--only-baselines", action="store_true")
+    parser.add_argument(
+        "--skewed",
+        action="store_true",
+        help="run only the skewed-load line: one organization's backlog, another's trickle",
+    )
+    parser.add_argument("--skewed-backlog", type=int, default=600, help="backlog executions")
+    parser.add_argument(
+        "--skewed-seconds", type=float, default=0.5, help="each backlog call's duration"
+    )
+    parser.add_argument(
+        "--skewed-every", type=float, default=1.0, help="seconds between trickle acceptances"
+    )
+    parser.add_argument("--skewed-processes", type=int, default=1, help="worker processes")
     args = parser.parse_args()
 
     server = None
@@ -587,6 +734,17 @@ def main() -> int:
     try:
         info = machine_info(dsn)
         print("machine:", json.dumps(info))
+        if args.skewed:
+            skewed = run_skewed(
+                dsn,
+                args.skewed_backlog,
+                args.skewed_seconds,
+                args.skewed_every,
+                args.skewed_processes,
+                args.concurrency,
+            )
+            print("skewed:", json.dumps(skewed), flush=True)
+            return 0
         clients = args.baseline_clients
         timing = (args.baseline_seconds, args.baseline_runs, clients)
         baselines = {}
