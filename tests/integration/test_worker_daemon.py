@@ -189,14 +189,15 @@ def test_a_lost_lease_sets_the_jobs_stop_signal(runtime_engine, workers):
             saw_stop.set()
         return {"ok": 1}
 
-    write = Double("test.write", timeout_seconds=2, output=until_stopped)
+    # Its deadline is far beyond the test: only the lost lease can make should_stop true.
+    write = Double("test.write", timeout_seconds=30, output=until_stopped)
     claimed = threading.Event()
     _worker(
         runtime_engine,
         workers,
         [write],
         WorkerHooks(after_claim=lambda c: claimed.set()),
-        worker_lease_seconds=3,
+        worker_lease_seconds=40,
         worker_renew_seconds=1,
     )
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
