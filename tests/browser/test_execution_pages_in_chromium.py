@@ -244,7 +244,7 @@ def test_a_wait_reads_what_it_waits_for_then_stops_in_words_and_a_short_id_finds
     block = _by_css(browser, ".waiting-for")
     assert "command poweroff on machine m-1" in block.text
     assert _by_css(block, ".command-status").text == "sent"
-    assert re.fullmatch(r"(19|2[0-2]) s", _by_css(block, ".time-left").text)
+    assert re.fullmatch(r"([1-9]|1[0-9]|2[0-2]) s", _by_css(block, ".time-left").text)
     # Started is the wait's first round, 8 s before its latest.
     with owner_engine.connect() as connection:
         first = connection.exec_driver_sql(
