@@ -541,29 +541,11 @@ def run_idle_latency(dsn: str, count: int, gap: float) -> dict:
 
 
 def sleep_flow(seconds: float) -> dict[str, object]:
-    """One transition with one `bench.sleep` call of `seconds`: a slow adapter."""
-    return {
-        "key": "bench-sleep",
-        "trigger": "manual",
-        "dataSchema": {"type": "object"},
-        "initialState": "new",
-        "states": ["new", "done"],
-        "transitions": [
-            {
-                "id": "go",
-                "from": ["new"],
-                "to": "done",
-                "actions": [
-                    {
-                        "id": "a0",
-                        "capability": "bench.sleep",
-                        "version": 1,
-                        "input": {"seconds": {"const": seconds}},
-                    }
-                ],
-            }
-        ],
-    }
+    """The benchmark flow with its one action a `bench.sleep` call of `seconds`."""
+    definition = protocol_script.flow_definition(1)
+    (action,) = definition["transitions"][0]["actions"]  # type: ignore[index]
+    action.update(capability="bench.sleep", input={"seconds": {"const": seconds}})
+    return {**definition, "key": "bench-sleep"}
 
 
 _ORG_WORK_LEFT = text(
