@@ -20,6 +20,7 @@ from tests.integration.worker_support import (
     audit,
     decommission,
     execution,
+    request_row,
     run_once,
     settings,
     start_execution,
@@ -102,6 +103,10 @@ def test_a_pending_command_is_cancelled_with_the_execution_and_never_handed_out(
     assert take(runtime_engine) is None  # the agent's next poll gets nothing
     (parked,) = audit(runtime_engine, execution_id, "RECONCILIATION_REQUIRED")
     assert parked.detail["machineCommands"] == answer["machineCommands"]
+    # The request stays busy, in its state, with its data, until a person decides.
+    request = request_row(runtime_engine, execution(runtime_engine, execution_id).request_id)
+    assert (request.state, request.busy_execution_id) == ("new", execution_id)
+    assert request.data == {"machineId": "m-1"}
 
 
 def test_a_taken_command_is_asked_to_stop_at_the_next_report_and_poll(
