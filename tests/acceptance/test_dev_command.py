@@ -273,8 +273,10 @@ def test_dev_adopts_the_database_server_a_killed_dev_left_running(folder: Path) 
         first.communicate(timeout=60)
         os.kill(postmaster, 0)
 
-        second = _start_dev(folder, env)
-        _wait_for_health(second, base)
+        # A port of its own: the first one's may have gone to another process meanwhile.
+        port = _free_port()
+        second = _start_dev(folder, _environment(port))
+        _wait_for_health(second, f"http://127.0.0.1:{port}/api/v1")
         with psycopg.connect(host=str(data / "socket"), user="postgres", dbname="postgres",
                              autocommit=True) as conn:  # fmt: skip
             kept = conn.execute("select v from kept").fetchall()
