@@ -53,6 +53,8 @@ class Settings:
     worker_statement_timeout_ms: int = _env("WORKER_STATEMENT_TIMEOUT_MS", "10000", "worker")
     adapter_abandon_grace_seconds: float = _env("ADAPTER_ABANDON_GRACE_SECONDS", "30", "worker")
     wait_max_seconds: int = _env("WAIT_MAX_SECONDS", "604800", "worker")
+    # Shares of the free slots: "acme=3,globex=0.5"; an organization not named weighs 1.
+    org_weights: str = _env("ORG_WEIGHTS", "", "worker")
 
     retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
     retry_cap_seconds: float = _env("RETRY_CAP_SECONDS", "300", "retries")
@@ -140,6 +142,17 @@ class Settings:
     @property
     def adapter_module_names(self) -> list[str]:
         return [name.strip() for name in self.adapter_modules.split(",") if name.strip()]
+
+    @property
+    def org_weight_map(self) -> dict[str, float]:
+        """ORG_WEIGHTS as {organization: weight}; items `problems` refuses are left out."""
+        weights: dict[str, float] = {}
+        for item in filter(None, (i.strip() for i in self.org_weights.split(","))):
+            org, _, weight = item.partition("=")
+            with contextlib.suppress(ValueError):
+                if org.strip() and float(weight) > 0:
+                    weights[org.strip()] = float(weight)
+        return weights
 
     @property
     def machine_command_list(self) -> list[str]:
@@ -252,6 +265,17 @@ class Settings:
                 problems.append(
                     f"TRUSTED_PROXIES: {item!r} is not an address or network (e.g. 10.0.0.5, "
                     "10.0.0.0/24, ::1)"
+                )
+        for item in filter(None, (i.strip() for i in self.org_weights.split(","))):
+            org, _, weight = item.partition("=")
+            try:
+                valid = bool(org.strip()) and 0 < float(weight) < 1e6
+            except ValueError:
+                valid = False
+            if not valid:
+                problems.append(
+                    f"ORG_WEIGHTS: {item!r} is not organization=weight with a weight above 0"
+                    " (e.g. acme=3,globex=0.5)"
                 )
         if self.worker_lock_timeout_ms > self.worker_statement_timeout_ms:
             problems.append("WORKER_LOCK_TIMEOUT_MS must not be above WORKER_STATEMENT_TIMEOUT_MS")

@@ -90,7 +90,8 @@ QUEUE_DEPTH = Gauge(
 
 OLDEST_DUE_SECONDS = Gauge(
     "oldest_due_seconds",
-    "Age of the oldest execution that is due and not running (0 when none).",
+    "Age of the oldest execution that is due and not running, and not waiting for its"
+    " concurrency key (0 when none).",
     namespace=NAMESPACE,
     multiprocess_mode="max",
 )

@@ -24,11 +24,13 @@ from sqlalchemy import (
     false,
     func,
     select,
+    text,
     tuple_,
 )
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
 from orquestador.db.schema import (
+    KEY_HOLDING,
     action_attempt,
     action_execution,
     audit_event,
@@ -48,6 +50,17 @@ class Reach(enum.Enum):
     OWN = "own"
     # All of them: routes guarded by an operator scope.
     ORGANIZATION = "organization"
+
+
+@dataclass(frozen=True)
+class KeyWait:
+    """A PENDING execution's concurrency key as it stands: full when holders >= limit."""
+
+    key: str
+    limit: int
+    holders: int
+    # The holders the caller may read, oldest first.
+    visible: list[uuid.UUID]
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,7 @@ _EXECUTION_COLUMNS = (
     execution.c.accepted_state,
     execution.c.created_at,
     execution.c.updated_at,
+    execution.c.priority,
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     # The machine the request names, else the one its data names (a moment's machineId).
@@ -156,6 +170,7 @@ class ResourceAccess:
                 request.c.revision,
                 request.c.busy_execution_id,
                 request.c.simulation,
+                request.c.data,
                 flow.c.definition,
             )
             .join(flow, flow.c.id == request.c.flow_id)
@@ -372,6 +387,53 @@ class ResourceAccess:
             )
         )
         return list(connection.execute(query))
+
+    def key_holders(
+        self, connection: Connection, execution_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, KeyWait]:
+        """For the visible PENDING executions among `execution_ids` that wait for a place
+        under a concurrency key they do not hold yet: the key, its limit, how many hold it
+        in the caller's organization, and the holders the caller may see (oldest first)."""
+        waiting = connection.execute(
+            select(execution.c.id, execution.c.concurrency_key, execution.c.concurrency_limit)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(
+                execution.c.id.in_(execution_ids),
+                execution.c.status == "PENDING",
+                execution.c.started_at.is_(None),
+                execution.c.concurrency_key.is_not(None),
+                self._sees_execution(),
+            )
+        ).all()
+        if not waiting:
+            return {}
+        keys = sorted({row.concurrency_key for row in waiting})
+        holders = connection.execute(
+            select(
+                execution.c.id,
+                execution.c.concurrency_key,
+                self._sees_request().label("visible"),
+            )
+            .join(request, request.c.id == execution.c.request_id)
+            .where(
+                execution.c.org_id == self.caller.org,
+                execution.c.concurrency_key.in_(keys),
+                text(KEY_HOLDING),
+            )
+            .order_by(execution.c.started_at, execution.c.id)
+        ).all()
+        by_key: dict[str, list[Row]] = {}
+        for holder in holders:
+            by_key.setdefault(holder.concurrency_key, []).append(holder)
+        return {
+            row.id: KeyWait(
+                key=row.concurrency_key,
+                limit=row.concurrency_limit,
+                holders=len(by_key.get(row.concurrency_key, [])),
+                visible=[h.id for h in by_key.get(row.concurrency_key, []) if h.visible],
+            )
+            for row in waiting
+        }
 
     def commands_now(
         self, connection: Connection, command_ids: Sequence[uuid.UUID]

@@ -47,6 +47,7 @@ def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
         execution_id = queue_execution(
             connection,
             request_row=created,
+            definition=definition,
             transition_id=body["transition"],
             actor=caller.sub,
             actor_snapshot=caller.snapshot(),

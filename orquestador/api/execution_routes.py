@@ -253,6 +253,7 @@ def read_view_facts(
     waiting, read_at = _waits(connection, access, execution_ids, steps)
     wanted |= {c for _, commands in waiting.values() for c in commands}
     commands = access.commands_now(connection, sorted(wanted))
+    key_waits = access.key_holders(connection, execution_ids)
     return {
         key: ExecutionFacts(
             observed=observed,
@@ -262,6 +263,7 @@ def read_view_facts(
             wait_seconds=waiting.get(key, ({}, []))[0],
             read_at=read_at,
             machine_commands=machine_commands,
+            key_wait=key_waits.get(key),
         )
         for key, (observed, decision, simulated, machine_commands) in parsed.items()
     }

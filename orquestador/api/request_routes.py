@@ -123,6 +123,7 @@ def transition(request_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
         request_id=request_id,
         transition_id=body["transition"],
         expected_revision=int(body["expectedRevision"]),
+        priority=body.get("priority"),
     )
     context = api_context()
     execution_id = accept_transition(

@@ -38,6 +38,14 @@ TRANSITION_BODY: dict[str, Any] = {
     "properties": {
         "transition": {"type": "string", "minLength": 1, "maxLength": 200},
         "expectedRevision": {"type": "integer", "minimum": 1, "maximum": 2147483647},
+        "priority": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 9,
+            "description": (
+                "0-9, higher first within the organization; omitted, the flow's `priority`, else 5."
+            ),
+        },
         "simulation": {
             "type": "boolean",
             "description": (

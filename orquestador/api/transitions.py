@@ -16,6 +16,7 @@ _STATUS = {
     acceptance.REVISION_CONFLICT: 409,
     acceptance.REQUEST_BUSY: 409,
     acceptance.TRANSITION_NOT_ALLOWED: 422,
+    acceptance.CONCURRENCY_KEY_MISSING: 422,
 }
 
 

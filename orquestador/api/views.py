@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
 from orquestador.queue.waits import NOT_READY
 
@@ -104,6 +105,8 @@ class ExecutionFacts:
     read_at: datetime | None = None
     # What the last cancel did to the execution's machine commands (None: no cancel).
     machine_commands: dict[str, Any] | None = None
+    # A PENDING execution's concurrency key, when it waits for a place under it.
+    key_wait: KeyWait | None = None
 
 
 FrozenFacts = tuple[
@@ -233,6 +236,7 @@ def execution_view(
     if waiting:
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)
     body["attempts"] = row.attempts
+    body["priority"] = row.priority
     by_action: dict[str, list[Row]] = {}
     for attempt in attempts:
         by_action.setdefault(attempt.action_id, []).append(attempt)
@@ -254,6 +258,14 @@ def execution_view(
             body["decision"] = facts.decision
         if facts.machine_commands is not None:
             body["machineCommands"] = facts.machine_commands
+        wait = facts.key_wait
+        if row.status == "PENDING" and wait is not None and wait.holders >= wait.limit:
+            body["blockedBy"] = {
+                "key": wait.key,
+                "limit": wait.limit,
+                "holders": wait.holders,
+                "heldBy": [str(holder) for holder in wait.visible],
+            }
     if row.simulation:
         body["simulation"] = True
         body["wouldHaveDone"] = facts.would_have_done if facts is not None else []

@@ -40,6 +40,7 @@ from sqlalchemy.exc import DBAPIError
 
 from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, flow, hosting_plan, plan_flow_binding, platform_event
+from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import DataValidationError, Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, MAX_EVENT_DATA_TEXT_BYTES
@@ -275,8 +276,12 @@ def process_event(
     try:
         data = request_data(event, read_event_data(connection, event))
         validate_request_data(data, bound.data_schema, max_bytes=MAX_DATA_BYTES)
+        if start.concurrency is not None:
+            key_value(start.concurrency, data)  # before the request is written
     except DataValidationError as exc:
         return reject_event(connection, event, bound.id, exc.problems)
+    except KeyMissing as missing:
+        return reject_event(connection, event, bound.id, [missing.problem])
     created = insert_request(
         connection,
         org=event.org_id,
@@ -288,6 +293,7 @@ def process_event(
     execution_id = queue_execution(
         connection,
         request_row=created,
+        definition=definition,
         transition_id=start.id,
         actor=actor.sub,
         actor_snapshot=actor.snapshot,

@@ -9,9 +9,9 @@ from sqlalchemy import Connection, text
 
 from orquestador.db.schema import (
     PURGE_SIMULATIONS_SIGNATURE,
+    RUNTIME_FUNCTIONS,
     RUNTIME_GRANTS,
     RUNTIME_UPDATE_COLUMNS,
-    WRITE_BATCH_SIGNATURE,
 )
 
 log = logging.getLogger("orquestador.migrations")
@@ -74,7 +74,7 @@ def apply_runtime_grants(connection: Connection, role: str) -> list[str]:
         restrict_updates(connection, role, table, RUNTIME_UPDATE_COLUMNS.get(table, ()))
     for sequence in serial_sequences(connection, tables):
         connection.execute(text(f"GRANT USAGE ON SEQUENCE {sequence} TO {quote(role)}"))
-    for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE):
+    for signature in RUNTIME_FUNCTIONS:
         if function_present(connection, signature):
             connection.execute(text(f"GRANT EXECUTE ON FUNCTION {signature} TO {quote(role)}"))
     return tables
@@ -151,7 +151,7 @@ def apply_platform_grants(connection: Connection, role: str, runtime_role: str |
     # REVOKE ALL on a table takes its column privileges with it.
     for table in present_tables(connection):
         connection.execute(text(f"REVOKE ALL ON TABLE {quote(table)} FROM {quote(role)}"))
-    for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE):
+    for signature in RUNTIME_FUNCTIONS:
         if function_present(connection, signature):
             connection.execute(text(f"REVOKE ALL ON FUNCTION {signature} FROM {quote(role)}"))
     for table, columns in PLATFORM_INSERT_COLUMNS.items():

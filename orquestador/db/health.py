@@ -7,7 +7,7 @@ from sqlalchemy import Connection, Engine, create_engine, pool, text
 from orquestador.config import Settings, sqlalchemy_url
 from orquestador.db.grants import function_present, serial_sequences
 from orquestador.db.schema import (
-    PURGE_SIMULATIONS_SIGNATURE,
+    RUNTIME_FUNCTIONS,
     RUNTIME_GRANTS,
     RUNTIME_UPDATE_COLUMNS,
     WRITE_BATCH_FUNCTION,
@@ -120,7 +120,7 @@ def _privilege_problems(connection: Connection) -> list[str]:
         problems.append(f"DATABASE_URL: role {role!r} lacks USAGE on sequence {sequence}")
     functions = [
         signature
-        for signature in (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE)
+        for signature in RUNTIME_FUNCTIONS
         if function_present(connection, signature)
         and not connection.execute(
             text("SELECT has_function_privilege(:f, 'EXECUTE')"), {"f": signature}

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -128,6 +129,12 @@ request = Table(
     UniqueConstraint("id", "simulation"),
 )
 
+# An execution holds its concurrency key from its first claim until it ends.
+KEY_HOLDING = (
+    "started_at IS NOT NULL"
+    " AND status IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'WAITING', 'RECONCILIATION_REQUIRED')"
+)
+
 execution = Table(
     "execution",
     metadata,
@@ -156,6 +163,15 @@ execution = Table(
     # What a WAITING execution waits for ("machine_command:<id>"): a change to it sets
     # next_attempt_at to now and notifies, so the wait ends at once.
     Column("wait_key", Text),
+    # 0-9: within an organization the claim takes higher first (migration 0015).
+    Column("priority", SmallInteger, nullable=False, server_default=text("5")),
+    # The value a transition's `concurrency.key` read at acceptance, and its limit. Held
+    # from the first claim (started_at set) until the execution ends: KEY_HOLDING.
+    Column("concurrency_key", Text),
+    Column("concurrency_limit", Integer),
+    # PENDING, and its key was full when the claim last looked: out of the claim's index
+    # until a holder ends and a claim lets it back (key_release).
+    Column("key_blocked", Boolean, nullable=False, server_default=text("false")),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -174,13 +190,42 @@ execution = Table(
         "(status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
         name="lease_iff_running",
     ),
-    # The claim reads waiting work in this order; the partial index keeps it small.
+    CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
+    CheckConstraint(
+        "(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit >= 1",
+        name="concurrency",
+    ),
+    # The claim: one organization at a time, one priority at a time, oldest due first.
+    Index(
+        "ix_execution_ready",
+        "org_id",
+        "priority",
+        "next_attempt_at",
+        "id",
+        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT key_blocked"),
+    ),
+    Index(
+        "ix_execution_key_holders",
+        "org_id",
+        "concurrency_key",
+        postgresql_where=text(f"concurrency_key IS NOT NULL AND {KEY_HOLDING}"),
+    ),
+    Index(
+        "ix_execution_key_blocked",
+        "org_id",
+        "concurrency_key",
+        "priority",
+        "created_at",
+        "id",
+        postgresql_where=text("key_blocked AND status = 'PENDING'"),
+    ),
+    # Due work in due order: the gauge of the oldest due execution.
     Index(
         "ix_execution_due",
         "next_attempt_at",
         "created_at",
         "id",
-        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT', 'WAITING')"),
+        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT key_blocked"),
     ),
     Index(
         "ix_execution_wait_key",
@@ -486,6 +531,17 @@ page_session_revocation = Table(
     Index(None, "expires_at"),
 )
 
+# A concurrency key a holder let go of (migration 0015's trigger writes the row in the
+# holder's ending transaction); the next claim takes it and, under the key's lock, lets
+# the oldest executions blocked on the key back (queue/claims.py).
+key_release = Table(
+    "key_release",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("org_id", Text, nullable=False),
+    Column("concurrency_key", Text, nullable=False),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -505,6 +561,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "platform_event": ("SELECT", "INSERT"),
     "machine_credential": ("SELECT",),
     "page_session_revocation": ("SELECT", "INSERT", "DELETE"),
+    "key_release": ("SELECT", "INSERT", "DELETE"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -528,6 +585,7 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "started_at",
         "updated_at",
         "finished_at",
+        "key_blocked",
     ),
     # A new attempt rewrites its checkpoint whole (checkpoints._START's upsert).
     "action_execution": (
@@ -573,6 +631,9 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "platform_event": ("processed_at", "outcome", "request_id", "execution_id"),
     # Revoking a credential; its machine, organization and expiry are the owner's.
     "machine_credential": ("revoked_at", "revoked_by"),
+    # Nothing updates a release: a claim takes rows FOR UPDATE SKIP LOCKED, which needs
+    # UPDATE on one column, and an identity column can only be "updated" to its default.
+    "key_release": ("id",),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges
@@ -584,6 +645,15 @@ PURGE_SIMULATIONS_SIGNATURE = f"{PURGE_SIMULATIONS_FUNCTION}(interval, integer)"
 # the caller's rights; since 0012 executable by the runtime role only.
 WRITE_BATCH_FUNCTION = "orquestador_write_batch"
 WRITE_BATCH_SIGNATURE = f"{WRITE_BATCH_FUNCTION}(jsonb, jsonb, jsonb, jsonb, jsonb, text)"
+# Migration 0015: how many more holders each concurrency key may take, counted under the
+# key's advisory lock (queue/claims.py); executable by the runtime role only.
+KEY_ROOM_FUNCTION = "orquestador_key_room"
+KEY_ROOM_SIGNATURE = f"{KEY_ROOM_FUNCTION}(text[], text[], integer[], integer[])"
+# A concurrency key's advisory lock is (KEY_LOCK_CLASS, hashtext(org || '/' || key)): the
+# two-key form, which never meets the maintenance leader's one-key lock.
+KEY_LOCK_CLASS = 1_907_019
+# The functions the runtime role executes, and only it.
+RUNTIME_FUNCTIONS = (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE, KEY_ROOM_SIGNATURE)
 # Migration 0011: the SQLSTATE the batch raises when a lease it wrote under ran out
 # before COMMIT (nothing of the batch is kept).
 LEASE_RAN_OUT_SQLSTATE = "OQL01"

@@ -19,6 +19,7 @@ from orquestador.domain.action_contracts import (
     input_problems,
     output_can_have,
 )
+from orquestador.domain.concurrency import DEFAULT_PRIORITY, Concurrency, key_pointer_problem
 from orquestador.domain.decision import DecisionResult, check_table, decision_view, evaluate
 from orquestador.domain.errors import DecisionError, MappingError, Problem
 from orquestador.domain.limits import number_problems
@@ -148,6 +149,8 @@ class _Report:
     states: set[str] | None
     capability_problem: CapabilityProblem | None
     contract_of: ContractOf | None = None
+    # The flow's dataSchema when it is one (a concurrency key is read from the data).
+    data_schema: Any = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     # Each path the schema found a problem at, and every path above one: `shaped`
@@ -295,6 +298,12 @@ def _check_transition(transition: Mapping[str, Any], here: str, report: _Report)
     decision = transition.get("decision")
     if decision is not None and report.shaped(f"{here}/decision"):
         _check_decision(decision, f"{here}/decision", action_ids, outputs, report)
+    concurrency = transition.get("concurrency")
+    if isinstance(concurrency, Mapping) and report.shaped(f"{here}/concurrency/key"):
+        report.error(
+            f"{here}/concurrency/key",
+            key_pointer_problem(concurrency["key"], report.data_schema),
+        )
     for u, update in _items(transition, "updates"):
         at = f"{here}/updates/{u}"
         if not report.shaped(at):
@@ -371,7 +380,10 @@ def validate_definition(
         errors=list(schema_errors),
     )
     if "dataSchema" in definition and report.shaped("/dataSchema"):
-        report.errors.extend(schema_problems(definition["dataSchema"], "/dataSchema"))
+        problems = schema_problems(definition["dataSchema"], "/dataSchema")
+        report.errors.extend(problems)
+        if not problems:
+            report.data_schema = definition["dataSchema"]
     if report.shaped("/initialState"):
         report.unknown_state("/initialState", definition.get("initialState"))
     seen: set[str] = set()
@@ -433,6 +445,7 @@ class Transition:
     decision: dict[str, Any] | None
     updates: list[dict[str, Any]]
     raw: dict[str, Any]
+    concurrency: Concurrency | None = None
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Transition:
@@ -444,6 +457,7 @@ class Transition:
             decision=raw.get("decision"),
             updates=list(raw.get("updates", [])),
             raw=dict(raw),
+            concurrency=Concurrency.from_json(raw.get("concurrency")),
         )
 
     def leaves(self, state: str) -> bool:
@@ -467,6 +481,8 @@ class FlowDefinition:
     raw: dict[str, Any]
     # The transition a platform event starts (moment-triggered flows only).
     start: str | None = None
+    # Its executions' priority unless a transition request gives one.
+    priority: int = DEFAULT_PRIORITY
 
     @classmethod
     def from_json(cls, definition: Mapping[str, Any]) -> FlowDefinition:
@@ -480,6 +496,7 @@ class FlowDefinition:
             transitions={t["id"]: Transition.from_json(t) for t in definition["transitions"]},
             raw=dict(definition),
             start=definition.get("start"),
+            priority=definition.get("priority", DEFAULT_PRIORITY),
         )
 
 

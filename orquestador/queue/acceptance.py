@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Row, func, text
 
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, audit_event, execution, request
+from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.errors import OrquestadorError
@@ -34,6 +35,8 @@ class TransitionCommand:
     request_id: uuid.UUID
     transition_id: str
     expected_revision: int
+    # 0-9; None: the flow's default.
+    priority: int | None = None
 
 
 class TransitionRefused(OrquestadorError):
@@ -53,6 +56,7 @@ TRANSITION_UNKNOWN = "TRANSITION_UNKNOWN"
 REVISION_CONFLICT = "REVISION_CONFLICT"
 REQUEST_BUSY = "REQUEST_BUSY"
 TRANSITION_NOT_ALLOWED = "TRANSITION_NOT_ALLOWED"
+CONCURRENCY_KEY_MISSING = "CONCURRENCY_KEY_MISSING"
 
 
 def accept_transition(
@@ -73,7 +77,8 @@ def accept_transition(
         # real transition it does not exist, whichever locker let it through.
         if row is None or row.simulation:
             raise TransitionRefused(REQUEST_NOT_FOUND, "The request does not exist.")
-        transition = FlowDefinition.from_json(row.definition).transitions.get(command.transition_id)
+        definition = FlowDefinition.from_json(row.definition)
+        transition = definition.transitions.get(command.transition_id)
         if transition is None:
             raise TransitionRefused(
                 TRANSITION_UNKNOWN,
@@ -96,14 +101,23 @@ def accept_transition(
                 f"The transition does not leave the request's current state {row.state!r}.",
                 [Problem("/transition", f"does not leave state {row.state!r}")],
             )
-        execution_id = queue_execution(
-            connection,
-            request_row=row,
-            transition_id=transition.id,
-            actor=actor,
-            actor_snapshot=actor_snapshot,
-            max_attempts=max_attempts,
-        )
+        try:
+            execution_id = queue_execution(
+                connection,
+                request_row=row,
+                definition=definition,
+                transition_id=transition.id,
+                actor=actor,
+                actor_snapshot=actor_snapshot,
+                max_attempts=max_attempts,
+                priority=command.priority,
+            )
+        except KeyMissing as missing:
+            raise TransitionRefused(
+                CONCURRENCY_KEY_MISSING,
+                "The transition declares a concurrency key that the request data does not give.",
+                [missing.problem],
+            ) from None
     log.info(
         "transition accepted",
         extra={"request_id": str(row.id), "execution_id": str(execution_id)},
@@ -157,10 +171,12 @@ def queue_execution(
     connection: Connection,
     *,
     request_row: Row,
+    definition: FlowDefinition,
     transition_id: str,
     actor: str,
     actor_snapshot: dict[str, Any],
     max_attempts: int,
+    priority: int | None = None,
     simulation: bool = False,
 ) -> uuid.UUID:
     """Write an accepted transition inside the caller's transaction; return the execution id.
@@ -168,9 +184,18 @@ def queue_execution(
     The caller has locked the request (or just inserted it) and checked the transition:
     this queues the PENDING execution, moves the request to the next revision with the
     execution as its busy marker, records TRANSITION_ACCEPTED and wakes the workers.
-    `request_row` needs id, org_id, flow_id, state and revision. Platform events and dry
-    runs accept their first transition through here too.
+    `request_row` needs id, org_id, flow_id, state, revision and data. Platform events and
+    dry runs accept their first transition through here too.
+
+    The execution's concurrency key is read from the request data before anything is
+    written (`KeyMissing` when the data gives none); a dry run holds no key, so it never
+    waits for a real execution nor makes one wait. `priority` None is the flow's default.
     """
+    concurrency = definition.transitions[transition_id].concurrency
+    key: str | None = None
+    limit: int | None = None
+    if concurrency is not None and not simulation:
+        key, limit = key_value(concurrency, request_row.data), concurrency.limit
     accepted_revision = request_row.revision + 1
     execution_id = connection.execute(
         execution.insert()
@@ -185,6 +210,9 @@ def queue_execution(
             max_attempts=max_attempts,
             simulation=simulation,
             actor_snapshot=actor_snapshot,
+            priority=definition.priority if priority is None else priority,
+            concurrency_key=key,
+            concurrency_limit=limit,
         )
         .returning(execution.c.id)
     ).scalar_one()

@@ -2,44 +2,137 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, bindparam, text
 
+from orquestador.db.schema import JSONB_VALUE
 from orquestador.queue.fencing import Claim
 from orquestador.queue.prepared import run_alone
 from orquestador.queue.snapshots import LoadedExecution
 
-# Two sources of work, each read through its own partial index and locked with
-# SKIP LOCKED so that concurrent claimers split the rows instead of queueing on
-# each other. Each source locks only what it takes, so the statement never holds
-# more than :limit rows that another claimer must then skip. now() (this
-# transaction's start) serves the index conditions; the claim is the transaction's
-# first statement, so it differs from clock_timestamp() by microseconds and only ever
-# in the conservative direction.
+# The claim's index condition (ix_execution_ready): work that may be claimed once it is
+# due. A PENDING execution whose key was full (key_blocked) is out until a holder ends.
+_READY = "{e}status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT {e}key_blocked"
+
+# One statement, four steps:
+#
+# 1. abandoned: RUNNING rows whose holder let the lease lapse (crashed, hung or
+#    partitioned), first: each keeps its request busy, and it was due before anything else.
+#    Taking them bumps the token, which fences the old holder out for good.
+# 2. candidates: the due work of every organization that has some, found with one probe
+#    per organization (a loose index scan) and one per priority (0-9) within it, so the
+#    cost follows how many organizations wait, not how much each has waiting. Within an
+#    organization, higher priority first, then oldest due. Across organizations the free
+#    slots are shared: an organization's k-th candidate ranks by (its RUNNING executions
+#    + k) / its weight (ORG_WEIGHTS, default 1), so the slot goes to whoever holds the
+#    fewest for their weight, and a backlog never queues another organization behind it.
+# 3. chosen: the best-ranked candidates up to what the abandoned rows left of :limit (the
+#    free executor slots). Candidates are locked as they are found, with SKIP LOCKED, so
+#    concurrent claimers split the rows instead of queueing on each other: at most the
+#    free slots per organization, and those not chosen are let go at COMMIT, a moment
+#    later.
+# 4. keys: a first claim of an execution with a concurrency key needs room under its
+#    key. orquestador_key_room (migration 0015) counts each key's holders under the key's
+#    advisory lock, so two claims never both take the last place; the rest of a full key
+#    are marked key_blocked and leave the index. The same call takes the keys holders
+#    let go of since (key_release) and lets their oldest blocked executions back.
+#
+# now() (this transaction's start) serves the index conditions; the claim is the
+# transaction's first statement, so it differs from clock_timestamp() by microseconds and
+# only ever in the conservative direction. Ids go through arrays (ANY (ARRAY(...))): a
+# cached generic plan cannot know how few rows a step holds and would hash-join it with
+# a scan of the whole table.
 _CLAIM = text(
-    """
-    WITH abandoned AS (
-        -- RUNNING rows whose holder let the lease lapse (crashed, hung or partitioned):
-        -- taking them bumps the token, which fences the old holder out for good. They
-        -- go first: each keeps its request busy, and it was due before anything else.
+    f"""
+    WITH RECURSIVE abandoned AS (
         SELECT id
         FROM execution
         WHERE status = 'RUNNING' AND lease_expires_at <= now()
         ORDER BY next_attempt_at, created_at, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
-    ), waiting AS (
-        -- New work, retries whose backoff has elapsed and waits that ran out or were
-        -- woken, oldest due first, up to what the abandoned rows left of :limit (the
-        -- free executor slots).
-        SELECT id
-        FROM execution
-        WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND next_attempt_at <= now()
-        ORDER BY next_attempt_at, created_at, id
-        LIMIT (SELECT :limit - count(*) FROM abandoned)
-        FOR UPDATE SKIP LOCKED
-    )
+    ), free AS (
+        SELECT :limit - count(*) AS slots FROM abandoned
+    ), organizations AS (
+        (SELECT org_id FROM execution WHERE {_READY.format(e="")} ORDER BY org_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT e.org_id FROM execution e
+                WHERE {_READY.format(e="e.")} AND e.org_id > o.org_id
+                ORDER BY e.org_id LIMIT 1)
+        FROM organizations o
+        WHERE o.org_id IS NOT NULL
+    ), candidates AS (
+        SELECT c.id, c.org_id, c.concurrency_key, c.concurrency_limit, c.started_at,
+               c.next_attempt_at,
+               (running.n + row_number() OVER (
+                    PARTITION BY o.org_id ORDER BY c.priority DESC, c.next_attempt_at, c.id
+                ))::float8 / coalesce((CAST(:weights AS jsonb) ->> o.org_id)::float8, 1) AS share
+        FROM organizations o
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM execution r
+            WHERE r.status = 'RUNNING' AND r.org_id = o.org_id
+        ) running
+        CROSS JOIN LATERAL (
+            SELECT d.*
+            FROM generate_series(9, 0, -1) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT e.id, e.org_id, e.priority, e.next_attempt_at, e.concurrency_key,
+                       e.concurrency_limit, e.started_at
+                FROM execution e
+                WHERE e.org_id = o.org_id AND e.priority = p.priority
+                  AND {_READY.format(e="e.")} AND e.next_attempt_at <= now()
+                ORDER BY e.next_attempt_at, e.id
+                LIMIT (SELECT slots FROM free)
+                FOR UPDATE SKIP LOCKED
+            ) d
+            LIMIT (SELECT slots FROM free)
+        ) c
+        WHERE o.org_id IS NOT NULL
+    ), chosen AS (
+        SELECT * FROM candidates
+        ORDER BY share, next_attempt_at, id
+        LIMIT (SELECT slots FROM free)
+    ), wanted AS (
+        SELECT org_id, concurrency_key, min(concurrency_limit) AS lim, count(*) AS want
+        FROM chosen
+        WHERE concurrency_key IS NOT NULL AND started_at IS NULL
+        GROUP BY org_id, concurrency_key
+    ), released AS (
+        DELETE FROM key_release
+        WHERE id = ANY (ARRAY(
+            SELECT id FROM key_release ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED
+        ))
+        RETURNING org_id, concurrency_key
+    ), keys AS (
+        SELECT org_id, concurrency_key, max(lim)::integer AS lim, sum(want)::integer AS want
+        FROM (SELECT org_id, concurrency_key, lim, want FROM wanted
+              UNION ALL
+              SELECT org_id, concurrency_key, NULL, 0 FROM released) k
+        GROUP BY org_id, concurrency_key
+    ), room AS (
+        SELECT * FROM orquestador_key_room(
+            ARRAY(SELECT org_id FROM keys ORDER BY org_id, concurrency_key),
+            ARRAY(SELECT concurrency_key FROM keys ORDER BY org_id, concurrency_key),
+            ARRAY(SELECT lim FROM keys ORDER BY org_id, concurrency_key),
+            ARRAY(SELECT want FROM keys ORDER BY org_id, concurrency_key))
+    ), decided AS (
+        -- A holder already (a retry, a wait's next round, a requeued execution) keeps
+        -- its place; a first claim runs if its rank under its key is within the room.
+        SELECT c.id,
+               c.concurrency_key IS NULL OR c.started_at IS NOT NULL
+               OR row_number() OVER (
+                    PARTITION BY c.org_id, c.concurrency_key, c.started_at IS NULL
+                    ORDER BY c.share, c.next_attempt_at, c.id
+               ) <= k.room AS runs
+        FROM chosen c
+        LEFT JOIN room k ON k.org_id = c.org_id AND k.concurrency_key = c.concurrency_key
+    ), blocked AS (
+        UPDATE execution SET key_blocked = true
+        WHERE id = ANY (ARRAY(SELECT id FROM decided WHERE NOT runs))
+        RETURNING id
+    ), claimed AS (
     UPDATE execution AS e
     SET status = 'RUNNING',
         -- A wait's next round is the same attempt going on: it spends none. (A holder
@@ -52,9 +145,8 @@ _CLAIM = text(
         started_at = coalesce(e.started_at, clock_timestamp()),
         updated_at = clock_timestamp()
     FROM request AS r, flow AS f
-    -- An array, not a join with the sources: a cached generic plan cannot know how few
-    -- rows they hold and would hash-join them with a scan of the whole table.
-    WHERE e.id = ANY (ARRAY(SELECT id FROM abandoned UNION ALL SELECT id FROM waiting))
+    WHERE e.id = ANY (ARRAY(SELECT id FROM abandoned
+                            UNION ALL SELECT id FROM decided WHERE runs))
       AND r.id = e.request_id AND f.id = e.flow_id
     RETURNING e.id, e.fencing_token, e.attempts, e.max_attempts, e.request_id,
               e.lease_expires_at, e.next_attempt_at, e.created_at,
@@ -65,8 +157,17 @@ _CLAIM = text(
               r.state AS request_state, r.revision AS request_revision,
               r.flow_id AS request_flow_id, r.busy_execution_id, r.owner_id, r.data,
               f.version AS flow_version, f.definition, f.data_schema
+    )
+    -- One row at least, so that a claim that only blocked or woke says so. Reading
+    -- room here makes it run whatever the rest needs of it: a claim with no candidate
+    -- still lets the executions blocked on a released key back.
+    SELECT claimed.*, (SELECT count(*) FROM blocked) AS blocked,
+           (SELECT count(*) FROM released) AS released,
+           (SELECT count(*) FROM room) AS keys
+    FROM (SELECT 1) AS one
+    LEFT JOIN claimed ON true
     """
-)
+).bindparams(bindparam("weights", type_=JSONB_VALUE))
 
 
 def _snapshot(row: Any) -> LoadedExecution | None:
@@ -85,22 +186,45 @@ def _snapshot(row: Any) -> LoadedExecution | None:
     return LoadedExecution.from_row(row, checkpoints={})
 
 
-def claim_due_executions(
-    conn: Connection, owner: str, limit: int, lease_seconds: float
-) -> list[Claim]:
+class ClaimRound(NamedTuple):
+    claims: list[Claim]
+    # PENDING executions this claim found their key full for: they left the claim's
+    # index, so another claim at once may find other work.
+    blocked: int = 0
+    # Keys let go of that this claim took up: the executions it let back are due now.
+    released: int = 0
+
+    @property
+    def more_may_be_due(self) -> bool:
+        return self.blocked > 0 or self.released > 0
+
+
+def claim_round(
+    conn: Connection,
+    owner: str,
+    limit: int,
+    lease_seconds: float,
+    org_weights: Mapping[str, float] | None = None,
+) -> ClaimRound:
     """Claim up to `limit` due executions for `owner` and commit before returning them.
 
-    A first holder's claim carries its loaded execution (`Claim.snapshot`), which
-    saves the worker the separate load.
+    `org_weights` shares the slots unevenly (an organization not named weighs 1). A first
+    holder's claim carries its loaded execution (`Claim.snapshot`), which saves the
+    worker the separate load.
     """
     if limit <= 0:
-        return []
-    rows = run_alone(
-        conn, _CLAIM, {"limit": limit, "owner": owner, "lease_seconds": float(lease_seconds)}
-    ).fetchall()
+        return ClaimRound([])
+    params = {
+        "limit": limit,
+        "owner": owner,
+        "lease_seconds": float(lease_seconds),
+        "weights": dict(org_weights or {}),
+    }
+    result = run_alone(conn, _CLAIM, params).fetchall()
+    rows = [row for row in result if row.id is not None]
     # RETURNING gives no order; hand the claims out in the order they were chosen.
     rows.sort(key=lambda row: (row.next_attempt_at, row.created_at, row.id))
-    return [
+    claims = [
         Claim(
             execution_id=row.id,
             token=row.fencing_token,
@@ -115,3 +239,15 @@ def claim_due_executions(
         )
         for row in rows
     ]
+    return ClaimRound(claims, result[0].blocked, result[0].released)
+
+
+def claim_due_executions(
+    conn: Connection,
+    owner: str,
+    limit: int,
+    lease_seconds: float,
+    org_weights: Mapping[str, float] | None = None,
+) -> list[Claim]:
+    """`claim_round`'s claims."""
+    return claim_round(conn, owner, limit, lease_seconds, org_weights).claims

@@ -84,6 +84,7 @@ class Worker:
             batch=settings.worker_batch,
             poll_seconds=settings.worker_poll_ms / 1000,
             lease_seconds=settings.worker_lease_seconds,
+            org_weights=settings.org_weight_map,
             slots=self.slots,
             submit=self._submit,
             wake=self.wake,

@@ -239,7 +239,7 @@ _OLDEST_DUE = text(
     SELECT greatest(
         (SELECT extract(epoch FROM clock_timestamp() - min(next_attempt_at))
          FROM execution
-         WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING')
+         WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT key_blocked
            AND next_attempt_at <= clock_timestamp()),
         (SELECT extract(epoch FROM clock_timestamp() - min(lease_expires_at))
          FROM execution

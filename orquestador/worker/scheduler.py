@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Engine
 
 from orquestador.metrics import CLAIM_BATCH_SIZE
-from orquestador.queue import Claim, claim_due_executions
+from orquestador.queue import Claim
+from orquestador.queue.claims import ClaimRound, claim_round
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.messages import error_line
@@ -88,6 +89,7 @@ class Scheduler(threading.Thread):
         poll_seconds: float,
         lease_seconds: float,
         slots: Slots,
+        org_weights: Mapping[str, float] | None = None,
         submit: Callable[[Claim], None],
         wake: threading.Event,
         hooks: WorkerHooks = NO_HOOKS,
@@ -98,6 +100,7 @@ class Scheduler(threading.Thread):
         self._batch = batch
         self._poll_seconds = poll_seconds
         self._lease_seconds = lease_seconds
+        self._org_weights = dict(org_weights or {})
         self._slots = slots
         self._submit = submit
         self._wake = wake
@@ -145,7 +148,9 @@ class Scheduler(threading.Thread):
                 )
                 failures = 0
             self.healthy.set()
-            backlog = len(claimed) == wanted
+            # A claim that blocked executions behind a full concurrency key, or let some
+            # back, changed what is due: claim again at once rather than after a poll.
+            backlog = len(claimed.claims) == wanted or claimed.more_may_be_due
             if not backlog:
                 if self._hooks.before_idle_wait:
                     self._hooks.before_idle_wait()
@@ -169,11 +174,12 @@ class Scheduler(threading.Thread):
         )
         return wait
 
-    def claim_once(self, wanted: int) -> list[Claim]:
+    def claim_once(self, wanted: int) -> ClaimRound:
         with self._engine.connect() as conn:
-            claims = claim_due_executions(conn, self._owner, wanted, self._lease_seconds)
+            claimed = claim_round(conn, self._owner, wanted, self._lease_seconds, self._org_weights)
+        claims = claimed.claims
         if not claims:
-            return claims
+            return claimed
         CLAIM_BATCH_SIZE.observe(len(claims))
         # The slots are taken before anything else can fail, and every claim goes
         # straight to a thread: nothing claimed waits in a local queue.
@@ -182,4 +188,4 @@ class Scheduler(threading.Thread):
             self._hooks.after_claim(claims)
         for claim in claims:
             self._submit(claim)
-        return claims
+        return claimed

@@ -137,7 +137,9 @@ def test_a_claim_locks_no_more_rows_than_it_takes(runtime_engine):
 
     # The claim statement inside a transaction left open, so its locks can be counted.
     with runtime_engine.connect() as conn, conn.begin():
-        claimed = conn.execute(_CLAIM, {"limit": 2, "owner": "w", "lease_seconds": 30.0}).all()
+        claimed = conn.execute(
+            _CLAIM, {"limit": 2, "owner": "w", "lease_seconds": 30.0, "weights": {}}
+        ).all()
         assert len(claimed) == 2
         # Lease-expired work goes first; the two pending rows are neither taken nor held.
         assert {row.id for row in claimed} == set(abandoned)

@@ -60,18 +60,28 @@ TABLES_OF_0013 = frozenset({"machine_credential", "page_session_revocation"})
 
 
 # What migration 0014 adds: a column the runtime role may UPDATE.
-COLUMNS_OF_0014 = {"machine_command": {"cancel_requested_at"}}
+# The columns the runtime role may UPDATE that a revision after 0013 added.
+COLUMNS_ADDED = {
+    "0014": {"machine_command": {"cancel_requested_at"}},
+    "0015": {"execution": {"key_blocked"}, "key_release": {"id"}},
+}
 
 
 def _declared_updates(
-    without: frozenset[str] = frozenset(), *, before_0014: bool = True
+    without: frozenset[str] = frozenset(), *, at: str = "0013"
 ) -> dict[str, set[str]]:
-    later = COLUMNS_OF_0014 if before_0014 else {}
-    return {
+    later: dict[str, set[str]] = {}
+    for revision, added in COLUMNS_ADDED.items():
+        if revision > at:
+            for table, columns in added.items():
+                later.setdefault(table, set()).update(columns)
+    declared = {
         t: set(c) - later.get(t, set())
         for t, c in RUNTIME_UPDATE_COLUMNS.items()
         if t not in without
     }
+    # A table a later revision created has no grants yet.
+    return {t: c for t, c in declared.items() if c or t not in later}
 
 
 def _owner_query(server: TestServer, name: str, sql: str, **params: object) -> list:
@@ -346,7 +356,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             {"id": command_id, "key": f"{execution_id}:power"},
         )
     _step(server, name, "0014")
-    assert _update_columns(server, name) == _declared_updates(before_0014=False)
+    assert _update_columns(server, name) == _declared_updates(at="0014")
     runtime = _engine(server.url(name, runtime=True))
     with runtime.begin() as connection:
         # What a cancel does to a command an agent took, then what the agent reports.
@@ -358,6 +368,16 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             {"id": command_id},
         )
     runtime.dispose()
+
+    # 0015: the executions written before it run at priority 5 with no key.
+    _step(server, name, "0015")
+    assert _update_columns(server, name) == _declared_updates(at="0015")
+    with engine.connect() as connection:
+        before = connection.execute(
+            text("SELECT priority, concurrency_key, key_blocked FROM execution WHERE id = :id"),
+            {"id": execution_id},
+        ).one()
+    assert tuple(before) == (5, None, False)
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})

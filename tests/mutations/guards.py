@@ -209,32 +209,32 @@ CLAIM_GUARDS = [
     Mutation(
         "claim-skip-locked-due",
         _CLAIMS_PY,
-        "        LIMIT (SELECT :limit - count(*) FROM abandoned)\n        FOR UPDATE SKIP LOCKED",
-        "        LIMIT (SELECT :limit - count(*) FROM abandoned)\n        FOR UPDATE",
+        "                LIMIT (SELECT slots FROM free)\n                FOR UPDATE SKIP LOCKED",
+        "                LIMIT (SELECT slots FROM free)\n                FOR UPDATE",
         "Concurrent claimers split due rows instead of queueing on each other's locks.",
         (f"{CLAIMS}::test_a_row_locked_by_an_open_transaction_is_skipped_not_waited_on",),
     ),
     Mutation(
         "claim-due-time",
         _CLAIMS_PY,
-        "status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND next_attempt_at <= now()",
-        "status IN ('PENDING', 'RETRY_WAIT', 'WAITING')",
+        "AND e.next_attempt_at <= now()\n                ORDER BY",
+        "\n                ORDER BY",
         "A retry or a wait is claimed only once it is due.",
         (f"{CLAIMS}::test_claim_order_and_due_retries",),
     ),
     Mutation(
         "claim-claimable-statuses",
         _CLAIMS_PY,
-        "WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND",
-        "WHERE status <> 'RUNNING' AND",
+        "{e}status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND",
+        "{e}status <> 'RUNNING' AND",
         "A finished, failed, cancelled or parked execution is never claimed again.",
         (guard("test_an_execution_that_ended_or_is_parked_is_never_claimed"),),
     ),
     Mutation(
         "claim-limit-shared",
         _CLAIMS_PY,
-        "LIMIT (SELECT :limit - count(*) FROM abandoned)",
-        "LIMIT :limit",
+        "SELECT :limit - count(*) AS slots FROM abandoned",
+        "SELECT :limit AS slots",
         "A claim takes at most the free slots, expired and due rows together, so claimed "
         "work never waits in a local queue while its lease runs down.",
         (f"{LOCKS}::test_a_claim_locks_no_more_rows_than_it_takes",),
@@ -256,6 +256,66 @@ CLAIM_GUARDS = [
         "Only a first holder skips the load: a later holder loads the checkpoints under the "
         "fence and never re-runs a step that succeeded.",
         (f"{CLAIMS}::test_a_first_claim_carries_what_the_load_reads_and_a_reclaim_does_not",),
+    ),
+]
+
+# --- concurrency keys and fair claims (queue/claims.py, migration 0015) ----------------
+
+KEYS = "tests/integration/test_concurrency_keys.py"
+_KEYS_SQL = "migrations/versions/0015_concurrency_keys_priorities.py"
+
+KEY_GUARDS = [
+    Mutation(
+        "key-room-under-the-key-lock",
+        _KEYS_SQL,
+        "        PERFORM pg_advisory_xact_lock({KEY_LOCK_CLASS}, v.lock_id);\n",
+        "",
+        "Two claims never both take the last place under a key: each counts the holders "
+        "under the key's lock, after the claim before it committed.",
+        (f"{KEYS}::test_claims_racing_for_the_one_place_under_a_key_leave_one_holder",),
+    ),
+    Mutation(
+        "key-room-counts-holders",
+        _KEYS_SQL,
+        "        room := greatest(coalesce(v.lim, 0) - v_held, 0);",
+        "        room := coalesce(v.lim, 0);",
+        "An execution holds its key from its first claim until it ends: a retry wait, a "
+        "wait, a lapsed lease and a parked execution keep the place.",
+        (
+            f"{KEYS}::test_a_retry_wait_keeps_the_key_and_a_cancel_releases_it_in_its_transaction",
+            f"{KEYS}::test_a_lapsed_lease_keeps_the_key_until_the_recovery_ends_the_execution",
+        ),
+    ),
+    Mutation(
+        "key-release-written-by-the-end",
+        _KEYS_SQL,
+        "    INSERT INTO key_release (org_id, concurrency_key)"
+        " VALUES (OLD.org_id, OLD.concurrency_key);",
+        "    NULL;",
+        "A holder that ends, whoever ends it, hands the key on to the oldest blocked "
+        "execution: nothing waits for a key nobody holds.",
+        (
+            f"{KEYS}::test_a_holder_that_ends_hands_the_key_to_the_oldest_blocked",
+            f"{KEYS}::test_a_holder_ending_while_a_claim_blocks_on_its_key_still_hands_the_key_on",
+        ),
+    ),
+    Mutation(
+        "key-blocked-leaves-the-claim",
+        _CLAIMS_PY,
+        "        UPDATE execution SET key_blocked = true\n",
+        "        UPDATE execution SET key_blocked = key_blocked\n",
+        "An execution that found its key full leaves the claim's index until a holder ends: "
+        "a long line behind one machine costs the claim nothing.",
+        (f"{KEYS}::test_a_holder_that_ends_hands_the_key_to_the_oldest_blocked",),
+    ),
+    Mutation(
+        "fair-share-counts-running",
+        _CLAIMS_PY,
+        "(running.n + row_number() OVER (",
+        "(row_number() OVER (",
+        "A free slot goes to the organization running the fewest executions for its "
+        "weight, so one organization's backlog never queues another's execution.",
+        (f"{KEYS}::test_a_backlog_of_one_organization_never_queues_another_behind_it",),
     ),
 ]
 
@@ -1456,6 +1516,7 @@ MUTATIONS: list[Mutation] = [
     *LEASE_GUARDS,
     *LOADING_GUARDS,
     *CLAIM_GUARDS,
+    *KEY_GUARDS,
     *CHECKPOINT_GUARDS,
     *OUTCOME_GUARDS,
     *LOAD_GUARDS,
