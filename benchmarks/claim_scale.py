@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from sqlalchemy import create_engine, pool, text
+from sqlalchemy import Engine, create_engine, pool, text
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -72,6 +72,30 @@ def top_buffers(plan: list[str]) -> str:
     return found.removeprefix("Buffers: ")
 
 
+# The rows accept_backlog just wrote (organization 'bench') spread over organizations,
+# priorities and concurrency keys, as a busy multi-tenant queue holds them: the claim
+# must find each organization's best work without reading the rest.
+_SCATTER = text(
+    """
+    UPDATE execution
+    SET org_id = 'org-' || (abs(hashtext(id::text)) % :orgs),
+        priority = abs(hashtext(id::text || 'p')) % 10,
+        concurrency_key = CASE WHEN abs(hashtext(id::text || 'k')) % 3 = 0
+                               THEN 'm-' || (abs(hashtext(id::text || 'm')) % 5000) END,
+        concurrency_limit = CASE WHEN abs(hashtext(id::text || 'k')) % 3 = 0 THEN 1 END,
+        key_blocked = abs(hashtext(id::text || 'k')) % 6 = 0
+    WHERE org_id = 'bench'
+    """
+)
+
+
+def scatter(engine: Engine, dsn: str, orgs: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(_SCATTER, {"orgs": orgs})
+    with psycopg.connect(throughput.libpq(dsn), autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE execution")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -79,6 +103,13 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=10, help="the claim's batch (WORKER_BATCH)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--plans", default="", help="write the plans at every size here")
+    parser.add_argument(
+        "--orgs",
+        type=int,
+        default=1,
+        help="spread the executions over this many organizations, with priorities 0-9 and"
+        " a third of them keyed (one of 5,000 machines each, limit 1; half of those blocked)",
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
 
@@ -101,13 +132,20 @@ def main() -> int:
                 {"d": json.dumps(definition)},
             ).scalar_one()
         sql, names = prepared_claim()
-        bind = {"limit": args.limit, "owner": "claim-scale", "lease_seconds": 60.0}
+        bind = {
+            "limit": args.limit,
+            "owner": "claim-scale",
+            "lease_seconds": 60.0,
+            "weights": json.dumps({}),
+        }
         filled = 0
         for size in sizes:
             started = time.monotonic()
             while filled < size:
                 chunk = min(CHUNK, size - filled)
                 throughput.accept_backlog(engine, flow_id, chunk)  # ends with VACUUM ANALYZE
+                if args.orgs > 1:
+                    scatter(engine, target, args.orgs)
                 filled += chunk
             fill_s = time.monotonic() - started
             with psycopg.connect(throughput.libpq(target), autocommit=True) as conn:
@@ -129,7 +167,15 @@ def main() -> int:
         throughput.admin(args.dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     print()
-    print(f"claim of {args.limit}, median of {args.repeats} EXPLAIN ANALYZE runs (rolled back)")
+    spread = (
+        f"{args.orgs} organizations, priorities 0-9, a third keyed"
+        if args.orgs > 1
+        else "one organization, no priorities or keys"
+    )
+    print(
+        f"claim of {args.limit}, {spread}, median of {args.repeats} EXPLAIN ANALYZE runs"
+        " (rolled back)"
+    )
     print("| due executions | custom plan | generic plan | buffers (custom) | buffers (generic) |")
     print("|---|---|---|---|---|")
     for row in results:

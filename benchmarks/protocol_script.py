@@ -46,6 +46,7 @@ CONSTANTS: dict[str, object] = {
     "owner": "bench-baseline",
     "limit": 1,
     "lease_seconds": 60.0,
+    "weights": {},
     "action_id": ACTION_ID,
     "attempt": 1,
     "input_hash": "0" * 64,

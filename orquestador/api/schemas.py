@@ -143,6 +143,7 @@ EXECUTION: dict[str, Any] = {
         "transitionId",
         "status",
         "attempts",
+        "priority",
         "steps",
         "createdAt",
         "updatedAt",
@@ -176,6 +177,28 @@ EXECUTION: dict[str, Any] = {
             "description": "When a RETRY_WAIT execution becomes due again.",
         },
         "attempts": {"type": "integer", "minimum": 0},
+        "priority": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 9,
+            "description": "Higher runs first within the organization (0-9).",
+        },
+        "blockedBy": {
+            "type": "object",
+            "description": (
+                "A PENDING execution waiting for a place under its concurrency key: the key,"
+                " its limit, how many hold it in the organization, and those holders the"
+                " caller may read, oldest first."
+            ),
+            "required": ["key", "limit", "holders", "heldBy"],
+            "additionalProperties": False,
+            "properties": {
+                "key": {"type": "string"},
+                "limit": {"type": "integer", "minimum": 1},
+                "holders": {"type": "integer", "minimum": 0},
+                "heldBy": {"type": "array", "items": _UUID},
+            },
+        },
         "steps": {
             "type": "array",
             "items": {

@@ -167,7 +167,7 @@ _CLAIM = text(
     FROM (SELECT 1) AS one
     LEFT JOIN claimed ON true
     """
-).bindparams(bindparam("weights", type_=JSONB_VALUE))
+).bindparams(bindparam("weights", value={}, type_=JSONB_VALUE))
 
 
 def _snapshot(row: Any) -> LoadedExecution | None:

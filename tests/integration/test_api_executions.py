@@ -22,6 +22,7 @@ BASE_KEYS = {
     "transitionId",
     "status",
     "attempts",
+    "priority",
     "steps",
     "createdAt",
     "updatedAt",

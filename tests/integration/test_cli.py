@@ -264,15 +264,20 @@ def test_check_on_a_database_behind_this_release_says_to_upgrade(
     result = _run(["check"], {"DATABASE_URL": runtime_url})
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
-    assert "sees no table machine_credential, page_session_revocation" in line
+    assert "sees no table key_release, machine_credential, page_session_revocation" in line
     assert "run 'orquestador migrate'" in line
-    # Every table, but not the column 0014 adds: named, never a database error.
-    assert _run(["migrate", "upgrade", "0013"], env).returncode == 0
+    # Every table, but a column the code writes gone: named, never a database error.
+    assert _run(["migrate", "upgrade", "0015"], env).returncode == 0
+    with create_engine(sqlalchemy_url(empty_database_url), poolclass=pool.NullPool).begin() as c:
+        c.execute(text("ALTER TABLE machine_command DROP COLUMN cancel_requested_at"))
     result = _run(["check"], {"DATABASE_URL": runtime_url})
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert "lacks column machine_command.cancel_requested_at" in line
     assert "run 'orquestador migrate'" in line
+    with create_engine(sqlalchemy_url(empty_database_url), poolclass=pool.NullPool).begin() as c:
+        c.execute(text("ALTER TABLE machine_command ADD COLUMN cancel_requested_at timestamptz"))
+    assert _run(["migrate", "grant"], env).returncode == 0
     assert _run(["migrate", "upgrade"], env).returncode == 0
     assert _run(["check"], {"DATABASE_URL": runtime_url}).returncode == 0
     # Every table there, but not the worker's batch function (as at 0009, before 0013).

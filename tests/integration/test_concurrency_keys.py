@@ -336,6 +336,21 @@ def test_the_view_says_what_a_pending_execution_waits_for(api, runtime_engine):
     assert other["blockedBy"]["heldBy"] == [holder]
 
 
+def test_the_page_says_whose_turn_it_is_and_links_the_holder(api, runtime_engine):
+    from tests.integration.test_ui_pages import signed_in, text_of
+
+    flow = api.publish(keyed_flow())
+    holder, waiting = start(api, flow["id"]), start(api, flow["id"], priority=3)
+    claim(runtime_engine, 10)
+    page = signed_in(api).get(f"/ui/executions/{waiting}").get_data(as_text=True)
+    words = text_of(page)
+    assert "Waiting for its turn" in words and "Priority 3" in words
+    assert "At most 1 execution of the organization may hold m-1 at a time, and 1 holds" in words
+    assert f'href="/ui/executions/{holder}"' in page
+    holder_page = signed_in(api).get(f"/ui/executions/{holder}").get_data(as_text=True)
+    assert "Waiting for its turn" not in text_of(holder_page)
+
+
 def test_publish_checks_the_key_pointer_against_the_data_schema(api):
     outside = keyed_flow()
     outside["transitions"][0]["concurrency"]["key"] = "/request/id"

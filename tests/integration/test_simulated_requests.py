@@ -7,10 +7,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from api_support import Api, running_api
+from api_support import DECOMMISSION, Api, running_api
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
+from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.queue.acceptance import queue_execution
 
 # What the review's caller held: enough for a dry run and for real transitions.
@@ -99,7 +100,7 @@ def test_the_schema_refuses_an_execution_of_the_other_kind(
             text(
                 "INSERT INTO request (org_id, owner_id, flow_id, state, data, created_by,"
                 " simulation) VALUES ('org-a', 'alice', :flow, 'new', '{}', 'alice', :simulation)"
-                " RETURNING id, org_id, flow_id, state, revision"
+                " RETURNING id, org_id, flow_id, state, revision, data"
             ),
             {"flow": flow_id, "simulation": request_simulation},
         ).one()
@@ -107,6 +108,7 @@ def test_the_schema_refuses_an_execution_of_the_other_kind(
         queue_execution(
             connection,
             request_row=request_row,
+            definition=FlowDefinition.from_json(DECOMMISSION),
             transition_id="power-off",
             actor="alice",
             actor_snapshot={"sub": "alice"},
@@ -118,6 +120,7 @@ def test_the_schema_refuses_an_execution_of_the_other_kind(
         queue_execution(
             connection,
             request_row=request_row,
+            definition=FlowDefinition.from_json(DECOMMISSION),
             transition_id="power-off",
             actor="alice",
             actor_snapshot={"sub": "alice"},

@@ -1548,8 +1548,8 @@ CONTROLS: list[Mutation] = [
     Mutation(
         "control-fatal-python",
         _CLAIMS_PY,
-        "    if limit <= 0:\n        return []",
-        "    if limit <= 1_000_000_000:\n        return []",
+        "    if limit <= 0:\n        return ClaimRound([])",
+        "    if limit <= 1_000_000_000:\n        return ClaimRound([])",
         "Control: a claim that never takes anything fails the claim tests.",
         (f"{CLAIMS}::test_claim_sets_lease_token_and_attempts_from_database_time",),
     ),
