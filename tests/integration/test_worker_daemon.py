@@ -199,6 +199,10 @@ def test_a_lost_lease_sets_the_jobs_stop_signal(runtime_engine, workers):
         WorkerHooks(after_claim=lambda c: claimed.set()),
         worker_lease_seconds=40,
         worker_renew_seconds=1,
+        # Its one slot is the running job's: the worker cannot reclaim the expired row
+        # itself before the thief does.
+        worker_concurrency=1,
+        worker_batch=1,
     )
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     assert claimed.wait(10)
