@@ -150,6 +150,7 @@ def main() -> int:
             fill_s = time.monotonic() - started
             with psycopg.connect(throughput.libpq(target), autocommit=True) as conn:
                 conn.execute("VACUUM ANALYZE request")
+                conn.execute("SET jit = off")  # as every connection of the product
                 conn.execute(f"PREPARE claim AS {sql}")
                 row: dict[str, object] = {"due": size, "fill_s": round(fill_s, 1)}
                 for mode in ("force_custom_plan", "force_generic_plan"):
