@@ -15,24 +15,27 @@ from orquestador.queue.snapshots import LoadedExecution
 # The claim's index condition (ix_execution_ready): work that may be claimed once it is
 # due. A PENDING execution whose key was full (key_blocked) is out until a holder ends.
 _READY = "{e}status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT {e}key_blocked"
+# ... and due: what the ranking reads and the lock takes.
+_DUE = _READY.format(e="e.") + " AND e.next_attempt_at <= now()"
 
 # One statement, four steps:
 #
 # 1. abandoned: RUNNING rows whose holder let the lease lapse (crashed, hung or
 #    partitioned), first: each keeps its request busy, and it was due before anything else.
 #    Taking them bumps the token, which fences the old holder out for good.
-# 2. candidates: the due work of every organization that has some, found with one probe
-#    per organization (a loose index scan) and one per priority (0-9) within it, so the
-#    cost follows how many organizations wait, not how much each has waiting. Within an
+# 2. ranked: the due work of every organization that has some, found with one probe per
+#    organization (a loose index scan) and one per priority (0-9) within it, so the cost
+#    follows how many organizations wait, not how much each has waiting. Within an
 #    organization, higher priority first, then oldest due. Across organizations the free
-#    slots are shared: an organization's k-th candidate ranks by (its RUNNING executions
-#    + k) / its weight (ORG_WEIGHTS, default 1), so the slot goes to whoever holds the
+#    slots are shared: an organization's k-th execution ranks by (its RUNNING executions
+#    + k) / its weight (ORG_WEIGHTS, default 1), so a slot goes to whoever holds the
 #    fewest for their weight, and a backlog never queues another organization behind it.
-# 3. chosen: the best-ranked candidates up to what the abandoned rows left of :limit (the
-#    free executor slots). Candidates are locked as they are found, with SKIP LOCKED, so
-#    concurrent claimers split the rows instead of queueing on each other: at most the
-#    free slots per organization, and those not chosen are let go at COMMIT, a moment
-#    later.
+#    Nothing is locked yet.
+# 3. chosen: each organization's share of the free slots (its quota among the best
+#    ranked), taken by the same probes again, now locked with SKIP LOCKED: concurrent
+#    claimers split the rows instead of queueing on each other (a row another claimer
+#    took is passed over for the organization's next one), and the statement locks no
+#    more rows than it takes.
 # 4. keys: a first claim of an execution with a concurrency key needs room under its
 #    key. orquestador_key_room (migration 0015) counts each key's holders under the key's
 #    advisory lock, so two claims never both take the last place; the rest of a full key
@@ -63,9 +66,8 @@ _CLAIM = text(
                 ORDER BY e.org_id LIMIT 1)
         FROM organizations o
         WHERE o.org_id IS NOT NULL
-    ), candidates AS (
-        SELECT c.id, c.org_id, c.concurrency_key, c.concurrency_limit, c.started_at,
-               c.next_attempt_at,
+    ), ranked AS (
+        SELECT c.id, o.org_id, c.next_attempt_at,
                (running.n + row_number() OVER (
                     PARTITION BY o.org_id ORDER BY c.priority DESC, c.next_attempt_at, c.id
                 ))::float8 / coalesce((CAST(:weights AS jsonb) ->> o.org_id)::float8, 1) AS share
@@ -78,22 +80,40 @@ _CLAIM = text(
             SELECT d.*
             FROM generate_series(9, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
-                SELECT e.id, e.org_id, e.priority, e.next_attempt_at, e.concurrency_key,
-                       e.concurrency_limit, e.started_at
+                SELECT e.id, e.priority, e.next_attempt_at
                 FROM execution e
                 WHERE e.org_id = o.org_id AND e.priority = p.priority
-                  AND {_READY.format(e="e.")} AND e.next_attempt_at <= now()
+                  AND {_DUE}
                 ORDER BY e.next_attempt_at, e.id
                 LIMIT (SELECT slots FROM free)
-                FOR UPDATE SKIP LOCKED
             ) d
             LIMIT (SELECT slots FROM free)
         ) c
         WHERE o.org_id IS NOT NULL
+    ), quotas AS (
+        SELECT org_id, count(*) AS quota
+        FROM (SELECT org_id FROM ranked
+              ORDER BY share, next_attempt_at, id
+              LIMIT (SELECT slots FROM free)) top
+        GROUP BY org_id
     ), chosen AS (
-        SELECT * FROM candidates
-        ORDER BY share, next_attempt_at, id
-        LIMIT (SELECT slots FROM free)
+        SELECT c.*
+        FROM quotas q
+        CROSS JOIN LATERAL (
+            SELECT d.*
+            FROM generate_series(9, 0, -1) AS p(priority)
+            CROSS JOIN LATERAL (
+                SELECT e.id, e.org_id, e.priority, e.next_attempt_at, e.concurrency_key,
+                       e.concurrency_limit, e.started_at
+                FROM execution e
+                WHERE e.org_id = q.org_id AND e.priority = p.priority
+                  AND {_DUE}
+                ORDER BY e.next_attempt_at, e.id
+                LIMIT q.quota
+                FOR UPDATE SKIP LOCKED
+            ) d
+            LIMIT q.quota
+        ) c
     ), wanted AS (
         SELECT org_id, concurrency_key, min(concurrency_limit) AS lim, count(*) AS want
         FROM chosen
@@ -124,7 +144,7 @@ _CLAIM = text(
                c.concurrency_key IS NULL OR c.started_at IS NOT NULL
                OR row_number() OVER (
                     PARTITION BY c.org_id, c.concurrency_key, c.started_at IS NULL
-                    ORDER BY c.share, c.next_attempt_at, c.id
+                    ORDER BY c.priority DESC, c.next_attempt_at, c.id
                ) <= k.room AS runs
         FROM chosen c
         LEFT JOIN room k ON k.org_id = c.org_id AND k.concurrency_key = c.concurrency_key
