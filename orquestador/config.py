@@ -146,13 +146,7 @@ class Settings:
     @property
     def org_weight_map(self) -> dict[str, float]:
         """ORG_WEIGHTS as {organization: weight}; items `problems` refuses are left out."""
-        weights: dict[str, float] = {}
-        for item in filter(None, (i.strip() for i in self.org_weights.split(","))):
-            org, _, weight = item.partition("=")
-            with contextlib.suppress(ValueError):
-                if org.strip() and float(weight) > 0:
-                    weights[org.strip()] = float(weight)
-        return weights
+        return _org_weights(self.org_weights)[0]
 
     @property
     def machine_command_list(self) -> list[str]:
@@ -266,17 +260,11 @@ class Settings:
                     f"TRUSTED_PROXIES: {item!r} is not an address or network (e.g. 10.0.0.5, "
                     "10.0.0.0/24, ::1)"
                 )
-        for item in filter(None, (i.strip() for i in self.org_weights.split(","))):
-            org, _, weight = item.partition("=")
-            try:
-                valid = bool(org.strip()) and 0 < float(weight) < 1e6
-            except ValueError:
-                valid = False
-            if not valid:
-                problems.append(
-                    f"ORG_WEIGHTS: {item!r} is not organization=weight with a weight above 0"
-                    " (e.g. acme=3,globex=0.5)"
-                )
+        for item in _org_weights(self.org_weights)[1]:
+            problems.append(
+                f"ORG_WEIGHTS: {item!r} is not organization=weight with a weight above 0"
+                " (e.g. acme=3,globex=0.5)"
+            )
         if self.worker_lock_timeout_ms > self.worker_statement_timeout_ms:
             problems.append("WORKER_LOCK_TIMEOUT_MS must not be above WORKER_STATEMENT_TIMEOUT_MS")
         if self.retry_cap_seconds < self.retry_base_seconds:
@@ -314,6 +302,23 @@ class Settings:
                 "http://127.0.0.1:8080/api/v1"
             )
         return problems
+
+
+def _org_weights(raw: str) -> tuple[dict[str, float], list[str]]:
+    """ORG_WEIGHTS text ("acme=3,globex=0.5") as {organization: weight}, and the rest."""
+    weights: dict[str, float] = {}
+    refused: list[str] = []
+    for item in filter(None, (i.strip() for i in raw.split(","))):
+        org, _, weight = item.partition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = 0.0
+        if org.strip() and 0 < value < 1e6:
+            weights[org.strip()] = value
+        else:
+            refused.append(item)
+    return weights, refused
 
 
 def _env_name(attribute: str) -> str:

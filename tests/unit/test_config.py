@@ -87,3 +87,17 @@ def test_check_command_explains_a_renew_interval_too_close_to_the_lease() -> Non
     assert result.returncode == 2
     assert "WORKER_RENEW_SECONDS=40 must be below half of WORKER_LEASE_SECONDS=60" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_org_weights_are_organization_weight_pairs_and_a_bad_item_is_named() -> None:
+    settings = Settings.from_env({"ORG_WEIGHTS": " acme=3, globex=0.5 "})
+    assert settings.org_weight_map == {"acme": 3.0, "globex": 0.5}
+    assert Settings.from_env({}).org_weight_map == {}
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"ORG_WEIGHTS": "acme=3,globex,initech=0"})
+    assert [line for line in str(refused.value).split("; ") if "ORG_WEIGHTS" in line] == [
+        "ORG_WEIGHTS: 'globex' is not organization=weight with a weight above 0"
+        " (e.g. acme=3,globex=0.5)",
+        "ORG_WEIGHTS: 'initech=0' is not organization=weight with a weight above 0"
+        " (e.g. acme=3,globex=0.5)",
+    ]
