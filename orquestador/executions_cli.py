@@ -591,7 +591,9 @@ def _print_execution(view: dict[str, Any]) -> None:
             ("to state", view.get("toState")),
             ("error", view.get("errorCode")),
             ("next attempt", view.get("nextAttemptAt")),
+            ("waits for", _blocked_by(view.get("blockedBy"))),
             ("attempts", view.get("attempts")),
+            ("priority", view.get("priority")),
             ("created", view.get("createdAt")),
             ("updated", view.get("updatedAt")),
         ],
@@ -614,6 +616,17 @@ def _print_execution(view: dict[str, Any]) -> None:
                 for step in steps
             ],
         )
+
+
+def _blocked_by(blocked: dict[str, Any] | None) -> str | None:
+    """A PENDING execution's turn under its concurrency key, in one line."""
+    if not blocked:
+        return None
+    holders = ", ".join(blocked["heldBy"]) or "executions you may not read"
+    return (
+        f"its turn under key {blocked['key']} (at most {blocked['limit']} at a time;"
+        f" {blocked['holders']} held by {holders})"
+    )
 
 
 def _print_fields(
