@@ -394,6 +394,17 @@ _PHASES = text(
 )
 
 
+_IN_PLAY = text(
+    """
+    UPDATE execution
+    SET org_id = 'bench-' || (abs(hashtext(id::text)) % 10),
+        priority = abs(hashtext(id::text || 'p')) % 10,
+        concurrency_key = id::text,
+        concurrency_limit = 1
+    """
+)
+
+
 def run_backlog(
     dsn: str,
     n: int,
@@ -405,11 +416,14 @@ def run_backlog(
     postmaster: int | None = None,
     on_ready: Callable[[str], object] | None = None,
     on_drained: Callable[[str], object] | None = None,
+    in_play: bool = False,
 ) -> dict:
     """Drain N accepted executions with `processes` workers. `on_ready(dsn)` runs once
     the backlog is in place, right before the workers start; `on_drained(dsn)` once it is
     drained, while the (idle) workers still run. `postmaster` limits the server
-    CPU figure to that server's processes."""
+    CPU figure to that server's processes. `in_play` spreads the backlog over ten
+    organizations and the ten priorities and gives each execution a concurrency key of
+    its own (limit 1): what the fair claim and the keys cost when nothing waits."""
     name = f"bench_worker_{uuid.uuid4().hex[:8]}"
     admin(dsn, f'CREATE DATABASE "{name}"')
     target = with_database(dsn, name)
@@ -428,6 +442,11 @@ def run_backlog(
                 {"key": definition["key"], "d": json.dumps(definition)},
             ).scalar_one()
         accept_backlog(engine, flow_id, n)
+        if in_play:
+            with engine.begin() as conn:
+                conn.execute(_IN_PLAY)
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text("VACUUM ANALYZE execution"))
         if on_ready is not None:
             on_ready(target)
         server_before = server_cpu_seconds(postmaster)
@@ -686,6 +705,12 @@ def main() -> int:
         "(default: the copy in benchmarks/reference); empty to skip",
     )
     parser.add_argument("--skip-same-protocol", action="store_true")
+    parser.add_argument(
+        "--in-play",
+        action="store_true",
+        help="also drain each backlog with organizations, priorities and concurrency keys"
+        " in play (ten organizations, priorities 0-9, a key per execution)",
+    )
     parser.add_argument("--only-baselines", action="store_true")
     parser.add_argument(
         "--skewed",
@@ -751,10 +776,20 @@ def main() -> int:
             print("idle acceptance-to-start:", json.dumps(idle), flush=True)
         for actions in (int(a) for a in args.actions.split(",")):
             for processes in (int(p) for p in args.processes.split(",")):
-                result = run_backlog(dsn, args.n, actions, processes, args.concurrency, args.batch)
-                for which, rate in baselines.items():
-                    result[f"fraction_of_{which}"] = round(result["rate"] / rate, 3)
-                print("backlog:", json.dumps(result), flush=True)
+                for in_play in (False, True) if args.in_play else (False,):
+                    result = run_backlog(
+                        dsn,
+                        args.n,
+                        actions,
+                        processes,
+                        args.concurrency,
+                        args.batch,
+                        in_play=in_play,
+                    )
+                    for which, rate in baselines.items():
+                        result[f"fraction_of_{which}"] = round(result["rate"] / rate, 3)
+                    label = "backlog (organizations, priorities, keys):" if in_play else "backlog:"
+                    print(label, json.dumps(result), flush=True)
     finally:
         if server is not None:
             server.stop()
