@@ -4,16 +4,12 @@ ever overlap, before the kill or after the recovery, and every key is let go of 
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import signal
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 from sqlalchemy import text
 
+from tests.acceptance.crash_support import read_ledger, spawn_worker
 from tests.integration.worker_support import (
     accept_transition,
     create_request,
@@ -22,31 +18,7 @@ from tests.integration.worker_support import (
     wait_until,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _spawn(database, ledger: Path, role: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "WORKER_ENABLED": "true",
-        "DATABASE_URL": database.runtime_dsn,
-        "WORKER_LEASE_SECONDS": "20",
-        "WORKER_RENEW_SECONDS": "5",
-        "WORKER_CONCURRENCY": "4",
-        "WORKER_BATCH": "4",
-        "WORKER_POLL_MS": "100",
-        "WORKER_DRAIN_SECONDS": "5",
-        "ADAPTER_MODULES": "tests.acceptance.key_adapters",
-        "CRASH_LEDGER": str(ledger),
-        "CRASH_ROLE": role,
-        "LOG_LEVEL": "WARNING",
-    }
-    return subprocess.Popen([sys.executable, "-m", "orquestador.worker"], cwd=ROOT, env=env)
-
-
-def _ledger(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+ADAPTERS = "tests.acceptance.key_adapters"
 
 
 def _keyed_flow() -> dict:
@@ -100,18 +72,19 @@ def test_sigkill_of_a_key_holder_never_lets_two_calls_on_one_machine_overlap(
     machines = ["m-1"] * 5 + ["m-2"] * 3
     executions = [_accept_keyed(owner_engine, flow_id, machine) for machine in machines]
 
-    victim = _spawn(database, ledger, "victim")
+    victim = spawn_worker(database, ADAPTERS, ledger, "victim")
     processes.append(victim)
     wait_until(
         lambda: (
-            {e["machine"] for e in _ledger(ledger) if e["event"] == "blocking"} == {"m-1", "m-2"}
+            {e["machine"] for e in read_ledger(ledger) if e["event"] == "blocking"}
+            == {"m-1", "m-2"}
         ),
         timeout=60,
         what="the victim holding both machines' keys, blocked in their calls",
     )
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
-    killed_at = max(e["at"] for e in _ledger(ledger))
+    killed_at = max(e["at"] for e in read_ledger(ledger))
     with runtime_engine.connect() as conn:
         running = (
             conn.execute(text("SELECT id FROM execution WHERE status = 'RUNNING'")).scalars().all()
@@ -121,7 +94,7 @@ def test_sigkill_of_a_key_holder_never_lets_two_calls_on_one_machine_overlap(
         expire_lease(runtime_engine, execution_id)  # what time does to a dead holder's lease
 
     for n in range(2):
-        survivor = _spawn(database, ledger, f"survivor-{n}")
+        survivor = spawn_worker(database, ADAPTERS, ledger, f"survivor-{n}")
         processes.append(survivor)
 
     def all_ended() -> bool:
@@ -137,7 +110,7 @@ def test_sigkill_of_a_key_holder_never_lets_two_calls_on_one_machine_overlap(
     # before it ended, and after the victim was gone.
     calls: dict[str, list[tuple[float, float]]] = {}
     started: dict[str, float] = {}
-    for event in _ledger(ledger):
+    for event in read_ledger(ledger):
         if event["role"] == "victim":
             continue
         if event["event"] == "start":
@@ -159,3 +132,16 @@ def test_sigkill_of_a_key_holder_never_lets_two_calls_on_one_machine_overlap(
             )
         ).scalar_one()
     assert held == 0
+    # Each request went through its transition once, and none is left busy.
+    with runtime_engine.connect() as conn:
+        requests = conn.execute(
+            text(
+                "SELECT r.state, r.revision, r.busy_execution_id, r.data ->> 'machineId'"
+                " FROM request r JOIN execution e ON e.request_id = r.id"
+                " WHERE e.id = ANY(:ids)"
+            ),
+            {"ids": executions},
+        ).all()
+    assert sorted(tuple(r) for r in requests) == sorted(
+        ("done", 3, None, machine) for machine in machines
+    )

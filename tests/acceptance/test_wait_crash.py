@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from sqlalchemy import text
 
+from tests.acceptance.crash_support import read_ledger, spawn_worker
 from tests.integration.worker_support import (
     action,
     audit,
@@ -23,36 +19,7 @@ from tests.integration.worker_support import (
     wait_until,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_SECONDS = 6.0
-
-
-def _spawn(database, ledger: Path, role: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "WORKER_ENABLED": "true",
-        "DATABASE_URL": database.runtime_dsn,
-        # Above the built-in adapters' timeouts; the test expires the victim's lease itself.
-        "WORKER_LEASE_SECONDS": "12",
-        "WORKER_RENEW_SECONDS": "4",
-        "WORKER_CONCURRENCY": "2",
-        "WORKER_BATCH": "2",
-        "WORKER_POLL_MS": "100",
-        "WORKER_DRAIN_SECONDS": "5",
-        "ADAPTER_MODULES": "tests.acceptance.wait_adapters",
-        "CRASH_LEDGER": str(ledger),
-        "CRASH_ROLE": role,
-        "WAIT_DEADLINE_SECONDS": str(DEADLINE_SECONDS),
-        "LOG_LEVEL": "WARNING",
-    }
-    return subprocess.Popen([sys.executable, "-m", "orquestador.worker"], cwd=ROOT, env=env)
-
-
-def _ledger(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
@@ -64,10 +31,20 @@ def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
         runtime_engine,
         flow_definition([action("wait", "crash.wait", onError="attention")]),
     )
-    victim = _spawn(database, ledger, "victim")
+    victim = spawn_worker(
+        database,
+        "tests.acceptance.wait_adapters",
+        ledger,
+        "victim",
+        env={"WAIT_DEADLINE_SECONDS": str(DEADLINE_SECONDS)},
+        # Above the built-in adapters' timeouts; the test expires the victim's lease itself.
+        lease_seconds=12,
+        renew_seconds=4,
+        concurrency=2,
+    )
     processes.append(victim)
     wait_until(
-        lambda: any(e["event"] == "blocking" for e in _ledger(ledger)),
+        lambda: any(e["event"] == "blocking" for e in read_ledger(ledger)),
         timeout=60,
         what="the victim blocked in its third round",
     )
@@ -76,7 +53,17 @@ def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
     assert execution(runtime_engine, eid).status == "RUNNING"
     expire_lease(runtime_engine, eid)  # what the passing of time does to a dead holder's lease
 
-    survivor = _spawn(database, ledger, "survivor")
+    survivor = spawn_worker(
+        database,
+        "tests.acceptance.wait_adapters",
+        ledger,
+        "survivor",
+        env={"WAIT_DEADLINE_SECONDS": str(DEADLINE_SECONDS)},
+        # Above the built-in adapters' timeouts; the test expires the victim's lease itself.
+        lease_seconds=12,
+        renew_seconds=4,
+        concurrency=2,
+    )
     processes.append(survivor)
     wait_until(
         lambda: execution(runtime_engine, eid).status not in ("RUNNING", "WAITING"),
@@ -91,7 +78,7 @@ def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
         "attention",
     )
     step = checkpoints(runtime_engine, eid)["wait"]
-    entries = _ledger(ledger)
+    entries = read_ledger(ledger)
     # Every round of both processes saw the same first start: the database's, written once.
     assert {e["firstStartedAt"] for e in entries} == {step.first_started_at.isoformat()}
     assert {e["role"] for e in entries if e["event"] == "round"} == {"victim", "survivor"}

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 from sqlalchemy import text
 
+from tests.acceptance.crash_support import read_ledger, spawn_worker
 from tests.integration.worker_support import (
     accept_transition,
     action,
@@ -21,34 +17,9 @@ from tests.integration.worker_support import (
     wait_until,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ADAPTERS = "tests.acceptance.crash_adapters"
+LEASE = {"lease_seconds": 3, "renew_seconds": 1}
 TERMINAL = ("SUCCEEDED", "FAILED", "RECONCILIATION_REQUIRED")
-
-
-def _spawn(database, ledger: Path, role: str, concurrency: int) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "WORKER_ENABLED": "true",
-        "DATABASE_URL": database.runtime_dsn,
-        "WORKER_LEASE_SECONDS": "3",
-        "WORKER_RENEW_SECONDS": "1",
-        "WORKER_CONCURRENCY": str(concurrency),
-        "WORKER_BATCH": str(concurrency),
-        "WORKER_POLL_MS": "100",
-        "WORKER_DRAIN_SECONDS": "5",
-        "ADAPTER_MODULES": "tests.acceptance.crash_adapters",
-        "CRASH_LEDGER": str(ledger),
-        "CRASH_ROLE": role,
-        "LOG_LEVEL": "WARNING",
-    }
-    return subprocess.Popen([sys.executable, "-m", "orquestador.worker"], cwd=ROOT, env=env)
-
-
-def _ledger(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def _statuses(engine) -> dict:
@@ -71,13 +42,13 @@ def test_sigkill_mid_action_is_recovered_without_repeating_work(
     # The victim claims first and fills its two slots with the two blocking kinds.
     charged = accept_transition(runtime_engine, create_request(runtime_engine, charge_flow))
     held = accept_transition(runtime_engine, create_request(runtime_engine, hold_flow))
-    victim = _spawn(database, ledger, "victim", concurrency=2)
+    victim = spawn_worker(database, ADAPTERS, ledger, "victim", concurrency=2, **LEASE)
     processes.append(victim)
     wait_until(
         lambda: (
             sum(
                 1
-                for e in _ledger(ledger)
+                for e in read_ledger(ledger)
                 if e["role"] == "victim"
                 and e["capability"] != "crash.write"
                 and e["event"] == "start"
@@ -92,7 +63,7 @@ def test_sigkill_mid_action_is_recovered_without_repeating_work(
         accept_transition(runtime_engine, create_request(runtime_engine, flow))
         for flow in [hold_flow, charge_flow, plain_flow] * 8
     ]
-    survivor = _spawn(database, ledger, "survivor", concurrency=6)
+    survivor = spawn_worker(database, ADAPTERS, ledger, "survivor", concurrency=6, **LEASE)
     processes.append(survivor)
     wait_until(
         lambda: all(_statuses(runtime_engine)[e] in TERMINAL for e in others),
@@ -114,7 +85,7 @@ def test_sigkill_mid_action_is_recovered_without_repeating_work(
     expected_parked = {charged} | {e for e in others if statuses[e] == "RECONCILIATION_REQUIRED"}
     assert expected_parked == {charged}, "only the interrupted non-idempotent write is parked"
 
-    entries = _ledger(ledger)
+    entries = read_ledger(ledger)
     starts = Counter(e["key"] for e in entries if e["event"] == "start")
     ends = Counter(e["key"] for e in entries if e["event"] == "end")
     assert all(count == 1 for count in ends.values()), "an action succeeded twice"

@@ -10,16 +10,33 @@ the decision table's rules) and a dry run (ACTION_SIMULATED rows).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
 from tests.integration.api_support import DECOMMISSION, ORG, Api
 
 SEEN_AT = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+# The origin the test client's pages are served from (the sign-in form checks it).
+HOST = "http://localhost"
+
+
+def signed_in(api: Api, **who: Any) -> FlaskClient:
+    """A browser-like client signed in to the pages with a token of `who`."""
+    client = api.client()
+    response = client.post("/ui/login", data={"token": api.token(**who)}, headers={"Origin": HOST})
+    assert response.status_code == 303, response.get_data(as_text=True)
+    return client
+
+
+def text_of(html: str) -> str:
+    """The page's visible words, roughly: tags dropped, spaces squeezed."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 @dataclass(frozen=True)

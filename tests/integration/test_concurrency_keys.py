@@ -20,6 +20,7 @@ from orquestador.queue.claims import ClaimRound, claim_round
 from orquestador.queue.reconciliation import cancel
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
+from tests.integration.execution_page_support import signed_in, text_of
 from tests.integration.worker_support import expire_lease, registry_of, settings
 
 MACHINE_SCHEMA = {
@@ -337,8 +338,6 @@ def test_the_view_says_what_a_pending_execution_waits_for(api, runtime_engine):
 
 
 def test_the_page_says_whose_turn_it_is_and_links_the_holder(api, runtime_engine):
-    from tests.integration.test_ui_pages import signed_in, text_of
-
     flow = api.publish(keyed_flow())
     holder, waiting = start(api, flow["id"]), start(api, flow["id"], priority=3)
     claim(runtime_engine, 10)

@@ -6,13 +6,13 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from flask.testing import FlaskClient
 from sqlalchemy import Engine
 
 from orquestador.api.ui_routes import SESSION_COOKIE, STATUS_LINKS
 from orquestador.db.schema import EXECUTION_STATUSES
 from tests.integration.api_support import OTHER_ORG, Api, running_api
 from tests.integration.execution_page_support import (
+    HOST,
     cancel_directly,
     completed,
     deadline_passed,
@@ -20,29 +20,17 @@ from tests.integration.execution_page_support import (
     fixed_destination,
     insert_command,
     point_audit_at,
+    signed_in,
+    text_of,
     twin,
     waiting,
 )
-
-HOST = "http://localhost"
 
 
 @pytest.fixture
 def api(database) -> Iterator[Api]:
     with running_api(database.runtime_dsn) as api:
         yield api
-
-
-def signed_in(api: Api, **who) -> FlaskClient:
-    client = api.client()
-    response = client.post("/ui/login", data={"token": api.token(**who)}, headers={"Origin": HOST})
-    assert response.status_code == 303, response.get_data(as_text=True)
-    return client
-
-
-def text_of(html: str) -> str:
-    """The page's visible words, roughly: tags dropped, spaces squeezed."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 def test_not_signed_in_goes_to_the_sign_in_page_and_comes_back(api: Api) -> None:
