@@ -10,6 +10,8 @@ Callers import the object and update it; nothing else creates metrics. Which to 
   failed, retry, not_ready, unknown, simulated). ``capability`` is the adapter's
   ``name@version`` (a bounded set; never an id or an input value).
 - ``RETRIES_TOTAL.labels(capability=...).inc()``: when a retry is scheduled.
+- ``RATE_LIMIT_WAITS_TOTAL.labels(capability=...).inc()``: when a call waits for its
+  route's rate limit (no attempt spent).
 - ``LEASE_LOST_TOTAL.inc()``: once per job that lost its lease: by the executor when a
   fenced write finds another holder (its run ends LEASE_LOST), else by the worker daemon
   when the heartbeat stopped the job (a renewal that no longer matched its row, or a
@@ -60,6 +62,12 @@ ACTION_DURATION_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
 
+RATE_LIMIT_WAITS_TOTAL = Counter(
+    "rate_limit_waits_total",
+    "Calls that found their route's rate limit spent and went back to RETRY_WAIT, by capability.",
+    ["capability"],
+    namespace=NAMESPACE,
+)
 RETRIES_TOTAL = Counter(
     "retries_total",
     "Retries scheduled after a transient failure, by capability.",

@@ -31,6 +31,20 @@ DRY_RUN_CHOICES: tuple[DryRun, ...] = ("simulate", "call")
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """At most `per_second` calls a second on average, `burst` at once, across workers."""
+
+    per_second: float
+    burst: int
+
+    def __post_init__(self) -> None:
+        if not self.per_second > 0:
+            raise ValueError("rate limit: per_second must be greater than zero")
+        if self.burst < 1:
+            raise ValueError("rate limit: burst must be at least 1")
+
+
+@dataclass(frozen=True)
 class Identity:
     """The minimal identity an adapter may see: never tokens, ACLs or the actor snapshot."""
 
@@ -109,6 +123,9 @@ class Adapter:
     # "call" lets a dry run invoke a READ_ONLY adapter for real; by default nothing
     # outside is called in one (SPEC 16).
     dry_run: DryRun = "simulate"
+    # Calls share one token bucket in the database (queue/rate_limits.py): a call with
+    # no token waits RETRY_WAIT for the next one, spending no attempt.
+    rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         # A frozen dataclass still accepts a plain string; keep the enum everywhere.

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Identity,
@@ -542,6 +543,17 @@ key_release = Table(
     Column("concurrency_key", Text, nullable=False),
 )
 
+# A rate-limited route's token bucket (migration 0016), shared by every worker: a call
+# takes a token in one upsert that refills the bucket for the time since `refilled_at`
+# (queue/rate_limits.py). The route's rate and burst are configuration, not stored.
+rate_bucket = Table(
+    "rate_bucket",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("refilled_at", TIMESTAMP(timezone=True), nullable=False),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -562,6 +574,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "machine_credential": ("SELECT",),
     "page_session_revocation": ("SELECT", "INSERT", "DELETE"),
     "key_release": ("SELECT", "INSERT", "DELETE"),
+    "rate_bucket": ("SELECT", "INSERT"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -634,6 +647,7 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     # Nothing updates a release: a claim takes rows FOR UPDATE SKIP LOCKED, which needs
     # UPDATE on one column, and an identity column can only be "updated" to its default.
     "key_release": ("id",),
+    "rate_bucket": ("tokens", "refilled_at"),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges

@@ -96,6 +96,7 @@ def http_adapter(route: Route) -> Adapter:
         invoke=lambda ctx: call(route, ctx),
         simulate=simulate,
         dry_run=route.dry_run,
+        rate_limit=route.rate_limit,
         lookup=lookup,
         lookup_timeout_seconds=(route.lookup.timeout_seconds if route.lookup else None),
     )

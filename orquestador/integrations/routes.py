@@ -9,6 +9,7 @@ the key, so `orquestador check` can print them all in one go.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from orquestador.actions.contracts import DRY_RUN_CHOICES, DryRun, Effect
+from orquestador.actions.contracts import DRY_RUN_CHOICES, DryRun, Effect, RateLimit
 from orquestador.domain.schemas import instance_errors, schema_problems, validator_for
 from orquestador.errors import ConfigError
 from orquestador.integrations.document import (
@@ -48,7 +49,9 @@ _ROUTE_KEYS = {
     "example",
     "dry_run",
     "use_environment_proxy",
+    "rate_limit",
 }
+_RATE_LIMIT_KEYS = {"per_second", "burst"}
 _LOOKUP_KEYS = {"method", "url", "found", "timeout_seconds"}
 _ENV = re.compile(r"\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -95,6 +98,8 @@ class Route:
     # "call": a dry run calls this READ_ONLY route for real; by default it answers
     # `example` or fails SIMULATION_UNSUPPORTED, and nothing is sent.
     dry_run: DryRun = "simulate"
+    # Shared by every worker through the database; None: calls are not limited.
+    rate_limit: RateLimit | None = None
 
     @property
     def key(self) -> str:
@@ -255,6 +260,7 @@ class _RouteChecker:
                 for error in instance_errors(validator_for(output_schema), example)[:3]:
                     self.problem("example", f"breaks output_schema: {error.message}")
         dry_run = self._dry_run(t.get("dry_run", "simulate"), effect, example)
+        rate_limit = self._rate_limit(t.get("rate_limit"))
         proxy = t.get("use_environment_proxy", False)
         if not isinstance(proxy, bool):
             self.problem("use_environment_proxy", "must be true or false")
@@ -279,7 +285,29 @@ class _RouteChecker:
             use_environment_proxy=proxy,
             line=self.lines.of(self.index),
             dry_run=dry_run,
+            rate_limit=rate_limit,
         )
+
+    def _rate_limit(self, value: Any) -> RateLimit | None:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            self.problem("rate_limit", "must be a table: { per_second = 10, burst = 20 }")
+            return None
+        for key in sorted(set(value) - _RATE_LIMIT_KEYS):
+            self.problem(f"rate_limit.{key}", "unknown key")
+        per_second = value.get("per_second")
+        if not isinstance(per_second, int | float) or isinstance(per_second, bool):
+            per_second = None
+        if per_second is None or not per_second > 0:
+            self.problem("rate_limit.per_second", "must be a number of calls greater than zero")
+            return None
+        # By default a second's worth of calls may go at once.
+        burst = value.get("burst", max(1, math.ceil(per_second)))
+        if not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
+            self.problem("rate_limit.burst", "must be a whole number of calls from 1")
+            return None
+        return RateLimit(per_second=float(per_second), burst=burst)
 
     def _dry_run(self, value: Any, effect: Effect, example: Any) -> DryRun:
         choice = next((c for c in DRY_RUN_CHOICES if c == value), None)

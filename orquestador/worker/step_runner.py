@@ -28,6 +28,7 @@ from orquestador.actions import (
     PermanentError,
     TransientError,
 )
+from orquestador.actions.contracts import RateLimit
 from orquestador.actions.registry import timeouts_of
 from orquestador.domain.canonical import input_hash
 from orquestador.domain.errors import MappingError
@@ -36,10 +37,12 @@ from orquestador.domain.mappings import build_context, resolve_inputs
 from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost
 from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
 from orquestador.queue.batches import SucceedRow
+from orquestador.queue.rate_limits import take_token, wait_for_token
 from orquestador.worker.calls import CallTimedOut
 from orquestador.worker.messages import attempt_message
 from orquestador.worker.step_outcomes import (
     WAIT_LIMIT_EXCEEDED,
+    ExecutionEnded,
     Step,
     StepOutcomes,
     _interrupted_status,
@@ -112,6 +115,11 @@ class StepRunner(StepOutcomes):
             attempt = ActionAttempt(**{**attempt.__dict__, "attempt": number})
             base = found.attempt_base
 
+        # A wait's next round is the same call going on: its token was taken once.
+        waiting = found is not None and _is_waiting(found)
+        if adapter.rate_limit is not None and not step.simulated and not waiting:
+            self.take_token(step, adapter.rate_limit)
+
         riding = self.riding()  # the previous step's success, durable before this call
         try:
             first_started_at = self.x.writer(self.source).start(self.claim, attempt, riding)
@@ -126,6 +134,25 @@ class StepRunner(StepOutcomes):
         if self.x.hooks.before_adapter:
             self.x.hooks.before_adapter(self.claim, spec.id)
         return self.call(spec, step, attempt.attempt, attempt.attempt - base, action_ids)
+
+    def take_token(self, step: Step, limit: RateLimit) -> None:
+        """Take a token of the route's rate limit, or go back to RETRY_WAIT until one is due.
+
+        Taken on the job's connection, so a held-back success is durable first: the
+        execution may end here, and the next holder goes on after that step.
+        """
+        adapter = step.adapter
+        delay = take_token(self.conn, adapter.key, limit)
+        if delay is None:
+            return
+        loaded = self.loaded
+        assert loaded is not None
+        # A claim that woke a waiting execution counted no attempt (see the claim).
+        counted = not any(_is_waiting(c) for c in loaded.checkpoints.values())
+        wait_for_token(self.conn, self.claim, delay, counted=counted)
+        metrics.RATE_LIMIT_WAITS_TOTAL.labels(capability=adapter.key).inc()
+        log.info("rate limited; trying again in %.3fs", delay, extra=step.log_extra)
+        raise ExecutionEnded("RETRY_WAIT")
 
     def adapter_for(self, spec: ActionSpec) -> Adapter:
         """The step's adapter, if this worker has it and may run it here."""

@@ -18,14 +18,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from orquestador.actions import ActionContext, AdapterRegistry, Identity
+from orquestador.actions import ActionContext, Identity
 from orquestador.actions.errors import PermanentError, TransientError, UncertainError
 from orquestador.actions.lookup import Found, NotFound
 from orquestador.errors import IntegrationUnavailable
-from orquestador.integrations.http_adapter import http_adapter, parse_retry_after
-from orquestador.integrations.routes import load_routes
-from orquestador.worker.executor import Executor
-from orquestador.worker.hooks import WorkerHooks
+from orquestador.integrations.http_adapter import parse_retry_after
 from tests.integration.route_provider import (
     BIG,
     HANG,
@@ -33,6 +30,13 @@ from tests.integration.route_provider import (
     RESET_AFTER_COMMIT,
     Answer,
     RouteProvider,
+)
+from tests.integration.route_support import (
+    LOOKUP,
+    SECRET,
+    billing_route,
+    fast_executor,
+    route_registry,
 )
 from tests.integration.worker_support import (
     action,
@@ -42,50 +46,12 @@ from tests.integration.worker_support import (
     flow_definition,
     make_due,
     run_once,
-    settings,
     start_execution,
 )
 
-SECRET = "sk_live_0123456789abcdefSECRET"
-OUTPUT = 'output_schema = { type = "object", required = ["id"] }'
-
-
-def _route(effect: str = "IDEMPOTENT_WRITE", extra: str = "", path: str = "/v1/invoices") -> str:
-    return f"""
-[[route]]
-capability = "billing.invoice"
-version = 1
-effect = "{effect}"
-method = "POST"
-url = "${{BILLING_URL}}{path}"
-headers = {{ Authorization = "Bearer ${{BILLING_TOKEN}}" }}
-timeout_seconds = 1
-max_attempts = 3
-input_schema = {{ type = "object", required = ["amount"] }}
-{OUTPUT}
-response = {{ id = "/id", status = "/status" }}
-{extra}
-"""
-
-
-LOOKUP = (
-    'lookup = { url = "${BILLING_URL}/v1/invoices?idempotency_key={externalKey}", '
-    'found = "/data/0" }'
-)
-
-
-def _registry(tmp_path: Path, provider_url: str, toml: str) -> AdapterRegistry:
-    path = tmp_path / "integrations.toml"
-    path.write_text(toml)
-    environ = {"BILLING_URL": provider_url, "BILLING_TOKEN": SECRET}
-    registry = AdapterRegistry()
-    for route in load_routes(path, environ, lease_seconds=30):
-        registry.add(http_adapter(route))
-    return registry
-
 
 def _adapter(tmp_path: Path, provider_url: str, toml: str):
-    (adapter,) = _registry(tmp_path, provider_url, toml).adapters()
+    (adapter,) = route_registry(tmp_path, provider_url, toml).adapters()
     return adapter
 
 
@@ -99,11 +65,6 @@ def _ctx(inputs: dict[str, Any], key: str = "exec-1:charge", seconds: float = 1.
     )
 
 
-def _executor(registry: AdapterRegistry, **overrides: Any) -> Executor:
-    values = {"retry_base_seconds": 0.001, "retry_cap_seconds": 0.001, **overrides}
-    return Executor(registry, settings(**values), WorkerHooks())
-
-
 def _flow(path_input: dict[str, Any] | None = None) -> dict[str, Any]:
     inputs = {"amount": {"const": 42}, **(path_input or {})}
     return flow_definition([action("charge", "billing.invoice", input=inputs)])
@@ -115,7 +76,7 @@ def _flow(path_input: dict[str, Any] | None = None) -> dict[str, Any]:
 def test_a_body_template_builds_the_body_from_the_inputs(tmp_path):
     template = 'body = { total = { from = "/amount" }, currency = { const = "EUR" } }'
     with RouteProvider().serve() as provider:
-        adapter = _adapter(tmp_path, provider.url, _route(extra=template))
+        adapter = _adapter(tmp_path, provider.url, billing_route(extra=template))
         adapter.invoke(_ctx({"amount": 42, "note": "kept out of the body"}))
         (sent,) = provider.received
     assert json.loads(sent.body) == {"total": 42, "currency": "EUR"}
@@ -124,7 +85,7 @@ def test_a_body_template_builds_the_body_from_the_inputs(tmp_path):
 def test_a_body_template_whose_pointer_misses_refuses_before_sending(tmp_path):
     template = 'body = { total = { from = "/missing" } }'
     with RouteProvider().serve() as provider:
-        adapter = _adapter(tmp_path, provider.url, _route(extra=template))
+        adapter = _adapter(tmp_path, provider.url, billing_route(extra=template))
         with pytest.raises(PermanentError) as refused:
             adapter.invoke(_ctx({"amount": 42}))
         assert provider.received == []
@@ -133,7 +94,7 @@ def test_a_body_template_whose_pointer_misses_refuses_before_sending(tmp_path):
 
 def test_2xx_maps_the_answer_and_sends_key_body_and_headers(tmp_path):
     with RouteProvider().serve() as provider:
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         output = adapter.invoke(_ctx({"amount": 42}))
         (sent,) = provider.received
     assert output == {"id": "inv-1", "status": "draft"}
@@ -151,7 +112,7 @@ def test_2xx_maps_the_answer_and_sends_key_body_and_headers(tmp_path):
 def test_transient_statuses_raise_transient_with_retry_after(tmp_path, status):
     with RouteProvider().serve() as provider:
         provider.then(Answer(status, {}, {"Retry-After": "7"}))
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         with pytest.raises(TransientError) as raised:
             adapter.invoke(_ctx({"amount": 1}))
     assert raised.value.retry_after == 7.0
@@ -170,7 +131,7 @@ def test_connection_refused_before_sending_is_transient(tmp_path):
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    adapter = _adapter(tmp_path, f"http://127.0.0.1:{port}", _route())
+    adapter = _adapter(tmp_path, f"http://127.0.0.1:{port}", billing_route())
     with pytest.raises(TransientError, match="connection refused"):
         adapter.invoke(_ctx({"amount": 1}))
 
@@ -178,7 +139,7 @@ def test_connection_refused_before_sending_is_transient(tmp_path):
 def test_a_hang_past_the_timeout_is_uncertain(tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(HANG)
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         with pytest.raises(UncertainError):
             adapter.invoke(_ctx({"amount": 1}, seconds=0.5))
 
@@ -186,7 +147,7 @@ def test_a_hang_past_the_timeout_is_uncertain(tmp_path):
 def test_a_reset_after_the_effect_is_uncertain(tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(RESET_AFTER_COMMIT)
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         with pytest.raises(UncertainError):
             adapter.invoke(_ctx({"amount": 1}))
     assert provider.effects == {"exec-1:charge": 1}
@@ -204,7 +165,7 @@ def test_a_reset_after_the_effect_is_uncertain(tmp_path):
 def test_other_4xx_are_permanent_with_a_useful_code(tmp_path, answer, code):
     with RouteProvider().serve() as provider:
         provider.then(answer)
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         with pytest.raises(PermanentError) as raised:
             adapter.invoke(_ctx({"amount": 1}))
     assert raised.value.code == code
@@ -213,7 +174,7 @@ def test_other_4xx_are_permanent_with_a_useful_code(tmp_path, answer, code):
 def test_redirects_are_not_followed(tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(REDIRECT)
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         with pytest.raises(PermanentError) as raised:
             adapter.invoke(_ctx({"amount": 1}))
         assert len(provider.received) == 1
@@ -223,7 +184,7 @@ def test_redirects_are_not_followed(tmp_path):
 def test_answers_past_one_mebibyte_are_cut(tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(BIG)
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         with pytest.raises(UncertainError, match="larger than 1 MiB"):
             adapter.invoke(_ctx({"amount": 1}))
 
@@ -234,13 +195,13 @@ def test_environment_proxies_are_ignored(tmp_path, monkeypatch):
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     with RouteProvider().serve() as provider:
-        adapter = _adapter(tmp_path, provider.url, _route())
+        adapter = _adapter(tmp_path, provider.url, billing_route())
         assert adapter.invoke(_ctx({"amount": 1}))["id"] == "inv-1"
 
 
 def test_lookup_finds_the_keyed_write_or_not(tmp_path):
     with RouteProvider().serve() as provider:
-        adapter = _adapter(tmp_path, provider.url, _route("NON_IDEMPOTENT_WRITE", LOOKUP))
+        adapter = _adapter(tmp_path, provider.url, billing_route("NON_IDEMPOTENT_WRITE", LOOKUP))
         assert adapter.lookup(_ctx({"amount": 1}, key="e:a")) == NotFound()
         adapter.invoke(_ctx({"amount": 1}, key="e:a"))
         assert adapter.lookup(_ctx({"amount": 1}, key="e:a")) == Found(
@@ -269,7 +230,7 @@ ATTEMPTS = [
 
 @pytest.mark.parametrize("value", ATTEMPTS)
 def test_inputs_in_the_path_stay_inside_one_segment(tmp_path, value):
-    toml = _route(path="/v1/customers/{customer}/invoices")
+    toml = billing_route(path="/v1/customers/{customer}/invoices")
     with RouteProvider().serve() as provider:
         adapter = _adapter(tmp_path, provider.url, toml)
         adapter.invoke(_ctx({"amount": 1, "customer": value}))
@@ -284,7 +245,7 @@ def test_inputs_in_the_path_stay_inside_one_segment(tmp_path, value):
 
 @pytest.mark.parametrize("value", ["..", ".", ""])
 def test_dot_segments_are_refused_before_sending(tmp_path, value):
-    toml = _route(path="/v1/customers/{customer}/invoices")
+    toml = billing_route(path="/v1/customers/{customer}/invoices")
     with RouteProvider().serve() as provider:
         adapter = _adapter(tmp_path, provider.url, toml)
         with pytest.raises(PermanentError) as raised:
@@ -299,7 +260,7 @@ def test_dot_segments_are_refused_before_sending(tmp_path, value):
 def test_a_transient_answer_then_success_runs_once_at_the_provider(runtime_engine, tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(Answer(503, {}))
-        executor = _executor(_registry(tmp_path, provider.url, _route()))
+        executor = fast_executor(route_registry(tmp_path, provider.url, billing_route()))
         eid = start_execution(runtime_engine, _flow())
         assert run_once(runtime_engine, executor) == "RETRY_WAIT"
         make_due(runtime_engine, eid)
@@ -314,8 +275,8 @@ def test_a_transient_answer_then_success_runs_once_at_the_provider(runtime_engin
 def test_retry_after_is_honoured_and_clamped(runtime_engine, tmp_path, header, low, high):
     with RouteProvider().serve() as provider:
         provider.then(Answer(429, {}, {"Retry-After": header}))
-        executor = _executor(
-            _registry(tmp_path, provider.url, _route()),
+        executor = fast_executor(
+            route_registry(tmp_path, provider.url, billing_route()),
             retry_after_min_seconds=2,
             retry_after_max_seconds=5,
         )
@@ -335,7 +296,9 @@ def test_retry_after_is_honoured_and_clamped(runtime_engine, tmp_path, header, l
 def test_reset_after_commit_then_retry_makes_one_idempotent_effect(runtime_engine, tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(RESET_AFTER_COMMIT)
-        executor = _executor(_registry(tmp_path, provider.url, _route("IDEMPOTENT_WRITE")))
+        executor = fast_executor(
+            route_registry(tmp_path, provider.url, billing_route("IDEMPOTENT_WRITE"))
+        )
         eid = start_execution(runtime_engine, _flow())
         assert run_once(runtime_engine, executor) == "RETRY_WAIT"
         make_due(runtime_engine, eid)
@@ -349,7 +312,9 @@ def test_reset_after_commit_then_retry_makes_one_idempotent_effect(runtime_engin
 def test_reset_after_commit_parks_a_non_idempotent_write(runtime_engine, tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(RESET_AFTER_COMMIT)
-        executor = _executor(_registry(tmp_path, provider.url, _route("NON_IDEMPOTENT_WRITE")))
+        executor = fast_executor(
+            route_registry(tmp_path, provider.url, billing_route("NON_IDEMPOTENT_WRITE"))
+        )
         eid = start_execution(runtime_engine, _flow())
         assert run_once(runtime_engine, executor) == "RECONCILIATION_REQUIRED"
     assert provider.effects == {f"{eid}:charge": 1}
@@ -359,8 +324,8 @@ def test_reset_after_commit_parks_a_non_idempotent_write(runtime_engine, tmp_pat
 def test_reset_after_commit_is_settled_by_the_route_lookup(runtime_engine, tmp_path):
     with RouteProvider().serve() as provider:
         provider.then(RESET_AFTER_COMMIT)
-        toml = _route("NON_IDEMPOTENT_WRITE", LOOKUP)
-        executor = _executor(_registry(tmp_path, provider.url, toml))
+        toml = billing_route("NON_IDEMPOTENT_WRITE", LOOKUP)
+        executor = fast_executor(route_registry(tmp_path, provider.url, toml))
         eid = start_execution(runtime_engine, _flow())
         assert run_once(runtime_engine, executor) == "SUCCEEDED"
     assert provider.effects == {f"{eid}:charge": 1}
@@ -372,7 +337,9 @@ def test_reset_after_commit_is_settled_by_the_route_lookup(runtime_engine, tmp_p
 def test_a_hang_then_retry_of_an_idempotent_write_makes_one_effect(runtime_engine, tmp_path):
     with RouteProvider(hang_seconds=5).serve() as provider:
         provider.then(HANG)
-        executor = _executor(_registry(tmp_path, provider.url, _route("IDEMPOTENT_WRITE")))
+        executor = fast_executor(
+            route_registry(tmp_path, provider.url, billing_route("IDEMPOTENT_WRITE"))
+        )
         eid = start_execution(runtime_engine, _flow())
         assert run_once(runtime_engine, executor) == "RETRY_WAIT"
         make_due(runtime_engine, eid)
@@ -385,10 +352,10 @@ def test_a_hang_then_retry_of_an_idempotent_write_makes_one_effect(runtime_engin
 
 def test_secrets_never_reach_logs_audit_or_evidence(runtime_engine, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    toml = _route(path="/v1/invoices?token=${BILLING_TOKEN}")
+    toml = billing_route(path="/v1/invoices?token=${BILLING_TOKEN}")
     with RouteProvider().serve() as provider:
         provider.then(Answer(503, {}), RESET_AFTER_COMMIT, Answer(401, {"code": "UNAUTHORIZED"}))
-        executor = _executor(_registry(tmp_path, provider.url, toml))
+        executor = fast_executor(route_registry(tmp_path, provider.url, toml))
         first = start_execution(runtime_engine, _flow())
         run_once(runtime_engine, executor)
         make_due(runtime_engine, first)
@@ -426,7 +393,7 @@ headers = { Authorization = "Bearer ${BILLING_TOKEN}" }
 
 def test_document_verify_runs_with_its_fixed_contract(runtime_engine, tmp_path):
     with RouteProvider().serve() as provider:
-        registry = _registry(tmp_path, provider.url, VERIFY)
+        registry = route_registry(tmp_path, provider.url, VERIFY)
         definition = flow_definition(
             [
                 action(
@@ -441,7 +408,7 @@ def test_document_verify_runs_with_its_fixed_contract(runtime_engine, tmp_path):
             ]
         )
         eid = start_execution(runtime_engine, definition)
-        assert run_once(runtime_engine, _executor(registry)) == "SUCCEEDED"
+        assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
     output = checkpoints(runtime_engine, eid)["verify"].output
     assert output == {
         "status": "REJECTED",
@@ -457,7 +424,7 @@ def test_document_verify_runs_with_its_fixed_contract(runtime_engine, tmp_path):
 
 
 def test_document_verify_unconfigured_is_unavailable(tmp_path):
-    registry = _registry(tmp_path, "http://127.0.0.1:1", _route())
+    registry = route_registry(tmp_path, "http://127.0.0.1:1", billing_route())
     with pytest.raises(IntegrationUnavailable):
         registry.get("document.verify", 1)
 

@@ -64,6 +64,7 @@ TABLES_OF_0013 = frozenset({"machine_credential", "page_session_revocation"})
 COLUMNS_ADDED = {
     "0014": {"machine_command": {"cancel_requested_at"}},
     "0015": {"execution": {"key_blocked"}, "key_release": {"id"}},
+    "0016": {"rate_bucket": {"tokens", "refilled_at"}},
 }
 
 
@@ -378,6 +379,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             {"id": execution_id},
         ).one()
     assert tuple(before) == (5, None, False)
+
+    _step(server, name, "0016")
+    assert _update_columns(server, name) == _declared_updates(at="0016")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})

@@ -319,6 +319,62 @@ KEY_GUARDS = [
     ),
 ]
 
+# --- rate limits on routes (queue/rate_limits.py, worker/step_runner.py) -----------------
+
+RATES = "tests/integration/test_rate_limits.py"
+_RATES_PY = "orquestador/queue/rate_limits.py"
+
+RATE_GUARDS = [
+    Mutation(
+        "rate-take-only-a-whole-token",
+        _RATES_PY,
+        "    WHERE {_REFILLED} >= 1\n",
+        "    WHERE true\n",
+        "A route gets no more calls than its bucket holds, however many workers take at once.",
+        (
+            f"{RATES}::test_takers_queued_on_the_bucket_at_once_take_no_more_than_the_burst",
+            f"{RATES}::test_the_bucket_refills_at_the_rate_up_to_the_burst",
+        ),
+    ),
+    Mutation(
+        "rate-refill-capped-at-the-burst",
+        _RATES_PY,
+        '"least(:burst, ',
+        '"(',
+        "An idle route saves up no more than its burst.",
+        (f"{RATES}::test_the_bucket_refills_at_the_rate_up_to_the_burst",),
+    ),
+    Mutation(
+        "rate-token-before-the-call",
+        "orquestador/worker/step_runner.py",
+        "            self.take_token(step, adapter.rate_limit)\n",
+        "            pass\n",
+        "A call over the route's limit is not sent: it waits for the next token.",
+        (
+            f"{RATES}::test_a_call_over_the_limit_waits_for_the_next_token_without_spending_an_attempt",
+        ),
+    ),
+    Mutation(
+        "rate-wait-spends-no-attempt",
+        _RATES_PY,
+        "        attempts = e.attempts - :counted,\n",
+        "",
+        "Waiting for a token spends no attempt: the budgets count calls that were made.",
+        (
+            f"{RATES}::test_a_call_over_the_limit_waits_for_the_next_token_without_spending_an_attempt",
+        ),
+    ),
+    Mutation(
+        "rate-wait-under-the-fence",
+        _RATES_PY,
+        "        updated_at = clock_timestamp()\n    WHERE {FENCE}\n",
+        "        updated_at = clock_timestamp()\n    WHERE e.id = :execution_id\n",
+        "Only the holder sends an execution back to wait: a stale worker cannot take it "
+        "from the worker that holds it now.",
+        (f"{RATES}::test_a_stale_holder_cannot_send_the_execution_back_to_wait",),
+    ),
+]
+
 # --- queue/checkpoints.py -------------------------------------------------------------
 # The worker writes RUNNING and SUCCEEDED through the batch function (migration 0010 and
 # its successors); these one-execution statements remain the reference for each write,
@@ -1517,6 +1573,7 @@ MUTATIONS: list[Mutation] = [
     *LOADING_GUARDS,
     *CLAIM_GUARDS,
     *KEY_GUARDS,
+    *RATE_GUARDS,
     *CHECKPOINT_GUARDS,
     *OUTCOME_GUARDS,
     *LOAD_GUARDS,
