@@ -7,8 +7,9 @@ a whole token is there: two workers taking at once queue on the bucket's row loc
 the second sees what the first left.
 
 A call with no token is not made: the execution goes back to RETRY_WAIT, due when the
-next token should be there, and gives back the attempt its claim counted. The step's
-checkpoint is not touched, so the next claim goes on from the same place.
+next token should be there, and gives back the attempt its claim counted; a RATE_LIMITED
+audit row says so. The step's checkpoint is not touched, so the next claim goes on from
+the same place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import random
 from sqlalchemy import Connection, text
 
 from orquestador.actions.contracts import RateLimit
-from orquestador.queue.fencing import FENCE, Claim, refuse_stale
+from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.transactions import one_statement
 
 RATE_LIMITED = "RATE_LIMITED"
@@ -45,17 +46,27 @@ _TAKE = text(
 # went first committed (the refusing statement's snapshot predates them).
 _TOKENS = text(f"SELECT {_REFILLED} AS tokens FROM rate_bucket b WHERE b.name = :name")
 
+# The wait and its audit row in one statement: a stale holder writes neither.
 _WAIT_FOR_TOKEN = text(
     f"""
-    UPDATE execution AS e
-    SET status = 'RETRY_WAIT',
-        next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
-        -- No call was made: give back the attempt the claim counted, if it counted one.
-        attempts = e.attempts - :counted,
-        lease_owner = NULL, lease_expires_at = NULL, error_code = '{RATE_LIMITED}',
-        updated_at = clock_timestamp()
-    WHERE {FENCE}
-    RETURNING e.next_attempt_at
+    WITH waited AS (
+        UPDATE execution AS e
+        SET status = 'RETRY_WAIT',
+            next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
+            -- No call was made: give back the attempt the claim counted, if it counted one.
+            attempts = e.attempts - :counted,
+            lease_owner = NULL, lease_expires_at = NULL, error_code = '{RATE_LIMITED}',
+            updated_at = clock_timestamp()
+        WHERE {FENCE}
+        RETURNING e.id, e.org_id, e.request_id, e.next_attempt_at
+    )
+    INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+    SELECT w.org_id, '{RATE_LIMITED}', w.request_id, w.id, :actor,
+           jsonb_build_object('actionId', CAST(:action_id AS text),
+                              'capability', CAST(:capability AS text),
+                              'dueAt', w.next_attempt_at)
+    FROM waited w
+    RETURNING id
     """
 )
 
@@ -77,13 +88,27 @@ def take_token(conn: Connection, name: str, limit: RateLimit) -> float | None:
 
 
 def wait_for_token(
-    conn: Connection, claim: Claim, delay_seconds: float, *, counted: bool = True
+    conn: Connection,
+    claim: Claim,
+    action_id: str,
+    capability: str,
+    delay_seconds: float,
+    *,
+    counted: bool = True,
 ) -> None:
-    """Back to RETRY_WAIT for `delay_seconds` without spending an attempt (under the fence).
+    """Back to RETRY_WAIT for `delay_seconds` without spending an attempt (under the fence),
+    with a RATE_LIMITED audit row naming the step and when it is due again.
 
     `counted`: whether the claim counted an attempt (a wait's next round counts none).
     """
-    params = {**claim.params, "delay_seconds": float(delay_seconds), "counted": int(counted)}
+    params = {
+        **claim.params,
+        "delay_seconds": float(delay_seconds),
+        "counted": int(counted),
+        "actor": WORKER_ACTOR,
+        "action_id": action_id,
+        "capability": capability,
+    }
     with one_statement(conn):
         row = conn.execute(_WAIT_FOR_TOKEN, params).first()
     if row is None:

@@ -149,7 +149,7 @@ class StepRunner(StepOutcomes):
         assert loaded is not None
         # A claim that woke a waiting execution counted no attempt (see the claim).
         counted = not any(_is_waiting(c) for c in loaded.checkpoints.values())
-        wait_for_token(self.conn, self.claim, delay, counted=counted)
+        wait_for_token(self.conn, self.claim, step.action_id, adapter.key, delay, counted=counted)
         metrics.RATE_LIMIT_WAITS_TOTAL.labels(capability=adapter.key).inc()
         log.info("rate limited; trying again in %.3fs", delay, extra=step.log_extra)
         raise ExecutionEnded("RETRY_WAIT")

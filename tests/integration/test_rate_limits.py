@@ -24,6 +24,7 @@ from tests.integration.route_support import billing_route, fast_executor, route_
 from tests.integration.worker_support import (
     action,
     attempt_history,
+    audit,
     checkpoints,
     claim_one,
     execution,
@@ -111,12 +112,14 @@ def test_a_bad_rate_limit_is_named_with_its_line(tmp_path: Path, value: str, mes
 
 
 def _waiting_on_locks(conn: Any) -> int:
-    return conn.execute(
+    count = conn.execute(
         text(
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
     ).scalar_one()
+    conn.rollback()  # pg_stat_activity is read once per transaction: the next look is fresh
+    return count
 
 
 def test_takers_queued_on_the_bucket_at_once_take_no_more_than_the_burst(
@@ -183,6 +186,8 @@ def test_a_call_over_the_limit_waits_for_the_next_token_without_spending_an_atte
         assert 50 < (row.next_attempt_at - row.updated_at).total_seconds() < 150
         assert "charge" not in checkpoints(runtime_engine, second)  # nothing was started
         assert len(provider.received) == 1 and _waits() == waits + 1
+        (waited,) = audit(runtime_engine, second, "RATE_LIMITED")
+        assert waited.detail["actionId"] == "charge" and waited.detail["capability"] == ROUTE
         # Still no token when claimed again early: it waits again, spending nothing.
         make_due(runtime_engine, second)
         assert run_once(runtime_engine, executor) == "RETRY_WAIT"
@@ -244,6 +249,7 @@ def test_a_stale_holder_cannot_send_the_execution_back_to_wait(
     expire_lease(runtime_engine, eid)
     claim_one(runtime_engine, "w2")
     with runtime_engine.connect() as conn, pytest.raises(LeaseLost):
-        wait_for_token(conn, stale, 60)
+        wait_for_token(conn, stale, "charge", ROUTE, 60)
     row = execution(runtime_engine, eid)
     assert (row.status, row.lease_owner, row.attempts) == ("RUNNING", "w2", 2)
+    assert audit(runtime_engine, eid, "RATE_LIMITED") == []

@@ -357,7 +357,7 @@ RATE_GUARDS = [
     Mutation(
         "rate-wait-spends-no-attempt",
         _RATES_PY,
-        "        attempts = e.attempts - :counted,\n",
+        "            attempts = e.attempts - :counted,\n",
         "",
         "Waiting for a token spends no attempt: the budgets count calls that were made.",
         (
@@ -367,8 +367,8 @@ RATE_GUARDS = [
     Mutation(
         "rate-wait-under-the-fence",
         _RATES_PY,
-        "        updated_at = clock_timestamp()\n    WHERE {FENCE}\n",
-        "        updated_at = clock_timestamp()\n    WHERE e.id = :execution_id\n",
+        "        WHERE {FENCE}\n        RETURNING e.id, e.org_id",
+        "        WHERE e.id = :execution_id\n        RETURNING e.id, e.org_id",
         "Only the holder sends an execution back to wait: a stale worker cannot take it "
         "from the worker that holds it now.",
         (f"{RATES}::test_a_stale_holder_cannot_send_the_execution_back_to_wait",),

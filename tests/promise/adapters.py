@@ -32,12 +32,16 @@ from orquestador.actions import (
     UncertainError,
     Unknown,
 )
+from orquestador.actions.contracts import RateLimit
 
 PROVIDER_URL_ENV = "PROMISE_PROVIDER_URL"
 CLIENT_TIMEOUT_SECONDS = 6.0
 # Below the checker's worker lease (4 s), as the worker demands.
 TIMEOUT_SECONDS = 1.0
 MAX_ATTEMPTS = 3
+# The keyed writes go through a rate limit, so its waits (no attempt spent, a held-back
+# success written first) run under the same kills and restarts as everything else.
+WRITES_RATE_LIMIT = RateLimit(per_second=2, burst=3)
 
 READ = "promise.read"
 PUT = "promise.put"
@@ -157,6 +161,7 @@ def register(registry: AdapterRegistry) -> None:
             output_schema=_output("writeId"),
             invoke=put,
             lookup=look_up_put,
+            rate_limit=WRITES_RATE_LIMIT,
             **common,
         )
     )

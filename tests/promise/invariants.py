@@ -25,6 +25,9 @@
    SUCCEEDED is written before the next step's RUNNING in every path, the batch
    function's included; a batch row refused half way, its RUNNING kept and its riding
    SUCCEEDED lost, shows here too).
+8. The keyed writes' route, rate limited, got no more calls than its token bucket
+   allows: in any stretch of the run, at most `burst` plus `per_second` calls a second,
+   give or take RATE_MARGIN_SECONDS between a token's taking and the call's sending.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from tests.acceptance.provider_double import CHARGES, READS, ProviderDouble
+from tests.acceptance.provider_double import CHARGES, READS, WRITES, ProviderDouble
+from tests.promise.adapters import WRITES_RATE_LIMIT
 from tests.promise.api import Api, ApiError
 from tests.promise.blocking import waits_behind_other_rows
 from tests.promise.database import CheckerDatabase
@@ -45,6 +49,9 @@ RELEASED = ("FAILED", "CANCELLED")
 # How much later than a checkpoint's commit a call may be stamped and still count as
 # sent before it (clock reads on both sides of one machine).
 CLOCK_MARGIN_SECONDS = 0.02
+# A token is taken before the RUNNING checkpoint is written, the call is stamped as it
+# is sent: the time between the two, at most, that the bucket's check forgives.
+RATE_MARGIN_SECONDS = 0.5
 
 
 def check(
@@ -66,6 +73,7 @@ def check(
     findings.violations += parked
     findings.violations += waits_behind_other_rows(records, disturbances)
     findings.violations += steps_in_order(records)
+    findings.violations += rate_limit_held(records)
     findings.notes += notes
     findings.notes += [
         f"platform event {name}: {outcome}"
@@ -306,6 +314,45 @@ def evidence_names_step(records: Records, api: Api) -> tuple[list[Violation], li
             )
         found += [records.violation(5, problem, execution.id) for problem in problems]
     return found, notes
+
+
+def rate_limit_held(records: Records) -> list[Violation]:
+    """8: no stretch of the run saw more calls to the writes' route than the bucket allows.
+
+    For calls i..j (by send time) the bucket allows burst + per_second * (t_j - t_i);
+    the largest excess over every i is kept as a running maximum, so one pass suffices.
+    """
+    limit = WRITES_RATE_LIMIT
+    sends = sorted(
+        (
+            (x.sent_at or x.at, x)
+            for lines in records.ledger.values()
+            for x in lines
+            if x.route == WRITES and x.event == "arrived" and not x.lookup
+        ),
+        key=lambda pair: pair[0],
+    )
+    allowed = limit.burst + limit.per_second * RATE_MARGIN_SECONDS
+    best, first = float("-inf"), 0
+    for j, (moment, line) in enumerate(sends):
+        if limit.per_second * moment - j > best:
+            best, first = limit.per_second * moment - j, j
+        excess = (j + 1 - limit.per_second * moment) + best
+        if excess > allowed:
+            calls = j - first + 1
+            seconds = moment - sends[first][0]
+            evidence = [str(x) for _, x in sends[first : j + 1]]
+            return [
+                records.violation(
+                    8,
+                    f"{calls} calls in {seconds:.3f} s where the bucket allows "
+                    f"{limit.burst} + {limit.per_second:g}/s",
+                    _execution_of(line.key),
+                    line.key,
+                    evidence,
+                )
+            ]
+    return []
 
 
 def _precise(moment: datetime) -> str:

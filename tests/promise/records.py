@@ -20,6 +20,7 @@ NAMES = {
     5: "every parked execution's evidence names the step in doubt",
     6: "no head-of-line blocking behind another execution's locked row",
     7: "a step starts only once the step before it has succeeded",
+    8: "a rate-limited route gets no more calls than its limit allows",
 }
 
 
