@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from orquestador.approvals_cli import add_approvals_command
 from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.dev_address import recorded_dev_api
@@ -157,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     decide.set_defaults(handler=_decide)
 
     add_executions_command(command)
+    add_approvals_command(command)
     add_machines_command(command)
 
     agent = command(

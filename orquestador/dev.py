@@ -34,6 +34,7 @@ DEV_SCOPES = [
     "events:write",
     "notices:read",
     "org:admin",
+    "approvals:decide",
 ]
 _SWITCHES = ("WORKER_ENABLED", "REQUEST_API_ENABLED", "FLOW_ADMIN_ENABLED")
 

@@ -75,30 +75,41 @@ class Refused(Exception):
 CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
 
 
-def add_executions_command(command: CommandFactory) -> None:
-    """Register `executions` and its actions with the main parser's command factory."""
-    parser = command(
-        "executions",
-        "find, inspect, reconcile and cancel executions through the HTTP API",
-        CLIENT_SETTINGS,
-    )
+ClientAction = Callable[[str, str, Callable[..., int]], argparse.ArgumentParser]
+
+
+def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAction:
+    """Register a command of API client actions; the factory of its actions.
+
+    Each action takes `--json`, runs through `run_client_action` and says its exit status.
+    """
+    parser = command(name, summary, CLIENT_SETTINGS)
     actions = parser.add_subparsers(title="actions", required=True, metavar="ACTION")
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument(
         "--json", action="store_true", help="print the API's JSON answer, for scripts"
     )
 
-    def action(name: str, summary: str, run: Callable[..., int]) -> argparse.ArgumentParser:
+    def action(name_: str, about: str, run: Callable[..., int]) -> argparse.ArgumentParser:
         sub = actions.add_parser(
-            name,
+            name_,
             parents=[output],
-            help=summary,
-            description=summary[0].upper() + summary[1:] + ".",
+            help=about,
+            description=about[0].upper() + about[1:] + ".",
             epilog="Exit status: 0 done, 1 refused by the server (its problem is printed), "
-            "2 usage or configuration. Settings: see 'orquestador executions --help'.",
+            f"2 usage or configuration. Settings: see 'orquestador {name} --help'.",
         )
-        sub.set_defaults(handler=functools.partial(_run, run))
+        sub.set_defaults(handler=functools.partial(run_client_action, run))
         return sub
+
+    return action
+
+
+def add_executions_command(command: CommandFactory) -> None:
+    """Register `executions` and its actions with the main parser's command factory."""
+    action = client_actions(
+        command, "executions", "find, inspect, reconcile and cancel executions through the HTTP API"
+    )
 
     listing = action("list", "executions the token may see, newest first", _list)
     listing.add_argument("--status", choices=EXECUTION_STATUSES, help="only this status")
@@ -157,7 +168,7 @@ def add_executions_command(command: CommandFactory) -> None:
                 "--output is required with --decision confirm: the step's output as the "
                 "provider reports it (JSON, or @FILE), checked against the adapter's schema"
             )
-        return _run(_reconcile, args)
+        return run_client_action(_reconcile, args)
 
     reconcile.set_defaults(handler=reconcile_checked)
 
@@ -188,7 +199,9 @@ def _page_size(text: str) -> int:
     return value
 
 
-def _run(action: Callable[[ApiClient, argparse.Namespace], int], args: argparse.Namespace) -> int:
+def run_client_action(
+    action: Callable[[ApiClient, argparse.Namespace], int], args: argparse.Namespace
+) -> int:
     try:
         client = ApiClient.from_settings(Settings.from_env())
         return action(client, args)
@@ -322,7 +335,7 @@ def _reason(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _path_id(text: str) -> str:
+def path_id(text: str) -> str:
     # An id is one path segment, whatever it contains; the server answers 404 to nonsense.
     return quote(text, safe="")
 
@@ -337,7 +350,7 @@ def _execution_path(client: ApiClient, text: str) -> str:
     except ValueError:
         pass
     if not _HEX_ID.fullmatch(text):
-        return _path_id(text)
+        return path_id(text)
     digits = text.replace("-", "").lower()
     if len(digits) < SHORT_ID_DIGITS:
         raise UsageProblem(
@@ -373,13 +386,13 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
     }
     page = client.get("/executions", params)
     if args.json:
-        _print_json(page)
+        print_json(page)
         return 0
     items = page.get("items", [])
     if not items:
         print("no executions")
     else:
-        _print_table(
+        print_table(
             ("ID", "STATUS", "TRANSITION", "ERROR", "FLOW", "MACHINE", "CREATED"),
             [
                 (
@@ -402,7 +415,7 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
 def _show(client: ApiClient, args: argparse.Namespace) -> int:
     view = client.get(f"/executions/{_execution_path(client, args.execution)}")
     if args.json:
-        _print_json(view)
+        print_json(view)
     else:
         _print_execution(view)
         _print_decision(view)
@@ -413,7 +426,7 @@ def _show(client: ApiClient, args: argparse.Namespace) -> int:
 def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
     found = client.get(f"/executions/{_execution_path(client, args.execution)}/evidence")
     if args.json:
-        _print_json(found)
+        print_json(found)
         return 0
     execution = found["execution"]
     _print_fields(
@@ -435,7 +448,7 @@ def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
     steps = found.get("steps", [])
     if steps:
         print()
-        _print_table(
+        print_table(
             ("STEP", "CAPABILITY", "EFFECT", "STATUS", "ATTEMPT", "ERROR", "EXTERNAL KEY"),
             [
                 (
@@ -490,7 +503,7 @@ def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
         f"/executions/{_execution_path(client, args.execution)}/reconciliation", body
     )
     if args.json:
-        _print_json(view)
+        print_json(view)
     else:
         print(f"decided: {args.decision}; the execution is {view['status']}")
         _print_execution(view)
@@ -502,7 +515,7 @@ def _cancel(client: ApiClient, args: argparse.Namespace) -> int:
         f"/executions/{_execution_path(client, args.execution)}/cancel", {"reason": args.reason}
     )
     if args.json:
-        _print_json(view)
+        print_json(view)
     elif view["status"] == "RECONCILIATION_REQUIRED":
         # The server kept the request busy: a write happened or may have, and only an
         # operator may decide what becomes of it. Saying "cancelled" here would mislead.
@@ -559,14 +572,14 @@ def _json_argument(text: str, option: str) -> Any:
 # --- printing --------------------------------------------------------------------------
 
 
-def _print_json(document: Any) -> None:
+def print_json(document: Any) -> None:
     print(json.dumps(document, indent=2, ensure_ascii=False))
 
 
 def _print_refusal(refused: Refused, *, as_json: bool) -> None:
     problem = refused.problem or {}
     if as_json and problem:
-        _print_json(problem)
+        print_json(problem)
     code = problem.get("code") or f"HTTP_{refused.status}"
     detail = problem.get("detail") or (refused.text.strip().splitlines() or [""])[0]
     print(
@@ -602,7 +615,7 @@ def _print_execution(view: dict[str, Any]) -> None:
     steps = view.get("steps", [])
     if steps:
         print()
-        _print_table(
+        print_table(
             ("STEP", "STATUS", "ATTEMPTS", "ERROR", "STARTED", "FINISHED"),
             [
                 (
@@ -638,7 +651,7 @@ def _print_fields(
         print(f"{indent}{name.ljust(width)}  {_cell(value)}")
 
 
-def _print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
     for row in [list(headers), *cells]:

@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api import (
     agent_routes,
+    approval_routes,
     capability_routes,
     dry_run_routes,
     event_routes,
@@ -93,6 +94,7 @@ def create_app(
         app.register_blueprint(execution_routes.blueprint)
         app.register_blueprint(event_routes.blueprint)
         app.register_blueprint(notice_routes.blueprint)
+        app.register_blueprint(approval_routes.blueprint)
         app.register_blueprint(agent_routes.blueprint)
         app.register_blueprint(machine_routes.blueprint)
         app.register_blueprint(ui_routes.blueprint)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +13,7 @@ from sqlalchemy import insert
 from orquestador.api.auth import SCOPE_NOTICES_READ, SCOPE_ORG_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import engine
-from orquestador.api.paging import cursor, query_problem, read_cursor
+from orquestador.api.paging import cursor, page_limit, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.db.schema import audit_event
@@ -134,12 +133,7 @@ def _notice_page(args: Mapping[str, str]) -> NoticePage:
     include = args.get("includeDismissed", "false")
     if include not in ("true", "false"):
         raise query_problem("includeDismissed", "true or false")
-    limit = DEFAULT_PAGE_SIZE
-    limit_text = args.get("limit")
-    if limit_text is not None:
-        if not re.fullmatch(r"[0-9]{1,4}", limit_text) or not 1 <= int(limit_text) <= MAX_PAGE_SIZE:
-            raise query_problem("limit", f"a whole number from 1 to {MAX_PAGE_SIZE}")
-        limit = int(limit_text)
+    limit = page_limit(args, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
     after = args.get("after")
     return NoticePage(
         limit=limit,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,3 +48,13 @@ def read_cursor(text: str) -> tuple[datetime, uuid.UUID]:
         return at.astimezone(UTC), uuid.UUID(identifier)
     except (ValueError, binascii.Error, OverflowError):
         raise query_problem("after", "not a cursor this API handed out") from None
+
+
+def page_limit(args: Mapping[str, str], default: int, maximum: int) -> int:
+    """The `limit` query parameter: a whole number from 1 to `maximum`, else `default`."""
+    text = args.get("limit")
+    if text is None:
+        return default
+    if not re.fullmatch(r"[0-9]{1,4}", text) or not 1 <= int(text) <= maximum:
+        raise query_problem("limit", f"a whole number from 1 to {maximum}")
+    return int(text)

@@ -554,6 +554,39 @@ rate_bucket = Table(
     Column("refilled_at", TIMESTAMP(timezone=True), nullable=False),
 )
 
+# A person's decision a step waits for (approval@1, migration 0019): written by the step's
+# first round, keyed by its external key; decided once through the API, or closed by the
+# step when its deadline passes. Both are conditional updates of the open row, so exactly
+# one of them wins.
+APPROVAL_STATUSES = ("open", "approved", "rejected", "expired")
+approval = Table(
+    "approval",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("request_id", UUID(as_uuid=True), nullable=False),
+    Column("execution_id", UUID(as_uuid=True), nullable=False),
+    Column("action_id", Text, nullable=False),
+    Column("external_key", Text, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("body", Text, nullable=False, server_default=text("''")),
+    # Who may decide: a listed `sub`, or a holder of the scope (either suffices).
+    Column("approver_subjects", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("approver_scope", Text),
+    # Who may never decide: whoever asked for the transition and the request's owner.
+    Column("requesters", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("deadline_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'open'")),
+    Column("decided_by", Text),
+    Column("decided_at", TIMESTAMP(timezone=True)),
+    Column("comment", Text),
+    _created_at(),
+    UniqueConstraint("external_key"),
+    CheckConstraint("status IN ('open', 'approved', 'rejected', 'expired')", name="status"),
+    CheckConstraint("(status = 'open') = (decided_at IS NULL)", name="decided"),
+    Index(None, "org_id", "status", "created_at", "id"),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -575,6 +608,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "page_session_revocation": ("SELECT", "INSERT", "DELETE"),
     "key_release": ("SELECT", "INSERT", "DELETE"),
     "rate_bucket": ("SELECT", "INSERT"),
+    "approval": ("SELECT", "INSERT"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -648,6 +682,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     # UPDATE on one column, and an identity column can only be "updated" to its default.
     "key_release": ("id",),
     "rate_bucket": ("tokens", "refilled_at"),
+    # A decision or the deadline closes an approval; what it asks and of whom never changes.
+    "approval": ("status", "decided_by", "decided_at", "comment"),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges

@@ -33,6 +33,8 @@ CapabilityProblem = Callable[[str, int], str | None]
 # The triggers a platform event fires (a plan binds one flow per moment). Such a flow
 # names the transition an event starts, since nobody is there to pick one.
 MOMENT_TRIGGERS = ("provisioned", "reinstalled", "deleted")
+# Actions whose e-mail is switched on by the node's own `"email": true` (SPEC 17).
+EMAIL_CAPABILITIES = ("notify", "approval")
 
 
 @functools.cache
@@ -210,8 +212,10 @@ def _check_action(
         and report.shaped(f"{at}/version")
     ):
         report.error(f"{at}/capability", report.capability_problem(capability, version))
-    if action.get("email") is True and capability != "notify":
-        report.warnings.append(Problem(f"{at}/email", "email only applies to notify actions"))
+    if action.get("email") is True and capability not in EMAIL_CAPABILITIES:
+        report.warnings.append(
+            Problem(f"{at}/email", "email only applies to notify and approval actions")
+        )
     inputs = action.get("input")
     for name, source in inputs.items() if isinstance(inputs, Mapping) else ():
         where = f"{at}/input/{_pointer([name])[1:]}"
@@ -220,7 +224,7 @@ def _check_action(
                 source["from"], seen, decision=False, earlier_only=True, outputs=outputs
             )
             report.error(f"{where}/from", problem)
-    if capability == "notify" and isinstance(inputs, Mapping) and "email" in inputs:
+    if capability in EMAIL_CAPABILITIES and isinstance(inputs, Mapping) and "email" in inputs:
         # One switch (SPEC 17): the opt-in lives on the node, where the page shows it.
         report.error(
             f"{at}/input/email",
@@ -418,7 +422,11 @@ class ActionSpec:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> ActionSpec:
         inputs = dict(raw["input"])
-        if raw["capability"] == "notify" and raw.get("email") is True and "email" not in inputs:
+        if (
+            raw["capability"] in EMAIL_CAPABILITIES
+            and raw.get("email") is True
+            and "email" not in inputs
+        ):
             # The node's switch reaches notify as its `email` input; a flow cannot map
             # that input itself (publish refuses it). Flows published before that rule
             # keep the input they mapped.

@@ -194,7 +194,7 @@ def test_warnings_come_back_with_the_created_flow(api: Api) -> None:
     assert response.get_json()["warnings"] == [
         {
             "path": "/transitions/0/actions/0/email",
-            "message": "email only applies to notify actions",
+            "message": "email only applies to notify and approval actions",
         }
     ]
 

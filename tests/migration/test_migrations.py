@@ -65,6 +65,7 @@ COLUMNS_ADDED = {
     "0014": {"machine_command": {"cancel_requested_at"}},
     "0015": {"execution": {"key_blocked"}, "key_release": {"id"}},
     "0016": {"rate_bucket": {"tokens", "refilled_at"}},
+    "0019": {"approval": {"status", "decided_by", "decided_at", "comment"}},
 }
 
 
@@ -382,6 +383,8 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     _step(server, name, "0016")
     assert _update_columns(server, name) == _declared_updates(at="0016")
+    _step(server, name, "0019")
+    assert _update_columns(server, name) == _declared_updates(at="0019")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})

@@ -1,0 +1,78 @@
+"""`orquestador approvals`: the approvals the token may decide, and deciding one, over the API.
+
+Like `orquestador executions`, a client of the HTTP API: it sees what the token may see
+(scope `approvals:decide`, and being an approver), and every refusal is the server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from orquestador.executions_cli import (
+    ApiClient,
+    CommandFactory,
+    client_actions,
+    path_id,
+    print_json,
+    print_table,
+)
+
+# What a person types, and what the API calls it.
+DECISIONS = {"approve": "approved", "reject": "rejected"}
+
+
+def add_approvals_command(command: CommandFactory) -> None:
+    """Register `approvals` and its actions with the main parser's command factory."""
+    action = client_actions(
+        command,
+        "approvals",
+        "list the approvals you may decide, and approve or reject one, through the HTTP API "
+        "(needs approvals:decide)",
+    )
+
+    listing = action("list", "the approvals that name you, oldest first", _list)
+    listing.add_argument(
+        "--status",
+        choices=("open", "closed", "all"),
+        default="open",
+        help="open (the default): still to decide; closed: decided, expired or ended",
+    )
+
+    decide = action("decide", "approve or reject one approval: one decision, audited", _decide)
+    decide.add_argument("approval", metavar="ID")
+    decide.add_argument("decision", choices=tuple(DECISIONS))
+    decide.add_argument("--comment", default="", help="kept with the decision and in the audit")
+
+
+def _list(client: ApiClient, args: argparse.Namespace) -> int:
+    page = client.get("/approvals", params={"status": args.status})
+    if args.json:
+        print_json(page)
+        return 0
+    rows = [
+        (
+            item["id"],
+            # Open in the row, yet past its deadline or with its execution ended.
+            "lapsed" if item["status"] == "open" and not item["open"] else item["status"],
+            item["deadlineAt"],
+            item["executionId"],
+            item["title"],
+        )
+        for item in page["items"]
+    ]
+    if not rows:
+        print(f"no {args.status} approvals name you" if args.status != "all" else "no approvals")
+        return 0
+    print_table(("ID", "STATUS", "DEADLINE", "EXECUTION", "TITLE"), rows)
+    return 0
+
+
+def _decide(client: ApiClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"decision": DECISIONS[args.decision], "comment": args.comment}
+    view = client.post(f"/approvals/{path_id(args.approval)}/decision", body)
+    if args.json:
+        print_json(view)
+    else:
+        print(f"{view['status']} by {view['decidedBy']}; execution {view['executionId']} goes on")
+    return 0

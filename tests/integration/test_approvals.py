@@ -1,0 +1,393 @@
+"""approval@1: a person's decision as a durable wait, through the API and a real worker step.
+
+The flow asks `approvers` and goes on with the decision; the API lists an approver's own
+approvals and takes one decision; the deadline fails the step through its error exit.
+A decision and the deadline, or two decisions, racing on one approval: exactly one wins.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from orquestador.actions import AdapterRegistry
+from orquestador.actions.builtin import register_builtins
+from orquestador.approvals.store import close_at_deadline
+from orquestador.worker.executor import Executor
+from orquestador.worker.hooks import WorkerHooks
+from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
+from tests.integration.worker_support import (
+    audit,
+    execution,
+    make_due,
+    request_row,
+    run_once,
+    settings,
+    wait_until,
+)
+
+DECIDE = ["approvals:decide"]
+REQUESTER = ["flows:admin", "requests:read", "requests:write"]
+
+
+def approval_flow(
+    approvers: dict[str, Any] | None = None, deadline: int = 3600, **node: Any
+) -> dict[str, Any]:
+    return {
+        "key": "reboot",
+        "trigger": "manual",
+        "dataSchema": {"type": "object", "properties": {"machineId": {"type": "string"}}},
+        "initialState": "new",
+        "states": ["new", "rebooting", "refused", "timed-out"],
+        "transitions": [
+            {
+                "id": "ask",
+                "from": ["new"],
+                "actions": [
+                    {
+                        "id": "ok",
+                        "capability": "approval",
+                        "version": 1,
+                        "input": {
+                            "title": {"const": "Reboot m-1?"},
+                            "approvers": {"const": approvers or {"subjects": ["bob"]}},
+                            "deadlineSeconds": {"const": deadline},
+                        },
+                        "onError": "timed-out",
+                        **node,
+                    }
+                ],
+                "decision": {
+                    "hitPolicy": "FIRST",
+                    "inputs": ["/actions/ok/decision"],
+                    "rules": [
+                        {"id": "yes", "when": ['"approved"'], "then": {"to": "rebooting"}},
+                        {"id": "no", "when": ["-"], "then": {"to": "refused"}},
+                    ],
+                },
+                "updates": [{"path": "/decidedBy", "from": "/actions/ok/by"}],
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def registry(database: Any) -> AdapterRegistry:
+    adapters = AdapterRegistry()
+    register_builtins(adapters, settings(database_url=database.runtime_dsn))
+    return adapters
+
+
+@pytest.fixture
+def api(database: Any, registry: AdapterRegistry) -> Iterator[Api]:
+    with running_api(database.runtime_dsn, registry=registry) as api:
+        yield api
+
+
+@pytest.fixture
+def executor(database: Any, registry: AdapterRegistry) -> Executor:
+    return Executor(registry, settings(database_url=database.runtime_dsn), WorkerHooks())
+
+
+def start(api: Api, flow: dict[str, Any] | None = None, org: str = ORG) -> uuid.UUID:
+    """Alice asks for the transition; the execution's id."""
+    published = api.publish(flow or approval_flow(), org=org)
+    created = api.create_request(published["id"], {"machineId": "m-1"}, org=org)
+    response = api.transition(created["id"], "ask", created["revision"], org=org)
+    assert response.status_code == 202, response.get_data(as_text=True)
+    return uuid.UUID(response.get_json()["executionId"])
+
+
+def open_approvals(api: Api, sub: str, scopes: list[str] = DECIDE) -> list[dict[str, Any]]:
+    response = api.get("/approvals?status=open", sub=sub, scopes=scopes)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    return response.get_json()["items"]
+
+
+def decide(api: Api, approval_id: str, sub: str, decision: str, **more: Any) -> Any:
+    body = {"decision": decision, **more}
+    return api.post(f"/approvals/{approval_id}/decision", body, sub=sub, scopes=DECIDE)
+
+
+def waiting(engine: Engine, executor: Executor, execution_id: uuid.UUID) -> None:
+    assert run_once(engine, executor) == "WAITING"
+    row = execution(engine, execution_id)
+    assert row.lease_owner is None and row.wait_key.startswith("approval:")
+
+
+def test_the_step_waits_for_an_approver_and_goes_on_with_the_decision(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    assert (item["executionId"], item["title"], item["open"]) == (
+        str(execution_id),
+        "Reboot m-1?",
+        True,
+    )
+    assert open_approvals(api, "carol") == []  # not an approver: not even listed
+
+    response = decide(api, item["id"], "bob", "approved", comment="go ahead")
+    assert response.status_code == 200, response.get_data(as_text=True)
+    decided = response.get_json()
+    assert (decided["status"], decided["decidedBy"], decided["comment"]) == (
+        "approved",
+        "bob",
+        "go ahead",
+    )
+    # The decision woke the execution: due now, not at the deadline.
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    row = execution(runtime_engine, execution_id)
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.data["decidedBy"]) == ("rebooting", "bob")
+    (audited,) = audit(runtime_engine, execution_id, "APPROVAL_DECIDED")
+    assert audited.actor == "bob"
+    assert audited.detail == {
+        "approvalId": item["id"],
+        "decision": "approved",
+        "comment": "go ahead",
+    }
+
+    again = decide(api, item["id"], "bob", "rejected")
+    assert again.status_code == 409 and problem(again)["code"] == "APPROVAL_CLOSED"
+    assert open_approvals(api, "bob") == []
+
+
+def test_a_rejection_is_an_answer_the_flow_routes(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    assert decide(api, item["id"], "bob", "rejected").status_code == 200
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).state == "refused"
+
+
+def test_the_requester_never_decides_their_own_request(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    execution_id = start(api, approval_flow({"subjects": ["alice", "bob"]}))
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "alice")
+    refused = decide(api, item["id"], "alice", "approved")
+    assert refused.status_code == 403 and problem(refused)["code"] == "SELF_APPROVAL"
+    assert open_approvals(api, "bob")[0]["status"] == "open"
+    assert audit(runtime_engine, execution_id, "APPROVAL_DECIDED") == []
+
+
+def test_a_scope_names_approvers_and_anyone_else_finds_nothing(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    execution_id = start(api, approval_flow({"scope": "ops:lead"}))
+    waiting(runtime_engine, executor, execution_id)
+    assert open_approvals(api, "carol") == []
+    (item,) = open_approvals(api, "dave", [*DECIDE, "ops:lead"])
+    assert api.get(f"/approvals/{item['id']}", sub="carol", scopes=DECIDE).status_code == 404
+    refused = decide(api, item["id"], "carol", "approved")
+    assert refused.status_code == 404
+    # Another organization's approver with the same scope sees nothing either.
+    foreign = api.get(
+        f"/approvals/{item['id']}", sub="dave", org=OTHER_ORG, scopes=[*DECIDE, "ops:lead"]
+    )
+    assert foreign.status_code == 404
+    no_scope = api.get("/approvals", sub="dave", scopes=["ops:lead"])
+    assert no_scope.status_code == 403 and problem(no_scope)["code"] == "INSUFFICIENT_SCOPE"
+    body = {"decision": "approved"}
+    accepted = api.post(
+        f"/approvals/{item['id']}/decision", body, sub="dave", scopes=[*DECIDE, "ops:lead"]
+    )
+    assert accepted.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [({"decision": "maybe"}, "/decision"), ({"decision": "approved", "why": "x"}, "/why")],
+)
+def test_a_bad_decision_body_is_refused_and_decides_nothing(
+    api: Api, executor: Executor, runtime_engine: Engine, body: dict[str, Any], where: str
+) -> None:
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    response = api.post(f"/approvals/{item['id']}/decision", body, sub="bob", scopes=DECIDE)
+    assert response.status_code == 422
+    assert [p["path"] for p in problem(response)["problems"]] == [where]
+    assert open_approvals(api, "bob")[0]["status"] == "open"
+
+
+def _past_deadline(engine: Engine, approval_id: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE approval SET deadline_at = now() - interval '1 s' WHERE id = :id"),
+            {"id": approval_id},
+        )
+
+
+def test_the_deadline_fails_the_step_through_its_error_exit(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    _past_deadline(owner_engine, item["id"])
+    assert decide(api, item["id"], "bob", "approved").status_code == 409
+    make_due(runtime_engine, execution_id)
+    run_once(runtime_engine, executor)
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).state == "timed-out"
+    (exit_row,) = audit(runtime_engine, execution_id, "STEP_ERROR_EXIT")
+    assert exit_row.detail["errorCode"] == "APPROVAL_DEADLINE_EXCEEDED"
+    assert len(audit(runtime_engine, execution_id, "APPROVAL_EXPIRED")) == 1
+    closed = api.get(f"/approvals/{item['id']}", sub="bob", scopes=DECIDE).get_json()
+    assert (closed["status"], closed["open"]) == ("expired", False)
+
+
+# --- races: held at the approval's row lock, then let go at once ---------------------
+
+
+def _waiting_on_locks(conn: Any) -> int:
+    count = conn.execute(
+        text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    ).scalar_one()
+    conn.rollback()  # pg_stat_activity is read once per transaction: the next look is fresh
+    return count
+
+
+def _race(owner_engine: Engine, approval_id: str, hold_sql: str, *racers: Any) -> None:
+    """Hold the approval's row (running `hold_sql` on it), queue each racer on the lock in
+    turn, then let go: they take the row in that order."""
+    threads = []
+    with owner_engine.connect() as holder, owner_engine.connect() as watcher:
+        holder.begin()
+        holder.execute(text(hold_sql), {"id": approval_id})
+        for number, racer in enumerate(racers, 1):
+            thread = threading.Thread(target=racer)
+            thread.start()
+            threads.append(thread)
+            wait_until(lambda n=number: _waiting_on_locks(watcher) == n, what=f"racer {number}")
+        holder.commit()
+    for thread in threads:
+        thread.join(30)
+
+
+@pytest.mark.parametrize("first", ["decision", "deadline"])
+@pytest.mark.parametrize("passes", [True, False], ids=["deadline-passes", "deadline-ahead"])
+def test_a_decision_and_the_deadline_racing_one_wins(
+    api: Api,
+    executor: Executor,
+    runtime_engine: Engine,
+    owner_engine: Engine,
+    first: str,
+    passes: bool,
+) -> None:
+    """The API's decision and the step's closing at the deadline (what its round runs once
+    it read the deadline as passed) queue on the row; the deadline moves meanwhile."""
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    # The step read the deadline as passed: it closes the approval unless the row says
+    # otherwise by the time it holds it.
+    _past_deadline(owner_engine, item["id"])
+    answers: dict[str, Any] = {}
+
+    def decision() -> None:
+        answers["decision"] = decide(api, item["id"], "bob", "approved")
+
+    def deadline() -> None:
+        with runtime_engine.begin() as conn:
+            answers["deadline"] = close_at_deadline(conn, uuid.UUID(item["id"]), "worker")
+
+    racers = (decision, deadline) if first == "decision" else (deadline, decision)
+    moment = "clock_timestamp()" if passes else "clock_timestamp() + interval '1 hour'"
+    hold = f"UPDATE approval SET deadline_at = {moment} WHERE id = :id"
+    _race(owner_engine, item["id"], hold, *racers)
+
+    # Exactly one closed the approval, and the step goes on by what that one left.
+    won = "deadline" if passes else "decision"
+    assert answers["decision"].status_code == (409 if passes else 200)
+    # Going first with the deadline moved ahead, the step finds it open and waits on.
+    ahead = "approved" if first == "decision" else "open"
+    assert answers["deadline"].status == ("expired" if passes else ahead)
+    make_due(runtime_engine, execution_id)
+    run_once(runtime_engine, executor)
+    row = execution(runtime_engine, execution_id)
+    state = request_row(runtime_engine, row.request_id).state
+    assert state == ("timed-out" if won == "deadline" else "rebooting")
+    assert len(audit(runtime_engine, execution_id, "APPROVAL_DECIDED")) == (won == "decision")
+    assert len(audit(runtime_engine, execution_id, "APPROVAL_EXPIRED")) == (won == "deadline")
+
+
+def test_two_approvers_deciding_at_once_make_one_decision(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    execution_id = start(api, approval_flow({"subjects": ["bob", "dave"]}))
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    answers: dict[str, Any] = {}
+
+    def by(sub: str, decision: str) -> Any:
+        return lambda: answers.__setitem__(sub, decide(api, item["id"], sub, decision))
+
+    hold = "SELECT id FROM approval WHERE id = :id FOR UPDATE"
+    _race(owner_engine, item["id"], hold, by("bob", "approved"), by("dave", "rejected"))
+
+    assert (answers["bob"].status_code, answers["dave"].status_code) == (200, 409)
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).state == "rebooting"
+    (decided,) = audit(runtime_engine, execution_id, "APPROVAL_DECIDED")
+    assert decided.actor == "bob"
+
+
+# --- e-mail ------------------------------------------------------------------------------
+
+
+def _outbox(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT subject, recipients, body FROM email_outbox")))
+
+
+def test_approvers_are_mailed_only_when_the_node_ticks_it(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    preferences = {"optOut": [], "recipients": ["ops@example.com"]}
+    saved = api.client().put(
+        f"/api/v1/orgs/{ORG}/notification-preferences",
+        json=preferences,
+        headers=api.headers(scopes=["org:admin"]),
+    )
+    assert saved.status_code == 200
+    quiet = start(api)
+    waiting(runtime_engine, executor, quiet)
+    assert _outbox(runtime_engine) == []
+
+    mailed = start(api, approval_flow(email=True) | {"key": "reboot-mailed"})
+    waiting(runtime_engine, executor, mailed)
+    (mail,) = _outbox(runtime_engine)
+    assert mail.subject == "Approval needed: Reboot m-1?"
+    assert mail.recipients == ["ops@example.com"]
+    assert "Approvers: bob" in mail.body and "approvals decide" in mail.body
+    # Another round finds the approval it wrote: no second e-mail.
+    make_due(runtime_engine, mailed)
+    assert run_once(runtime_engine, executor) == "WAITING"
+    assert len(_outbox(runtime_engine)) == 1
+
+
+def test_publishing_refuses_an_email_input_on_an_approval(api: Api) -> None:
+    flow = approval_flow()
+    flow["transitions"][0]["actions"][0]["input"]["email"] = {"const": True}
+    response = api.post("/flows", flow)
+    assert response.status_code == 422
+    paths = [p["path"] for p in problem(response)["problems"]]
+    assert paths == ["/transitions/0/actions/0/input/email"]
