@@ -15,7 +15,7 @@ from orquestador.api.context import engine
 from orquestador.api.paging import cursor, page_limit, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
-from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
+from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view
 from orquestador.approvals.store import DECISIONS, record_decision
 
 log = logging.getLogger(__name__)
@@ -79,11 +79,7 @@ def decide(approval_id: uuid.UUID) -> Response:
                 "SELF_APPROVAL",
                 "You asked for this transition or own its request: someone else decides.",
             )
-        decided = (
-            record_decision(conn, row, caller.sub, body["decision"], body.get("comment", ""))
-            if is_open(row)
-            else None
-        )
+        decided = record_decision(conn, row, caller.sub, body["decision"], body.get("comment", ""))
         if decided is None:
             raise ApiProblem(
                 409,

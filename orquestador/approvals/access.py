@@ -15,12 +15,12 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Row, func, literal, or_, select, tuple_
 
+from orquestador.approvals.store import LIVE_STATUSES
 from orquestador.db.schema import approval, execution
 
 # The execution's status beside the approval: an approval whose execution is not live
 # (it ended: a cancel, a lapsed wait; or it is parked for a person) cannot be decided,
 # and lists with the closed ones.
-LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 _COLUMNS = (
     *approval.c,
     execution.c.status.label("execution_status"),

@@ -19,6 +19,8 @@ from orquestador.db.schema import approval, audit_event, request
 from orquestador.queue.waits import wake_waiting
 
 WAIT_PREFIX = "approval:"
+# An execution that may still go on with a decision.
+LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 DECISIONS = ("approved", "rejected")
 
 AUDIT_DECIDED = "APPROVAL_DECIDED"
@@ -120,12 +122,17 @@ def close_at_deadline(conn: Connection, approval_id: uuid.UUID, actor: str) -> R
     return row
 
 
+# Open, before its deadline, and its execution live (not ended, not parked for a person):
+# judged as the row lock is held, so a deadline closing it first leaves nothing to decide.
 _DECIDE = text(
-    """
+    f"""
     UPDATE approval
     SET status = :decision, decided_by = :sub, decided_at = clock_timestamp(),
         comment = :comment
-    WHERE id = :id AND status = 'open' AND deadline_at > clock_timestamp()
+    WHERE id = :id AND status = 'open'
+      AND deadline_at > clock_timestamp()
+      AND EXISTS (SELECT FROM execution e
+                  WHERE e.id = approval.execution_id AND e.status IN {LIVE_STATUSES!r})
     RETURNING id
     """
 )

@@ -375,6 +375,71 @@ RATE_GUARDS = [
     ),
 ]
 
+# --- approvals (approvals/store.py, api/approval_routes.py) ------------------------------
+
+APPROVALS = "tests/integration/test_approvals.py"
+_APPROVALS_PY = "orquestador/approvals/store.py"
+
+APPROVAL_GUARDS = [
+    Mutation(
+        "approval-one-decision",
+        _APPROVALS_PY,
+        "    WHERE id = :id AND status = 'open'\n      AND deadline_at > clock_timestamp()",
+        "    WHERE id = :id\n      AND deadline_at > clock_timestamp()",
+        "An approval takes one decision: a second, even at the same moment, is refused.",
+        (
+            f"{APPROVALS}::test_two_approvers_deciding_at_once_make_one_decision",
+            f"{APPROVALS}::test_the_step_waits_for_an_approver_and_goes_on_with_the_decision",
+        ),
+    ),
+    Mutation(
+        "approval-decision-before-the-deadline",
+        _APPROVALS_PY,
+        "      AND deadline_at > clock_timestamp()\n",
+        "",
+        "Of a decision and the deadline, exactly one wins: past it, nobody decides.",
+        (
+            f"{APPROVALS}::test_a_decision_and_the_deadline_racing_one_wins",
+            f"{APPROVALS}::test_the_deadline_fails_the_step_through_its_error_exit",
+        ),
+    ),
+    Mutation(
+        "approval-decision-while-the-execution-lives",
+        _APPROVALS_PY,
+        "                  WHERE e.id = approval.execution_id AND e.status IN {LIVE_STATUSES!r})",
+        "                  WHERE e.id = approval.execution_id)",
+        "An approval whose execution ended is not decided: nobody would act on it.",
+        (f"{APPROVALS}::test_an_approval_whose_execution_was_cancelled_is_not_decided",),
+    ),
+    Mutation(
+        "approval-deadline-only-while-open",
+        _APPROVALS_PY,
+        "    WHERE id = :id AND status = 'open' AND deadline_at <= clock_timestamp()",
+        "    WHERE id = :id AND deadline_at <= clock_timestamp()",
+        "A decision stands: the deadline passing later never turns it into a failure.",
+        (
+            f"{APPROVALS}::test_a_decision_stands_once_the_deadline_passes",
+            f"{APPROVALS}::test_a_decision_and_the_deadline_racing_one_wins",
+        ),
+    ),
+    Mutation(
+        "approval-decision-wakes-the-execution",
+        _APPROVALS_PY,
+        "    wake_waiting(conn, wait_key(after.id))\n",
+        "",
+        "A decision wakes its execution at once, not at the next look.",
+        (f"{APPROVALS}::test_the_step_waits_for_an_approver_and_goes_on_with_the_decision",),
+    ),
+    Mutation(
+        "approval-never-your-own",
+        "orquestador/api/approval_routes.py",
+        "        if caller.sub in row.requesters:\n",
+        "        if False:\n",
+        "Whoever asked for the transition, or owns the request, never decides it.",
+        (f"{APPROVALS}::test_the_requester_never_decides_their_own_request",),
+    ),
+]
+
 # --- queue/checkpoints.py -------------------------------------------------------------
 # The worker writes RUNNING and SUCCEEDED through the batch function (migration 0010 and
 # its successors); these one-execution statements remain the reference for each write,
@@ -1574,6 +1639,7 @@ MUTATIONS: list[Mutation] = [
     *CLAIM_GUARDS,
     *KEY_GUARDS,
     *RATE_GUARDS,
+    *APPROVAL_GUARDS,
     *CHECKPOINT_GUARDS,
     *OUTCOME_GUARDS,
     *LOAD_GUARDS,
