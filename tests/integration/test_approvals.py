@@ -356,6 +356,32 @@ def test_a_decision_and_the_deadline_racing_one_wins(
     assert len(audit(runtime_engine, execution_id, "APPROVAL_EXPIRED")) == (won == "deadline")
 
 
+def test_the_deadline_never_closes_an_approval_a_decision_holds(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    """A decision taken a moment before the deadline commits a moment after it; the step,
+    reading the deadline as passed meanwhile, waits for the row and finds it decided."""
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    _past_deadline(owner_engine, item["id"])
+    closed: list[Any] = []
+
+    def deadline() -> None:
+        with runtime_engine.begin() as conn:
+            closed.append(close_at_deadline(conn, uuid.UUID(item["id"]), "worker"))
+
+    decision = (
+        "UPDATE approval SET status = 'approved', decided_by = 'bob',"
+        " decided_at = clock_timestamp() WHERE id = :id"
+    )
+    _race(owner_engine, item["id"], decision, deadline)
+    assert [row.status for row in closed] == ["approved"]
+    make_due(runtime_engine, execution_id)
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    assert audit(runtime_engine, execution_id, "APPROVAL_EXPIRED") == []
+
+
 def test_two_approvers_deciding_at_once_make_one_decision(
     api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
 ) -> None:

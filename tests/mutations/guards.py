@@ -417,10 +417,7 @@ APPROVAL_GUARDS = [
         "    WHERE id = :id AND status = 'open' AND deadline_at <= clock_timestamp()",
         "    WHERE id = :id AND deadline_at <= clock_timestamp()",
         "A decision stands: the deadline passing later never turns it into a failure.",
-        (
-            f"{APPROVALS}::test_a_decision_stands_once_the_deadline_passes",
-            f"{APPROVALS}::test_a_decision_and_the_deadline_racing_one_wins",
-        ),
+        (f"{APPROVALS}::test_the_deadline_never_closes_an_approval_a_decision_holds",),
     ),
     Mutation(
         "approval-decision-wakes-the-execution",
