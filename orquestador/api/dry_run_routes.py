@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from orquestador.actions.rehearsals import outcome_problems
 from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
@@ -33,6 +35,8 @@ def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
         definition = FlowDefinition.from_json(flow.definition)
         state = body.get("state", definition.initial_state)
         _check_state_and_transition(definition, state, body["transition"])
+        outcomes = body.get("outcomes") or None
+        _check_outcomes(definition, body["transition"], outcomes or {})
         check_request_data(body["data"], flow.data_schema)
         created = insert_request(
             connection,
@@ -53,6 +57,7 @@ def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
             actor_snapshot=caller.snapshot(),
             max_attempts=api_context().settings.execution_max_attempts,
             simulation=True,
+            rehearsal=outcomes,
         )
     answer = {"executionId": str(execution_id), "requestId": str(created.id), "simulation": True}
     return jsonify(answer), 202, {"Location": f"{API_PREFIX}/executions/{execution_id}"}
@@ -80,6 +85,20 @@ def _check_state_and_transition(definition: FlowDefinition, state: str, transiti
             "TRANSITION_NOT_ALLOWED",
             f"The transition does not leave the state {state!r}.",
             problems=[Problem("/transition", f"does not leave state {state!r}")],
+        )
+
+
+def _check_outcomes(definition: FlowDefinition, transition: str, outcomes: dict[str, Any]) -> None:
+    actions = {
+        action.id: action.capability for action in definition.transitions[transition].actions
+    }
+    problems = outcome_problems(outcomes, actions)
+    if problems:
+        raise ApiProblem(
+            422,
+            "OUTCOMES_INVALID",
+            "An outcome names no action of the transition, or one its step cannot give.",
+            problems=problems,
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orquestador.actions.rehearsals import OUTCOMES_SCHEMA
 from orquestador.api.openapi_parts import (
     READ_ERRORS,
     SECURED,
@@ -142,6 +143,7 @@ DRY_RUN_BODY: dict[str, Any] = {
             "maxLength": 200,
             "description": "The state the simulated request starts in; omitted, initialState.",
         },
+        "outcomes": OUTCOMES_SCHEMA,
     },
 }
 

@@ -344,6 +344,13 @@ EXECUTION: dict[str, Any] = {
                     "capability": {"type": ["string", "null"]},
                     "effect": {"type": ["string", "null"]},
                     "summary": {"type": ["string", "null"]},
+                    "wouldSend": {
+                        "type": "object",
+                        "description": "What a real run would have sent, as facts: "
+                        "`machineId`, `command` and `args` of a machine command; `email` "
+                        "and `recipients` (after the organization's opt-out) of a notice "
+                        "or an approval; an approval's `approvers`.",
+                    },
                 },
             },
         },

@@ -134,14 +134,15 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
                 machine_commands = detail["machineCommands"]
             continue
         if event.kind == "ACTION_SIMULATED":
-            simulated.append(
-                {
-                    "actionId": detail.get("actionId"),
-                    "capability": detail.get("capability"),
-                    "effect": detail.get("effect"),
-                    "summary": detail.get("summary"),
-                }
-            )
+            item = {
+                "actionId": detail.get("actionId"),
+                "capability": detail.get("capability"),
+                "effect": detail.get("effect"),
+                "summary": detail.get("summary"),
+            }
+            if isinstance(detail.get("wouldSend"), dict):
+                item["wouldSend"] = detail["wouldSend"]
+            simulated.append(item)
             continue
         if event.kind == "TRANSITION_FAILED":
             # An operator gave up on it: theirs is the last decision; what the steps

@@ -173,6 +173,9 @@ execution = Table(
     # PENDING, and its key was full when the claim last looked: out of the claim's index
     # until a holder ends and a claim lets it back (key_release).
     Column("key_blocked", Boolean, nullable=False, server_default=text("false")),
+    # A dry run's `outcomes`: what its steps answer instead of being simulated (migration
+    # 0020); written with the execution, never changed, never on a real run.
+    Column("rehearsal", JSONB_VALUE),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -192,6 +195,7 @@ execution = Table(
         name="lease_iff_running",
     ),
     CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
+    CheckConstraint("rehearsal IS NULL OR simulation", name="rehearsal_in_dry_runs_only"),
     CheckConstraint(
         "(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit >= 1",
         name="concurrency",

@@ -178,6 +178,7 @@ def queue_execution(
     max_attempts: int,
     priority: int | None = None,
     simulation: bool = False,
+    rehearsal: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """Write an accepted transition inside the caller's transaction; return the execution id.
 
@@ -190,6 +191,7 @@ def queue_execution(
     The execution's concurrency key is read from the request data before anything is
     written (`KeyMissing` when the data gives none); a dry run holds no key, so it never
     waits for a real execution nor makes one wait. `priority` None is the flow's default.
+    `rehearsal`: a dry run's outcomes, played by its steps instead of their simulations.
     """
     concurrency = definition.transitions[transition_id].concurrency
     key: str | None = None
@@ -213,6 +215,7 @@ def queue_execution(
             priority=definition.priority if priority is None else priority,
             concurrency_key=key,
             concurrency_limit=limit,
+            rehearsal=rehearsal,
         )
         .returning(execution.c.id)
     ).scalar_one()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, text
 
 from orquestador.queue.fencing import FENCE, Claim, refuse_stale
 from orquestador.queue.prepared import run_alone
 from orquestador.queue.snapshots import Checkpoint, LoadedExecution
+from orquestador.queue.transactions import one_statement
 
 # Read under the fence: a worker whose token moved on cannot even load.
 _LOAD = text(
@@ -43,3 +46,19 @@ def load_execution(conn: Connection, claim: Claim) -> LoadedExecution:
         raise refuse_stale(claim, "load")
     checkpoints = {c["action_id"]: Checkpoint.from_json(c) for c in row.checkpoints}
     return LoadedExecution.from_row(row, checkpoints)
+
+
+_REHEARSAL = text(f"SELECT e.rehearsal FROM execution e WHERE {FENCE}")
+
+
+def load_rehearsal(conn: Connection, claim: Claim) -> dict[str, Any]:
+    """A dry run's outcomes by action id ({} for none), read under the fence.
+
+    Read only for dry runs, when a step is about to be simulated: the real runs' hot
+    path never pays for it.
+    """
+    with one_statement(conn):
+        row = conn.execute(_REHEARSAL, claim.params).first()
+    if row is None:
+        raise refuse_stale(claim, "load the dry run's outcomes")
+    return dict(row.rehearsal or {})

@@ -177,6 +177,8 @@ class _ExecutionRun(StepRunner):
         # A safe step's SUCCEEDED checkpoint, held back to ride in the transaction of
         # the next write through the writer (the next step's RUNNING, or the finish).
         self.held_back: SucceedRow | None = None
+        # A dry run's outcomes, read when its first step is about to be simulated.
+        self.rehearsal: dict[str, Any] | None = None
 
     @property
     def conn(self) -> Connection:

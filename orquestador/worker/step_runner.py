@@ -30,6 +30,7 @@ from orquestador.actions import (
 )
 from orquestador.actions.contracts import RateLimit
 from orquestador.actions.registry import timeouts_of
+from orquestador.actions.rehearsals import rehearsed
 from orquestador.domain.canonical import input_hash
 from orquestador.domain.errors import MappingError
 from orquestador.domain.flow_definition import ActionSpec
@@ -37,6 +38,7 @@ from orquestador.domain.mappings import build_context, resolve_inputs
 from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost
 from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
 from orquestador.queue.batches import SucceedRow
+from orquestador.queue.loading import load_rehearsal
 from orquestador.queue.rate_limits import take_token, wait_for_token
 from orquestador.worker.calls import CallTimedOut
 from orquestador.worker.messages import attempt_message
@@ -89,6 +91,7 @@ class StepRunner(StepOutcomes):
     stop: threading.Event
     outputs: dict[str, Any]
     held_back: SucceedRow | None
+    rehearsal: dict[str, Any] | None
 
     def riding(self) -> SucceedRow | None:
         raise NotImplementedError
@@ -212,7 +215,11 @@ class StepRunner(StepOutcomes):
         # claims "call" past the contract's check.
         call: Callable[[ActionContext], Any] = adapter.invoke
         simulated = False
-        if loaded.simulation and adapter.simulate is not None:
+        outcome = self.rehearsed_outcome(spec.id) if loaded.simulation else None
+        if outcome is not None:
+            # The dry run rehearses this path: the step answers what it was told to.
+            call, simulated = rehearsed(outcome, adapter.capability), True
+        elif loaded.simulation and adapter.simulate is not None:
             call, simulated = adapter.simulate, True
         elif loaded.simulation and (adapter.effect.writes or adapter.dry_run != "call"):
             call, simulated = _simulation_unsupported, True
@@ -233,6 +240,12 @@ class StepRunner(StepOutcomes):
             call=call,
         )
         return step, attempt
+
+    def rehearsed_outcome(self, action_id: str) -> dict[str, Any] | None:
+        """The dry run's outcome for this step, if it gave one."""
+        if self.rehearsal is None:
+            self.rehearsal = load_rehearsal(self.conn, self.claim)
+        return self.rehearsal.get(action_id)
 
     def call(
         self,
@@ -365,6 +378,11 @@ class StepRunner(StepOutcomes):
                 "effect": adapter.effect.value,
                 "summary": str((observed or {}).get("summary") or f"would call {adapter.key}"),
             }
+            # What a real run would have sent, as facts: the machine and command, the
+            # e-mail's recipients after the organization's opt-out.
+            sent = {k: v for k, v in (observed or {}).items() if k != "summary"}
+            if sent:
+                audit["wouldSend"] = sent
         if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
             # Repeating this step is safe, so its checkpoint may commit with the next
             # write (one transaction less per step): a crash before that commit leaves it

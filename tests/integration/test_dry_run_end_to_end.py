@@ -219,6 +219,16 @@ def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
     assert (
         view["wouldHaveDone"][4]["summary"] == "would notify: Machine off; would e-mail 1 recipient"
     )
+    # What it would have sent, as facts: the machine and command, the recipients.
+    assert view["wouldHaveDone"][0]["wouldSend"] == {
+        "machineId": "m-1",
+        "command": "poweroff",
+        "args": [],
+    }
+    assert view["wouldHaveDone"][4]["wouldSend"] == {
+        "email": "queued",
+        "recipients": ["ops@example.com"],
+    }
     assert (charge.invoked, charge.simulated) == (0, 1)
     # Nothing reached the world: no command row, no provider call, no e-mail queued;
     # the notice is written, marked as a test.

@@ -81,7 +81,12 @@ def test_simulation_writes_no_row_and_observes_what_it_would_do(
     output = adapters.simulate_send(ctx)
 
     assert output["status"] == "pending" and uuid.UUID(output["commandId"])
-    assert ctx.observed == {"summary": "would send poweroff to machine m-1"}
+    assert ctx.observed == {
+        "summary": "would send poweroff to machine m-1",
+        "machineId": "m-1",
+        "command": "poweroff",
+        "args": [],
+    }
     wait = context({"commandId": output["commandId"], "deadlineSeconds": 5})
     assert adapters.simulate_wait(wait) == {
         "commandId": output["commandId"],

@@ -172,7 +172,12 @@ def test_a_dry_run_touches_no_machine_and_says_what_it_would_have_sent(
             ),
             {"id": execution_id},
         ).scalar_one()
-    assert observed == {"summary": "would send poweroff to machine m-1"}
+    assert observed == {
+        "summary": "would send poweroff to machine m-1",
+        "machineId": "m-1",
+        "command": "poweroff",
+        "args": [],
+    }
 
 
 def _expire_the_wait(engine: Engine, execution_id: uuid.UUID) -> bool:

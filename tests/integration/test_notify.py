@@ -224,6 +224,7 @@ def test_a_simulation_writes_a_test_notice_and_never_an_email(database, runtime_
     assert ctx.observed == {
         "summary": "would notify: Quota exceeded; would e-mail 2 recipients",
         "email": "queued",
+        "recipients": ["ops@example.com", "oncall@example.com"],
     }
     for answer in (output, invoked):
         notice = _notice(runtime_engine, answer["noticeId"])

@@ -180,14 +180,22 @@ class Approvals:
     def simulate(self, ctx: ActionContext) -> dict[str, Any]:
         """A dry run asks nobody: it says whom it would ask, and is approved."""
         words = f"would ask {_who(ctx.inputs['approvers'])} to approve: {ctx.inputs['title']}"
+        would, recipients = EmailOutcome.OFF_ON_NODE, []
         if ctx.inputs.get("email", False):
             with self._database.engine.connect() as conn:
                 would, recipients = email_decision(conn, ctx.identity.org_id, CATEGORY_AUTOMATION)
-            if would is EmailOutcome.QUEUED:
-                words += f"; would e-mail {', '.join(recipients)}"
-            else:
-                words += f"; no e-mail ({would.value})"
-        ctx.observe({"summary": words})
+        if would is EmailOutcome.QUEUED:
+            words += f"; would e-mail {', '.join(recipients)}"
+        else:
+            words += f"; no e-mail ({would.value})"
+        ctx.observe(
+            {
+                "summary": words,
+                "approvers": dict(ctx.inputs["approvers"]),
+                "email": would.value,
+                "recipients": recipients,
+            }
+        )
         now = datetime.now(UTC)
         return {
             "approvalId": str(uuid.uuid5(uuid.NAMESPACE_URL, ctx.external_key)),

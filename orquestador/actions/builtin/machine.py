@@ -121,7 +121,15 @@ class MachineAdapters:
 
     def simulate_send(self, ctx: ActionContext) -> dict[str, Any]:
         command = self._checked_command(ctx)
-        ctx.observe({"summary": f"would send {command} to machine {ctx.inputs['machineId']}"})
+        machine, args = ctx.inputs["machineId"], list(ctx.inputs.get("args", []))
+        ctx.observe(
+            {
+                "summary": f"would send {command} to machine {machine}",
+                "machineId": machine,
+                "command": command,
+                "args": args,
+            }
+        )
         # A stable, recognisable id derived from the key: nothing is written anywhere.
         return {
             "commandId": str(uuid.uuid5(uuid.NAMESPACE_URL, ctx.external_key)),

@@ -164,7 +164,7 @@ class Notify:
                 would, recipients = EmailOutcome.OFF_ON_NODE, []
             written = write_notice(conn, _draft(ctx), email_requested=False, test=True)
         summary = f"would notify: {ctx.inputs['title']}; {_email_words(would, recipients)}"
-        ctx.observe({"summary": summary, "email": would.value})
+        ctx.observe({"summary": summary, "email": would.value, "recipients": recipients})
         return _output(written)
 
     def lookup(self, ctx: ActionContext) -> LookupResult:
