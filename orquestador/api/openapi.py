@@ -13,6 +13,7 @@ from orquestador.api import (
     openapi_automation,
     openapi_machines,
     openapi_notices,
+    openapi_schedules,
     schemas,
 )
 from orquestador.api.openapi_parts import (
@@ -346,7 +347,13 @@ def _core_paths() -> dict[str, Any]:
 
 
 # Each area of the API keeps its own paths and schemas beside its routes' concerns.
-_AREAS = (openapi_agent, openapi_automation, openapi_machines, openapi_notices)
+_AREAS = (
+    openapi_agent,
+    openapi_automation,
+    openapi_machines,
+    openapi_notices,
+    openapi_schedules,
+)
 
 
 def _paths() -> dict[str, Any]:
