@@ -47,13 +47,22 @@ RETRY_AFTER_FAILURE = timedelta(minutes=1)
 FIRE_REJECTED_KIND = "SCHEDULE_FIRE_REJECTED"
 
 
-def fire_due_schedules(engine: Engine, *, max_attempts: int, batch_size: int = BATCH_SIZE) -> bool:
+def fire_due_schedules(
+    engine: Engine,
+    *,
+    max_attempts: int,
+    batch_size: int = BATCH_SIZE,
+    now: datetime | None = None,
+) -> bool:
     """Fire the passed fire times of up to `batch_size` due schedules in one transaction.
 
-    True when more may be due at once (a full batch, or a schedule still behind).
+    True when more may be due at once (a full batch, or a schedule still behind). `now`
+    is the database's clock; a test may pass another to stand at a chosen instant.
     """
     with engine.begin() as connection:
-        now: datetime = connection.scalar(select(func.clock_timestamp()))
+        if now is None:
+            now = connection.scalar(select(func.clock_timestamp()))
+        assert now is not None
         due = connection.execute(
             select(schedule)
             .where(
