@@ -48,6 +48,8 @@ def test_the_database_and_the_domain_know_the_same_policies() -> None:
         (None, 0, "UTC", ["/everySeconds"]),
         ("* * * * *", None, "Europe/Atlantis", ["/timezone"]),
         ("* * * * *", None, "../../etc/passwd", ["/timezone"]),
+        ("* * * * *", None, "Europe", ["/timezone"]),
+        ("* * * * *", None, "posix/Europe/Madrid", ["/timezone"]),
         ("* * * * *", None, "", ["/timezone"]),
     ],
 )
