@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,6 +31,7 @@ from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.schedule_times import Timing, plan_round
+from orquestador.metrics import SCHEDULE_FIRES_TOTAL
 from orquestador.queue.acceptance import insert_request, queue_execution
 from orquestador.worker.loop import Loop
 
@@ -45,6 +47,10 @@ BATCH_SIZE = 10
 RETRY_AFTER_FAILURE = timedelta(minutes=1)
 # The audit row that keeps why a fire started nothing.
 FIRE_REJECTED_KIND = "SCHEDULE_FIRE_REJECTED"
+# What became of a fire time (the outcomes of orquestador_schedule_fires_total).
+STARTED, MISSED, REFUSED = "started", "missed", "refused"
+# Fire times a round handled, by outcome; counted into the metric once the round commits.
+Outcomes = Counter[str]
 
 
 def fire_due_schedules(
@@ -75,12 +81,17 @@ def fire_due_schedules(
             .with_for_update(skip_locked=True)
         ).all()
         more = len(due) == batch_size
+        outcomes: Outcomes = Counter()
         for row in due:
-            more |= _fire_or_put_off(connection, row, now, max_attempts=max_attempts)
+            more |= _fire_or_put_off(connection, row, now, outcomes, max_attempts=max_attempts)
+    for outcome, count in outcomes.items():
+        SCHEDULE_FIRES_TOTAL.labels(outcome=outcome).inc(count)
     return more
 
 
-def _fire_or_put_off(connection: Connection, row: Row, now: datetime, *, max_attempts: int) -> bool:
+def _fire_or_put_off(
+    connection: Connection, row: Row, now: datetime, outcomes: Outcomes, *, max_attempts: int
+) -> bool:
     """Fire one locked schedule in a savepoint; on a failure of its own, look again later.
 
     A passing database failure is raised: the round is lost and every schedule in it is
@@ -88,7 +99,10 @@ def _fire_or_put_off(connection: Connection, row: Row, now: datetime, *, max_att
     """
     try:
         with connection.begin_nested():
-            return _fire(connection, row, now, max_attempts=max_attempts)
+            counted: Outcomes = Counter()
+            more = _fire(connection, row, now, counted, max_attempts=max_attempts)
+        outcomes.update(counted)
+        return more
     except DBAPIError as error:
         if is_retriable(error) or connection.invalidated:
             raise
@@ -111,10 +125,19 @@ def _fire_or_put_off(connection: Connection, row: Row, now: datetime, *, max_att
     return False
 
 
-def _fire(connection: Connection, row: Row, now: datetime, *, max_attempts: int) -> bool:
+def _fire(
+    connection: Connection, row: Row, now: datetime, outcomes: Outcomes, *, max_attempts: int
+) -> bool:
     timing = Timing(row.cron, row.every_seconds, row.timezone)
     planned = plan_round(timing, row.catch_up, row.next_fire_at, now)
-    fired = [t for t in planned.fire if fire_once(connection, row, timing, t, max_attempts)]
+    fired: list[datetime] = []
+    for fire_time in planned.fire:
+        outcome = fire_once(connection, row, timing, fire_time, max_attempts)
+        if outcome is not None:
+            outcomes[outcome] += 1
+        if outcome == STARTED:
+            fired.append(fire_time)
+    outcomes[MISSED] += planned.missed
     connection.execute(
         schedule.update()
         .where(schedule.c.org_id == row.org_id, schedule.c.id == row.id)
@@ -136,8 +159,9 @@ def _fire(connection: Connection, row: Row, now: datetime, *, max_attempts: int)
 
 def fire_once(
     connection: Connection, row: Row, timing: Timing, fire_time: datetime, max_attempts: int
-) -> bool:
-    """Start the schedule's flow for one fire time, unless that fire time was handled already.
+) -> str | None:
+    """Start the schedule's flow for one fire time: STARTED, REFUSED by the flow, or None
+    when that fire time was handled already.
 
     The fire row is written first: its key makes a second writer of the same fire time
     insert nothing (and wait, while the first is uncommitted, for its outcome).
@@ -149,7 +173,7 @@ def fire_once(
         .returning(schedule_fire.c.fire_time)
     ).first()
     if claimed is None:
-        return False
+        return None
     flow_row = connection.execute(
         select(flow.c.id, flow.c.definition, flow.c.data_schema).where(
             flow.c.id == row.flow_id, flow.c.org_id == row.org_id
@@ -166,10 +190,10 @@ def fire_once(
             key_value(start.concurrency, data)
     except DataValidationError as invalid:
         _reject(connection, row, fire_time, invalid.problems)
-        return False
+        return REFUSED
     except KeyMissing as missing:
         _reject(connection, row, fire_time, [missing.problem])
-        return False
+        return REFUSED
     created = insert_request(
         connection,
         org=row.org_id,
@@ -196,7 +220,7 @@ def fire_once(
             "execution_id": str(execution_id),
         },
     )
-    return True
+    return STARTED
 
 
 def _actor_snapshot(row: Row) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from api_support import Api, running_api
+from prometheus_client import REGISTRY
 from schedule_support import (
     executions_per_fire_time,
     fires,
@@ -38,6 +39,10 @@ def _fire_all(engine: Engine, now: datetime | None = None) -> int:
     while fire_due_schedules(engine, max_attempts=3, now=now):
         rounds += 1
     return rounds
+
+
+def _fires_counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("orquestador_schedule_fires_total", {"outcome": outcome}) or 0
 
 
 def _database_now(engine: Engine) -> datetime:
@@ -98,6 +103,7 @@ def test_after_downtime_the_catch_up_policy_applies_and_misses_are_visible(
     now = _database_now(runtime_engine)
     first = now - timedelta(hours=5, seconds=late)
     make_due(runtime_engine, "hourly", first)
+    counted_before = {outcome: _fires_counted(outcome) for outcome in ("started", "missed")}
 
     _fire_all(runtime_engine)
 
@@ -109,6 +115,8 @@ def test_after_downtime_the_catch_up_policy_applies_and_misses_are_visible(
         assert [t for t, _, _ in handled] == ([latest] if started else [])
     view = get(api, "/schedules/hourly").get_json()
     assert view["missed"] == missed
+    assert _fires_counted("started") - counted_before["started"] == started
+    assert _fires_counted("missed") - counted_before["missed"] == missed
     assert datetime.fromisoformat(view["nextFireAt"]) == latest + timedelta(hours=1)
     if started:
         assert datetime.fromisoformat(view["lastFiredAt"]) == latest
@@ -153,7 +161,7 @@ def test_two_transactions_firing_one_fire_time_at_once_start_one_execution(
         row = connection.execute(select(schedule).where(schedule.c.id == "tick")).one()
     timing = Timing(None, 600, "UTC")
     barrier = threading.Barrier(2)
-    started: list[bool] = []
+    started: list[str | None] = []
 
     def fire() -> None:
         # Neither holds the schedule's row lock: only the fire row's key stands between them.
@@ -167,7 +175,7 @@ def test_two_transactions_firing_one_fire_time_at_once_start_one_execution(
     for thread in threads:
         thread.join(30)
 
-    assert sorted(started) == [False, True]
+    assert sorted(started, key=str) == [None, "started"]
     assert len(fires(runtime_engine, "tick")) == 1
     assert list(executions_per_fire_time(runtime_engine, "tick").values()) == [1]
 
