@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orquestador.db.schema import CATCH_UP_POLICIES as STORED_POLICIES
 from orquestador.domain.schedule_times import (
     CATCH_UP_LIMIT,
     CATCH_UP_POLICIES,
     FIRES_PER_ROUND,
+    ON_TIME_SECONDS,
     SCAN_LIMIT,
     Timing,
     plan_round,
@@ -209,3 +213,53 @@ def test_a_week_behind_a_minute_cron_is_let_go_in_bounded_rounds() -> None:
 
 def _take(times, n: int) -> list[datetime]:
     return [next(times) for _ in range(n)]
+
+
+# --- whatever the lag, the rounds together do what the policy says ----------------------
+
+_TIMINGS = st.one_of(
+    st.builds(Timing, st.none(), st.integers(1, 7200), st.just("UTC")),
+    st.builds(
+        Timing,
+        st.sampled_from(["*/5 * * * *", "0 * * * *", "30 2 * * *", "*/30 1-3 * * *"]),
+        st.none(),
+        st.sampled_from(["UTC", "Europe/Madrid", "America/New_York"]),
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    timing=_TIMINGS,
+    policy=st.sampled_from(CATCH_UP_POLICIES),
+    # Around the autumn change in Madrid and New York, up to three days of downtime.
+    first_after=st.datetimes(datetime(2026, 10, 23), datetime(2026, 11, 2)),
+    lag=st.integers(0, 3 * 24 * 3600),
+)
+def test_rounds_start_and_miss_every_passed_fire_time_once(
+    timing: Timing, policy: str, first_after: datetime, lag: int
+) -> None:
+    first = timing.first_after(first_after.replace(tzinfo=UTC))
+    assert first is not None
+    now = first + timedelta(seconds=lag)
+    passed = list(itertools.takewhile(lambda t: t <= now, timing.from_fire_time(first)))
+
+    fired: list[datetime] = []
+    missed, next_fire_at, more = 0, first, True
+    while more:
+        planned = plan_round(timing, policy, next_fire_at, now)
+        assert len(planned.fire) <= FIRES_PER_ROUND
+        fired += planned.fire
+        missed += planned.missed
+        assert planned.next_fire_at is not None
+        next_fire_at, more = planned.next_fire_at, planned.more
+
+    assert fired == sorted(set(fired)) and set(fired) <= set(passed)
+    assert len(fired) + missed == len(passed)
+    assert next_fire_at > now and next_fire_at == timing.first_after(passed[-1])
+    if policy == "all":
+        assert fired == passed[-CATCH_UP_LIMIT:]
+    elif policy == "one" or (now - passed[-1]).total_seconds() <= ON_TIME_SECONDS:
+        assert fired == passed[-1:]
+    else:
+        assert fired == []
