@@ -8,7 +8,7 @@ Expand only: a trigger value, two tables.
 - flow.trigger may be `schedule`: such a flow names its `start` transition, like a
   moment-triggered one.
 - schedule(org_id, id, flow_id, cron | every_seconds, timezone, data, catch_up, paused,
-  next_fire_at, last_fired_at, missed, ...): the caller's id per organization. Its flow
+  next_fire_at, last_fired_at, missed, retry_at, ...): the caller's id per organization. Its flow
   is named with the flow's trigger (`flow_trigger`, always `schedule`) in a composite
   key to flow (id, trigger), so the schema refuses a flow of any other trigger.
   `ix_schedule_due` holds the schedules a worker may fire, soonest first.
@@ -60,6 +60,7 @@ def upgrade() -> None:
         sa.Column("next_fire_at", sa.TIMESTAMP(timezone=True)),
         sa.Column("last_fired_at", sa.TIMESTAMP(timezone=True)),
         sa.Column("missed", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        sa.Column("retry_at", sa.TIMESTAMP(timezone=True)),
         sa.Column("updated_by", sa.Text(), nullable=False),
         sa.Column(
             "created_at",

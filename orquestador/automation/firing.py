@@ -18,7 +18,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, select
+from sqlalchemy import Connection, Engine, Row, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 # Schedules per round (one transaction); each starts at most FIRES_PER_ROUND fires.
 BATCH_SIZE = 10
-# A schedule whose round failed in a way of its own is looked at again after this long,
-# so it never stands in front of the others.
+# A schedule whose round failed in a way of its own is looked at again after this long
+# (its fire times unchanged), so it never stands in front of the others.
 RETRY_AFTER_FAILURE = timedelta(minutes=1)
 # The audit row that keeps why a fire started nothing.
 FIRE_REJECTED_KIND = "SCHEDULE_FIRE_REJECTED"
@@ -75,6 +75,7 @@ def fire_due_schedules(
                 ~schedule.c.paused,
                 schedule.c.next_fire_at.is_not(None),
                 schedule.c.next_fire_at <= now,
+                or_(schedule.c.retry_at.is_(None), schedule.c.retry_at <= now),
             )
             .order_by(schedule.c.next_fire_at)
             .limit(batch_size)
@@ -120,7 +121,7 @@ def _fire_or_put_off(
     connection.execute(
         schedule.update()
         .where(schedule.c.org_id == row.org_id, schedule.c.id == row.id)
-        .values(next_fire_at=now + RETRY_AFTER_FAILURE)
+        .values(retry_at=now + RETRY_AFTER_FAILURE)
     )
     return False
 
@@ -145,6 +146,7 @@ def _fire(
             next_fire_at=planned.next_fire_at,
             missed=schedule.c.missed + planned.missed,
             last_fired_at=fired[-1] if fired else schedule.c.last_fired_at,
+            retry_at=None,
         )
     )
     if planned.missed:

@@ -124,6 +124,8 @@ def put_schedule(
         "catch_up": spec.catch_up,
         "paused": spec.paused,
         "next_fire_at": next_fire_at,
+        # Put anew, a schedule a failed round set aside is tried again at once.
+        "retry_at": None,
         "updated_by": actor,
         "updated_at": now,
     }

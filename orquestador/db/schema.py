@@ -579,6 +579,9 @@ schedule = Table(
     Column("last_fired_at", TIMESTAMP(timezone=True)),
     # Fire times that passed without an execution (the catch-up policy let them go).
     Column("missed", BigInteger, nullable=False, server_default=text("0")),
+    # After a round failed on this schedule in a way of its own, no round takes it before
+    # this instant (its fire times stay as they are; the others go on meanwhile).
+    Column("retry_at", TIMESTAMP(timezone=True)),
     # Whose requests the fires start: whoever put the schedule last.
     Column("updated_by", Text, nullable=False),
     _created_at(),
@@ -632,6 +635,7 @@ SCHEDULE_UPDATE_COLUMNS = (
     "next_fire_at",
     "last_fired_at",
     "missed",
+    "retry_at",
     "updated_by",
     "updated_at",
 )

@@ -193,6 +193,38 @@ def test_a_paused_schedule_never_fires(api: Api, runtime_engine: Engine) -> None
     assert fires(runtime_engine, "p") == []
 
 
+def test_a_schedule_that_cannot_be_fired_is_set_aside_and_the_others_fire(
+    api: Api, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    flow_id = publish(api)
+    put(api, "broken", {"flowId": flow_id, "everySeconds": 60})
+    put(api, "fine", {"flowId": flow_id, "everySeconds": 60})
+    due = _database_now(runtime_engine) - timedelta(seconds=1)
+    make_due(runtime_engine, "broken", due - timedelta(seconds=1))  # first in line
+    make_due(runtime_engine, "fine", due)
+    # A time zone this machine no longer knows: the schedule's round fails on its own.
+    with owner_engine.begin() as connection:
+        connection.execute(text("UPDATE schedule SET timezone = 'Gone/Away' WHERE id = 'broken'"))
+
+    _fire_all(runtime_engine)
+
+    assert len(fires(runtime_engine, "fine")) == 1
+    assert fires(runtime_engine, "broken") == []
+    with runtime_engine.connect() as connection:
+        broken = connection.execute(
+            text("SELECT next_fire_at, retry_at FROM schedule WHERE id = 'broken'")
+        ).one()
+    # Its fire time is kept, only put off: fixed, it fires that same fire time.
+    assert broken.next_fire_at == due - timedelta(seconds=1)
+    assert broken.retry_at > due + timedelta(seconds=50)
+    put(api, "broken", {"flowId": flow_id, "everySeconds": 60, "data": {"report": "x"}})
+    with runtime_engine.connect() as connection:
+        retry_at = connection.execute(
+            text("SELECT retry_at FROM schedule WHERE id = 'broken'")
+        ).scalar_one()
+    assert retry_at is None
+
+
 def _madrid_fires(engine: Engine, schedule_id: str) -> list[str]:
     return sorted(executions_per_fire_time(engine, schedule_id))
 
