@@ -225,6 +225,31 @@ def test_a_schedule_that_cannot_be_fired_is_set_aside_and_the_others_fire(
     assert retry_at is None
 
 
+def test_a_fire_the_flow_refuses_is_kept_without_an_execution_and_audited(
+    api: Api, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    put(api, "tick", {"flowId": publish(api), "everySeconds": 60})
+    due = _database_now(runtime_engine) - timedelta(seconds=1)
+    make_due(runtime_engine, "tick", due)
+    # Data the flow's dataSchema refuses, written behind the API's back.
+    with owner_engine.begin() as connection:
+        connection.execute(text("""UPDATE schedule SET data = '{"report": 5}' WHERE id = 'tick'"""))
+    refused_before = _fires_counted("refused")
+
+    _fire_all(runtime_engine)
+
+    assert fires(runtime_engine, "tick") == [(due, None, None)]
+    assert executions_per_fire_time(runtime_engine, "tick") == {}
+    with runtime_engine.connect() as connection:
+        detail = connection.execute(
+            text("SELECT detail FROM audit_event WHERE kind = 'SCHEDULE_FIRE_REJECTED'")
+        ).scalar_one()
+    assert detail["scheduleId"] == "tick"
+    assert [p["path"] for p in detail["problems"]] == ["/data/report"]
+    assert _fires_counted("refused") - refused_before == 1
+    assert get(api, "/schedules/tick").get_json()["lastFiredAt"] is None
+
+
 def _madrid_fires(engine: Engine, schedule_id: str) -> list[str]:
     return sorted(executions_per_fire_time(engine, schedule_id))
 
