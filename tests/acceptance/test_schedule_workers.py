@@ -84,13 +84,18 @@ def test_three_workers_start_one_execution_per_fire_time(
     assert _assert_each_fire_time_started_once(runtime_engine, "race", first) >= 66
 
 
-def _waiting_on_the_audit_lock(engine: Engine) -> bool:
+def _stopped_mid_fire(engine: Engine) -> bool:
+    """A session that wrote a fire row waits for the audit lock: a firing transaction."""
     with engine.connect() as connection:
         return bool(
             connection.execute(
                 text(
-                    "SELECT count(*) FROM pg_locks"
-                    " WHERE relation = CAST('audit_event' AS regclass) AND NOT granted"
+                    "SELECT count(*) FROM pg_locks waiting"
+                    " JOIN pg_locks fired ON fired.pid = waiting.pid"
+                    " WHERE waiting.relation = CAST('audit_event' AS regclass)"
+                    " AND NOT waiting.granted"
+                    " AND fired.relation = CAST('schedule_fire' AS regclass) AND fired.granted"
+                    " AND fired.mode = 'RowExclusiveLock'"
                 )
             ).scalar_one()
         )
@@ -111,7 +116,7 @@ def test_a_worker_killed_mid_fire_loses_nothing_and_doubles_nothing(
         victim = spawn_worker(database, NO_ADAPTERS, ledger, "victim")
         processes.append(victim)
         wait_until(
-            lambda: _waiting_on_the_audit_lock(runtime_engine),
+            lambda: _stopped_mid_fire(runtime_engine),
             timeout=60,
             what="the victim inside its firing transaction",
         )
