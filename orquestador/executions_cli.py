@@ -256,6 +256,12 @@ class ApiClient:
     def post(self, path: str, body: dict[str, Any]) -> Any:
         return self._call("POST", path, json=body)
 
+    def put(self, path: str, body: dict[str, Any]) -> Any:
+        return self._call("PUT", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self._call("DELETE", path)
+
     def _call(self, method: str, path: str, **options: Any) -> Any:
         url = self.base_url + path
         try:
@@ -280,6 +286,8 @@ class ApiClient:
             body = response.json()
         except ValueError:
             body = None
+        if response.status_code == 204:
+            return None
         if response.ok:
             if body is None:
                 raise UsageProblem(

@@ -75,6 +75,15 @@ RETRIES_TOTAL = Counter(
     namespace=NAMESPACE,
 )
 
+SCHEDULE_FIRE_OUTCOMES = ("started", "missed", "refused")
+SCHEDULE_FIRES_TOTAL = Counter(
+    "schedule_fires_total",
+    "Schedule fire times handled, by outcome: started an execution, missed (let go by the"
+    " catch-up policy), or refused by the flow.",
+    ["outcome"],
+    namespace=NAMESPACE,
+)
+
 LEASE_LOST_TOTAL = Counter(
     "lease_lost_total",
     "Times a worker found it no longer held an execution's lease.",

@@ -24,6 +24,7 @@ from orquestador.api import (
     openapi,
     plan_routes,
     request_routes,
+    schedule_routes,
     ui_routes,
 )
 from orquestador.api.auth import TokenVerifier
@@ -88,6 +89,7 @@ def create_app(
         app.register_blueprint(flow_routes.blueprint)
         app.register_blueprint(capability_routes.blueprint)
         app.register_blueprint(plan_routes.blueprint)
+        app.register_blueprint(schedule_routes.blueprint)
         app.register_blueprint(dry_run_routes.blueprint)
     if settings.request_api_enabled:
         app.register_blueprint(request_routes.blueprint)

@@ -14,6 +14,7 @@ from orquestador.api import (
     openapi_automation,
     openapi_machines,
     openapi_notices,
+    openapi_schedules,
     schemas,
 )
 from orquestador.api.openapi_parts import (
@@ -353,6 +354,7 @@ _AREAS = (
     openapi_machines,
     openapi_notices,
     openapi_approvals,
+    openapi_schedules,
 )
 
 

@@ -42,7 +42,11 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # `coalesce(:data, data)` would keep the null instead of the data.
 JSONB_VALUE = JSONB(none_as_null=True)
 
-TRIGGERS = ("manual", "webhook", "provisioned", "reinstalled", "deleted")
+TRIGGERS = ("manual", "webhook", "provisioned", "reinstalled", "deleted", "schedule")
+# The trigger of flows a schedule starts (migration 0017).
+SCHEDULE_TRIGGER = "schedule"
+# What a schedule does with the fire times that passed while no worker fired them.
+CATCH_UP_POLICIES = ("skip", "one", "all")
 MOMENTS = ("provisioned", "reinstalled", "deleted")
 EXECUTION_STATUSES = (
     "PENDING",
@@ -591,6 +595,88 @@ approval = Table(
     Index(None, "org_id", "status", "created_at", "id"),
 )
 
+# A schedule (migration 0017): the caller's id per organization, the flow it starts
+# (whose trigger must be `schedule`: the composite key to flow (id, trigger) says so),
+# when (a five-field cron in a time zone, or every N seconds) and what it does after
+# downtime. `next_fire_at` is the next fire time not yet handled, NULL while paused.
+schedule = Table(
+    "schedule",
+    metadata,
+    Column("org_id", Text, nullable=False),
+    Column("id", Text, nullable=False),
+    Column("flow_id", UUID(as_uuid=True), nullable=False),
+    Column("flow_trigger", Text, nullable=False, server_default=text("'schedule'")),
+    Column("cron", Text),
+    Column("every_seconds", Integer),
+    Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
+    Column("data", JSONB_VALUE, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("catch_up", Text, nullable=False, server_default=text("'skip'")),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("next_fire_at", TIMESTAMP(timezone=True)),
+    Column("last_fired_at", TIMESTAMP(timezone=True)),
+    # Fire times that passed without an execution (the catch-up policy let them go).
+    Column("missed", BigInteger, nullable=False, server_default=text("0")),
+    # After a round failed on this schedule in a way of its own, no round takes it before
+    # this instant (its fire times stay as they are; the others go on meanwhile).
+    Column("retry_at", TIMESTAMP(timezone=True)),
+    # Whose requests the fires start: whoever put the schedule last.
+    Column("updated_by", Text, nullable=False),
+    _created_at(),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
+    PrimaryKeyConstraint("org_id", "id"),
+    ForeignKeyConstraint(["flow_id", "flow_trigger"], ["flow.id", "flow.trigger"]),
+    CheckConstraint("flow_trigger = 'schedule'", name="flow_trigger"),
+    CheckConstraint("num_nonnulls(cron, every_seconds) = 1", name="cron_or_every"),
+    CheckConstraint("every_seconds >= 1", name="every_seconds_positive"),
+    CheckConstraint(_in("catch_up", CATCH_UP_POLICIES), name="catch_up"),
+    CheckConstraint("missed >= 0", name="missed_not_negative"),
+    # The firing loop's index: schedules that are due, soonest first.
+    Index(
+        "ix_schedule_due",
+        "next_fire_at",
+        postgresql_where=text("NOT paused AND next_fire_at IS NOT NULL"),
+    ),
+)
+
+# One row per fire time a schedule handled: its key is what makes a fire time start at
+# most one execution, whatever the number of workers. request_id and execution_id are
+# NULL when the fire was refused (its audit row says why).
+schedule_fire = Table(
+    "schedule_fire",
+    metadata,
+    Column("org_id", Text, nullable=False),
+    Column("schedule_id", Text, nullable=False),
+    Column("fire_time", TIMESTAMP(timezone=True), nullable=False),
+    Column("request_id", UUID(as_uuid=True)),
+    Column("execution_id", UUID(as_uuid=True)),
+    Column(
+        "fired_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
+    PrimaryKeyConstraint("org_id", "schedule_id", "fire_time"),
+    ForeignKeyConstraint(
+        ["org_id", "schedule_id"], ["schedule.org_id", "schedule.id"], ondelete="CASCADE"
+    ),
+)
+
+SCHEDULE_UPDATE_COLUMNS = (
+    "flow_id",
+    "cron",
+    "every_seconds",
+    "timezone",
+    "data",
+    "catch_up",
+    "paused",
+    "next_fire_at",
+    "last_fired_at",
+    "missed",
+    "retry_at",
+    "updated_by",
+    "updated_at",
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -613,6 +699,8 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "key_release": ("SELECT", "INSERT", "DELETE"),
     "rate_bucket": ("SELECT", "INSERT"),
     "approval": ("SELECT", "INSERT"),
+    "schedule": ("SELECT", "INSERT", "DELETE"),
+    "schedule_fire": ("SELECT", "INSERT"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -688,6 +776,11 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "rate_bucket": ("tokens", "refilled_at"),
     # A decision or the deadline closes an approval; what it asks and of whom never changes.
     "approval": ("status", "decided_by", "decided_at", "comment"),
+    # PUT /schedules rewrites what a schedule is; the firing loop advances it. Never its
+    # organization, id, creation or flow_trigger (the key that keeps a schedule flow's).
+    "schedule": SCHEDULE_UPDATE_COLUMNS,
+    # A fire row is written first (it claims the fire time), then names what it started.
+    "schedule_fire": ("request_id", "execution_id"),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges

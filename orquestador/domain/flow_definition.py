@@ -35,6 +35,10 @@ CapabilityProblem = Callable[[str, int], str | None]
 MOMENT_TRIGGERS = ("provisioned", "reinstalled", "deleted")
 # Actions whose e-mail is switched on by the node's own `"email": true` (SPEC 17).
 EMAIL_CAPABILITIES = ("notify", "approval")
+# A schedule's fires start its flow, and nobody is there to pick a transition either.
+SCHEDULE_TRIGGER = "schedule"
+# The triggers whose flows name the transition they start in "start".
+STARTED_TRIGGERS = (*MOMENT_TRIGGERS, SCHEDULE_TRIGGER)
 
 
 @functools.cache
@@ -321,21 +325,24 @@ def _check_transition(transition: Mapping[str, Any], here: str, report: _Report)
 
 
 def _check_start(definition: Mapping[str, Any], report: _Report) -> None:
-    """A moment-triggered flow names its `start`, a transition leaving initialState."""
+    """A moment- or schedule-triggered flow names its `start`, a transition leaving initialState."""
     trigger, start = definition.get("trigger"), definition.get("start")
     if not report.shaped("/trigger") or not report.shaped("/start"):
         return
     if start is None:
-        if trigger in MOMENT_TRIGGERS:
+        if trigger in STARTED_TRIGGERS:
+            starter = "each fire" if trigger == SCHEDULE_TRIGGER else "a platform event"
             report.error(
                 "/start",
                 f'a flow triggered by {trigger!r} must name in "start" the transition'
-                " a platform event starts",
+                f" {starter} starts",
             )
         return
-    if trigger not in MOMENT_TRIGGERS:
+    if trigger not in STARTED_TRIGGERS:
         report.warnings.append(
-            Problem("/start", f"start only applies to moment triggers, not {trigger!r}")
+            Problem(
+                "/start", f"start only applies to moment and schedule triggers, not {trigger!r}"
+            )
         )
     transitions = definition.get("transitions")
     if not isinstance(transitions, list):

@@ -20,6 +20,7 @@ from orquestador.db.schema import (
     PURGE_SIMULATIONS_SIGNATURE,
     RUNTIME_GRANTS,
     RUNTIME_UPDATE_COLUMNS,
+    SCHEDULE_UPDATE_COLUMNS,
     WRITE_BATCH_FUNCTION,
     WRITE_BATCH_SIGNATURE,
     metadata,
@@ -66,6 +67,10 @@ COLUMNS_ADDED = {
     "0015": {"execution": {"key_blocked"}, "key_release": {"id"}},
     "0016": {"rate_bucket": {"tokens", "refilled_at"}},
     "0019": {"approval": {"status", "decided_by", "decided_at", "comment"}},
+    "0017": {
+        "schedule": set(SCHEDULE_UPDATE_COLUMNS),
+        "schedule_fire": {"request_id", "execution_id"},
+    },
 }
 
 
@@ -383,8 +388,15 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     _step(server, name, "0016")
     assert _update_columns(server, name) == _declared_updates(at="0016")
-    _step(server, name, "0019")
-    assert _update_columns(server, name) == _declared_updates(at="0019")
+
+    # 0017: a flow may have the trigger `schedule`; a schedule fires it.
+    _step(server, name, "0017")
+    assert _update_columns(server, name) == _declared_updates(at="0017")
+    scheduled_flow = _schedule_in_place(server, name)
+
+    # 0019 and 0020: approvals; a dry run's outcomes.
+    _step(server, name, "0020")
+    assert _update_columns(server, name) == _declared_updates(at="0020")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
@@ -392,6 +404,11 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     _step(server, name, "0013", down=True)
     with engine.connect() as connection:
+        # The older code knows no schedule: its flow can still be started by hand.
+        trigger = connection.execute(
+            text("SELECT trigger FROM flow WHERE id = :id"), {"id": scheduled_flow}
+        ).scalar_one()
+        assert trigger == "manual" and not {"schedule", "schedule_fire"} & _tables(connection)
         # The older code knows no cancelled command: it reads as failed, final either way.
         status = connection.execute(
             text("SELECT status FROM machine_command WHERE id = :id"), {"id": command_id}
@@ -435,6 +452,51 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     with engine.connect() as connection:
         assert _tables(connection) == set()
     engine.dispose()
+
+
+def _schedule_in_place(server: TestServer, name: str) -> uuid.UUID:
+    """0017's limits: the runtime role puts and fires schedules, and changes nothing else."""
+    owner = _engine(server.url(name))
+    with owner.begin() as connection:
+        flow_id = connection.execute(
+            text(
+                "INSERT INTO flow (org_id, key, version, trigger, definition, data_schema,"
+                " created_by) VALUES ('acme', 'tick', 1, 'schedule', '{}', '{}', 'ana')"
+                " RETURNING id"
+            )
+        ).scalar_one()
+    owner.dispose()
+    runtime = _engine(server.url(name, runtime=True))
+    try:
+        with runtime.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO schedule (org_id, id, flow_id, every_seconds, updated_by,"
+                    " next_fire_at) VALUES ('acme', 's', :flow, 60, 'ana', now())"
+                ),
+                {"flow": flow_id},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO schedule_fire (org_id, schedule_id, fire_time)"
+                    " VALUES ('acme', 's', now())"
+                )
+            )
+            connection.execute(
+                text("UPDATE schedule SET next_fire_at = now() + interval '1 minute', missed = 1")
+            )
+        for statement in (
+            "UPDATE schedule SET org_id = 'other'",
+            "UPDATE schedule SET flow_trigger = 'manual'",
+            "UPDATE schedule_fire SET fire_time = now()",
+            "DELETE FROM schedule_fire",
+        ):
+            with pytest.raises(ProgrammingError) as raised, runtime.begin() as connection:
+                connection.execute(text(statement))
+            assert getattr(raised.value.orig, "sqlstate", None) == "42501", statement
+    finally:
+        runtime.dispose()
+    return flow_id
 
 
 def _runtime_role_may_revoke_credentials_only(server: TestServer, name: str) -> None:

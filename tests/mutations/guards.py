@@ -437,6 +437,70 @@ APPROVAL_GUARDS = [
     ),
 ]
 
+# --- schedules (automation/firing.py, automation/schedules.py, domain/schedule_times.py) --
+
+FIRING = "tests/integration/test_schedule_firing.py"
+SCHEDULE_API = "tests/integration/test_api_schedules.py"
+_FIRING_PY = "orquestador/automation/firing.py"
+
+SCHEDULE_GUARDS = [
+    Mutation(
+        "schedule-fire-time-once",
+        _FIRING_PY,
+        "    if claimed is None:\n        return None\n",
+        "    if False:\n        return None\n",
+        "A fire time whose fire row is written already starts no second execution.",
+        (
+            f"{FIRING}::test_a_fire_time_already_handled_never_starts_a_second_execution",
+            f"{FIRING}::test_two_transactions_firing_one_fire_time_at_once_start_one_execution",
+        ),
+    ),
+    Mutation(
+        "schedule-paused-never-fires",
+        _FIRING_PY,
+        "                ~schedule.c.paused,\n",
+        "",
+        "A paused schedule never fires, whatever its next fire time says.",
+        (f"{FIRING}::test_a_paused_schedule_never_fires",),
+    ),
+    Mutation(
+        "schedule-advances",
+        _FIRING_PY,
+        "            next_fire_at=planned.next_fire_at,\n",
+        "",
+        "A round moves the schedule past the fire times it handled.",
+        (f"{FIRING}::test_a_due_schedule_starts_its_flow_once_with_the_fire_data",),
+    ),
+    Mutation(
+        "schedule-misses-counted",
+        _FIRING_PY,
+        "            missed=schedule.c.missed + planned.missed,\n",
+        "",
+        "Fire times the catch-up policy lets go are counted where GET /schedules shows them.",
+        (f"{FIRING}::test_after_downtime_the_catch_up_policy_applies_and_misses_are_visible",),
+    ),
+    Mutation(
+        "schedule-skip-starts-nothing-late",
+        "orquestador/domain/schedule_times.py",
+        "    elif catch_up == CATCH_UP_ONE"
+        " or (now - due[-1]).total_seconds() <= ON_TIME_SECONDS:\n",
+        "    elif True:\n",
+        "Under skip, a fire time reached late after downtime is let go, not started.",
+        (f"{FIRING}::test_after_downtime_the_catch_up_policy_applies_and_misses_are_visible",),
+    ),
+    Mutation(
+        "schedule-put-keeps-its-next-fire",
+        "orquestador/automation/schedules.py",
+        "    elif current is not None and not current.paused"
+        " and _same_timing(current, spec.timing):\n",
+        "    elif False:\n",
+        "Putting a schedule again with the same timing neither skips nor repeats a fire time.",
+        (
+            f"{SCHEDULE_API}::test_putting_again_keeps_the_next_fire_time_unless_the_timing_or_pause_changes",
+        ),
+    ),
+]
+
 # --- queue/checkpoints.py -------------------------------------------------------------
 # The worker writes RUNNING and SUCCEEDED through the batch function (migration 0010 and
 # its successors); these one-execution statements remain the reference for each write,
@@ -1637,6 +1701,7 @@ MUTATIONS: list[Mutation] = [
     *KEY_GUARDS,
     *RATE_GUARDS,
     *APPROVAL_GUARDS,
+    *SCHEDULE_GUARDS,
     *CHECKPOINT_GUARDS,
     *OUTCOME_GUARDS,
     *LOAD_GUARDS,

@@ -1,4 +1,4 @@
-"""Moment-triggered flows name the transition a platform event starts."""
+"""Moment- and schedule-triggered flows name the transition an event or a fire starts."""
 
 from __future__ import annotations
 
@@ -38,11 +38,15 @@ def test_a_moment_flow_with_a_start_leaving_the_initial_state_is_valid() -> None
     assert FlowDefinition.from_json(_flow()).start == "greet"
 
 
-@pytest.mark.parametrize("moment", ["provisioned", "reinstalled", "deleted"])
+@pytest.mark.parametrize("moment", ["provisioned", "reinstalled", "deleted", "schedule"])
 def test_a_moment_flow_without_start_is_refused_at_start(moment: str) -> None:
     [(path, message)] = _problems(_flow(trigger=moment, start=None))
     assert path == "/start"
     assert moment in message
+
+
+def test_a_schedule_flow_with_a_start_is_valid() -> None:
+    assert validate_definition(_flow(trigger="schedule")) == ([], [])
 
 
 def test_a_start_naming_no_transition_is_refused() -> None:

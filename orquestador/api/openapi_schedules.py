@@ -1,0 +1,205 @@
+"""OpenAPI paths and schemas of schedules; the routes check bodies by them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orquestador.api.openapi_parts import (
+    READ_ERRORS,
+    SECURED,
+    WRITE_ERRORS,
+    body,
+    json_response,
+    problems,
+    ref,
+)
+from orquestador.automation.schedules import MAX_SCHEDULE_ID_CHARACTERS
+from orquestador.domain.schedule_times import (
+    CATCH_UP_POLICIES,
+    MAX_CRON_CHARACTERS,
+    MAX_EVERY_SECONDS,
+    MAX_TIMEZONE_CHARACTERS,
+)
+
+_UUID = {"type": "string", "format": "uuid"}
+_TIMESTAMP_OR_NULL = {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "null"}]}
+_SCHEDULE_ID = {"type": "string", "minLength": 1, "maxLength": MAX_SCHEDULE_ID_CHARACTERS}
+# The most schedules GET /schedules lists.
+LIST_LIMIT = 1000
+
+_CRON = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_CRON_CHARACTERS,
+    "description": "Five fields, minute hour day-of-month month day-of-week, read on the "
+    "wall clock of `timezone`. Exactly one of `cron` and `everySeconds`.",
+}
+_EVERY = {
+    "type": "integer",
+    "minimum": 1,
+    "maximum": MAX_EVERY_SECONDS,
+    "description": "A fire every this many seconds, the first one period after the "
+    "schedule was put. Exactly one of `cron` and `everySeconds`.",
+}
+_TIMEZONE = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TIMEZONE_CHARACTERS,
+    "description": "An IANA time zone name; omitted, UTC.",
+}
+_CATCH_UP = {
+    "enum": list(CATCH_UP_POLICIES),
+    "description": "What to do with fire times that passed while no worker ran: `skip` "
+    "starts none that is more than 60 seconds late, `one` starts the latest only, `all` "
+    "starts each of the latest 100. Omitted, `skip`.",
+}
+
+SCHEDULE_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["flowId"],
+    "additionalProperties": False,
+    "properties": {
+        "flowId": {
+            **_UUID,
+            "description": "A flow of the caller's organization, trigger `schedule`.",
+        },
+        "cron": _CRON,
+        "everySeconds": _EVERY,
+        "timezone": _TIMEZONE,
+        "data": {
+            "type": "object",
+            "description": "Passed to each fire's request as /data/data; omitted, {}.",
+        },
+        "catchUp": _CATCH_UP,
+        "paused": {"type": "boolean", "description": "A paused schedule never fires."},
+    },
+}
+
+SCHEDULE: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "id",
+        "flowId",
+        "timezone",
+        "data",
+        "catchUp",
+        "paused",
+        "nextFireAt",
+        "lastFiredAt",
+        "missed",
+    ],
+    "properties": {
+        "id": {**_SCHEDULE_ID, "description": "The caller's own schedule id."},
+        "flowId": _UUID,
+        "cron": _CRON,
+        "everySeconds": _EVERY,
+        "timezone": _TIMEZONE,
+        "data": {"type": "object"},
+        "catchUp": _CATCH_UP,
+        "paused": {"type": "boolean"},
+        "nextFireAt": {
+            **_TIMESTAMP_OR_NULL,
+            "description": "The next fire time not yet handled (in the past while a worker "
+            "catches up); null while paused.",
+        },
+        "lastFiredAt": {
+            **_TIMESTAMP_OR_NULL,
+            "description": "The latest fire time that started an execution.",
+        },
+        "missed": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Fire times that passed without an execution: the catch-up "
+            "policy let them go.",
+        },
+        "createdAt": {"type": "string", "format": "date-time"},
+        "updatedAt": {"type": "string", "format": "date-time"},
+    },
+}
+
+SCHEDULE_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["items"],
+    "properties": {"items": {"type": "array", "items": ref("Schedule")}},
+}
+
+# Component schemas this area adds, by name (referenced as #/components/schemas/NAME).
+SCHEMAS: dict[str, Any] = {
+    "PutSchedule": SCHEDULE_BODY,
+    "Schedule": SCHEDULE,
+    "ScheduleList": SCHEDULE_LIST,
+}
+
+_SCHEDULE_PARAMETER = {
+    "name": "scheduleId",
+    "in": "path",
+    "required": True,
+    "schema": _SCHEDULE_ID,
+    "description": "The caller's own schedule id, unique in the caller's organization.",
+}
+_SCHEDULE_404 = "No such schedule in the caller's organization (another organization's: the same)."
+
+
+def paths() -> dict[str, Any]:
+    one = {
+        "get": {
+            "operationId": "getSchedule",
+            "summary": "A schedule and where its firing stands",
+            "description": "Scope `plans:admin`.",
+            "security": SECURED,
+            "parameters": [_SCHEDULE_PARAMETER],
+            "responses": {
+                "200": json_response(ref("Schedule"), "The schedule."),
+                **problems(*READ_ERRORS, s404=_SCHEDULE_404),
+            },
+        },
+        "put": {
+            "operationId": "putSchedule",
+            "summary": "Create the schedule, or replace it",
+            "description": "Scope `plans:admin`. Each fire time starts the flow's `start` "
+            "transition once, on a new request whose data is `{scheduleId, fireTime, data}`. "
+            "The next fire time is kept when the timing is unchanged and the schedule stays "
+            "running; otherwise it is the first after now.",
+            "security": SECURED,
+            "parameters": [_SCHEDULE_PARAMETER],
+            "requestBody": body(ref("PutSchedule")),
+            "responses": {
+                "200": json_response(ref("Schedule"), "Replaced."),
+                "201": json_response(ref("Schedule"), "Created.", Location="The schedule."),
+                **problems(
+                    *WRITE_ERRORS,
+                    "404",
+                    s404="No such flow in the caller's organization.",
+                    s422="`SCHEDULE_INVALID`: the cron, period or time zone cannot be used, "
+                    "or not exactly one of `cron` and `everySeconds` is given; "
+                    "`SCHEDULE_TRIGGER_MISMATCH`: the flow's trigger is not `schedule`; "
+                    "`DATA_INVALID`: the flow's dataSchema refuses the data a fire gives; "
+                    "`SCHEDULE_ID_INVALID`; or the body is invalid. Nothing is written.",
+                ),
+            },
+        },
+        "delete": {
+            "operationId": "deleteSchedule",
+            "summary": "Delete the schedule",
+            "description": "Scope `plans:admin`. What it started stays.",
+            "security": SECURED,
+            "parameters": [_SCHEDULE_PARAMETER],
+            "responses": {
+                "204": {"description": "Deleted."},
+                **problems(*READ_ERRORS, s404=_SCHEDULE_404),
+            },
+        },
+    }
+    listing = {
+        "get": {
+            "operationId": "listSchedules",
+            "summary": "The organization's schedules, by id",
+            "description": f"Scope `plans:admin`. At most {LIST_LIMIT}.",
+            "security": SECURED,
+            "responses": {
+                "200": json_response(ref("ScheduleList"), "The schedules."),
+                **problems("401", "403", "414", "431"),
+            },
+        },
+    }
+    return {"/schedules": listing, "/schedules/{scheduleId}": one}

@@ -1,0 +1,145 @@
+"""Schedules: put one whole, read it with where its firing stands, list and delete them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+
+from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
+from orquestador.api.body import read_json_object
+from orquestador.api.context import engine
+from orquestador.api.openapi_schedules import LIST_LIMIT, SCHEDULE_BODY
+from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.views import API_PREFIX, timestamp
+from orquestador.automation.schedules import (
+    FlowNotFound,
+    Schedule,
+    ScheduleRefused,
+    ScheduleSpec,
+    delete_schedule,
+    find_schedule,
+    list_schedules,
+    put_schedule,
+    schedule_id_problem,
+)
+from orquestador.domain.errors import Problem
+from orquestador.domain.schedule_times import CATCH_UP_SKIP, Timing, timing_problems
+
+blueprint = Blueprint("schedules", __name__, url_prefix=f"{API_PREFIX}/schedules")
+
+
+def schedule_view(found: Schedule) -> dict[str, Any]:
+    spec = found.spec
+    when: dict[str, Any] = (
+        {"cron": spec.timing.cron}
+        if spec.timing.cron is not None
+        else {"everySeconds": spec.timing.every_seconds}
+    )
+    return {
+        "id": found.key,
+        "flowId": str(spec.flow_id),
+        **when,
+        "timezone": spec.timing.timezone,
+        "data": spec.data,
+        "catchUp": spec.catch_up,
+        "paused": spec.paused,
+        "nextFireAt": timestamp(found.next_fire_at),
+        "lastFiredAt": timestamp(found.last_fired_at),
+        "missed": found.missed,
+        "createdAt": timestamp(found.created_at),
+        "updatedAt": timestamp(found.updated_at),
+    }
+
+
+def _known_schedule_id(schedule_id: str) -> str:
+    # No schedule can have a malformed id: it is missing, like any other.
+    if schedule_id_problem(schedule_id) is not None:
+        raise not_found()
+    return schedule_id
+
+
+def _spec(body: dict[str, Any]) -> ScheduleSpec:
+    try:
+        flow_id = uuid.UUID(body["flowId"])
+    except ValueError:
+        raise not_found() from None  # no flow has a malformed id
+    cron, every = body.get("cron"), body.get("everySeconds")
+    timezone = body.get("timezone", "UTC")
+    problems = timing_problems(cron, every, timezone)
+    if problems:
+        raise ApiProblem(
+            422,
+            "SCHEDULE_INVALID",
+            "The schedule's timing cannot be used.",
+            problems=problems,
+        )
+    return ScheduleSpec(
+        flow_id=flow_id,
+        timing=Timing(cron, every, timezone),
+        data=body.get("data", {}),
+        catch_up=body.get("catchUp", CATCH_UP_SKIP),
+        paused=body.get("paused", False),
+    )
+
+
+@blueprint.put("/<schedule_id>")
+@requires_scope(SCOPE_PLANS_ADMIN)
+def put(schedule_id: str) -> tuple[Response, int, dict[str, str]]:
+    problem = schedule_id_problem(schedule_id)
+    if problem is not None:
+        raise ApiProblem(
+            422,
+            "SCHEDULE_ID_INVALID",
+            "The schedule id cannot be used.",
+            problems=[Problem("", problem)],
+        )
+    spec = _spec(read_json_object(SCHEDULE_BODY))
+    caller = current_caller()
+    try:
+        with engine().begin() as connection:
+            found, created = put_schedule(
+                connection, org=caller.org, key=schedule_id, spec=spec, actor=caller.sub
+            )
+    except FlowNotFound:
+        raise not_found() from None
+    except ScheduleRefused as refused:
+        # The transaction rolled back: the schedule is as it was.
+        raise ApiProblem(422, refused.code, str(refused), problems=refused.problems) from None
+    if created:
+        location = f"{API_PREFIX}/schedules/{schedule_id}"
+        return jsonify(schedule_view(found)), 201, {"Location": location}
+    return jsonify(schedule_view(found)), 200, {}
+
+
+@blueprint.get("/<schedule_id>")
+@requires_scope(SCOPE_PLANS_ADMIN)
+def read(schedule_id: str) -> Response:
+    with engine().connect() as connection:
+        found = find_schedule(
+            connection, org=current_caller().org, key=_known_schedule_id(schedule_id)
+        )
+    if found is None:
+        raise not_found()
+    return jsonify(schedule_view(found))
+
+
+@blueprint.get("")
+@requires_scope(SCOPE_PLANS_ADMIN)
+def listing() -> Response:
+    with engine().connect() as connection:
+        found = list_schedules(connection, org=current_caller().org, limit=LIST_LIMIT)
+    return jsonify({"items": [schedule_view(s) for s in found]})
+
+
+@blueprint.delete("/<schedule_id>")
+@requires_scope(SCOPE_PLANS_ADMIN)
+def delete(schedule_id: str) -> tuple[str, int]:
+    with engine().begin() as connection:
+        deleted = delete_schedule(
+            connection, org=current_caller().org, key=_known_schedule_id(schedule_id)
+        )
+    if not deleted:
+        raise not_found()
+    return "", 204

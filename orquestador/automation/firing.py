@@ -1,0 +1,290 @@
+"""Firing schedules: each fire time of a schedule starts its flow once, whatever the workers.
+
+A round locks due schedules with SKIP LOCKED (workers share them without waiting on each
+other), decides under the schedule's catch-up policy which passed fire times to start
+(`domain.schedule_times.plan_round`), and for each writes, in the same transaction, the
+fire row, the request, the accepted execution of the flow's `start` transition (through
+`queue.acceptance`, as platform events do) and the schedule's next fire time. The fire
+row's key (organization, schedule, fire time) is what makes a fire time start at most
+one execution: a round that finds it written starts nothing for it. A crash anywhere
+before COMMIT leaves none of it, and the schedule is still due for the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, func, or_, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import DBAPIError
+
+from orquestador.automation.schedules import fire_data
+from orquestador.db.engine import is_retriable
+from orquestador.db.schema import audit_event, flow, schedule, schedule_fire
+from orquestador.domain.concurrency import KeyMissing, key_value
+from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.limits import MAX_DATA_BYTES
+from orquestador.domain.pointer_updates import validate_request_data
+from orquestador.domain.schedule_times import Timing, plan_round
+from orquestador.metrics import SCHEDULE_FIRES_TOTAL
+from orquestador.queue.acceptance import insert_request, queue_execution
+from orquestador.worker.loop import Loop
+
+log = logging.getLogger(__name__)
+
+# A fire time waits at most about this long for an idle worker; the query behind a
+# round reads the partial index of running schedules, so polling this often costs little.
+POLL_SECONDS = 1.0
+# Schedules per round (one transaction); each starts at most FIRES_PER_ROUND fires.
+BATCH_SIZE = 10
+# A schedule whose round failed in a way of its own is looked at again after this long
+# (its fire times unchanged), so it never stands in front of the others.
+RETRY_AFTER_FAILURE = timedelta(minutes=1)
+# The audit row that keeps why a fire started nothing.
+FIRE_REJECTED_KIND = "SCHEDULE_FIRE_REJECTED"
+# What became of a fire time (the outcomes of orquestador_schedule_fires_total).
+STARTED, MISSED, REFUSED = "started", "missed", "refused"
+# Fire times a round handled, by outcome; counted into the metric once the round commits.
+Outcomes = Counter[str]
+
+
+def fire_due_schedules(
+    engine: Engine,
+    *,
+    max_attempts: int,
+    batch_size: int = BATCH_SIZE,
+    now: datetime | None = None,
+) -> bool:
+    """Fire the passed fire times of up to `batch_size` due schedules in one transaction.
+
+    True when more may be due at once (a full batch, or a schedule still behind). `now`
+    is the database's clock; a test may pass another to stand at a chosen instant.
+    """
+    with engine.begin() as connection:
+        if now is None:
+            now = connection.scalar(select(func.clock_timestamp()))
+        assert now is not None
+        due = connection.execute(
+            select(schedule)
+            .where(
+                ~schedule.c.paused,
+                schedule.c.next_fire_at.is_not(None),
+                schedule.c.next_fire_at <= now,
+                or_(schedule.c.retry_at.is_(None), schedule.c.retry_at <= now),
+            )
+            .order_by(schedule.c.next_fire_at)
+            .limit(batch_size)
+            .with_for_update(skip_locked=True)
+        ).all()
+        more = len(due) == batch_size
+        outcomes: Outcomes = Counter()
+        for row in due:
+            more |= _fire_or_put_off(connection, row, now, outcomes, max_attempts=max_attempts)
+    for outcome, count in outcomes.items():
+        SCHEDULE_FIRES_TOTAL.labels(outcome=outcome).inc(count)
+    return more
+
+
+def _fire_or_put_off(
+    connection: Connection, row: Row, now: datetime, outcomes: Outcomes, *, max_attempts: int
+) -> bool:
+    """Fire one locked schedule in a savepoint; on a failure of its own, look again later.
+
+    A passing database failure is raised: the round is lost and every schedule in it is
+    due again for the next.
+    """
+    try:
+        with connection.begin_nested():
+            counted: Outcomes = Counter()
+            more = _fire(connection, row, now, counted, max_attempts=max_attempts)
+        outcomes.update(counted)
+        return more
+    except DBAPIError as error:
+        if is_retriable(error) or connection.invalidated:
+            raise
+        cause = type(error.orig or error).__name__
+    except Exception as error:
+        if connection.invalidated:
+            raise
+        cause = type(error).__name__
+    log.error(
+        "schedule could not be fired (%s); trying again in %s",
+        cause,
+        RETRY_AFTER_FAILURE,
+        extra={"org_id": row.org_id, "schedule_id": row.id},
+    )
+    connection.execute(
+        schedule.update()
+        .where(schedule.c.org_id == row.org_id, schedule.c.id == row.id)
+        .values(retry_at=now + RETRY_AFTER_FAILURE)
+    )
+    return False
+
+
+def _fire(
+    connection: Connection, row: Row, now: datetime, outcomes: Outcomes, *, max_attempts: int
+) -> bool:
+    timing = Timing(row.cron, row.every_seconds, row.timezone)
+    planned = plan_round(timing, row.catch_up, row.next_fire_at, now)
+    fired: list[datetime] = []
+    for fire_time in planned.fire:
+        outcome = fire_once(connection, row, timing, fire_time, max_attempts)
+        if outcome is not None:
+            outcomes[outcome] += 1
+        if outcome == STARTED:
+            fired.append(fire_time)
+    outcomes[MISSED] += planned.missed
+    connection.execute(
+        schedule.update()
+        .where(schedule.c.org_id == row.org_id, schedule.c.id == row.id)
+        .values(
+            next_fire_at=planned.next_fire_at,
+            missed=schedule.c.missed + planned.missed,
+            last_fired_at=fired[-1] if fired else schedule.c.last_fired_at,
+            retry_at=None,
+        )
+    )
+    if planned.missed:
+        log.info(
+            "schedule let %d fire times go under its catch-up policy %r",
+            planned.missed,
+            row.catch_up,
+            extra={"org_id": row.org_id, "schedule_id": row.id},
+        )
+    return planned.more
+
+
+def fire_once(
+    connection: Connection, row: Row, timing: Timing, fire_time: datetime, max_attempts: int
+) -> str | None:
+    """Start the schedule's flow for one fire time: STARTED, REFUSED by the flow, or None
+    when that fire time was handled already.
+
+    The fire row is written first: its key makes a second writer of the same fire time
+    insert nothing (and wait, while the first is uncommitted, for its outcome).
+    """
+    claimed = connection.execute(
+        insert(schedule_fire)
+        .values(org_id=row.org_id, schedule_id=row.id, fire_time=fire_time)
+        .on_conflict_do_nothing()
+        .returning(schedule_fire.c.fire_time)
+    ).first()
+    if claimed is None:
+        return None
+    flow_row = connection.execute(
+        select(flow.c.id, flow.c.definition, flow.c.data_schema).where(
+            flow.c.id == row.flow_id, flow.c.org_id == row.org_id
+        )
+    ).one()
+    definition = FlowDefinition.from_json(flow_row.definition)
+    start = definition.transitions[definition.start or ""]
+    data = fire_data(row.id, timing.local(fire_time).isoformat(), row.data)
+    try:
+        # Checked when the schedule was put, against this same immutable flow; checked
+        # again, since a fire that starts an execution the flow refuses must not happen.
+        validate_request_data(data, flow_row.data_schema, max_bytes=MAX_DATA_BYTES)
+        if start.concurrency is not None:
+            key_value(start.concurrency, data)
+    except DataValidationError as invalid:
+        _reject(connection, row, fire_time, invalid.problems)
+        return REFUSED
+    except KeyMissing as missing:
+        _reject(connection, row, fire_time, [missing.problem])
+        return REFUSED
+    created = insert_request(
+        connection,
+        org=row.org_id,
+        owner=row.updated_by,
+        flow_row=flow_row,
+        data=data,
+        machine_id=None,
+    )
+    execution_id = queue_execution(
+        connection,
+        request_row=created,
+        definition=definition,
+        transition_id=start.id,
+        actor=row.updated_by,
+        actor_snapshot=_actor_snapshot(row),
+        max_attempts=max_attempts,
+    )
+    _record(connection, row, fire_time, created.id, execution_id)
+    log.info(
+        "schedule fired",
+        extra={
+            "schedule_id": row.id,
+            "request_id": str(created.id),
+            "execution_id": str(execution_id),
+        },
+    )
+    return STARTED
+
+
+def _actor_snapshot(row: Row) -> dict[str, Any]:
+    # Whoever put the schedule owns what it starts; a fire acts with no scopes of theirs.
+    return {"sub": row.updated_by, "org": row.org_id, "scopes": []}
+
+
+def _record(
+    connection: Connection,
+    row: Row,
+    fire_time: datetime,
+    request_id: uuid.UUID,
+    execution_id: uuid.UUID,
+) -> None:
+    connection.execute(
+        schedule_fire.update()
+        .where(
+            schedule_fire.c.org_id == row.org_id,
+            schedule_fire.c.schedule_id == row.id,
+            schedule_fire.c.fire_time == fire_time,
+        )
+        .values(request_id=request_id, execution_id=execution_id)
+    )
+
+
+def _reject(connection: Connection, row: Row, fire_time: datetime, problems: list[Problem]) -> None:
+    """Keep the fire row with no execution, and why in an audit row."""
+    connection.execute(
+        audit_event.insert().values(
+            org_id=row.org_id,
+            kind=FIRE_REJECTED_KIND,
+            actor=None,
+            detail={
+                "scheduleId": row.id,
+                "fireTime": fire_time.isoformat(),
+                "problems": [p.as_dict() for p in problems],
+            },
+        )
+    )
+    log.error(
+        "schedule fire refused by its flow",
+        extra={"org_id": row.org_id, "schedule_id": row.id},
+    )
+
+
+class ScheduleFirer(Loop):
+    """Starts each passed fire time of every running schedule under its catch-up policy."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_attempts: int,
+        interval_seconds: float = POLL_SECONDS,
+        batch_size: int = BATCH_SIZE,
+    ) -> None:
+        super().__init__("schedules", interval_seconds)
+        self.engine = engine
+        self.max_attempts = max_attempts
+        self.batch_size = batch_size
+
+    def run_once(self) -> bool:
+        return fire_due_schedules(
+            self.engine, max_attempts=self.max_attempts, batch_size=self.batch_size
+        )
