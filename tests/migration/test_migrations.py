@@ -65,6 +65,10 @@ COLUMNS_ADDED = {
     "0014": {"machine_command": {"cancel_requested_at"}},
     "0015": {"execution": {"key_blocked"}, "key_release": {"id"}},
     "0016": {"rate_bucket": {"tokens", "refilled_at"}},
+    "0018": {
+        "bulk_action": {"status", "finished_at"},
+        "bulk_item": {"outcome", "code", "detail", "finished_at"},
+    },
 }
 
 
@@ -382,6 +386,11 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     _step(server, name, "0016")
     assert _update_columns(server, name) == _declared_updates(at="0016")
+
+    _step(server, name, "0018")
+    assert _update_columns(server, name) == _declared_updates(at="0018")
+    granted = _runtime_grants(server, name)
+    assert granted["bulk_action"] == granted["bulk_item"] == {"SELECT", "INSERT"}
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
