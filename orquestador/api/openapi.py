@@ -11,6 +11,7 @@ from flask import Blueprint, Response, jsonify
 from orquestador.api import (
     openapi_agent,
     openapi_automation,
+    openapi_bulk,
     openapi_machines,
     openapi_notices,
     schemas,
@@ -346,7 +347,7 @@ def _core_paths() -> dict[str, Any]:
 
 
 # Each area of the API keeps its own paths and schemas beside its routes' concerns.
-_AREAS = (openapi_agent, openapi_automation, openapi_machines, openapi_notices)
+_AREAS = (openapi_agent, openapi_automation, openapi_bulk, openapi_machines, openapi_notices)
 
 
 def _paths() -> dict[str, Any]:
