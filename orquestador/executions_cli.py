@@ -171,6 +171,11 @@ def add_executions_command(command: CommandFactory) -> None:
     cancel.add_argument("execution", metavar="ID", help=_ID_HELP)
     cancel.add_argument("--reason", required=True, help="why (kept in the audit)")
 
+    # Imported here: the bulk action is built on this module's client and printing.
+    from orquestador.bulk_cli import add_bulk_action
+
+    add_bulk_action(action)
+
 
 _ID_HELP = (
     f"the execution's id, or a short id: its first {SHORT_ID_DIGITS} or more hex digits "
