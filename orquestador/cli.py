@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from orquestador.bulk_cli import add_bulk_action
 from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.dev_address import recorded_dev_api
@@ -156,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     decide.add_argument("--context", required=True, type=Path, help='{"data": ...} (JSON)')
     decide.set_defaults(handler=_decide)
 
-    add_executions_command(command)
+    add_bulk_action(add_executions_command(command))
     add_machines_command(command)
 
     agent = command(

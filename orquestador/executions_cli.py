@@ -75,8 +75,11 @@ class Refused(Exception):
 CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
 
 
-def add_executions_command(command: CommandFactory) -> None:
-    """Register `executions` and its actions with the main parser's command factory."""
+def add_executions_command(
+    command: CommandFactory,
+) -> Callable[[str, str, Callable[..., int]], argparse.ArgumentParser]:
+    """Register `executions` and its actions with the main parser's command factory; return
+    the factory of its actions, with which other modules add theirs (`executions bulk`)."""
     parser = command(
         "executions",
         "find, inspect, reconcile and cancel executions through the HTTP API",
@@ -170,11 +173,7 @@ def add_executions_command(command: CommandFactory) -> None:
     )
     cancel.add_argument("execution", metavar="ID", help=_ID_HELP)
     cancel.add_argument("--reason", required=True, help="why (kept in the audit)")
-
-    # Imported here: the bulk action is built on this module's client and printing.
-    from orquestador.bulk_cli import add_bulk_action
-
-    add_bulk_action(action)
+    return action
 
 
 _ID_HELP = (

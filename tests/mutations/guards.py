@@ -1503,8 +1503,8 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-only-when-not-running",
         _RECONCILIATION_PY,
-        "        if execution.status not in CANCELLABLE:\n",
-        "        if False:\n",
+        "    if execution.status not in CANCELLABLE:\n",
+        "    if False:\n",
         "An execution whose action may be in flight (RUNNING) is never cancelled.",
         (f"{RECONCILIATION}::test_a_running_execution_cannot_be_cancelled",),
     ),
@@ -1520,8 +1520,8 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-parks-after-success",
         _RECONCILIATION_PY,
-        "        if writes.succeeded or writes.in_doubt:\n",
-        "        if writes.in_doubt:\n",
+        "    if writes.succeeded or writes.in_doubt:\n",
+        "    if writes.in_doubt:\n",
         "A cancel after a write succeeded parks CANCELLED_AFTER_WRITES, the request busy.",
         (
             f"{RECONCILIATION}::test_cancel_in_retry_wait_after_a_charge_parks_and_an_operator"
@@ -1531,8 +1531,8 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-parks-in-doubt",
         _RECONCILIATION_PY,
-        "        if writes.succeeded or writes.in_doubt:\n",
-        "        if writes.succeeded:\n",
+        "    if writes.succeeded or writes.in_doubt:\n",
+        "    if writes.succeeded:\n",
         "A cancel while a write is in doubt parks CANCELLED_AFTER_WRITES, the request busy.",
         (guard("test_a_cancel_with_only_a_write_in_doubt_parks_and_keeps_the_request"),),
     ),
