@@ -357,11 +357,12 @@ def act_on_chunk(
                 after = outcome.execution_id
                 acted += 1
             walk.after[bulk.id] = after
-            if acted >= chunk_items or (stop is not None and stop.is_set()):
-                break
+            # Also after a full chunk: its last item may have been the bulk's last.
             if finish_if_done(conn, bulk.id):
                 walk.after.pop(bulk.id, None)
                 log.info("bulk action done", extra={"bulk_id": str(bulk.id)})
+            if acted >= chunk_items or (stop is not None and stop.is_set()):
+                break
     return acted
 
 

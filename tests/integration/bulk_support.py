@@ -44,30 +44,34 @@ def arrange(
     machine_id: str | None = None,
     checkpoint: str | None = None,
     error_code: str | None = None,
+    simulation: bool = False,
 ) -> list[uuid.UUID]:
     """`count` requests of the flow, each busy with one execution in `status`, in id order.
 
     None is due: no worker claims them while a test runs its bulk. A RUNNING one holds a
-    lease of another worker. `checkpoint` gives each a step `charge` (a write) in that
-    status: SUCCEEDED is a write done, UNKNOWN one in doubt (a parked execution's).
+    lease of another worker; `simulation` makes them dry runs. `checkpoint` gives each a
+    step `charge` (a write) in that status: SUCCEEDED is a write done, UNKNOWN one in
+    doubt (a parked execution's).
     """
     with engine.begin() as conn:
         rows = conn.execute(
             text("""
             WITH requests AS (
                 INSERT INTO request (org_id, owner_id, flow_id, state, revision, data,
-                                     created_by, machine_id)
-                SELECT :org, :owner, :flow, 'new', 2, '{}'::jsonb, :owner, :machine
+                                     created_by, machine_id, simulation)
+                SELECT :org, :owner, :flow, 'new', 2, '{}'::jsonb, :owner, :machine, :simulation
                 FROM generate_series(1, :count)
                 RETURNING id
             )
             INSERT INTO execution (request_id, org_id, flow_id, transition_id,
                                    accepted_revision, accepted_state, actor_snapshot, status,
-                                   error_code, next_attempt_at, lease_owner, lease_expires_at)
+                                   error_code, next_attempt_at, lease_owner, lease_expires_at,
+                                   simulation)
             SELECT id, :org, :flow, 'go', 2, 'new', CAST(:actor AS jsonb), :status,
                    :error_code, now() + interval '1 day',
                    CASE WHEN :status = 'RUNNING' THEN 'another-worker' END,
-                   CASE WHEN :status = 'RUNNING' THEN now() + interval '1 hour' END
+                   CASE WHEN :status = 'RUNNING' THEN now() + interval '1 hour' END,
+                   :simulation
             FROM requests
             RETURNING id, request_id
             """),
@@ -80,6 +84,7 @@ def arrange(
                 "actor": json.dumps({"sub": OWNER}),
                 "status": status,
                 "error_code": error_code,
+                "simulation": simulation,
             },
         ).all()
         conn.execute(

@@ -75,6 +75,8 @@ def test_a_preview_counts_and_samples_and_records_nothing(api: Api, owner_engine
     pending = arrange(owner_engine, flow, 12)
     arrange(owner_engine, flow, 2, status="RUNNING")
     arrange(owner_engine, publish(owner_engine, OTHER_ORG), 3, org=OTHER_ORG)
+    # Dry runs are never what an operator means: a bulk action never takes one.
+    arrange(owner_engine, flow, 4, simulation=True)
 
     response = api.post(
         "/executions/bulk",

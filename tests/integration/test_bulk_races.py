@@ -102,6 +102,39 @@ def test_two_workers_on_one_bulk_never_take_the_same_item(
     assert (shown["status"], shown["done"], shown["succeeded"]) == ("DONE", 40, 40)
 
 
+def test_a_bulk_ends_only_once_every_item_has_its_outcome(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    flow = publish(owner_engine)
+    pending = arrange(owner_engine, flow, 5)
+    bulk_id = _start(api, flow)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_first(bulk: RunningBulk, execution_id: uuid.UUID) -> None:
+        if execution_id == pending[0]:
+            holding.set()
+            assert release.wait(20)
+
+    slow = threading.Thread(
+        target=act_on_chunk,
+        args=(runtime_engine, BulkWalk()),
+        kwargs={"claims_budget": 10, "chunk_items": 1, "on_taken": hold_the_first},
+    )
+    slow.start()
+    try:
+        assert holding.wait(20)
+        # Another worker acts on every other item, finds the held one locked, and stops.
+        assert _run_to_end(runtime_engine) == 4
+        shown = _progress(api, bulk_id)
+        assert (shown["status"], shown["done"]) == ("RUNNING", 4)
+    finally:
+        release.set()
+        slow.join(20)
+    # The last item's worker ends the bulk as soon as it is done with it.
+    shown = _progress(api, bulk_id)
+    assert (shown["status"], shown["done"], shown["succeeded"]) == ("DONE", 5, 5)
+
+
 class ItemFailed(Exception):
     """Stands for the connection dying after the item's action, before its outcome."""
 
