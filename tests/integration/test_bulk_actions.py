@@ -347,3 +347,11 @@ def test_the_filter_is_kept_as_sent(api: Api, owner_engine: Engine) -> None:
     assert shown["filter"] == criteria
     assert (shown["action"], shown["actor"], shown["reason"]) == ("cancel", "carol", REASON)
     assert len(items(owner_engine, accepted["bulkId"])) == 1
+
+
+def test_without_a_token_both_routes_answer_401(api: Api) -> None:
+    body = {"filter": {"status": "PENDING"}, "action": "cancel", "reason": REASON}
+    started = api.client().post("/api/v1/executions/bulk", json=body)
+    read = api.client().get(f"/api/v1/bulk/{uuid.uuid4()}")
+    assert started.status_code == read.status_code == 401
+    assert problem(started)["code"] == problem(read)["code"] == "UNAUTHENTICATED"
