@@ -11,6 +11,10 @@ claim finds it RUNNING and refuses.
 A cancel obeys the write rule like a failure does: after a write that happened or
 may have happened it parks the execution for an operator instead of releasing the
 request, which a resubmission could otherwise use to write again.
+
+`cancel_in_transaction` and `resolve_in_transaction` are the same work inside a
+transaction the caller owns: a bulk action's item records its outcome in it
+(queue/bulk.py), so the action and its record commit together or not at all.
 """
 
 from __future__ import annotations
