@@ -173,3 +173,48 @@ def test_the_server_s_refusal_exits_1_with_its_problem(server: Server) -> None:
     )
     assert bad_instant.returncode == 1
     assert "/filter/createdAfter" in bad_instant.stderr
+
+
+def _terminal_output(controller: int) -> str:
+    """What the command wrote to its terminal, once it has ended."""
+    os.set_blocking(controller, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except (BlockingIOError, OSError):  # nothing more; OSError once the other end closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def test_on_a_terminal_the_progress_is_a_bar(server: Server, owner_engine: Engine) -> None:
+    arrange(owner_engine, publish(owner_engine), 6)
+    controller, terminal = pty.openpty()
+    try:
+        os.write(controller, b"yes\n")
+        result = subprocess.run(
+            [
+                *ORQUESTADOR,
+                "executions",
+                "bulk",
+                *("--status", "PENDING", "--action", "cancel"),
+                *("--reason", "r"),
+            ],
+            env=server.env(),
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            text=True,
+            timeout=60,
+        )
+        shown = _terminal_output(controller)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert result.returncode == 0, shown
+    assert "Type yes to go on" in shown
+    assert f"[{'#' * 30}] 6/6  6 succeeded, 0 refused" in shown
+    assert "done: 6 of 6; 6 succeeded, 0 refused" in result.stdout
