@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from orquestador.approvals_cli import add_approvals_command
+from orquestador.bulk_cli import add_bulk_action
 from orquestador.config import Settings, environment_sections
 from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.dev_address import recorded_dev_api
@@ -158,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     decide.add_argument("--context", required=True, type=Path, help='{"data": ...} (JSON)')
     decide.set_defaults(handler=_decide)
 
-    add_executions_command(command)
+    add_bulk_action(add_executions_command(command))
     add_approvals_command(command)
     add_machines_command(command)
     add_schedules_command(command)

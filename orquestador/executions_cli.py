@@ -105,8 +105,9 @@ def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAc
     return action
 
 
-def add_executions_command(command: CommandFactory) -> None:
-    """Register `executions` and its actions with the main parser's command factory."""
+def add_executions_command(command: CommandFactory) -> ClientAction:
+    """Register `executions` and its actions with the main parser's command factory; return
+    the factory of its actions, with which other modules add theirs (`executions bulk`)."""
     action = client_actions(
         command, "executions", "find, inspect, reconcile and cancel executions through the HTTP API"
     )
@@ -181,6 +182,7 @@ def add_executions_command(command: CommandFactory) -> None:
     )
     cancel.add_argument("execution", metavar="ID", help=_ID_HELP)
     cancel.add_argument("--reason", required=True, help="why (kept in the audit)")
+    return action
 
 
 _ID_HELP = (

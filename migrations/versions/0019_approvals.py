@@ -1,7 +1,7 @@
 """Approvals: a person's decision as a durable wait (approval@1).
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 
 Expand only: one new table.
 
@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 from orquestador.db.grants import grant_runtime, restrict_updates, runtime_role
 
 revision = "0019"
-down_revision = "0017"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Row,
+    Select,
     and_,
     false,
     func,
@@ -81,6 +82,23 @@ class ExecutionFilter:
     id_prefix: str | None = None
 
 
+@dataclass(frozen=True)
+class BulkFilter:
+    """Which executions a bulk action takes: every one of the organization's real
+    executions that matches all the criteria given (at least one is)."""
+
+    status: str | None = None
+    flow_id: uuid.UUID | None = None
+    error_code: str | None = None
+    machine_id: str | None = None
+    # Created strictly after / strictly before.
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+# The machine the request names, else the one its data names (a moment's machineId).
+_request_machine = func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId"))
+
 _EXECUTION_COLUMNS = (
     execution.c.id,
     execution.c.request_id,
@@ -99,8 +117,7 @@ _EXECUTION_COLUMNS = (
     execution.c.priority,
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
-    # The machine the request names, else the one its data names (a moment's machineId).
-    func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId")).label("machine_id"),
+    _request_machine.label("machine_id"),
 )
 
 # The audit rows that froze what a step saw, explain a decision, list a dry run's
@@ -226,6 +243,48 @@ class ResourceAccess:
             .limit(page.limit + 1)
         )
         return list(connection.execute(query))
+
+    def _bulk_conditions(self, found: BulkFilter) -> list[ColumnElement[bool]]:
+        # Dry runs are never acted on in bulk: they are not the real work an operator means.
+        conditions = [self._sees_execution(), execution.c.simulation.is_(false())]
+        if found.status is not None:
+            conditions.append(execution.c.status == found.status)
+        if found.flow_id is not None:
+            conditions.append(execution.c.flow_id == found.flow_id)
+        if found.error_code is not None:
+            conditions.append(execution.c.error_code == found.error_code)
+        if found.machine_id is not None:
+            conditions.append(_request_machine == found.machine_id)
+        if found.created_after is not None:
+            conditions.append(execution.c.created_at > found.created_after)
+        if found.created_before is not None:
+            conditions.append(execution.c.created_at < found.created_before)
+        return conditions
+
+    def bulk_matches(self, found: BulkFilter) -> Select[tuple[uuid.UUID]]:
+        """The ids of the visible executions a bulk filter matches, as a query to embed."""
+        return (
+            select(execution.c.id)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(*self._bulk_conditions(found))
+        )
+
+    def bulk_preview(
+        self, connection: Connection, found: BulkFilter, sample_size: int
+    ) -> tuple[int, list[Row]]:
+        """How many visible executions a bulk filter matches, and the newest of them."""
+        count = connection.execute(
+            select(func.count()).select_from(self.bulk_matches(found).subquery())
+        ).scalar_one()
+        sample = connection.execute(
+            select(*_EXECUTION_COLUMNS)
+            .join(request, request.c.id == execution.c.request_id)
+            .join(flow, flow.c.id == execution.c.flow_id)
+            .where(*self._bulk_conditions(found))
+            .order_by(execution.c.created_at.desc(), execution.c.id.desc())
+            .limit(sample_size)
+        ).all()
+        return count, list(sample)
 
     def execution_steps(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
         """Checkpoint statuses of a visible execution, in the order the actions started."""

@@ -13,6 +13,7 @@ from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api import (
     agent_routes,
     approval_routes,
+    bulk_routes,
     capability_routes,
     dry_run_routes,
     event_routes,
@@ -94,6 +95,7 @@ def create_app(
     if settings.request_api_enabled:
         app.register_blueprint(request_routes.blueprint)
         app.register_blueprint(execution_routes.blueprint)
+        app.register_blueprint(bulk_routes.blueprint)
         app.register_blueprint(event_routes.blueprint)
         app.register_blueprint(notice_routes.blueprint)
         app.register_blueprint(approval_routes.blueprint)

@@ -12,6 +12,7 @@ from orquestador.api import (
     openapi_agent,
     openapi_approvals,
     openapi_automation,
+    openapi_bulk,
     openapi_machines,
     openapi_notices,
     openapi_schedules,
@@ -351,6 +352,7 @@ def _core_paths() -> dict[str, Any]:
 _AREAS = (
     openapi_agent,
     openapi_automation,
+    openapi_bulk,
     openapi_machines,
     openapi_notices,
     openapi_approvals,

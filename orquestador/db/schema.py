@@ -677,6 +677,66 @@ SCHEDULE_UPDATE_COLUMNS = (
     "updated_at",
 )
 
+# Bulk actions by query (migration 0018): an operator's cancel, retry or fail of every
+# execution a filter matched. The items are fixed when the bulk is accepted; the worker
+# acts on each in a transaction of its own that records the item's outcome, so a resumed
+# bulk never acts on an item twice (queue/bulk.py).
+BULK_ACTIONS = ("cancel", "retry", "fail")
+BULK_STATUSES = ("RUNNING", "DONE")
+# SUCCEEDED: done as asked. PARKED: a cancel the write rule turned into a park for an
+# operator (CANCELLED_AFTER_WRITES). REFUSED: the normal rules refused it (its code).
+BULK_ITEM_OUTCOMES = ("SUCCEEDED", "PARKED", "REFUSED")
+
+bulk_action = Table(
+    "bulk_action",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    # The filter as the operator sent it: what the items were chosen by.
+    Column("filter", JSONB_VALUE, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'RUNNING'")),
+    Column("total", Integer, nullable=False),
+    Column(
+        "created_at",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("clock_timestamp()"),
+    ),
+    Column("finished_at", TIMESTAMP(timezone=True)),
+    CheckConstraint(_in("action", BULK_ACTIONS), name="action"),
+    CheckConstraint(_in("status", BULK_STATUSES), name="status"),
+    CheckConstraint("(status = 'DONE') = (finished_at IS NOT NULL)", name="finished_iff_done"),
+    # The worker's look for work: the running bulks, oldest first.
+    Index("ix_bulk_action_running", "created_at", postgresql_where=text("status = 'RUNNING'")),
+)
+
+bulk_item = Table(
+    "bulk_item",
+    metadata,
+    Column("bulk_id", UUID(as_uuid=True), ForeignKey("bulk_action.id"), nullable=False),
+    Column("execution_id", UUID(as_uuid=True), ForeignKey("execution.id"), nullable=False),
+    Column("outcome", Text),
+    # The problem code of a refused or parked item; the refusal's words beside it.
+    Column("code", Text),
+    Column("detail", Text),
+    Column("finished_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("bulk_id", "execution_id"),
+    CheckConstraint(f"outcome IS NULL OR {_in('outcome', BULK_ITEM_OUTCOMES)}", name="outcome"),
+    CheckConstraint("(outcome IS NULL) = (finished_at IS NULL)", name="finished_iff_outcome"),
+    CheckConstraint("(outcome = 'SUCCEEDED') = (code IS NULL)", name="code_unless_succeeded"),
+    # The items nobody has acted on yet, in the order the worker takes them.
+    Index(
+        "ix_bulk_item_pending",
+        "bulk_id",
+        "execution_id",
+        postgresql_where=text("outcome IS NULL"),
+    ),
+    Index(None, "execution_id"),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -701,6 +761,8 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "approval": ("SELECT", "INSERT"),
     "schedule": ("SELECT", "INSERT", "DELETE"),
     "schedule_fire": ("SELECT", "INSERT"),
+    "bulk_action": ("SELECT", "INSERT"),
+    "bulk_item": ("SELECT", "INSERT"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -781,6 +843,9 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULE_UPDATE_COLUMNS,
     # A fire row is written first (it claims the fire time), then names what it started.
     "schedule_fire": ("request_id", "execution_id"),
+    # A bulk ends once every item has its outcome; an item's outcome is written once.
+    "bulk_action": ("status", "finished_at"),
+    "bulk_item": ("outcome", "code", "detail", "finished_at"),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges

@@ -11,6 +11,10 @@ claim finds it RUNNING and refuses.
 A cancel obeys the write rule like a failure does: after a write that happened or
 may have happened it parks the execution for an operator instead of releasing the
 request, which a resubmission could otherwise use to write again.
+
+`cancel_in_transaction` and `resolve_in_transaction` are the same work inside a
+transaction the caller owns: a bulk action's item records its outcome in it
+(queue/bulk.py), so the action and its record commit together or not at all.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
@@ -180,6 +184,9 @@ class Resolution:
     action_id: str | None = None  # the step in doubt; None when no step is in doubt
     output: dict[str, Any] | None = None  # confirm: what the step returned
     to_state: str | None = None  # fail: where the request goes
+    # A bulk decision by query names no step: it applies to whichever step is in doubt
+    # when the execution is locked, and the audit row names that step and the bulk.
+    bulk_id: uuid.UUID | None = None
 
 
 # (capability, version, output) -> the JSON Pointers where output breaks the adapter's
@@ -257,51 +264,71 @@ def resolve(
     Raises NotReconcilable (not parked, or not this step, or a decision the step does
     not accept) and DecisionInvalid (output or destination state refused).
     """
-    if resolution.decision not in DECISIONS:
-        raise DecisionInvalid("DECISION_UNKNOWN", f"decision is one of {', '.join(DECISIONS)}")
     with conn.begin():
-        request, execution = _lock(conn, resolution.execution_id, resolution.org_id)
-        if execution.status != "RECONCILIATION_REQUIRED":
-            raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
-        checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()
-        step = step_in_doubt(checkpoints, execution.error_code, execution.error_detail)
-        expected = step.action_id if step is not None else None
-        if resolution.action_id != expected:
-            raise NotReconcilable(
-                f"the step in doubt is {expected!r}, not {resolution.action_id!r}"
-                if expected
-                else "no step is in doubt: decide without an actionId (retry or fail)"
-            )
-        if resolution.decision == "confirm" and (
-            step is None or execution.error_code == "CONTRACT_MISMATCH"
-        ):
-            raise NotReconcilable(
-                "confirm needs a step in doubt whose checkpoint describes the current contract;"
-                " retry or fail instead"
-            )
-        deciding = _Deciding(
-            conn, resolution, execution, request, step, output_problems, claims_budget
-        )
-        status = {"confirm": deciding.confirm, "retry": deciding.retry, "fail": deciding.fail}[
-            resolution.decision
-        ]()
-        _audit(
-            conn,
-            execution,
-            "RECONCILIATION_RESOLVED",
-            resolution.actor,
-            {
-                "decision": resolution.decision,
-                "actionId": resolution.action_id,
-                "reason": resolution.reason,
-                "parkedFor": execution.error_code,
-                "checkpoint": _checkpoint_as_it_was(step),
-                "status": status,
-            },
+        status = resolve_in_transaction(
+            conn, resolution, output_problems=output_problems, claims_budget=claims_budget
         )
     if status == "FAILED":
         metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
     return status
+
+
+def resolve_in_transaction(
+    conn: Connection,
+    resolution: Resolution,
+    *,
+    output_problems: OutputProblems,
+    claims_budget: int,
+) -> str:
+    """resolve() inside the caller's transaction, which commits it (a bulk item's outcome
+    is recorded in the same one); counts nothing in the metrics."""
+    if resolution.decision not in DECISIONS:
+        raise DecisionInvalid("DECISION_UNKNOWN", f"decision is one of {', '.join(DECISIONS)}")
+    request, execution = _lock(conn, resolution.execution_id, resolution.org_id)
+    if execution.status != "RECONCILIATION_REQUIRED":
+        raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
+    checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()
+    step = step_in_doubt(checkpoints, execution.error_code, execution.error_detail)
+    expected = step.action_id if step is not None else None
+    if resolution.bulk_id is not None:
+        resolution = replace(resolution, action_id=expected)
+    if resolution.action_id != expected:
+        raise NotReconcilable(
+            f"the step in doubt is {expected!r}, not {resolution.action_id!r}"
+            if expected
+            else "no step is in doubt: decide without an actionId (retry or fail)"
+        )
+    if resolution.decision == "confirm" and (
+        step is None or execution.error_code == "CONTRACT_MISMATCH"
+    ):
+        raise NotReconcilable(
+            "confirm needs a step in doubt whose checkpoint describes the current contract;"
+            " retry or fail instead"
+        )
+    deciding = _Deciding(conn, resolution, execution, request, step, output_problems, claims_budget)
+    status = {"confirm": deciding.confirm, "retry": deciding.retry, "fail": deciding.fail}[
+        resolution.decision
+    ]()
+    _audit(
+        conn,
+        execution,
+        "RECONCILIATION_RESOLVED",
+        resolution.actor,
+        {
+            "decision": resolution.decision,
+            "actionId": resolution.action_id,
+            "reason": resolution.reason,
+            "parkedFor": execution.error_code,
+            "checkpoint": _checkpoint_as_it_was(step),
+            "status": status,
+            **_bulk_detail(resolution.bulk_id),
+        },
+    )
+    return status
+
+
+def _bulk_detail(bulk_id: uuid.UUID | None) -> dict[str, str]:
+    return {} if bulk_id is None else {"bulkId": str(bulk_id)}
 
 
 @dataclass(frozen=True)
@@ -412,27 +439,48 @@ def cancel(
     took are cancelled and those taken are asked to stop; the audit row names both.
     """
     with conn.begin():
-        try:
-            _request, execution = _lock(conn, execution_id, org_id)
-        except NotReconcilable as missing:
-            raise NotCancellable(missing.message) from None
-        if execution.status not in CANCELLABLE:
-            raise NotCancellable(
-                f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} can be "
-                "cancelled (an action in flight cannot be stopped)"
-            )
-        writes = writes_of(conn, execution.id)
-        commands = cancel_for_execution(conn, org_id=org_id, execution_id=execution.id)
-        if writes.succeeded or writes.in_doubt:
-            status = _park_cancelled(conn, execution, actor, reason, writes, commands)
-        else:
-            status = _end_cancelled(conn, execution, actor, reason, commands)
-    metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
+        cancelled = cancel_in_transaction(conn, execution_id, org_id, actor, reason)
+    metrics.EXECUTIONS_TOTAL.labels(status=cancelled.status).inc()
+    return cancelled
+
+
+def cancel_in_transaction(
+    conn: Connection,
+    execution_id: uuid.UUID,
+    org_id: str,
+    actor: str,
+    reason: str,
+    *,
+    bulk_id: uuid.UUID | None = None,
+) -> Cancelled:
+    """cancel() inside the caller's transaction, which commits it (a bulk item's outcome
+    is recorded in the same one); counts nothing in the metrics. `bulk_id` names the bulk
+    action in the audit row."""
+    try:
+        _request, execution = _lock(conn, execution_id, org_id)
+    except NotReconcilable as missing:
+        raise NotCancellable(missing.message) from None
+    if execution.status not in CANCELLABLE:
+        raise NotCancellable(
+            f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} can be "
+            "cancelled (an action in flight cannot be stopped)"
+        )
+    writes = writes_of(conn, execution.id)
+    commands = cancel_for_execution(conn, org_id=org_id, execution_id=execution.id)
+    said = {"reason": reason, **_bulk_detail(bulk_id)}
+    if writes.succeeded or writes.in_doubt:
+        status = _park_cancelled(conn, execution, actor, said, writes, commands)
+    else:
+        status = _end_cancelled(conn, execution, actor, said, commands)
     return Cancelled(status, commands)
 
 
 def _end_cancelled(
-    conn: Connection, execution: Any, actor: str, reason: str, commands: CancelledCommands
+    conn: Connection,
+    execution: Any,
+    actor: str,
+    said: dict[str, str],
+    commands: CancelledCommands,
 ) -> str:
     params = {"request_id": execution.request_id, "execution_id": execution.id}
     conn.execute(_RELEASE_REQUEST, params)
@@ -451,7 +499,7 @@ def _end_cancelled(
         "EXECUTION_CANCELLED",
         actor,
         {
-            "reason": reason,
+            **said,
             "fromStatus": execution.status,
             "machineCommands": commands.as_json(),
         },
@@ -463,7 +511,7 @@ def _park_cancelled(
     conn: Connection,
     execution: Any,
     actor: str,
-    reason: str,
+    said: dict[str, str],
     writes: Writes,
     commands: CancelledCommands,
 ) -> str:
@@ -491,7 +539,8 @@ def _park_cancelled(
         actor,
         {
             "reason": CANCELLED_AFTER_WRITES,
-            "cancelReason": reason,
+            "cancelReason": said["reason"],
+            **{key: value for key, value in said.items() if key != "reason"},
             **detail,
             "machineCommands": commands.as_json(),
             "checkpoints": [_checkpoint_as_it_was(c) for c in checkpoints],

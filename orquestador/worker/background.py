@@ -1,6 +1,6 @@
 """The loops a worker runs beside its scheduler: the platform event consumer, the schedule
-firer, the mailer, and maintenance. The daemon starts them after the scheduler and stops them
-before it reports itself stopped.
+firer, bulk actions, the mailer, and maintenance. The daemon starts them after the scheduler
+and stops them before it reports itself stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from orquestador.automation.firing import ScheduleFirer
 from orquestador.config import Settings
 from orquestador.notices.mailer import Mailer
 from orquestador.notices.smtp import SmtpSender, SmtpTarget
+from orquestador.worker.bulk_runner import BulkRunner
 from orquestador.worker.loop import Loop
 from orquestador.worker.maintenance import MaintenanceLoop
 
@@ -33,12 +34,14 @@ def mailer(settings: Settings, engine: Engine, worker_id: str) -> Mailer | None:
 def background_loops(settings: Settings, engine: Engine, worker_id: str) -> list[Loop]:
     """Every loop this worker runs; the mailer only when SMTP_URL is set.
 
-    Every worker consumes platform events and fires schedules (SKIP LOCKED shares both)
-    and runs maintenance (its advisory lock lets one worker at a time do the work).
+    Every worker consumes platform events, fires schedules and acts on bulk actions' items
+    (SKIP LOCKED shares them all) and runs maintenance (its advisory lock lets one worker at
+    a time do the work).
     """
     loops: list[Loop] = [
         PlatformEventConsumer(engine, max_attempts=settings.execution_max_attempts),
         ScheduleFirer(engine, max_attempts=settings.execution_max_attempts),
+        BulkRunner(engine, claims_budget=settings.execution_max_attempts),
         MaintenanceLoop(settings, engine, worker_id),
     ]
     found = mailer(settings, engine, worker_id)

@@ -265,8 +265,8 @@ def test_check_on_a_database_behind_this_release_says_to_upgrade(
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     missing = (
-        "approval, key_release, machine_credential, page_session_revocation, rate_bucket,"
-        " schedule, schedule_fire"
+        "approval, bulk_action, bulk_item, key_release, machine_credential,"
+        " page_session_revocation, rate_bucket, schedule, schedule_fire"
     )
     assert f"sees no table {missing}" in line
     assert "run 'orquestador migrate'" in line

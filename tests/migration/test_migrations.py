@@ -71,6 +71,10 @@ COLUMNS_ADDED = {
         "schedule": set(SCHEDULE_UPDATE_COLUMNS),
         "schedule_fire": {"request_id", "execution_id"},
     },
+    "0018": {
+        "bulk_action": {"status", "finished_at"},
+        "bulk_item": {"outcome", "code", "detail", "finished_at"},
+    },
 }
 
 
@@ -393,6 +397,11 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     _step(server, name, "0017")
     assert _update_columns(server, name) == _declared_updates(at="0017")
     scheduled_flow = _schedule_in_place(server, name)
+
+    _step(server, name, "0018")
+    assert _update_columns(server, name) == _declared_updates(at="0018")
+    granted = _runtime_grants(server, name)
+    assert granted["bulk_action"] == granted["bulk_item"] == {"SELECT", "INSERT"}
 
     # 0019 and 0020: approvals; a dry run's outcomes.
     _step(server, name, "0020")

@@ -1629,8 +1629,8 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-only-when-not-running",
         _RECONCILIATION_PY,
-        "        if execution.status not in CANCELLABLE:\n",
-        "        if False:\n",
+        "    if execution.status not in CANCELLABLE:\n",
+        "    if False:\n",
         "An execution whose action may be in flight (RUNNING) is never cancelled.",
         (f"{RECONCILIATION}::test_a_running_execution_cannot_be_cancelled",),
     ),
@@ -1646,8 +1646,8 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-parks-after-success",
         _RECONCILIATION_PY,
-        "        if writes.succeeded or writes.in_doubt:\n",
-        "        if writes.in_doubt:\n",
+        "    if writes.succeeded or writes.in_doubt:\n",
+        "    if writes.in_doubt:\n",
         "A cancel after a write succeeded parks CANCELLED_AFTER_WRITES, the request busy.",
         (
             f"{RECONCILIATION}::test_cancel_in_retry_wait_after_a_charge_parks_and_an_operator"
@@ -1657,8 +1657,8 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-parks-in-doubt",
         _RECONCILIATION_PY,
-        "        if writes.succeeded or writes.in_doubt:\n",
-        "        if writes.succeeded:\n",
+        "    if writes.succeeded or writes.in_doubt:\n",
+        "    if writes.succeeded:\n",
         "A cancel while a write is in doubt parks CANCELLED_AFTER_WRITES, the request busy.",
         (guard("test_a_cancel_with_only_a_write_in_doubt_parks_and_keeps_the_request"),),
     ),
@@ -1691,6 +1691,80 @@ CANCEL_GUARDS = [
     ),
 ]
 
+# --- queue/bulk.py: bulk actions act on each item once, under the normal rules ----------
+
+_BULK_PY = "orquestador/queue/bulk.py"
+BULK = "tests/integration/test_bulk_actions.py"
+BULK_RACES = "tests/integration/test_bulk_races.py"
+
+BULK_GUARDS = [
+    Mutation(
+        "bulk-items-skip-locked",
+        _BULK_PY,
+        "    LIMIT 1\n    FOR UPDATE SKIP LOCKED\n",
+        "    LIMIT 1\n",
+        "Two workers on one bulk never take the same item.",
+        (f"{BULK_RACES}::test_two_workers_on_one_bulk_never_take_the_same_item",),
+    ),
+    Mutation(
+        "bulk-takes-only-items-without-an-outcome",
+        _BULK_PY,
+        "    WHERE bulk_id = :bulk_id AND outcome IS NULL AND execution_id > :after\n",
+        "    WHERE bulk_id = :bulk_id AND execution_id > :after\n",
+        "An item with an outcome is never taken, so never acted on, again.",
+        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
+    ),
+    Mutation(
+        "bulk-ends-only-when-no-item-is-left",
+        _BULK_PY,
+        "      AND NOT EXISTS (SELECT 1 FROM bulk_item WHERE bulk_id = :bulk_id"
+        " AND outcome IS NULL)\n",
+        "",
+        "A bulk is DONE only once every item has its outcome.",
+        (f"{BULK_RACES}::test_a_bulk_ends_only_once_every_item_has_its_outcome",),
+    ),
+    Mutation(
+        "bulk-reports-a-cancel-the-write-rule-parked",
+        _BULK_PY,
+        '    if status == "RECONCILIATION_REQUIRED" and bulk.action == "cancel":\n',
+        "    if False:\n",
+        "A cancel the write rule turned into a park is reported with its code, not as done.",
+        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
+    ),
+    Mutation(
+        "bulk-takes-the-caller-s-organization-only",
+        "orquestador/api/access.py",
+        "        conditions = [self._sees_execution(), execution.c.simulation.is_(false())]\n",
+        "        conditions = [execution.c.simulation.is_(false())]\n",
+        "A bulk's items are executions of the caller's organization only.",
+        (f"{BULK}::test_a_preview_counts_and_samples_and_records_nothing",),
+    ),
+    Mutation(
+        "bulk-never-takes-dry-runs",
+        "orquestador/api/access.py",
+        "        conditions = [self._sees_execution(), execution.c.simulation.is_(false())]\n",
+        "        conditions = [self._sees_execution()]\n",
+        "A bulk never acts on a dry run.",
+        (f"{BULK}::test_a_preview_counts_and_samples_and_records_nothing",),
+    ),
+    Mutation(
+        "bulk-progress-of-the-caller-s-organization",
+        _BULK_PY,
+        "    WHERE b.id = :bulk_id AND b.org_id = :org_id\n",
+        "    WHERE b.id = :bulk_id\n",
+        "Another organization's bulk is the same 404 as a missing one.",
+        (f"{BULK}::test_a_bulk_is_read_only_within_its_organization",),
+    ),
+    Mutation(
+        "bulk-action-needs-its-scope",
+        "orquestador/api/bulk_routes.py",
+        "    if not caller.has_scope(scope):\n",
+        "    if False:\n",
+        "Each action needs the scope the same action on one execution needs.",
+        (f"{BULK}::test_an_action_needs_its_own_scope",),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -1711,6 +1785,7 @@ MUTATIONS: list[Mutation] = [
     *TIMEOUT_GUARDS,
     *EXECUTOR_GUARDS,
     *CANCEL_GUARDS,
+    *BULK_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but

@@ -1,0 +1,189 @@
+"""Bulk actions by query: POST /executions/bulk (a preview, or a bulk accepted), GET /bulk/{id}."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, Response, g, jsonify
+
+from orquestador.api.access import BulkFilter, Reach, ResourceAccess
+from orquestador.api.auth import (
+    SCOPE_EXECUTIONS_CANCEL,
+    SCOPE_EXECUTIONS_RECONCILE,
+    Caller,
+    authenticate,
+)
+from orquestador.api.body import read_json_object
+from orquestador.api.bulk_schemas import BULK_BODY
+from orquestador.api.context import api_context, engine
+from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.views import API_PREFIX, timestamp
+from orquestador.domain.errors import Problem
+from orquestador.queue.bulk import MAX_ITEMS, BulkProgress, BulkRequest, accept_bulk, bulk_progress
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint("bulk", __name__, url_prefix=API_PREFIX)
+
+# The scope each action needs: what the same action on one execution needs of an operator.
+ACTION_SCOPES = {
+    "cancel": SCOPE_EXECUTIONS_CANCEL,
+    "retry": SCOPE_EXECUTIONS_RECONCILE,
+    "fail": SCOPE_EXECUTIONS_RECONCILE,
+}
+SAMPLE_SIZE = 10
+
+
+def _operator() -> Caller:
+    """The caller, when they hold one of the scopes a bulk action may need; else 403."""
+    caller = authenticate(api_context().verifier)
+    scopes = sorted(set(ACTION_SCOPES.values()))
+    if not any(caller.has_scope(scope) for scope in scopes):
+        raise ApiProblem(
+            403,
+            "INSUFFICIENT_SCOPE",
+            f"Bulk actions need one of the scopes {', '.join(scopes)}.",
+        )
+    g.caller = caller
+    return caller
+
+
+@blueprint.post("/executions/bulk")
+def start() -> tuple[Response, int] | Response:
+    caller = _operator()
+    body = read_json_object(BULK_BODY)
+    action = body["action"]
+    scope = ACTION_SCOPES[action]
+    if not caller.has_scope(scope):
+        raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"A bulk {action} needs the {scope} scope.")
+    found = bulk_filter(body["filter"])
+    # Operators act on the whole organization, as on one execution with the same scope.
+    access = ResourceAccess(caller, Reach.ORGANIZATION)
+    if body.get("preview", False):
+        return jsonify(_preview(access, action, found))
+    bulk = BulkRequest(
+        org_id=caller.org,
+        actor=caller.sub,
+        action=action,
+        reason=body["reason"],
+        filter=body["filter"],
+    )
+    with engine().begin() as connection:
+        bulk_id, total = accept_bulk(connection, bulk, access.bulk_matches(found))
+    if bulk_id is None:
+        raise ApiProblem(
+            422,
+            "BULK_TOO_LARGE",
+            f"The filter matches {total} executions; a bulk action takes at most {MAX_ITEMS}.",
+            problems=[Problem("/filter", "narrow it (createdAfter, createdBefore, flowId, ...)")],
+        )
+    log.info(
+        "bulk action accepted: %s of %d executions",
+        action,
+        total,
+        extra={"bulk_id": str(bulk_id), "action": action, "total": total},
+    )
+    answer = jsonify(
+        {"bulkId": str(bulk_id), "status": "DONE" if total == 0 else "RUNNING", "total": total}
+    )
+    answer.headers["Location"] = f"{API_PREFIX}/bulk/{bulk_id}"
+    return answer, 202
+
+
+@blueprint.get("/bulk/<uuid:bulk_id>")
+def progress(bulk_id: uuid.UUID) -> Response:
+    caller = _operator()
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            found = bulk_progress(connection, bulk_id, caller.org)
+    if found is None:
+        raise not_found()
+    return jsonify(progress_view(found))
+
+
+def _preview(access: ResourceAccess, action: str, found: BulkFilter) -> dict[str, Any]:
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            count, sample = access.bulk_preview(connection, found, SAMPLE_SIZE)
+    return {
+        "action": action,
+        "count": count,
+        "sample": [
+            {
+                "id": str(row.id),
+                "requestId": str(row.request_id),
+                "status": row.status,
+                "errorCode": row.error_code,
+                "flowKey": row.flow_key,
+                "flowVersion": row.flow_version,
+                "machineId": row.machine_id,
+                "createdAt": timestamp(row.created_at),
+            }
+            for row in sample
+        ],
+    }
+
+
+def progress_view(found: BulkProgress) -> dict[str, Any]:
+    return {
+        "id": str(found.id),
+        "action": found.action,
+        "actor": found.actor,
+        "reason": found.reason,
+        "filter": found.filter,
+        "status": found.status,
+        "total": found.total,
+        "done": found.done,
+        "succeeded": found.succeeded,
+        "refused": [
+            {"executionId": str(item.execution_id), "code": item.code, "detail": item.detail}
+            for item in found.refused
+        ],
+        "createdAt": timestamp(found.created_at),
+        "finishedAt": timestamp(found.finished_at),
+    }
+
+
+def bulk_filter(body: dict[str, Any]) -> BulkFilter:
+    """The filter of a body whose shape was checked; 422 for an id or instant that is not one."""
+    problems: list[Problem] = []
+
+    def instant(name: str) -> datetime | None:
+        text = body.get(name)
+        if text is None:
+            return None
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            value = None
+        if value is None or value.tzinfo is None:
+            problems.append(
+                Problem(f"/filter/{name}", "an RFC 3339 date-time with its offset (or Z)")
+            )
+            return None
+        return value
+
+    flow_id = None
+    if body.get("flowId") is not None:
+        try:
+            flow_id = uuid.UUID(body["flowId"])
+        except ValueError:
+            problems.append(Problem("/filter/flowId", "a UUID"))
+    found = BulkFilter(
+        status=body.get("status"),
+        flow_id=flow_id,
+        error_code=body.get("errorCode"),
+        machine_id=body.get("machineId"),
+        created_after=instant("createdAfter"),
+        created_before=instant("createdBefore"),
+    )
+    if problems:
+        raise ApiProblem(
+            422, "BODY_INVALID", "The filter has values it cannot use.", problems=problems
+        )
+    return found

@@ -1,0 +1,414 @@
+"""Bulk actions by query: accepting a bulk with its items fixed, acting on its items, progress.
+
+A bulk's items are the executions its filter matched when it was accepted, written by
+the statement that accepts it: the set never changes afterwards, whatever happens to
+the executions. The worker acts on one item per transaction: it takes the item FOR
+UPDATE SKIP LOCKED among those with no outcome, acts on the execution through the
+function the single-execution route uses (a cancel, or a retry or fail decision), under
+the same rules, and writes the item's outcome in that same transaction. So:
+
+- a worker killed mid-item leaves the item without an outcome, and what it did to the
+  execution is rolled back with it: the next worker acts on it as for the first time;
+- an item with an outcome is never taken again: no item is acted on twice;
+- two workers on one bulk never take the same item (SKIP LOCKED), and a transaction
+  holds the locks of one execution only, for as long as one cancel or decision takes.
+
+An item the rules refuse (a RUNNING execution cannot be cancelled; only a parked one can
+be retried or failed) is recorded REFUSED with its problem code; a cancel the write rule
+turns into a park for an operator is recorded PARKED, CANCELLED_AFTER_WRITES. Nothing is
+ever forced.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Select, case, func, insert, literal, select, text
+from sqlalchemy.exc import DBAPIError
+
+from orquestador import metrics
+from orquestador.db.schema import bulk_action, bulk_item
+from orquestador.errors import DecisionInvalid, OrquestadorError
+from orquestador.queue.reconciliation import (
+    CANCELLED_AFTER_WRITES,
+    Resolution,
+    cancel_in_transaction,
+    resolve_in_transaction,
+)
+
+log = logging.getLogger(__name__)
+
+# A bulk holds at most this many items: past it, the operator narrows the filter.
+MAX_ITEMS = 100_000
+# The code of an item whose action failed in a way no rule names (a flow that no longer
+# loads, a bug): recorded, so that one such item never stalls the rest of its bulk.
+ITEM_FAILED = "BULK_ITEM_FAILED"
+# Where a walk through a bulk's items starts: below every execution id.
+_START = uuid.UUID(int=0)
+
+# Called inside an item's transaction once the item is taken, before it is acted on:
+# tests hold a worker there.
+ItemHook = Callable[["RunningBulk", uuid.UUID], None]
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    """What an operator asked for; the items are what the caller's query selects."""
+
+    org_id: str
+    actor: str
+    action: str  # cancel | retry | fail
+    reason: str
+    filter: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunningBulk:
+    """A bulk the worker is working through."""
+
+    id: uuid.UUID
+    org_id: str
+    actor: str
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """What became of one item: SUCCEEDED, PARKED or REFUSED (with the problem's code)."""
+
+    execution_id: uuid.UUID
+    outcome: str
+    code: str | None = None
+    detail: str | None = None
+    # The execution's status after the action, when it was applied.
+    status: str | None = None
+
+
+@dataclass(frozen=True)
+class RefusedItem:
+    execution_id: uuid.UUID
+    code: str
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class BulkProgress:
+    """A bulk as GET /bulk/{id} shows it."""
+
+    id: uuid.UUID
+    action: str
+    actor: str
+    reason: str
+    filter: dict[str, Any]
+    status: str
+    total: int
+    done: int
+    succeeded: int
+    # Every item that is not SUCCEEDED (REFUSED or PARKED), in execution id order.
+    refused: list[RefusedItem]
+    created_at: datetime
+    finished_at: datetime | None
+
+
+# --- accepting ------------------------------------------------------------------------
+
+
+def accept_bulk(
+    conn: Connection, bulk: BulkRequest, matching: Select[Any]
+) -> tuple[uuid.UUID | None, int]:
+    """Record the bulk and its items in one statement; its id and how many items it has.
+
+    `matching` selects one column, the execution ids, with the caller's visibility in
+    its WHERE (the API builds it with ResourceAccess). One statement reads the matches
+    once (a CTE referenced twice is computed once), so the total and the items agree. A
+    bulk that matched nothing is DONE at once; one that matched more than MAX_ITEMS is
+    not written: the id is None, and the count says how many matched.
+    """
+    matched = matching.cte("matched")
+    counted = select(func.count()).select_from(matched).scalar_subquery()
+    empty = counted == 0
+    accepted = (
+        insert(bulk_action)
+        .from_select(
+            ["org_id", "actor", "action", "reason", "filter", "total", "status", "finished_at"],
+            select(
+                literal(bulk.org_id),
+                literal(bulk.actor),
+                literal(bulk.action),
+                literal(bulk.reason),
+                literal(bulk.filter, bulk_action.c.filter.type),
+                counted,
+                _case(empty, "DONE", "RUNNING"),
+                _case(empty, func.clock_timestamp(), None),
+            ).where(counted <= MAX_ITEMS),
+        )
+        .returning(bulk_action.c.id, bulk_action.c.total)
+        .cte("accepted")
+    )
+    items = (
+        insert(bulk_item)
+        .from_select(
+            ["bulk_id", "execution_id"],
+            select(accepted.c.id, matched.c[0]).select_from(accepted.join(matched, literal(True))),
+        )
+        .returning(bulk_item.c.execution_id)
+        .cte("items")
+    )
+    row = conn.execute(
+        select(
+            select(accepted.c.id).scalar_subquery().label("bulk_id"),
+            counted.label("total"),
+            select(func.count()).select_from(items).scalar_subquery().label("written"),
+        )
+    ).one()
+    if row.bulk_id is not None and row.written != row.total:
+        raise RuntimeError(f"bulk {row.bulk_id}: {row.total} matched, {row.written} written")
+    return row.bulk_id, row.total
+
+
+def _case(condition: Any, when_true: Any, when_false: Any) -> Any:
+    return case((condition, when_true), else_=when_false)
+
+
+# --- acting ---------------------------------------------------------------------------
+
+_RUNNING_BULKS = text(
+    """
+    SELECT id, org_id, actor, action, reason
+    FROM bulk_action WHERE status = 'RUNNING'
+    ORDER BY created_at, id
+    """
+)
+
+# The next item after `after` that has no outcome and no other worker holds; the walk
+# goes up the pending index, so the items already done cost nothing to pass.
+_TAKE_ITEM = text(
+    """
+    SELECT execution_id FROM bulk_item
+    WHERE bulk_id = :bulk_id AND outcome IS NULL AND execution_id > :after
+    ORDER BY execution_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+    """
+)
+
+# Written once: the item is locked by this transaction and has no outcome yet.
+_RECORD = text(
+    """
+    UPDATE bulk_item
+    SET outcome = :outcome, code = :code, detail = :detail, finished_at = clock_timestamp()
+    WHERE bulk_id = :bulk_id AND execution_id = :execution_id AND outcome IS NULL
+    """
+)
+
+# Done once no item is left without an outcome. Every worker checks after committing its
+# own last item, so the one that commits last sees every other's and ends the bulk.
+_FINISH = text(
+    """
+    UPDATE bulk_action SET status = 'DONE', finished_at = clock_timestamp()
+    WHERE id = :bulk_id AND status = 'RUNNING'
+      AND NOT EXISTS (SELECT 1 FROM bulk_item WHERE bulk_id = :bulk_id AND outcome IS NULL)
+    RETURNING id
+    """
+)
+
+
+def running_bulks(conn: Connection) -> list[RunningBulk]:
+    with conn.begin():
+        return [RunningBulk(*row) for row in conn.execute(_RUNNING_BULKS)]
+
+
+def act_on_next_item(
+    conn: Connection,
+    bulk: RunningBulk,
+    *,
+    after: uuid.UUID = _START,
+    claims_budget: int,
+    on_taken: ItemHook | None = None,
+) -> ItemOutcome | None:
+    """Take the bulk's next free item after `after`, act on it and record its outcome, in
+    one transaction; None when no item after `after` is free."""
+    with conn.begin():
+        execution_id = conn.execute(_TAKE_ITEM, {"bulk_id": bulk.id, "after": after}).scalar()
+        if execution_id is None:
+            return None
+        if on_taken is not None:
+            on_taken(bulk, execution_id)
+        outcome = _act(conn, bulk, execution_id, claims_budget)
+        recorded = conn.execute(
+            _RECORD,
+            {
+                "bulk_id": bulk.id,
+                "execution_id": execution_id,
+                "outcome": outcome.outcome,
+                "code": outcome.code,
+                "detail": outcome.detail,
+            },
+        ).rowcount
+        if recorded != 1:  # the item is locked by this transaction: cannot happen
+            raise RuntimeError(f"bulk {bulk.id}: item {execution_id} had an outcome already")
+    _count(bulk, outcome)
+    return outcome
+
+
+def _act(conn: Connection, bulk: RunningBulk, execution_id: uuid.UUID, budget: int) -> ItemOutcome:
+    """The item's action in a savepoint: a refusal leaves nothing of it behind."""
+    try:
+        with conn.begin_nested():
+            if bulk.action == "cancel":
+                cancelled = cancel_in_transaction(
+                    conn, execution_id, bulk.org_id, bulk.actor, bulk.reason, bulk_id=bulk.id
+                )
+                status = cancelled.status
+            else:
+                resolution = Resolution(
+                    execution_id=execution_id,
+                    org_id=bulk.org_id,
+                    actor=bulk.actor,
+                    decision=bulk.action,
+                    reason=bulk.reason,
+                    bulk_id=bulk.id,
+                )
+                status = resolve_in_transaction(
+                    conn, resolution, output_problems=_no_output, claims_budget=budget
+                )
+    except OrquestadorError as refused:
+        return ItemOutcome(execution_id, "REFUSED", refused.code, refused.message)
+    except DBAPIError:
+        raise  # the database's trouble, not the item's: the transaction is retried whole
+    except Exception as failed:
+        log.exception(
+            "bulk item failed; recorded as %s",
+            ITEM_FAILED,
+            extra={"bulk_id": str(bulk.id), "execution_id": str(execution_id)},
+        )
+        return ItemOutcome(execution_id, "REFUSED", ITEM_FAILED, type(failed).__name__)
+    if status == "RECONCILIATION_REQUIRED" and bulk.action == "cancel":
+        return ItemOutcome(
+            execution_id,
+            "PARKED",
+            CANCELLED_AFTER_WRITES,
+            "writes done or in doubt: parked for an operator's decision",
+            status,
+        )
+    return ItemOutcome(execution_id, "SUCCEEDED", status=status)
+
+
+def _no_output(capability: str, version: int, output: Any) -> list[str]:
+    # A bulk never confirms (confirming needs each step's own output).
+    raise DecisionInvalid("DECISION_UNKNOWN", "a bulk action cannot confirm")
+
+
+def _count(bulk: RunningBulk, outcome: ItemOutcome) -> None:
+    # As the single-execution routes count: every cancel, and a decision that failed one.
+    if outcome.status is not None and (bulk.action == "cancel" or outcome.status == "FAILED"):
+        metrics.EXECUTIONS_TOTAL.labels(status=outcome.status).inc()
+
+
+def finish_if_done(conn: Connection, bulk_id: uuid.UUID) -> bool:
+    """DONE when every item has its outcome; True when this call ended the bulk."""
+    with conn.begin():
+        return conn.execute(_FINISH, {"bulk_id": bulk_id}).first() is not None
+
+
+@dataclass
+class BulkWalk:
+    """Where one worker is in each running bulk: the last item it acted on.
+
+    Each walk continues from there, so the items behind it are never looked at again;
+    at the end it starts once more from the beginning, for items another worker held
+    when it passed them and gave back without an outcome (it died).
+    """
+
+    after: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
+
+
+def act_on_chunk(
+    engine: Engine,
+    walk: BulkWalk,
+    *,
+    claims_budget: int,
+    chunk_items: int,
+    stop: threading.Event | None = None,
+    on_taken: ItemHook | None = None,
+) -> int:
+    """Act on up to `chunk_items` items of the running bulks, oldest bulk first, each item
+    in a transaction of its own; end the bulks that have no item left. How many acted on."""
+    acted = 0
+    with engine.connect() as conn:
+        for bulk in running_bulks(conn):
+            after = walk.after.get(bulk.id, _START)
+            while acted < chunk_items and not (stop is not None and stop.is_set()):
+                outcome = act_on_next_item(
+                    conn, bulk, after=after, claims_budget=claims_budget, on_taken=on_taken
+                )
+                if outcome is None:
+                    if after == _START:
+                        break
+                    after = _START  # once more from the beginning
+                    continue
+                after = outcome.execution_id
+                acted += 1
+            walk.after[bulk.id] = after
+            # Also after a full chunk: its last item may have been the bulk's last.
+            if finish_if_done(conn, bulk.id):
+                walk.after.pop(bulk.id, None)
+                log.info("bulk action done", extra={"bulk_id": str(bulk.id)})
+            if acted >= chunk_items or (stop is not None and stop.is_set()):
+                break
+    return acted
+
+
+# --- reading --------------------------------------------------------------------------
+
+_PROGRESS = text(
+    """
+    SELECT b.id, b.action, b.actor, b.reason, b.filter, b.status, b.total, b.created_at,
+           b.finished_at,
+           count(i.outcome) AS done,
+           count(*) FILTER (WHERE i.outcome = 'SUCCEEDED') AS succeeded
+    FROM bulk_action b LEFT JOIN bulk_item i ON i.bulk_id = b.id
+    WHERE b.id = :bulk_id AND b.org_id = :org_id
+    GROUP BY b.id
+    """
+)
+
+_REFUSED = text(
+    """
+    SELECT execution_id, code, detail FROM bulk_item
+    WHERE bulk_id = :bulk_id AND outcome IN ('REFUSED', 'PARKED')
+    ORDER BY execution_id
+    """
+)
+
+
+def bulk_progress(conn: Connection, bulk_id: uuid.UUID, org_id: str) -> BulkProgress | None:
+    """The bulk of this organization with this id, or None (a foreign one is as missing).
+
+    Call in one snapshot (REPEATABLE READ), so that the counts and the list agree.
+    """
+    row = conn.execute(_PROGRESS, {"bulk_id": bulk_id, "org_id": org_id}).first()
+    if row is None:
+        return None
+    refused = [RefusedItem(*item) for item in conn.execute(_REFUSED, {"bulk_id": bulk_id})]
+    return BulkProgress(
+        id=row.id,
+        action=row.action,
+        actor=row.actor,
+        reason=row.reason,
+        filter=row.filter,
+        status=row.status,
+        total=row.total,
+        done=row.done,
+        succeeded=row.succeeded,
+        refused=refused,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+    )
