@@ -21,6 +21,7 @@ from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.dev_address import recorded_dev_api
 from orquestador.errors import ConfigError, OrquestadorError
 from orquestador.executions_cli import add_executions_command
+from orquestador.flows_cli import add_flows_command
 from orquestador.machines_cli import add_machines_command
 from orquestador.schedules_cli import add_schedules_command
 
@@ -161,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_bulk_action(add_executions_command(command))
     add_approvals_command(command)
+    add_flows_command(command)
     add_machines_command(command)
     add_schedules_command(command)
 

@@ -439,7 +439,7 @@ def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(found)
         return 0
     execution = found["execution"]
-    _print_fields(
+    print_fields(
         [
             ("execution", execution["id"]),
             ("status", execution["status"]),
@@ -483,7 +483,7 @@ def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
         ]
         if "output" in step:
             fields.append(("output", json.dumps(step["output"], ensure_ascii=False)))
-        _print_fields(fields, indent="  ")
+        print_fields(fields, indent="  ")
         for attempt in step.get("attempts", []):
             print(
                 f"  attempt {attempt['attempt']}: {attempt['status']}"
@@ -506,7 +506,7 @@ def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
         "reason": args.reason,
     }
     if args.output is not None:
-        body["output"] = _json_argument(args.output, "--output")
+        body["output"] = json_argument(args.output, "--output")
     if args.to_state is not None:
         body["toState"] = args.to_state
     view = client.post(
@@ -567,7 +567,7 @@ def _writes_done(view: dict[str, Any]) -> str:
     return "; ".join(said) if said else "done or in doubt"
 
 
-def _json_argument(text: str, option: str) -> Any:
+def json_argument(text: str, option: str) -> Any:
     if text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
@@ -602,7 +602,7 @@ def _print_refusal(refused: Refused, *, as_json: bool) -> None:
 
 
 def _print_execution(view: dict[str, Any]) -> None:
-    _print_fields(
+    print_fields(
         [
             ("execution", view["id"]),
             ("status", view["status"]),
@@ -652,7 +652,7 @@ def _blocked_by(blocked: dict[str, Any] | None) -> str | None:
     )
 
 
-def _print_fields(
+def print_fields(
     fields: Iterable[tuple[str, Any]], *, indent: str = "", skip_empty: bool = False
 ) -> None:
     rows = [(name, value) for name, value in fields if not (skip_empty and value is None)]
@@ -663,7 +663,9 @@ def _print_fields(
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[_cell(value) for value in row] for row in rows]
-    widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    widths = [
+        max([len(header), *(len(row[i]) for row in cells)]) for i, header in enumerate(headers)
+    ]
     for row in [list(headers), *cells]:
         print(
             "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
@@ -753,4 +755,4 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
                 lines.append(("now", f"{now['status']} (updated {now['updatedAt']})"))
         if lines:
             print(f"\nstep {step['actionId']}")
-            _print_fields(lines, indent="  ", skip_empty=True)
+            print_fields(lines, indent="  ", skip_empty=True)

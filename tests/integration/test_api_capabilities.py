@@ -80,7 +80,7 @@ STOCK = Adapter(
 )
 
 
-BUILTINS = {"machine.command", "machine.wait", "notify"}
+BUILTINS = {"approval", "machine.command", "machine.wait", "notify"}
 
 
 @pytest.fixture

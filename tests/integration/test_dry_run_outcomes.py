@@ -17,7 +17,15 @@ from orquestador.worker.executor import Executor
 from orquestador.worker.hooks import WorkerHooks
 from tests.integration.api_support import Api, problem, running_api
 from tests.integration.test_approvals import approval_flow
-from tests.integration.worker_support import execution, request_row, run_once, settings
+from tests.integration.worker_support import (
+    SimulatedCrash,
+    crash_at_hook,
+    execution,
+    expire_lease,
+    request_row,
+    run_once,
+    settings,
+)
 
 
 @pytest.fixture
@@ -140,3 +148,24 @@ def test_a_real_execution_cannot_carry_outcomes(api: Api, owner_engine: Engine) 
             text("UPDATE execution SET simulation = false WHERE id = :id"), {"id": execution_id}
         )
     assert "rehearsal_in_dry_runs_only" in str(refused.value)
+
+
+def test_a_dry_run_cut_short_plays_its_outcomes_again_for_the_next_holder(
+    api: Api, runtime_engine: Engine, registry: AdapterRegistry, database: Any
+) -> None:
+    """The holder dies right after the rehearsed step answered: the next holder reads the
+    outcomes again (under its own fence) and ends where the first would have."""
+    response = _rehearse(api, {"ok": {"decision": "rejected"}})
+    execution_id = uuid.UUID(response.get_json()["executionId"])
+    crashing = Executor(
+        registry,
+        settings(database_url=database.runtime_dsn),
+        WorkerHooks(after_adapter=crash_at_hook),
+    )
+    with pytest.raises(SimulatedCrash):
+        run_once(runtime_engine, crashing)
+    expire_lease(runtime_engine, execution_id)
+    survivor = Executor(registry, settings(database_url=database.runtime_dsn), WorkerHooks())
+    assert run_once(runtime_engine, survivor, "w2") == "SUCCEEDED"
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).state == "refused"
