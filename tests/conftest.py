@@ -81,6 +81,12 @@ STARTED_FIRST = (
     "tests/integration/test_database_restart.py",
     "tests/integration/test_mail_headers.py",
     "tests/acceptance/test_wait_crash.py",
+    "tests/acceptance/test_schedule_workers.py",
+    "tests/acceptance/test_bulk_crash.py",
+    "tests/acceptance/test_schedules_cli.py",
+    "tests/acceptance/test_approval_crash.py",
+    "tests/acceptance/test_flows_cli.py",
+    "tests/acceptance/test_bulk_cli.py",
 )
 
 
