@@ -98,6 +98,8 @@ class Settings:
     simulation_retention_days: int = _env("SIMULATION_RETENTION_DAYS", "7", "retention")
     email_retention_days: int = _env("EMAIL_RETENTION_DAYS", "30", "retention")
     notice_retention_days: int = _env("NOTICE_RETENTION_DAYS", "90", "retention")
+    schedule_fire_retention_days: int = _env("SCHEDULE_FIRE_RETENTION_DAYS", "30", "retention")
+    bulk_retention_days: int = _env("BULK_RETENTION_DAYS", "30", "retention")
 
     maintenance_interval_seconds: int = _env("MAINTENANCE_INTERVAL_SECONDS", "60", "operations")
     worker_metrics_port: str = _env("WORKER_METRICS_PORT", "", "operations")
@@ -238,6 +240,8 @@ class Settings:
             "simulation_retention_days",
             "email_retention_days",
             "notice_retention_days",
+            "schedule_fire_retention_days",
+            "bulk_retention_days",
         ):
             if getattr(self, name) < 0:
                 problems.append(f"{_env_name(name)} must not be negative")

@@ -14,11 +14,13 @@ Expand only: a trigger value, two tables.
   `ix_schedule_due` holds the schedules a worker may fire, soonest first.
 - schedule_fire(org_id, schedule_id, fire_time, request_id, execution_id, fired_at):
   one row per fire time handled; its primary key is what makes a fire time start one
-  execution at most, whatever the number of workers.
+  execution at most, whatever the number of workers. `ix_schedule_fire_fired_at` serves
+  its retention (SCHEDULE_FIRE_RETENTION_DAYS).
 
 The runtime role may SELECT, INSERT and DELETE schedule and UPDATE what PUT /schedules
-and the firing loop write (never its organization, id or `flow_trigger`); it may SELECT
-and INSERT schedule_fire and UPDATE only the request and execution a fire started.
+and the firing loop write (never its organization, id or `flow_trigger`); it may SELECT,
+INSERT and DELETE (retention) schedule_fire and UPDATE only the request and execution a
+fire started.
 
 Downgrade drops both tables and turns the flows published with trigger `schedule` into
 `manual` ones (the older code knows no schedule; their requests and executions stay).
@@ -108,8 +110,9 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
     )
+    op.create_index("ix_schedule_fire_fired_at", "schedule_fire", ["fired_at"])
     grant_runtime("schedule", ("SELECT", "INSERT", "DELETE"))
-    grant_runtime("schedule_fire", ("SELECT", "INSERT"))
+    grant_runtime("schedule_fire", ("SELECT", "INSERT", "DELETE"))
     role = runtime_role()
     if role is not None:
         restrict_updates(op.get_bind(), role, "schedule", SCHEDULE_UPDATE_COLUMNS)

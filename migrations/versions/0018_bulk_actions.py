@@ -96,8 +96,9 @@ def upgrade() -> None:
         postgresql_where=sa.text("outcome IS NULL"),
     )
     op.create_index("ix_bulk_item_execution_id", "bulk_item", ["execution_id"])
-    grant_runtime("bulk_action", ("SELECT", "INSERT"))
-    grant_runtime("bulk_item", ("SELECT", "INSERT"))
+    # DELETE: retention of finished bulks (BULK_RETENTION_DAYS).
+    grant_runtime("bulk_action", ("SELECT", "INSERT", "DELETE"))
+    grant_runtime("bulk_item", ("SELECT", "INSERT", "DELETE"))
     role = runtime_role()
     if role is not None:
         restrict_updates(op.get_bind(), role, "bulk_action", _ACTION_UPDATES)

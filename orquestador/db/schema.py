@@ -659,6 +659,8 @@ schedule_fire = Table(
     ForeignKeyConstraint(
         ["org_id", "schedule_id"], ["schedule.org_id", "schedule.id"], ondelete="CASCADE"
     ),
+    # Retention: fire rows older than SCHEDULE_FIRE_RETENTION_DAYS, oldest first.
+    Index("ix_schedule_fire_fired_at", "fired_at"),
 )
 
 SCHEDULE_UPDATE_COLUMNS = (
@@ -760,9 +762,9 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "rate_bucket": ("SELECT", "INSERT"),
     "approval": ("SELECT", "INSERT"),
     "schedule": ("SELECT", "INSERT", "DELETE"),
-    "schedule_fire": ("SELECT", "INSERT"),
-    "bulk_action": ("SELECT", "INSERT"),
-    "bulk_item": ("SELECT", "INSERT"),
+    "schedule_fire": ("SELECT", "INSERT", "DELETE"),
+    "bulk_action": ("SELECT", "INSERT", "DELETE"),
+    "bulk_item": ("SELECT", "INSERT", "DELETE"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set

@@ -150,6 +150,38 @@ _DELETE_DISMISSED_NOTICES = text(
     """
 )
 
+# A schedule never goes back to a fire time it handled (its next fire time only moves on),
+# so a fire row past its age guards nothing any more.
+_DELETE_OLD_FIRES = text(
+    """
+    DELETE FROM schedule_fire
+    WHERE (org_id, schedule_id, fire_time) IN (
+        SELECT f.org_id, f.schedule_id, f.fire_time FROM schedule_fire f
+        WHERE f.fired_at <= clock_timestamp() - make_interval(days => :days)
+        ORDER BY f.fired_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    """
+)
+
+# A finished bulk action and its items go together: the items first, in the same
+# statement. A batch counts bulks; their items are at most BULK_MAX_ITEMS each.
+_DELETE_FINISHED_BULKS = text(
+    """
+    WITH old AS (
+        SELECT id FROM bulk_action
+        WHERE status = 'DONE' AND finished_at <= clock_timestamp() - make_interval(days => :days)
+        ORDER BY finished_at
+        LIMIT greatest(:batch / 100, 1)
+        FOR UPDATE SKIP LOCKED
+    ), items AS (
+        DELETE FROM bulk_item WHERE bulk_id IN (SELECT id FROM old)
+    )
+    DELETE FROM bulk_action WHERE id IN (SELECT id FROM old)
+    """
+)
+
 # Requests and executions are append-only for the runtime role; migration 0009's
 # function deletes simulated ones only (with executions, checkpoints and attempts).
 _PURGE_SIMULATIONS = text(
@@ -183,6 +215,12 @@ def retention_rules(settings: Settings) -> list[tuple[str, int, Deleter]]:
             _rows_deleted_by(_DELETE_DISMISSED_NOTICES),
         ),
         ("request", settings.simulation_retention_days, _purge_simulations),
+        (
+            "schedule_fire",
+            settings.schedule_fire_retention_days,
+            _rows_deleted_by(_DELETE_OLD_FIRES),
+        ),
+        ("bulk_action", settings.bulk_retention_days, _rows_deleted_by(_DELETE_FINISHED_BULKS)),
     ]
 
 

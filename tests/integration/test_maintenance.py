@@ -19,6 +19,7 @@ from orquestador.metrics import EMAIL_OUTBOX_DEPTH, QUEUE_DEPTH, RECONCILIATION_
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.maintenance import LeaderLock, MaintenanceLoop, PassReport
 from tests.db_support import RUNTIME_ROLE
+from tests.integration.schedule_support import schedule_flow
 from tests.integration.worker_support import (
     ORG,
     accept_transition,
@@ -192,6 +193,8 @@ def test_retention_deletes_what_is_past_its_age_and_nothing_else(owner_engine, r
         "email_outbox": 1,
         "panel_notice": 1,
         "request": 1,
+        "schedule_fire": 0,
+        "bulk_action": 0,
     }
     assert not _exists(owner_engine, "machine_command", old_final)
     assert _exists(owner_engine, "machine_command", recent_final)
@@ -223,6 +226,85 @@ def test_retention_deletes_what_is_past_its_age_and_nothing_else(owner_engine, r
     )
     # Audit rows are never touched, not even the purged simulation's.
     assert _count(owner_engine, "SELECT count(*) FROM audit_event") == audit_before
+
+
+def _schedule_fired(engine: Engine, *fired_days_ago: float) -> str:
+    """A schedule with one fire row per age given."""
+    flow_id = publish_flow(engine, schedule_flow())
+    schedule_id = f"s-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO schedule (org_id, id, flow_id, every_seconds, updated_by,"
+                " next_fire_at) VALUES (:org, :id, :flow, 60, 'ops', now())"
+            ),
+            {"org": ORG, "id": schedule_id, "flow": flow_id},
+        )
+        for days in fired_days_ago:
+            conn.execute(
+                text(
+                    "INSERT INTO schedule_fire (org_id, schedule_id, fire_time, fired_at)"
+                    " VALUES (:org, :id, now() - make_interval(secs => :d * 86400),"
+                    " now() - make_interval(secs => :d * 86400))"
+                ),
+                {"org": ORG, "id": schedule_id, "d": days},
+            )
+    return schedule_id
+
+
+def _bulk(engine: Engine, execution_id: uuid.UUID, finished_days_ago: float | None) -> uuid.UUID:
+    """A bulk action with one item, finished that long ago (None: still running)."""
+    done = finished_days_ago is not None
+    with engine.begin() as conn:
+        bulk_id = conn.execute(
+            text(
+                "INSERT INTO bulk_action (org_id, actor, action, reason, filter, status, total,"
+                " finished_at) VALUES (:org, 'ops', 'cancel', 'tidy', '{}', :status, 1,"
+                " CASE WHEN :done THEN now() - make_interval(secs => :d * 86400) END) RETURNING id"
+            ),
+            {
+                "org": ORG,
+                "status": "DONE" if done else "RUNNING",
+                "done": done,
+                "d": finished_days_ago or 0,
+            },
+        ).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO bulk_item (bulk_id, execution_id, outcome, finished_at)"
+                " VALUES (:b, :e, CASE WHEN :done THEN 'SUCCEEDED' END,"
+                " CASE WHEN :done THEN now() END)"
+            ),
+            {"b": bulk_id, "e": execution_id, "done": done},
+        )
+    return bulk_id
+
+
+def test_old_fire_rows_and_finished_bulks_go_and_nothing_else(owner_engine, runtime_engine):
+    schedule_id = _schedule_fired(owner_engine, 3, 2, 0.5)
+    _, execution_id = _request_with_execution(
+        owner_engine, simulation=False, created_days_ago=5, finished=True
+    )
+    old_done = _bulk(owner_engine, execution_id, 3)
+    recent_done = _bulk(owner_engine, execution_id, 0.5)
+    running = _bulk(owner_engine, execution_id, None)
+
+    report = _one_pass(runtime_engine, schedule_fire_retention_days=1, bulk_retention_days=1)
+
+    assert (report.deleted["schedule_fire"], report.deleted["bulk_action"]) == (2, 1)
+    fired = _count(
+        owner_engine, "SELECT count(*) FROM schedule_fire WHERE schedule_id = :id", id=schedule_id
+    )
+    assert fired == 1  # the recent one; the schedule itself stays
+    assert _count(owner_engine, "SELECT count(*) FROM schedule WHERE id = :id", id=schedule_id)
+    assert not _exists(owner_engine, "bulk_action", old_done)
+    assert _exists(owner_engine, "bulk_action", recent_done)
+    assert _exists(owner_engine, "bulk_action", running)
+    remaining = _count(
+        owner_engine, "SELECT count(*) FROM bulk_item WHERE bulk_id = :id", id=old_done
+    )
+    assert remaining == 0  # its items went with it
+    assert _exists(owner_engine, "execution", execution_id)
 
 
 def test_zero_days_deletes_every_final_row_at_the_next_pass(owner_engine, runtime_engine):
