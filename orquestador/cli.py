@@ -137,6 +137,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="lifetime of the token in seconds (default: %(default)s)",
     )
+    token.add_argument(
+        "--link",
+        action="store_true",
+        help="print a one-time sign-in link to the pages instead (valid 60 s), asked of the "
+        "API at ORQUESTADOR_API_URL (or this folder's dev server) for --sub, --org, --scope",
+    )
+    token.add_argument(
+        "--next", metavar="PAGE", help="with --link: the page to land on, under /ui/"
+    )
     token.set_defaults(handler=_token)
 
     check = command(
@@ -235,6 +244,7 @@ TOKEN_SETTINGS = (
     "ORQUESTADOR_HOME",
     "JWT_ISSUER",
     "JWT_AUDIENCE",
+    "ORQUESTADOR_API_URL",
 )
 AGENT_SETTINGS = (
     "ORQUESTADOR_API_URL",
@@ -399,6 +409,8 @@ def _token(args: argparse.Namespace) -> int:
 
         if args.scope:
             raise CommandFailed("--machine mints an agent token (scope agent); drop --scope", 2)
+        if args.link:
+            raise CommandFailed("--link signs a person in to the pages: use --sub", 2)
         if args.ttl > MAX_AD_HOC_SECONDS:
             # The API refuses a longer one that nobody enrolled: it could not be revoked.
             raise CommandFailed(
@@ -423,7 +435,38 @@ def _token(args: argparse.Namespace) -> int:
             "folder of the project where 'orquestador dev' ran",
             2,
         )
+    if args.link:
+        return _sign_in_link(settings, sub, args.org, scopes, args.next)
     print(mint_token(settings, sub=sub, org=args.org, scopes=scopes, ttl_seconds=args.ttl))
+    return 0
+
+
+def _sign_in_link(
+    settings: Settings, sub: str, org: str, scopes: list[str], next_page: str | None
+) -> int:
+    """Ask the API for a one-time sign-in link, as a panel would, with a minute-long token
+    for auth:link and the scopes handed on; print its URL."""
+    import dataclasses
+
+    from orquestador.api.auth import SCOPE_AUTH_LINK
+    from orquestador.api.tokens import mint_token
+    from orquestador.executions_cli import ApiClient, Refused, UsageProblem, print_refusal
+
+    service = mint_token(
+        settings, sub=f"{sub} (link)", org=org, scopes=[SCOPE_AUTH_LINK, *scopes], ttl_seconds=60
+    )
+    body = {"sub": sub, "org": org, "scope": " ".join(scopes)}
+    if next_page is not None:
+        body["next"] = next_page
+    try:
+        client = ApiClient.from_settings(dataclasses.replace(settings, api_token=service))
+        answer = client.post("/auth/links", body)
+    except UsageProblem as problem:
+        raise CommandFailed(str(problem), 2) from None
+    except Refused as refused:
+        print_refusal(refused, as_json=False)
+        return 1
+    print(answer["url"])
     return 0
 
 

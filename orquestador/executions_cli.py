@@ -211,7 +211,7 @@ def run_client_action(
         print(f"orquestador: {problem}", file=sys.stderr)
         return EXIT_USAGE
     except Refused as refused:
-        _print_refusal(refused, as_json=args.json)
+        print_refusal(refused, as_json=args.json)
         return EXIT_REFUSED
 
 
@@ -586,7 +586,7 @@ def print_json(document: Any) -> None:
     print(json.dumps(document, indent=2, ensure_ascii=False))
 
 
-def _print_refusal(refused: Refused, *, as_json: bool) -> None:
+def print_refusal(refused: Refused, *, as_json: bool) -> None:
     problem = refused.problem or {}
     if as_json and problem:
         print_json(problem)

@@ -13,6 +13,7 @@ from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api import (
     agent_routes,
     approval_routes,
+    auth_routes,
     bulk_routes,
     capability_routes,
     dry_run_routes,
@@ -99,6 +100,7 @@ def create_app(
         app.register_blueprint(event_routes.blueprint)
         app.register_blueprint(notice_routes.blueprint)
         app.register_blueprint(approval_routes.blueprint)
+        app.register_blueprint(auth_routes.blueprint)
         app.register_blueprint(agent_routes.blueprint)
         app.register_blueprint(machine_routes.blueprint)
         app.register_blueprint(ui_routes.blueprint)

@@ -31,6 +31,8 @@ SCOPE_PLANS_ADMIN = "plans:admin"
 SCOPE_EVENTS_WRITE = "events:write"
 SCOPE_NOTICES_READ = "notices:read"
 SCOPE_ORG_ADMIN = "org:admin"
+# A hosting panel's service: asks for one-time sign-in links for its users (POST /auth/links).
+SCOPE_AUTH_LINK = "auth:link"
 # Deciding approvals: with it, a caller sees and decides the approvals that name it.
 SCOPE_APPROVALS_DECIDE = "approvals:decide"
 # A machine agent: `sub` is "machine:<machineId>"; it sees only its own machine's commands.

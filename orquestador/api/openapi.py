@@ -11,6 +11,7 @@ from flask import Blueprint, Response, jsonify
 from orquestador.api import (
     openapi_agent,
     openapi_approvals,
+    openapi_auth,
     openapi_automation,
     openapi_bulk,
     openapi_machines,
@@ -357,6 +358,7 @@ _AREAS = (
     openapi_notices,
     openapi_approvals,
     openapi_schedules,
+    openapi_auth,
 )
 
 

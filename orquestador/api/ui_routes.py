@@ -37,7 +37,10 @@ from orquestador.api.execution_routes import (
 from orquestador.api.page_sessions import revoke_session, session_revoked
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
+from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_link
+from orquestador.api.tokens import mint_token
 from orquestador.api.views import execution_views
+from orquestador.errors import ConfigError
 from orquestador.wording import duration_in_words
 
 log = logging.getLogger(__name__)
@@ -104,12 +107,7 @@ def _page_caller(token: str) -> Caller:
 
 def _safe_next(target: str | None) -> str:
     """Where to go after signing in: only a page of this UI, never another site."""
-    default = url_for("ui.executions")
-    if not target or not target.startswith("/ui/") or target.startswith("//"):
-        return default
-    if "\\" in target or any(ord(c) < 0x20 for c in target):
-        return default
-    return target
+    return landing_page(target) or url_for("ui.executions")
 
 
 def signed_in(view: F) -> F:
@@ -235,6 +233,48 @@ def login_submit() -> Any:
     assert caller is not None
     log.info("signed in to the execution pages", extra={"org": caller.org})
     response = redirect(next_page, 303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        path="/ui",
+        secure=_over_https(),
+        httponly=True,
+        samesite="Strict",
+    )
+    return response
+
+
+@blueprint.get("/auth/link")
+def sign_in_link() -> Any:
+    """A hosting panel's one-time link: a page session for whom it names, then its page.
+
+    The landing answer is a page that moves on by itself rather than a redirect: the
+    person arrives from the panel's site, and a browser does not send a SameSite=Strict
+    cookie along a redirect that began on another site.
+    """
+    with engine().begin() as conn:
+        link = use_link(conn, request.args.get("t", ""))
+    if link is None:
+        raise ApiProblem(
+            410,
+            "LINK_USED_OR_EXPIRED",
+            "This sign-in link was used already or has expired: ask for a new one.",
+        )
+    try:
+        token = mint_token(
+            api_context().settings,
+            sub=link.subject,
+            org=link.org_id,
+            scopes=link.scope.split(),
+            ttl_seconds=SESSION_SECONDS,
+        )
+    except ConfigError:
+        raise ApiProblem(
+            503, "NO_SIGNING_KEY", "This server holds no key to sign page sessions with."
+        ) from None
+    log.info("signed in by a link", extra={"org": link.org_id})
+    page = render_template("link.html", next=link.next_page)
+    response = Response(page, status=200, mimetype="text/html")
     response.set_cookie(
         SESSION_COOKIE,
         token,

@@ -739,6 +739,22 @@ bulk_item = Table(
     Index(None, "execution_id"),
 )
 
+# A one-time sign-in link a hosting panel asked for (migration 0021): the SHA-256 of its
+# secret, whom it signs in and where to, until when; using it is one conditional update.
+sign_in_link = Table(
+    "sign_in_link",
+    metadata,
+    Column("secret_sha256", Text, primary_key=True),
+    Column("org_id", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("next_page", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("used_at", TIMESTAMP(timezone=True)),
+    Index(None, "expires_at"),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -765,6 +781,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "schedule_fire": ("SELECT", "INSERT", "DELETE"),
     "bulk_action": ("SELECT", "INSERT", "DELETE"),
     "bulk_item": ("SELECT", "INSERT", "DELETE"),
+    "sign_in_link": ("SELECT", "INSERT", "DELETE"),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set
@@ -848,6 +865,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     # A bulk ends once every item has its outcome; an item's outcome is written once.
     "bulk_action": ("status", "finished_at"),
     "bulk_item": ("outcome", "code", "detail", "finished_at"),
+    # A link is used once: nothing else of it changes.
+    "sign_in_link": ("used_at",),
 }
 
 # Migration 0009: the SECURITY DEFINER function through which the runtime role purges

@@ -67,6 +67,7 @@ COLUMNS_ADDED = {
     "0015": {"execution": {"key_blocked"}, "key_release": {"id"}},
     "0016": {"rate_bucket": {"tokens", "refilled_at"}},
     "0019": {"approval": {"status", "decided_by", "decided_at", "comment"}},
+    "0021": {"sign_in_link": {"used_at"}},
     "0017": {
         "schedule": set(SCHEDULE_UPDATE_COLUMNS),
         "schedule_fire": {"request_id", "execution_id"},
@@ -403,9 +404,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     granted = _runtime_grants(server, name)
     assert granted["bulk_action"] == granted["bulk_item"] == {"SELECT", "INSERT"}
 
-    # 0019 and 0020: approvals; a dry run's outcomes.
-    _step(server, name, "0020")
-    assert _update_columns(server, name) == _declared_updates(at="0020")
+    # 0019 to 0021: approvals; a dry run's outcomes; sign-in links.
+    _step(server, name, "0021")
+    assert _update_columns(server, name) == _declared_updates(at="0021")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
