@@ -58,6 +58,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "unknown path": client.get("/ui/nothing/here"),
         "stylesheet": client.get("/ui/static/ui.css"),
         "logout": client.post("/ui/logout", headers={"Origin": HOST}),
+        "used sign-in link": anonymous.get("/ui/auth/link?t=nothing-of-ours"),
     }
     served = {rule.rule for rule in api.app.url_map.iter_rules() if rule.rule.startswith("/ui")}
 
@@ -85,6 +86,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "/ui/",
         "/ui/login",
         "/ui/logout",
+        "/ui/auth/link",
         "/ui/executions",
         "/ui/executions/<execution_id>",
         "/ui/<path:anything>",
