@@ -185,6 +185,18 @@ def _require_same_origin() -> None:
         )
 
 
+def _keep_session(response: Response, token: str) -> None:
+    """The page session's cookie: never for scripts, never sent by another site's page."""
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        path="/ui",
+        secure=_over_https(),
+        httponly=True,
+        samesite="Strict",
+    )
+
+
 def _forget(response: Response) -> None:
     response.delete_cookie(
         SESSION_COOKIE,
@@ -233,14 +245,7 @@ def login_submit() -> Any:
     assert caller is not None
     log.info("signed in to the execution pages", extra={"org": caller.org})
     response = redirect(next_page, 303)
-    response.set_cookie(
-        SESSION_COOKIE,
-        token,
-        path="/ui",
-        secure=_over_https(),
-        httponly=True,
-        samesite="Strict",
-    )
+    _keep_session(response, token)
     return response
 
 
@@ -275,14 +280,7 @@ def sign_in_link() -> Any:
     log.info("signed in by a link", extra={"org": link.org_id})
     page = render_template("link.html", next=link.next_page)
     response = Response(page, status=200, mimetype="text/html")
-    response.set_cookie(
-        SESSION_COOKIE,
-        token,
-        path="/ui",
-        secure=_over_https(),
-        httponly=True,
-        samesite="Strict",
-    )
+    _keep_session(response, token)
     return response
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from orquestador.approvals.access import ApprovalAccess
 from orquestador.approvals.store import record_decision
 from tests.acceptance.crash_support import spawn_worker
-from tests.integration.test_approvals import approval_flow
+from tests.integration.approval_support import approval_flow
 from tests.integration.worker_support import (
     ORG,
     accept_transition,

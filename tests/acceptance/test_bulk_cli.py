@@ -14,12 +14,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from orquestador.api.app import create_app
-from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
-from orquestador.serve import serve_in_thread
 from orquestador.worker.bulk_runner import BulkRunner
+from tests.acceptance.served_api import served_api
 from tests.db_support import TestDatabase
 from tests.integration.bulk_support import arrange, audits, publish, statuses, table_counts
 from tests.integration.worker_support import ORG
@@ -47,25 +45,14 @@ class Server:
 @pytest.fixture
 def server(database: TestDatabase, runtime_engine: Engine) -> Iterator[Server]:
     """The API on a loopback port, and the bulk loop of a worker beside it."""
-    settings = Settings.from_env(
-        {},
-        database_url=database.runtime_dsn,
-        request_api_enabled=True,
-        flow_admin_enabled=True,
-        jwt_secret=SECRET,
-    )
-    app = create_app(settings)
-    http, thread = serve_in_thread(app, "127.0.0.1", 0)
     runner = BulkRunner(runtime_engine, claims_budget=10, chunk_items=4, interval_seconds=0.1)
-    runner.start()
-    try:
-        yield Server(f"http://127.0.0.1:{http.server_port}/api/v1", settings)
-    finally:
-        runner.stop()
-        runner.join(10)
-        http.shutdown()
-        thread.join(10)
-        app.extensions[EXTENSION_KEY].engine.dispose()
+    with served_api(database, SECRET) as (url, settings):
+        runner.start()
+        try:
+            yield Server(url, settings)
+        finally:
+            runner.stop()
+            runner.join(10)
 
 
 def _bulk(server: Server, *args: str, stdin: Any = subprocess.DEVNULL, scopes: tuple = ()):

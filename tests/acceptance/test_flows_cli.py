@@ -14,14 +14,11 @@ from sqlalchemy import Engine
 
 from orquestador.actions import AdapterRegistry
 from orquestador.actions.builtin import register_builtins
-from orquestador.api.app import create_app
-from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.tokens import mint_token
-from orquestador.config import Settings
-from orquestador.serve import serve_in_thread
 from orquestador.worker.daemon import Worker
+from tests.acceptance.served_api import served_api
 from tests.db_support import TestDatabase
-from tests.integration.test_approvals import approval_flow
+from tests.integration.approval_support import approval_flow
 from tests.integration.worker_support import ORG, publish_flow, settings
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
@@ -32,32 +29,17 @@ DATA = '{"machineId": "m-1"}'
 @pytest.fixture
 def env(database: TestDatabase, runtime_engine: Engine) -> Iterator[dict[str, str]]:
     """The API on a loopback port and a worker, and the command's settings for an author."""
-    configured = Settings.from_env(
-        {},
-        database_url=database.runtime_dsn,
-        request_api_enabled=True,
-        flow_admin_enabled=True,
-        jwt_secret=SECRET,
-    )
     registry = AdapterRegistry()
-    register_builtins(registry, configured)
-    app = create_app(configured, registry=registry)
-    http, thread = serve_in_thread(app, "127.0.0.1", 0)
+    register_builtins(registry, settings(database_url=database.runtime_dsn))
     worker = Worker(settings(database_url=database.runtime_dsn), runtime_engine, registry)
-    worker.start()
-    try:
-        token = mint_token(
-            configured, sub="author", org=ORG, scopes=["flows:admin", "requests:read"]
-        )
-        yield {
-            "ORQUESTADOR_API_URL": f"http://127.0.0.1:{http.server_port}/api/v1",
-            "ORQUESTADOR_TOKEN": token,
-        }
-    finally:
-        worker.stop(timeout=30)
-        http.shutdown()
-        thread.join(10)
-        app.extensions[EXTENSION_KEY].engine.dispose()
+    with served_api(database, SECRET, registry=registry) as (url, configured):
+        worker.start()
+        try:
+            scopes = ["flows:admin", "requests:read"]
+            token = mint_token(configured, sub="author", org=ORG, scopes=scopes)
+            yield {"ORQUESTADOR_API_URL": url, "ORQUESTADOR_TOKEN": token}
+        finally:
+            worker.stop(timeout=30)
 
 
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

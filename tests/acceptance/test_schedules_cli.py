@@ -11,11 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orquestador.api.app import create_app
-from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.tokens import mint_token
-from orquestador.config import Settings
-from orquestador.serve import serve_in_thread
+from tests.acceptance.served_api import served_api
 from tests.db_support import TestDatabase
 from tests.integration.schedule_support import schedule_flow
 from tests.integration.worker_support import ORG, publish_flow
@@ -27,25 +24,9 @@ SECRET = "schedules-cli-test-secret-" + "0123456789abcdef" * 3
 @pytest.fixture
 def env(database: TestDatabase) -> Iterator[dict[str, str]]:
     """The API on a loopback port, and the command's settings for a plans:admin caller."""
-    settings = Settings.from_env(
-        {},
-        database_url=database.runtime_dsn,
-        request_api_enabled=True,
-        flow_admin_enabled=True,
-        jwt_secret=SECRET,
-    )
-    app = create_app(settings)
-    http, thread = serve_in_thread(app, "127.0.0.1", 0)
-    try:
+    with served_api(database, SECRET) as (url, settings):
         token = mint_token(settings, sub="ops", org=ORG, scopes=["plans:admin"])
-        yield {
-            "ORQUESTADOR_API_URL": f"http://127.0.0.1:{http.server_port}/api/v1",
-            "ORQUESTADOR_TOKEN": token,
-        }
-    finally:
-        http.shutdown()
-        thread.join(10)
-        app.extensions[EXTENSION_KEY].engine.dispose()
+        yield {"ORQUESTADOR_API_URL": url, "ORQUESTADOR_TOKEN": token}
 
 
 def _run(*args: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:

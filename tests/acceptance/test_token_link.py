@@ -10,10 +10,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from orquestador.api.app import create_app
-from orquestador.api.context import EXTENSION_KEY
-from orquestador.config import Settings
-from orquestador.serve import serve_in_thread
+from tests.acceptance.served_api import served_api
 from tests.db_support import TestDatabase
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
@@ -22,21 +19,8 @@ SECRET = "token-link-test-secret-" + "0123456789abcdef" * 3
 
 @pytest.fixture
 def api_url(database: TestDatabase) -> Iterator[str]:
-    settings = Settings.from_env(
-        {},
-        database_url=database.runtime_dsn,
-        request_api_enabled=True,
-        flow_admin_enabled=True,
-        jwt_secret=SECRET,
-    )
-    app = create_app(settings)
-    http, thread = serve_in_thread(app, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{http.server_port}/api/v1"
-    finally:
-        http.shutdown()
-        thread.join(10)
-        app.extensions[EXTENSION_KEY].engine.dispose()
+    with served_api(database, SECRET) as (url, _):
+        yield url
 
 
 def _token(*args: str, api_url: str) -> subprocess.CompletedProcess:

@@ -9,89 +9,32 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
-from orquestador.actions import AdapterRegistry
-from orquestador.actions.builtin import register_builtins
 from orquestador.approvals.store import close_at_deadline
 from orquestador.worker.executor import Executor
-from orquestador.worker.hooks import WorkerHooks
-from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
+from tests.integration.api_support import ORG, OTHER_ORG, Api, problem
+from tests.integration.approval_support import (  # the fixtures api, executor, registry
+    approval_flow,
+    builtins_api,  # noqa: F401
+    builtins_executor,  # noqa: F401
+    builtins_registry,  # noqa: F401
+)
 from tests.integration.worker_support import (
     audit,
     execution,
     make_due,
     request_row,
     run_once,
-    settings,
     wait_until,
+    waiting_on_locks,
 )
 
 DECIDE = ["approvals:decide"]
 REQUESTER = ["flows:admin", "requests:read", "requests:write"]
-
-
-def approval_flow(
-    approvers: dict[str, Any] | None = None, deadline: int = 3600, **node: Any
-) -> dict[str, Any]:
-    return {
-        "key": "reboot",
-        "trigger": "manual",
-        "dataSchema": {"type": "object", "properties": {"machineId": {"type": "string"}}},
-        "initialState": "new",
-        "states": ["new", "rebooting", "refused", "timed-out"],
-        "transitions": [
-            {
-                "id": "ask",
-                "from": ["new"],
-                "actions": [
-                    {
-                        "id": "ok",
-                        "capability": "approval",
-                        "version": 1,
-                        "input": {
-                            "title": {"const": "Reboot m-1?"},
-                            "approvers": {"const": approvers or {"subjects": ["bob"]}},
-                            "deadlineSeconds": {"const": deadline},
-                        },
-                        "onError": "timed-out",
-                        **node,
-                    }
-                ],
-                "decision": {
-                    "hitPolicy": "FIRST",
-                    "inputs": ["/actions/ok/decision"],
-                    "rules": [
-                        {"id": "yes", "when": ['"approved"'], "then": {"to": "rebooting"}},
-                        {"id": "no", "when": ["-"], "then": {"to": "refused"}},
-                    ],
-                },
-                "updates": [{"path": "/decidedBy", "from": "/actions/ok/by"}],
-            }
-        ],
-    }
-
-
-@pytest.fixture
-def registry(database: Any) -> AdapterRegistry:
-    adapters = AdapterRegistry()
-    register_builtins(adapters, settings(database_url=database.runtime_dsn))
-    return adapters
-
-
-@pytest.fixture
-def api(database: Any, registry: AdapterRegistry) -> Iterator[Api]:
-    with running_api(database.runtime_dsn, registry=registry) as api:
-        yield api
-
-
-@pytest.fixture
-def executor(database: Any, registry: AdapterRegistry) -> Executor:
-    return Executor(registry, settings(database_url=database.runtime_dsn), WorkerHooks())
 
 
 def start(api: Api, flow: dict[str, Any] | None = None, org: str = ORG) -> uuid.UUID:
@@ -280,17 +223,6 @@ def test_an_approval_whose_execution_was_cancelled_is_not_decided(
 # --- races: held at the approval's row lock, then let go at once ---------------------
 
 
-def _waiting_on_locks(conn: Any) -> int:
-    count = conn.execute(
-        text(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-    ).scalar_one()
-    conn.rollback()  # pg_stat_activity is read once per transaction: the next look is fresh
-    return count
-
-
 def _race(owner_engine: Engine, approval_id: str, hold_sql: str, *racers: Any) -> None:
     """Hold the approval's row (running `hold_sql` on it), queue each racer on the lock in
     turn, then let go: they take the row in that order."""
@@ -302,7 +234,7 @@ def _race(owner_engine: Engine, approval_id: str, hold_sql: str, *racers: Any) -
             thread = threading.Thread(target=racer)
             thread.start()
             threads.append(thread)
-            wait_until(lambda n=number: _waiting_on_locks(watcher) == n, what=f"racer {number}")
+            wait_until(lambda n=number: waiting_on_locks(watcher) == n, what=f"racer {number}")
         holder.commit()
     for thread in threads:
         thread.join(30)

@@ -4,7 +4,6 @@ a passed deadline or a given output, so error exits and rejections can be tried.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,11 +11,15 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from orquestador.actions import AdapterRegistry
-from orquestador.actions.builtin import register_builtins
 from orquestador.worker.executor import Executor
 from orquestador.worker.hooks import WorkerHooks
-from tests.integration.api_support import Api, problem, running_api
-from tests.integration.test_approvals import approval_flow
+from tests.integration.api_support import Api, problem
+from tests.integration.approval_support import (  # the fixtures api, executor, registry
+    approval_flow,
+    builtins_api,  # noqa: F401
+    builtins_executor,  # noqa: F401
+    builtins_registry,  # noqa: F401
+)
 from tests.integration.worker_support import (
     SimulatedCrash,
     crash_at_hook,
@@ -26,24 +29,6 @@ from tests.integration.worker_support import (
     run_once,
     settings,
 )
-
-
-@pytest.fixture
-def registry(database: Any) -> AdapterRegistry:
-    adapters = AdapterRegistry()
-    register_builtins(adapters, settings(database_url=database.runtime_dsn))
-    return adapters
-
-
-@pytest.fixture
-def api(database: Any, registry: AdapterRegistry) -> Iterator[Api]:
-    with running_api(database.runtime_dsn, registry=registry) as api:
-        yield api
-
-
-@pytest.fixture
-def executor(database: Any, registry: AdapterRegistry) -> Executor:
-    return Executor(registry, settings(database_url=database.runtime_dsn), WorkerHooks())
 
 
 def _flow() -> dict[str, Any]:

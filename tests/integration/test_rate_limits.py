@@ -34,6 +34,7 @@ from tests.integration.worker_support import (
     run_once,
     start_execution,
     wait_until,
+    waiting_on_locks,
 )
 
 ROUTE = "billing.invoice@1"
@@ -111,17 +112,6 @@ def test_a_bad_rate_limit_is_named_with_its_line(tmp_path: Path, value: str, mes
 # --- the bucket ----------------------------------------------------------------------
 
 
-def _waiting_on_locks(conn: Any) -> int:
-    count = conn.execute(
-        text(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-    ).scalar_one()
-    conn.rollback()  # pg_stat_activity is read once per transaction: the next look is fresh
-    return count
-
-
 def test_takers_queued_on_the_bucket_at_once_take_no_more_than_the_burst(
     runtime_engine: Engine, owner_engine: Engine
 ) -> None:
@@ -145,7 +135,7 @@ def test_takers_queued_on_the_bucket_at_once_take_no_more_than_the_burst(
         for thread in threads:
             thread.start()
         ready.wait()
-        wait_until(lambda: _waiting_on_locks(watcher) == takers, what="all takers queued")
+        wait_until(lambda: waiting_on_locks(watcher) == takers, what="all takers queued")
         holder.rollback()
     for thread in threads:
         thread.join(10)

@@ -289,6 +289,18 @@ def wait_until(condition: Callable[[], Any], timeout: float = 20.0, what: str = 
         time.sleep(0.02)
 
 
+def waiting_on_locks(conn: Any) -> int:
+    """How many sessions of this database wait for a lock (a barrier's queue), freshly."""
+    count = conn.execute(
+        text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    ).scalar_one()
+    conn.rollback()  # pg_stat_activity is read once per transaction: the next look is fresh
+    return count
+
+
 def status_is(engine: Engine, execution_id: uuid.UUID, *statuses: str) -> Callable[[], bool]:
     return lambda: execution(engine, execution_id).status in statuses
 
