@@ -85,6 +85,7 @@ STARTED_FIRST = (
     "tests/acceptance/test_bulk_crash.py",
     "tests/acceptance/test_schedules_cli.py",
     "tests/acceptance/test_approval_crash.py",
+    "tests/acceptance/test_dry_run_crash.py",
     "tests/acceptance/test_flows_cli.py",
     "tests/acceptance/test_bulk_cli.py",
 )

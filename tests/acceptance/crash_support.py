@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -57,3 +59,16 @@ def read_ledger(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def blocked_inserting_into(conn: Any, table: str) -> bool:
+    """Whether one session waits for a lock to insert into `table` (a held victim)."""
+    count = conn.execute(
+        text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE :insert"
+        ),
+        {"insert": f"INSERT INTO {table}%"},
+    ).scalar_one()
+    conn.rollback()  # pg_stat_activity is read once per transaction
+    return count == 1

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 
 from orquestador.approvals.access import ApprovalAccess
 from orquestador.approvals.store import record_decision
-from tests.acceptance.crash_support import spawn_worker
+from tests.acceptance.crash_support import blocked_inserting_into, spawn_worker
 from tests.integration.approval_support import approval_flow
 from tests.integration.worker_support import (
     ORG,
@@ -29,17 +29,6 @@ WORKER = {"lease_seconds": 6, "renew_seconds": 2}
 def _count(engine: Engine, table: str) -> int:
     with engine.connect() as conn:
         return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
-
-
-def _blocked_writing_the_notice(conn: Any) -> bool:
-    count = conn.execute(
-        text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO panel_notice%'"
-        )
-    ).scalar_one()
-    conn.rollback()  # pg_stat_activity is read once per transaction
-    return count == 1
 
 
 def test_sigkill_mid_round_leaves_one_approval_and_one_email(
@@ -66,7 +55,9 @@ def test_sigkill_mid_round_leaves_one_approval_and_one_email(
         holder.execute(text("LOCK TABLE panel_notice IN EXCLUSIVE MODE"))
         victim = spawn_worker(database, "", ledger, "victim", **WORKER)
         try:
-            wait_until(lambda: _blocked_writing_the_notice(watcher), what="the round to block")
+            wait_until(
+                lambda: blocked_inserting_into(watcher, "panel_notice"), what="the round to block"
+            )
             victim.send_signal(signal.SIGKILL)
             assert victim.wait(10) == -signal.SIGKILL
         finally:
