@@ -19,9 +19,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
-from ipaddress import IPv6Address, ip_address
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from flask import Blueprint, Response, g, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException
@@ -34,6 +32,7 @@ from orquestador.api.execution_routes import (
     read_execution,
     read_view_facts,
 )
+from orquestador.api.page_forms import over_https, require_same_origin
 from orquestador.api.page_sessions import revoke_session, session_revoked
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
@@ -134,64 +133,13 @@ def signed_in(view: F) -> F:
     return guarded  # type: ignore[return-value]
 
 
-def _same_origin() -> bool:
-    """A form post from a page of this server, not from another site (login CSRF).
-
-    Browsers send Origin with every POST; Referer stands in when a proxy strips it.
-    """
-    source = request.headers.get("Origin") or request.headers.get("Referer")
-    if not source or source == "null":
-        return False
-    parts = urlsplit(source)
-    # Behind a reverse proxy the Host may be the upstream's; the proxy's X-Forwarded-Host
-    # names the one the browser used. Only a proxy of TRUSTED_PROXIES is believed: any
-    # other client (a script, not a browser) could name whatever host its Origin names.
-    hosts = {request.host, _forwarded("X-Forwarded-Host")}
-    return parts.scheme in ("http", "https") and parts.netloc in hosts - {""}
-
-
-def _forwarded(name: str) -> str:
-    """The first (the client-facing) value of an X-Forwarded-* header from a trusted proxy."""
-    if not _from_trusted_proxy():
-        return ""
-    return request.headers.get(name, "").split(",")[0].strip()
-
-
-def _from_trusted_proxy() -> bool:
-    """Whether the direct peer (not any forwarded address) is one of TRUSTED_PROXIES."""
-    networks = api_context().settings.trusted_proxy_networks
-    if not networks:
-        return False
-    try:
-        peer = ip_address(request.remote_addr or "")
-    except ValueError:
-        return False  # a unix socket, say: no address to trust
-    if isinstance(peer, IPv6Address) and peer.ipv4_mapped is not None:
-        peer = peer.ipv4_mapped
-    return any(peer in network for network in networks)
-
-
-def _over_https() -> bool:
-    # A trusted TLS-terminating proxy says so in X-Forwarded-Proto.
-    return request.is_secure or _forwarded("X-Forwarded-Proto").lower() == "https"
-
-
-def _require_same_origin() -> None:
-    if not _same_origin():
-        raise ApiProblem(
-            403,
-            "CROSS_SITE_FORM",
-            "This form must be sent from a page of this server. Reload the page and try again.",
-        )
-
-
 def _keep_session(response: Response, token: str) -> None:
     """The page session's cookie: never for scripts, never sent by another site's page."""
     response.set_cookie(
         SESSION_COOKIE,
         token,
         path="/ui",
-        secure=_over_https(),
+        secure=over_https(),
         httponly=True,
         samesite="Strict",
     )
@@ -201,7 +149,7 @@ def _forget(response: Response) -> None:
     response.delete_cookie(
         SESSION_COOKIE,
         path="/ui",
-        secure=_over_https(),
+        secure=over_https(),
         httponly=True,
         samesite="Strict",
     )
@@ -216,7 +164,7 @@ def login() -> Any:
 
 @blueprint.post("/login")
 def login_submit() -> Any:
-    _require_same_origin()
+    require_same_origin()
     token = request.form.get("token", "").strip()
     next_page = _safe_next(request.form.get("next"))
     error, status = None, 200
@@ -286,7 +234,7 @@ def sign_in_link() -> Any:
 
 @blueprint.post("/logout")
 def logout() -> Any:
-    _require_same_origin()
+    require_same_origin()
     token = request.cookies.get(SESSION_COOKIE)
     caller = _cookie_caller()
     if token and caller is not None and caller.expires_at is not None:
