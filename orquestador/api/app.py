@@ -27,6 +27,7 @@ from orquestador.api import (
     plan_routes,
     request_routes,
     schedule_routes,
+    ui_actions,  # noqa: F401  (its routes join ui_routes' blueprint)
     ui_routes,
 )
 from orquestador.api.auth import TokenVerifier

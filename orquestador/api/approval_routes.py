@@ -68,7 +68,12 @@ def one(approval_id: uuid.UUID) -> Response:
 @requires_scope(SCOPE_APPROVALS_DECIDE)
 def decide(approval_id: uuid.UUID) -> Response:
     body = read_json_object(DECISION_BODY)
-    caller = current_caller()
+    after = decide_as(current_caller(), approval_id, body["decision"], body.get("comment", ""))
+    return jsonify(approval_view(after))
+
+
+def decide_as(caller: Caller, approval_id: uuid.UUID, decision: str, comment: str) -> Any:
+    """Record `caller`'s decision (the API's and the pages' one way); the approval after."""
     with engine().begin() as conn:
         row = _access(caller).find(conn, approval_id, lock=True)
         if row is None:
@@ -79,7 +84,7 @@ def decide(approval_id: uuid.UUID) -> Response:
                 "SELF_APPROVAL",
                 "You asked for this transition or own its request: someone else decides.",
             )
-        decided = record_decision(conn, row, caller.sub, body["decision"], body.get("comment", ""))
+        decided = record_decision(conn, row, caller.sub, decision, comment)
         if decided is None:
             raise ApiProblem(
                 409,
@@ -87,12 +92,9 @@ def decide(approval_id: uuid.UUID) -> Response:
                 "The approval was decided, its deadline passed, or its execution ended.",
             )
         after = _access(caller).find(conn, approval_id)
-    log.info(
-        "approval decided",
-        extra={"approval_id": str(approval_id), "decision": body["decision"]},
-    )
+    log.info("approval decided", extra={"approval_id": str(approval_id), "decision": decision})
     assert after is not None
-    return jsonify(approval_view(after))
+    return after
 
 
 def _page(args: Mapping[str, str]) -> ApprovalPage:

@@ -8,7 +8,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from flask import Blueprint, Response, g, jsonify, request
 from jsonschema import Draft202012Validator
@@ -50,7 +50,13 @@ from orquestador.errors import (
     NotCancellable,
     NotReconcilable,
 )
-from orquestador.queue.reconciliation import Resolution, cancel, resolve, step_in_doubt
+from orquestador.queue.reconciliation import (
+    Cancelled,
+    Resolution,
+    cancel,
+    resolve,
+    step_in_doubt,
+)
 from orquestador.queue.waits import NOT_READY
 
 log = logging.getLogger(__name__)
@@ -207,29 +213,39 @@ def _requires_any_scope(*scopes: str) -> Callable[[F], F]:
 @_requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
 def cancel_execution(execution_id: uuid.UUID) -> Response:
     body = read_json_object(CANCEL_BODY)
-    caller = current_caller()
-    # executions:cancel reaches the whole organization; requests:write only the
-    # caller's own requests.
+    view, cancelled = cancel_as(current_caller(), execution_id, body["reason"])
+    # Which of its machine commands no agent will get, and which agents were asked to
+    # stop: the view reads it from the cancel's audit row; this answer says it outright.
+    return jsonify({**view, "machineCommands": cancelled.commands.as_json()})
+
+
+def may_cancel(caller: Caller) -> bool:
+    return caller.has_scope(SCOPE_EXECUTIONS_CANCEL) or caller.has_scope(SCOPE_REQUESTS_WRITE)
+
+
+def cancel_as(
+    caller: Caller, execution_id: uuid.UUID, reason: str
+) -> tuple[dict[str, Any], Cancelled]:
+    """Cancel for `caller` (the API's and the pages' one way): the view after, and what it did.
+
+    executions:cancel reaches the whole organization; requests:write only the caller's
+    own requests. 200 either way: the cancel was applied as the write rule allows. After
+    a write done or in doubt the view says RECONCILIATION_REQUIRED, CANCELLED_AFTER_WRITES,
+    and names the writes; the request stays busy until an operator decides.
+    """
     operator = caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
     access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
     _require_visible(access, execution_id, readable_by=None if operator else caller)
     try:
         with engine().connect() as connection:
-            cancelled = cancel(connection, execution_id, caller.org, caller.sub, body["reason"])
+            cancelled = cancel(connection, execution_id, caller.org, caller.sub, reason)
     except NotCancellable as refused:
         raise ApiProblem(409, refused.code, refused.message) from None
-    # 200 either way: the cancel was applied as the write rule allows. After a write
-    # done or in doubt the view says RECONCILIATION_REQUIRED, CANCELLED_AFTER_WRITES,
-    # and names the writes; the request stays busy until an operator decides.
     log.info(
         "execution cancelled" if cancelled.status == "CANCELLED" else "cancel parked the execution",
         extra={"execution_id": str(execution_id), "status": cancelled.status},
     )
-    # Which of its machine commands no agent will get, and which agents were asked to
-    # stop: the view reads it from the cancel's audit row; this answer says it outright.
-    return jsonify(
-        {**_view_or_404(access, execution_id), "machineCommands": cancelled.commands.as_json()}
-    )
+    return _view_or_404(access, execution_id), cancelled
 
 
 # --- helpers -------------------------------------------------------------------------
@@ -298,13 +314,22 @@ def _waits(
     return found, read_at
 
 
+class ExecutionRead(NamedTuple):
+    row: Any
+    view: dict[str, Any]
+    attempts: list[Row]
+    # For the page only: the whole audit trail, oldest first, and the request as it is now.
+    audit: list[Row]
+    request: Row | None
+
+
 def read_execution(
-    access: ResourceAccess, execution_id: uuid.UUID
-) -> tuple[Any, dict[str, Any]] | None:
+    access: ResourceAccess, execution_id: uuid.UUID, *, for_page: bool = False
+) -> ExecutionRead | None:
     """The execution row and its ExecutionView, or None when the caller cannot see it.
 
-    One snapshot for the execution, its steps and the commands it names, so they agree
-    with each other.
+    One snapshot for the execution, its steps, the commands it names and (for the page)
+    its audit trail and request, so they agree with each other.
     """
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")
@@ -315,14 +340,19 @@ def read_execution(
             steps = access.execution_steps(connection, execution_id)
             attempts = access.execution_attempts(connection, execution_id)
             facts = read_view_facts(connection, access, [execution_id], steps)[execution_id]
-    return row, execution_view(row, steps, attempts, facts)
+            audit, now = [], None
+            if for_page:
+                audit = access.execution_audit(connection, execution_id)
+                now = access.find_request(connection, row.request_id)
+    view = execution_view(row, steps, attempts, facts)
+    return ExecutionRead(row, view, attempts, audit, now)
 
 
 def _view_or_404(access: ResourceAccess, execution_id: uuid.UUID) -> dict[str, Any]:
     found = read_execution(access, execution_id)
     if found is None:
         raise not_found()
-    return found[1]
+    return found.view
 
 
 def _require_visible(

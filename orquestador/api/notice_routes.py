@@ -8,9 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
-from sqlalchemy import insert
+from sqlalchemy import Connection, Row, insert
 
-from orquestador.api.auth import SCOPE_NOTICES_READ, SCOPE_ORG_ADMIN, current_caller, requires_scope
+from orquestador.api.auth import (
+    SCOPE_NOTICES_READ,
+    SCOPE_ORG_ADMIN,
+    Caller,
+    current_caller,
+    requires_scope,
+)
 from orquestador.api.body import read_json_object
 from orquestador.api.context import engine
 from orquestador.api.paging import cursor, page_limit, query_problem, read_cursor
@@ -73,10 +79,18 @@ def listing() -> Response:
 @requires_scope(SCOPE_NOTICES_READ)
 def dismiss(notice_id: uuid.UUID) -> Response:
     with engine().begin() as conn:
-        row = NoticeAccess(current_caller().org).dismiss(conn, notice_id)
+        row = dismiss_as(current_caller(), conn, notice_id)
     if row is None:
         raise not_found()
     return jsonify(notice_view(row))
+
+
+def dismiss_as(caller: Caller, conn: Connection, notice_id: uuid.UUID) -> Row | None:
+    """Dismiss for `caller` (the API's and the pages' one way); None when not visible."""
+    row = NoticeAccess(caller.org).dismiss(conn, notice_id, caller.sub)
+    if row is not None:
+        log.info("notice dismissed", extra={"notice_id": str(notice_id)})
+    return row
 
 
 # --- preferences ---------------------------------------------------------------------

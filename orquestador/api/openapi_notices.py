@@ -46,6 +46,10 @@ SCHEMAS: dict[str, Any] = {
             "executionId": _NULLABLE_ID,
             "createdAt": {"type": "string", "format": "date-time"},
             "dismissedAt": _NULLABLE_TIME,
+            "dismissedBy": {
+                "type": ["string", "null"],
+                "description": "Who dismissed it first (their token's subject).",
+            },
         },
         "required": [
             "id",
@@ -57,6 +61,7 @@ SCHEMAS: dict[str, Any] = {
             "test",
             "createdAt",
             "dismissedAt",
+            "dismissedBy",
         ],
     },
     "NoticePage": {

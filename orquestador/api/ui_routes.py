@@ -27,12 +27,19 @@ from werkzeug.exceptions import HTTPException
 from orquestador.api.access import ResourceAccess
 from orquestador.api.auth import SCOPE_REQUESTS_READ, Caller, InvalidToken
 from orquestador.api.context import api_context, engine
+from orquestador.api.execution_page import page_context
 from orquestador.api.execution_routes import (
     execution_filter,
     read_execution,
     read_view_facts,
 )
-from orquestador.api.page_forms import over_https, require_same_origin
+from orquestador.api.page_forms import (
+    CSRF_FIELD,
+    csrf_token,
+    over_https,
+    require_csrf,
+    require_same_origin,
+)
 from orquestador.api.page_sessions import revoke_session, session_revoked
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
@@ -131,6 +138,38 @@ def signed_in(view: F) -> F:
         return view(*args, **kwargs)
 
     return guarded  # type: ignore[return-value]
+
+
+def page_action(view: F) -> F:
+    """A page form's POST: sent from a page of this server, by a signed-in person, with
+    the session's CSRF token. The caller lands in `g.caller`; each action checks its scope.
+    """
+
+    @functools.wraps(view)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        require_same_origin()
+        caller = _cookie_caller()
+        if caller is None:
+            raise ApiProblem(
+                401, "SIGNED_OUT", "Your page session has ended: sign in again, then repeat."
+            )
+        require_csrf(request.cookies[SESSION_COOKIE])
+        g.caller = caller
+        return view(*args, **kwargs)
+
+    return guarded  # type: ignore[return-value]
+
+
+def require_page_scope(allowed: bool, scopes: str) -> None:
+    if not allowed:
+        raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"Your token does not allow this ({scopes}).")
+
+
+@blueprint.app_context_processor
+def _form_token() -> dict[str, Any]:
+    """`csrf`: the token this page session's forms carry (empty when signed out)."""
+    token = request.cookies.get(SESSION_COOKIE) if request else None
+    return {"csrf_field": CSRF_FIELD, "csrf": csrf_token(token) if token else ""}
 
 
 def _keep_session(response: Response, token: str) -> None:
@@ -281,7 +320,7 @@ def executions() -> Any:
         # An id, or a short id only one execution starts with: that execution's page.
         return redirect(url_for("ui.execution_page", execution_id=str(rows[0].id)), 303)
     views = execution_views(rows, steps, attempts, facts)
-    items = [_page_facts(row, view) for row, view in zip(rows, views, strict=True)]
+    items = [page_facts(row, view) for row, view in zip(rows, views, strict=True)]
     next_args: dict[str, str] = {}
     if more:
         next_args = {"after": cursor(rows[-1])}
@@ -309,25 +348,36 @@ def execution_page(execution_id: str) -> Any:
     try:
         identifier = uuid.UUID(execution_id)
     except ValueError:
-        raise _not_found() from None
-    found = read_execution(ResourceAccess(g.caller), identifier)
+        raise not_found_page() from None
+    found = read_execution(ResourceAccess(g.caller), identifier, for_page=True)
     if found is None:
-        raise _not_found()
-    row, view = found
-    return render_template("execution.html", caller=g.caller, execution=_page_facts(row, view))
+        raise not_found_page()
+    context = page_context(found, g.caller)
+    page = render_template(
+        "execution.html",
+        caller=g.caller,
+        execution=page_facts(found.row, found.view),
+        here=request.path,
+        **context,
+    )
+    response = Response(page, mimetype="text/html")
+    if context["refresh_seconds"]:
+        # Not final: the page follows the execution by itself (no script needed).
+        response.headers["Refresh"] = str(context["refresh_seconds"])
+    return response
 
 
 @blueprint.get("/<path:anything>")
 def unknown(anything: str) -> Any:
-    raise _not_found()
+    raise not_found_page()
 
 
-def _not_found() -> ApiProblem:
+def not_found_page() -> ApiProblem:
     # One answer for a foreign, a missing and a malformed id: nothing to tell them apart.
     return ApiProblem(404, "NOT_FOUND", "There is no such page, or you may not see it.")
 
 
-def _page_facts(row: Any, view: dict[str, Any]) -> dict[str, Any]:
+def page_facts(row: Any, view: dict[str, Any]) -> dict[str, Any]:
     """The view plus what a person reads it by: the flow's key and the state it left."""
     return {
         **view,

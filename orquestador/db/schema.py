@@ -417,6 +417,7 @@ panel_notice = Table(
     _created_at(),
     Column("read_at", TIMESTAMP(timezone=True)),
     Column("dismissed_at", TIMESTAMP(timezone=True)),
+    Column("dismissed_by", Text),
     UniqueConstraint("external_key"),
     Index(None, "org_id", "created_at"),
 )
@@ -836,7 +837,7 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "hosting_plan": ("name",),
     "plan_flow_binding": ("flow_id",),
-    "panel_notice": ("dismissed_at",),
+    "panel_notice": ("dismissed_at", "dismissed_by"),
     "notification_preference": ("recipients", "updated_at"),
     "email_outbox": (
         "status",

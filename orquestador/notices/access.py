@@ -51,6 +51,7 @@ _COLUMNS = (
     panel_notice.c.execution_id,
     panel_notice.c.created_at,
     panel_notice.c.dismissed_at,
+    panel_notice.c.dismissed_by,
 )
 
 
@@ -75,6 +76,7 @@ def notice_view(row: Row) -> dict[str, Any]:
         "executionId": str(row.execution_id) if row.execution_id else None,
         "createdAt": row.created_at.isoformat(),
         "dismissedAt": row.dismissed_at.isoformat() if row.dismissed_at else None,
+        "dismissedBy": row.dismissed_by,
     }
 
 
@@ -101,12 +103,17 @@ class NoticeAccess:
         )
         return list(conn.execute(query))
 
-    def dismiss(self, conn: Connection, notice_id: uuid.UUID) -> Row | None:
-        """Dismiss the notice (again is fine: the first time stays); None when not visible."""
+    def dismiss(self, conn: Connection, notice_id: uuid.UUID, actor: str) -> Row | None:
+        """Dismiss the notice as `actor` (again is fine: the first time and its actor stay);
+        None when not visible."""
+        first = panel_notice.c.dismissed_at.is_(None)
         query = (
             update(panel_notice)
             .where(panel_notice.c.id == notice_id, panel_notice.c.org_id == self.org_id)
-            .values(dismissed_at=func.coalesce(panel_notice.c.dismissed_at, func.now()))
+            .values(
+                dismissed_at=func.coalesce(panel_notice.c.dismissed_at, func.now()),
+                dismissed_by=case((first, actor), else_=panel_notice.c.dismissed_by),
+            )
             .returning(*_COLUMNS)
         )
         return conn.execute(query).one_or_none()

@@ -57,6 +57,10 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "bad filter": client.get("/ui/executions?limit=0"),
         "unknown path": client.get("/ui/nothing/here"),
         "stylesheet": client.get("/ui/static/ui.css"),
+        "cancel form": client.get(f"/ui/executions/{execution_id}/cancel"),
+        "forged cancel": client.post(f"/ui/executions/{execution_id}/cancel"),
+        "forged decision": client.post(f"/ui/approvals/{execution_id}/decision"),
+        "forged dismiss": client.post(f"/ui/notices/{execution_id}/dismiss"),
         "logout": client.post("/ui/logout", headers={"Origin": HOST}),
         "used sign-in link": anonymous.get("/ui/auth/link?t=nothing-of-ours"),
     }
@@ -89,6 +93,9 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "/ui/auth/link",
         "/ui/executions",
         "/ui/executions/<execution_id>",
+        "/ui/executions/<execution_id>/cancel",
+        "/ui/approvals/<approval_id>/decision",
+        "/ui/notices/<notice_id>/dismiss",
         "/ui/<path:anything>",
         "/ui/static/<path:filename>",
     }, "a new page: add it to the answers above"

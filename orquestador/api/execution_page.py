@@ -1,0 +1,47 @@
+"""What the execution page shows beyond the ExecutionView: the timeline, what started the
+execution, the request as it is now, which actions the person may take, and whether the
+page refreshes itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orquestador.api.auth import SCOPE_EXECUTIONS_RECONCILE, Caller
+from orquestador.api.execution_routes import ExecutionRead, may_cancel
+from orquestador.api.timeline import timeline
+
+# Statuses that change without a person: the page refreshes itself while in one.
+MOVING = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
+REFRESH_SECONDS = 5
+
+
+def started_by(read: ExecutionRead) -> dict[str, Any]:
+    """Who or what asked for the execution: a schedule's fire, a platform event, a person."""
+    data = read.request.data if read.request is not None else None
+    accepted = next((row for row in read.audit if row.kind == "TRANSITION_ACCEPTED"), None)
+    actor = accepted.actor if accepted is not None else None
+    if isinstance(data, dict) and "scheduleId" in data and "fireTime" in data:
+        return {"by": "schedule", "schedule": data["scheduleId"], "fireTime": data["fireTime"]}
+    event = data.get("event") if isinstance(data, dict) else None
+    if isinstance(event, dict) and "moment" in event:
+        return {
+            "by": "event",
+            "moment": event.get("moment"),
+            "plan": data.get("planId") if isinstance(data, dict) else None,
+            "occurredAt": event.get("occurredAt"),
+            "actor": actor,
+        }
+    return {"by": "person", "actor": actor}
+
+
+def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
+    status = read.row.status
+    return {
+        "timeline": timeline(read.audit, read.attempts),
+        "started": started_by(read),
+        "request_now": read.request,
+        "may_cancel": status in MOVING and may_cancel(caller),
+        "may_reconcile": status == "RECONCILIATION_REQUIRED"
+        and caller.has_scope(SCOPE_EXECUTIONS_RECONCILE),
+        "refresh_seconds": REFRESH_SECONDS if status in MOVING else None,
+    }

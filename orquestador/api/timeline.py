@@ -1,0 +1,207 @@
+"""An execution's history in words: its audit trail and its attempts, in order.
+
+The execution page reads this timeline from the top: who asked for what, each attempt
+with its duration and safe message, retries, waits for rate limits, look-ups,
+decisions with their actor and reason, a cancel and what it did on machines, notices
+and their e-mail. Only what the audit trail and the attempts record is said; a kind
+this module does not know yet is still listed, by its name and its facts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from orquestador.wording import duration_in_words
+
+# Facts a timeline entry never shows: the frozen evidence is the page's then/now and
+# the steps' business, and would drown the sentence.
+_BULKY = frozenset({"checkpoints", "observed", "checkpoint", "machineCommands"})
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One line of the timeline."""
+
+    at: datetime
+    kind: str
+    words: str
+    actor: str | None = None
+    # Further facts as (label, text) pairs: a reason, a safe message, an output.
+    facts: tuple[tuple[str, str], ...] = ()
+
+
+def timeline(audit: Iterable[Any], attempts: Iterable[Any]) -> list[Moment]:
+    """Audit rows (kind, actor, detail, created_at) and ended attempts, oldest first."""
+    moments = [_audit_moment(row) for row in audit]
+    moments += [_attempt_moment(row) for row in attempts]
+    # Stable: an attempt ends before the audit row its outcome wrote in the same instant.
+    return sorted(moments, key=lambda moment: moment.at)
+
+
+def took(started: datetime, finished: datetime | None) -> str:
+    """How long something took, as a person says it; sub-second in milliseconds."""
+    if finished is None:
+        return "no end recorded"
+    seconds = (finished - started).total_seconds()
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))} ms"
+    return duration_in_words(round(seconds))
+
+
+_ATTEMPT_WORDS = {
+    "SUCCEEDED": "succeeded",
+    "FAILED": "failed",
+    "UNKNOWN": "ended without a known outcome",
+}
+
+
+def _attempt_moment(row: Any) -> Moment:
+    ended = (
+        "was interrupted" if row.finished_at is None else _ATTEMPT_WORDS.get(row.status, row.status)
+    )
+    words = f"Step {row.action_id}, attempt {row.attempt}, {ended}"
+    if row.finished_at is not None:
+        words += f" after {took(row.started_at, row.finished_at)}"
+    if row.error_code:
+        words += f" ({row.error_code})"
+    facts = (("Message", row.message),) if row.message else ()
+    return Moment(at=row.started_at, kind="attempt", words=words + ".", facts=facts)
+
+
+def _audit_moment(row: Any) -> Moment:
+    detail: dict[str, Any] = row.detail if isinstance(row.detail, dict) else {}
+    sentence = _SENTENCES.get(row.kind)
+    words = sentence(row.actor or "someone", detail) if sentence else _unknown(row.kind)
+    return Moment(
+        at=row.created_at,
+        kind=row.kind.lower().replace("_", "-"),
+        words=words,
+        actor=row.actor,
+        facts=_facts(row.kind, detail),
+    )
+
+
+def _get(detail: dict[str, Any], name: str, default: str = "?") -> str:
+    value = detail.get(name)
+    return default if value is None else str(value)
+
+
+def _commands(detail: dict[str, Any]) -> str:
+    said = detail.get("machineCommands") or {}
+    cancelled = [c.get("command", "?") for c in said.get("cancelled", [])]
+    stopped = [c.get("command", "?") for c in said.get("stopRequested", [])]
+    parts = []
+    if cancelled:
+        parts.append(f"cancelled before any agent took them: {', '.join(cancelled)}")
+    if stopped:
+        parts.append(f"agents asked to stop: {', '.join(stopped)}")
+    return f" On machines, {'; '.join(parts)}." if parts else ""
+
+
+def _accepted(actor: str, d: dict[str, Any]) -> str:
+    revision = d.get("acceptedRevision")
+    at_revision = f" at revision {revision}" if revision is not None else ""
+    return f"{actor} asked for {_get(d, 'transitionId')} from {_get(d, 'fromState')}{at_revision}."
+
+
+def _completed(actor: str, d: dict[str, Any]) -> str:
+    rules = d.get("ruleIds") or []
+    matched = f" (rule {', '.join(map(str, rules))})" if rules else ""
+    return f"Completed: {_get(d, 'fromState')} → {_get(d, 'toState')}{matched}."
+
+
+def _parked(actor: str, d: dict[str, Any]) -> str:
+    if "cancelReason" in d:
+        return (
+            f"{actor} cancelled it after a write was done or in doubt: it waits for a"
+            f" person to say what happened.{_commands(d)}"
+        )
+    return f"Parked for a person to decide ({_get(d, 'reason')})."
+
+
+def _resolved(actor: str, d: dict[str, Any]) -> str:
+    decided = {"confirm": "confirmed", "retry": "asked for a retry of", "fail": "gave up on"}
+    step = d.get("actionId")
+    what = f"step {step}" if step else "the execution"
+    return f"{actor} {decided.get(str(d.get('decision')), 'decided about')} {what}."
+
+
+def _email(d: dict[str, Any]) -> str:
+    return {
+        "queued": "an e-mail is queued",
+        "delivered": "its e-mail was delivered",
+        "failed": "its e-mail could not be delivered",
+        "off_on_node": "no e-mail (the flow does not send one)",
+        "org_opted_out": "no e-mail (the organization opted out)",
+        "simulation": "no e-mail (a dry run)",
+    }.get(_get(d, "email"), f"e-mail: {_get(d, 'email')}")
+
+
+_SENTENCES = {
+    "TRANSITION_ACCEPTED": _accepted,
+    "RETRY_SCHEDULED": lambda actor, d: (
+        f"Step {_get(d, 'actionId')} will be tried again in"
+        f" {duration_in_words(round(float(d.get('delaySeconds') or 0)))}"
+        f" ({_get(d, 'errorCode')} on attempt {_get(d, 'attempt')})."
+    ),
+    "RATE_LIMITED": lambda actor, d: (
+        f"Step {_get(d, 'actionId')} waited for its route's rate limit; no attempt spent."
+    ),
+    "RECONCILED_BY_LOOKUP": lambda actor, d: (
+        f"A look-up found that step {_get(d, 'actionId')}'s attempt {_get(d, 'attempt')}"
+        " had taken effect: it was not sent again."
+    ),
+    "ACTION_SIMULATED": lambda actor, d: f"Dry run: step {_get(d, 'actionId')} was simulated.",
+    "TRANSITION_COMPLETED": _completed,
+    "STEP_ERROR_EXIT": lambda actor, d: (
+        f"Step {_get(d, 'actionId')} failed ({_get(d, 'errorCode')}); its error exit moved"
+        f" the request {_get(d, 'fromState')} → {_get(d, 'toState')}."
+    ),
+    "EXECUTION_FAILED": lambda actor, d: f"Failed ({_get(d, 'errorCode')}).",
+    "RECONCILIATION_REQUIRED": _parked,
+    "RECONCILIATION_RESOLVED": _resolved,
+    "TRANSITION_FAILED": lambda actor, d: (
+        f"{actor} ended the transition as failed: the request is in {_get(d, 'toState')}."
+    ),
+    "EXECUTION_CANCELLED": lambda actor, d: f"{actor} cancelled it.{_commands(d)}",
+    "NOTICE_WRITTEN": lambda actor, d: f"A notice was written; {_email(d)}.",
+    "NOTICE_EMAIL_SETTLED": lambda actor, d: f"A notice's e-mail settled: {_email(d)}.",
+    "APPROVAL_DECIDED": lambda actor, d: f"{actor} {_get(d, 'decision')} the approval.",
+    "APPROVAL_EXPIRED": lambda actor, d: "Nobody decided the approval before its deadline.",
+}
+
+
+def _unknown(kind: str) -> str:
+    return kind.replace("_", " ").capitalize() + "."
+
+
+# Facts worth a line of their own, by kind, in the order they are shown.
+_FACT_LABELS: dict[str, Sequence[tuple[str, str]]] = {
+    "EXECUTION_CANCELLED": (("reason", "Reason"),),
+    "RECONCILIATION_REQUIRED": (("cancelReason", "Reason"),),
+    "RECONCILIATION_RESOLVED": (("reason", "Reason"), ("output", "Output")),
+    "STEP_ERROR_EXIT": (("message", "Message"),),
+    "APPROVAL_DECIDED": (("comment", "Comment"),),
+}
+
+
+def _facts(kind: str, detail: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    labels = _FACT_LABELS.get(kind)
+    if labels is None:
+        if kind in _SENTENCES:
+            return ()
+        # A kind not worded yet: its facts as they are, minus the bulky evidence.
+        return tuple(
+            (name, _text(value)) for name, value in sorted(detail.items()) if name not in _BULKY
+        )
+    return tuple((label, _text(detail[name])) for name, label in labels if detail.get(name))
+
+
+def _text(value: Any) -> str:
+    return (
+        value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    )

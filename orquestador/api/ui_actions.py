@@ -1,0 +1,129 @@
+"""What a person does from the pages: each a POST form, answered by a redirect.
+
+Every action goes through `page_action` (same origin, signed in, the session's CSRF
+token), checks its own scope, and then calls the very function the JSON API calls with
+the person as the actor, so the rules, the refusals and the audit trail are the API's.
+A refusal is the error page with the API's problem; success goes back to the page the
+form was on, which says what was done.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import g, redirect, render_template, request, url_for
+
+from orquestador.api.access import ResourceAccess
+from orquestador.api.approval_routes import MAX_COMMENT_CHARACTERS, decide_as
+from orquestador.api.auth import SCOPE_APPROVALS_DECIDE, SCOPE_NOTICES_READ
+from orquestador.api.context import engine
+from orquestador.api.execution_routes import cancel_as, may_cancel, read_execution
+from orquestador.api.notice_routes import dismiss_as
+from orquestador.api.problems import ApiProblem
+from orquestador.api.sign_in_links import landing_page
+from orquestador.api.ui_routes import (
+    blueprint,
+    not_found_page,
+    page_action,
+    page_facts,
+    require_page_scope,
+    signed_in,
+)
+from orquestador.approvals.store import DECISIONS
+
+MAX_REASON_CHARACTERS = 2000
+
+# What the page a form returns to says about it: only these words, never text from the URL.
+DONE = {
+    "cancelled": "The cancel was applied as the write rule allows.",
+    "approved": "You approved it.",
+    "rejected": "You rejected it.",
+    "dismissed": "The notice was dismissed.",
+}
+
+
+@blueprint.app_context_processor
+def _what_was_done() -> dict[str, Any]:
+    return {"done": DONE.get(request.args.get("done", ""))}
+
+
+def _identifier(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise not_found_page() from None
+
+
+def _text(name: str, *, required: bool, limit: int) -> str:
+    value = request.form.get(name, "").strip()
+    if required and not value:
+        raise ApiProblem(422, "FORM_INVALID", f"Fill in the {name}: it is kept in the audit trail.")
+    if len(value) > limit:
+        raise ApiProblem(422, "FORM_INVALID", f"The {name} is longer than {limit} characters.")
+    return value
+
+
+def _back(default: str, done: str) -> Any:
+    """Back to the page the form names (only a page of this UI), saying what was done."""
+    named = request.form.get("next")
+    target = (landing_page(named) if named else None) or default
+    joiner = "&" if "?" in target else "?"
+    return redirect(f"{target}{joiner}done={done}", 303)
+
+
+@blueprint.post("/executions/<execution_id>/cancel")
+@page_action
+def cancel_execution(execution_id: str) -> Any:
+    identifier = _identifier(execution_id)
+    require_page_scope(may_cancel(g.caller), "executions:cancel or requests:write")
+    reason = _text("reason", required=True, limit=MAX_REASON_CHARACTERS)
+    cancel_as(g.caller, identifier, reason)
+    return _back(url_for("ui.execution_page", execution_id=str(identifier)), "cancelled")
+
+
+@blueprint.post("/approvals/<approval_id>/decision")
+@page_action
+def decide_approval(approval_id: str) -> Any:
+    identifier = _identifier(approval_id)
+    require_page_scope(g.caller.has_scope(SCOPE_APPROVALS_DECIDE), SCOPE_APPROVALS_DECIDE)
+    decision = request.form.get("decision", "")
+    if decision not in DECISIONS:
+        raise ApiProblem(422, "FORM_INVALID", "Choose to approve or to reject.")
+    comment = _text("comment", required=False, limit=MAX_COMMENT_CHARACTERS)
+    after = decide_as(g.caller, identifier, decision, comment)
+    page = url_for("ui.execution_page", execution_id=str(after.execution_id))
+    return _back(page, decision)
+
+
+@blueprint.post("/notices/<notice_id>/dismiss")
+@page_action
+def dismiss_notice(notice_id: str) -> Any:
+    identifier = _identifier(notice_id)
+    require_page_scope(g.caller.has_scope(SCOPE_NOTICES_READ), SCOPE_NOTICES_READ)
+    with engine().begin() as conn:
+        row = dismiss_as(g.caller, conn, identifier)
+    if row is None:
+        raise not_found_page()
+    default = (
+        url_for("ui.execution_page", execution_id=str(row.execution_id))
+        if row.execution_id
+        else url_for("ui.executions")
+    )
+    return _back(default, "dismissed")
+
+
+@blueprint.get("/executions/<execution_id>/cancel")
+@signed_in
+def cancel_form(execution_id: str) -> Any:
+    identifier = _identifier(execution_id)
+    require_page_scope(may_cancel(g.caller), "executions:cancel or requests:write")
+    found = read_execution(ResourceAccess(g.caller), identifier)
+    if found is None:
+        raise not_found_page()
+    return render_template(
+        "cancel.html",
+        caller=g.caller,
+        execution=page_facts(found.row, found.view),
+        reason_limit=MAX_REASON_CHARACTERS,
+    )

@@ -1,0 +1,269 @@
+"""Actions from the pages: each a POST form with the session's CSRF token and the origin
+check, shown only to holders of the scope, done with the person as the audited actor.
+
+Cancel, approve or reject, and dismiss a notice; a cross-site POST, a POST without the
+token and one with another session's token are refused and change nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import Engine, text
+
+from orquestador.worker.executor import Executor
+from tests.integration.api_support import ORG, OTHER_ORG, Api
+from tests.integration.approval_support import (  # the fixtures api, executor, registry
+    approval_flow,
+    builtins_api,  # noqa: F401
+    builtins_executor,  # noqa: F401
+    builtins_registry,  # noqa: F401
+)
+from tests.integration.execution_page_support import HOST, signed_in, text_of, waiting
+from tests.integration.worker_support import audit, execution, run_once
+
+OPERATOR = ["requests:read", "executions:cancel", "notices:read"]
+READER = ["requests:read"]
+APPROVER = ["requests:read", "approvals:decide"]
+
+
+def csrf_of(client: FlaskClient, page: str) -> str:
+    html = client.get(page).get_data(as_text=True)
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, f"no CSRF field on {page}"
+    return found.group(1)
+
+
+def cancel_page(execution_id: str) -> str:
+    return f"/ui/executions/{execution_id}/cancel"
+
+
+def post_cancel(client: FlaskClient, execution_id: str, **form: str) -> tuple[int, str]:
+    headers = {"Origin": form.pop("origin", HOST)}
+    response = client.post(cancel_page(execution_id), data=form, headers=headers)
+    return response.status_code, response.get_data(as_text=True)
+
+
+@pytest.fixture(name="waiting_one")
+def waiting_execution(api: Api, owner_engine: Engine) -> Iterator[str]:
+    yield waiting(api, owner_engine).execution_id
+
+
+def test_an_operator_cancels_from_the_page_and_the_timeline_says_who_and_why(
+    api: Api, waiting_one: str, runtime_engine: Engine
+) -> None:
+    client = signed_in(api, scopes=OPERATOR)
+    page = client.get(f"/ui/executions/{waiting_one}")
+    assert page.headers["Refresh"] == "5"  # not final: the page follows it
+    assert cancel_page(waiting_one) in page.get_data(as_text=True)
+
+    token = csrf_of(client, cancel_page(waiting_one))
+    response = client.post(
+        cancel_page(waiting_one),
+        data={"csrf": token, "reason": "customer asked on the phone"},
+        headers={"Origin": HOST},
+    )
+
+    assert response.status_code == 303
+    assert response.headers["Location"] == f"/ui/executions/{waiting_one}?done=cancelled"
+    (cancelled,) = audit(runtime_engine, uuid.UUID(waiting_one), "EXECUTION_CANCELLED")
+    assert cancelled.actor == "alice"
+    assert cancelled.detail["reason"] == "customer asked on the phone"
+    after = client.get(response.headers["Location"])
+    words = text_of(after.get_data(as_text=True))
+    assert "The cancel was applied as the write rule allows." in words
+    assert "alice cancelled it." in words and "customer asked on the phone" in words
+    assert "alice asked for power-off from new at revision 2." in words
+    assert "agents asked to stop: poweroff" in words
+    assert "Refresh" not in after.headers  # final: nothing left to follow
+
+
+@pytest.mark.parametrize(
+    ("form", "code"),
+    [
+        ({"csrf": ""}, "CSRF_TOKEN_INVALID"),
+        ({"csrf": "0" * 64}, "CSRF_TOKEN_INVALID"),
+        ({"origin": "https://evil.example"}, "CROSS_SITE_FORM"),
+    ],
+    ids=["no token", "wrong token", "cross-site"],
+)
+def test_a_forged_cancel_is_refused_and_changes_nothing(
+    api: Api, waiting_one: str, runtime_engine: Engine, form: dict[str, str], code: str
+) -> None:
+    client = signed_in(api, scopes=OPERATOR)
+    token = csrf_of(client, cancel_page(waiting_one))
+    data = {"csrf": token, "reason": "forged", **form}
+
+    status, html = post_cancel(client, waiting_one, **data)
+
+    assert status == 403, html
+    assert {"CSRF_TOKEN_INVALID": "out of date", "CROSS_SITE_FORM": "page of this server"}[
+        code
+    ] in html
+    assert execution(runtime_engine, uuid.UUID(waiting_one)).status == "WAITING"
+    assert audit(runtime_engine, uuid.UUID(waiting_one), "EXECUTION_CANCELLED") == []
+
+
+def test_another_sessions_token_does_not_carry_over(
+    api: Api, waiting_one: str, runtime_engine: Engine
+) -> None:
+    mine = signed_in(api, scopes=OPERATOR)
+    theirs = signed_in(api, sub="mallory", scopes=OPERATOR)
+    stolen = csrf_of(theirs, cancel_page(waiting_one))
+
+    status, _ = post_cancel(mine, waiting_one, csrf=stolen, reason="x")
+
+    assert status == 403
+    assert execution(runtime_engine, uuid.UUID(waiting_one)).status == "WAITING"
+
+
+def test_without_the_scope_there_is_no_cancel_and_a_post_is_refused(
+    api: Api, waiting_one: str, runtime_engine: Engine
+) -> None:
+    client = signed_in(api, scopes=READER)
+    page = client.get(f"/ui/executions/{waiting_one}").get_data(as_text=True)
+    assert cancel_page(waiting_one) not in page
+    assert client.get(cancel_page(waiting_one)).status_code == 403
+    # The token is the session's, whatever the scope: the scope is what refuses.
+    token = csrf_of(client, f"/ui/executions/{waiting_one}")
+
+    status, html = post_cancel(client, waiting_one, csrf=token, reason="x")
+
+    assert status == 403 and "executions:cancel" in html
+    assert execution(runtime_engine, uuid.UUID(waiting_one)).status == "WAITING"
+
+
+def test_a_cancel_needs_a_reason_and_a_foreign_execution_is_not_found(
+    api: Api, waiting_one: str, owner_engine: Engine
+) -> None:
+    client = signed_in(api, scopes=OPERATOR)
+    token = csrf_of(client, cancel_page(waiting_one))
+    status, html = post_cancel(client, waiting_one, csrf=token, reason="  ")
+    assert status == 422 and "Fill in the reason" in html
+
+    foreign = waiting(api, owner_engine, org=OTHER_ORG).execution_id
+    assert post_cancel(client, foreign, csrf=token, reason="x")[0] == 404
+    assert post_cancel(client, "not-an-id", csrf=token, reason="x")[0] == 404
+
+
+def test_a_signed_out_form_is_refused(api: Api, waiting_one: str) -> None:
+    client = signed_in(api, scopes=OPERATOR)
+    token = csrf_of(client, cancel_page(waiting_one))
+    client.post("/ui/logout", headers={"Origin": HOST})
+
+    status, _ = post_cancel(client, waiting_one, csrf=token, reason="x")
+
+    assert status == 401
+
+
+# --- approvals -------------------------------------------------------------------------
+
+
+def _approval(
+    api: Api, executor: Executor, engine: Engine, approvers: list[str] | None = None
+) -> tuple[str, str]:
+    published = api.publish(approval_flow({"subjects": approvers or ["bob"]}))
+    created = api.create_request(published["id"], {"machineId": "m-1"})
+    response = api.transition(created["id"], "ask", created["revision"])
+    execution_id = response.get_json()["executionId"]
+    assert run_once(engine, executor) == "WAITING"
+    listed = api.get("/approvals", sub="bob", scopes=["approvals:decide"]).get_json()["items"]
+    (item,) = listed
+    return item["id"], execution_id
+
+
+def test_an_approver_approves_from_the_page_with_a_comment(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    approval_id, execution_id = _approval(api, executor, runtime_engine)
+    client = signed_in(api, sub="bob", scopes=APPROVER)
+    token = csrf_of(client, f"/ui/executions/{execution_id}")
+
+    response = client.post(
+        f"/ui/approvals/{approval_id}/decision",
+        data={"csrf": token, "decision": "approved", "comment": "window agreed"},
+        headers={"Origin": HOST},
+    )
+
+    assert response.status_code == 303
+    assert response.headers["Location"] == f"/ui/executions/{execution_id}?done=approved"
+    (decided,) = audit(runtime_engine, uuid.UUID(execution_id), "APPROVAL_DECIDED")
+    assert (decided.actor, decided.detail["comment"]) == ("bob", "window agreed")
+
+
+def test_the_requester_cannot_approve_from_the_page_either(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    approval_id, execution_id = _approval(api, executor, runtime_engine, ["alice", "bob"])
+    client = signed_in(api, sub="alice", scopes=APPROVER)
+    token = csrf_of(client, f"/ui/executions/{execution_id}")
+
+    response = client.post(
+        f"/ui/approvals/{approval_id}/decision",
+        data={"csrf": token, "decision": "approved"},
+        headers={"Origin": HOST},
+    )
+
+    assert response.status_code == 403
+    assert "someone else decides" in response.get_data(as_text=True)
+    assert audit(runtime_engine, uuid.UUID(execution_id), "APPROVAL_DECIDED") == []
+
+
+# --- notices ---------------------------------------------------------------------------
+
+
+def _notice(owner_engine: Engine, org: str = ORG) -> str:
+    with owner_engine.begin() as conn:
+        return str(
+            conn.execute(
+                text(
+                    "INSERT INTO panel_notice (org_id, category, title, body, external_key)"
+                    " VALUES (:org, 'machine', 'Disk almost full', 'm-1 at 95%', :key)"
+                    " RETURNING id"
+                ),
+                {"org": org, "key": str(uuid.uuid4())},
+            ).scalar_one()
+        )
+
+
+def test_a_notice_is_dismissed_in_one_click_and_the_dismisser_is_kept(
+    api: Api, owner_engine: Engine
+) -> None:
+    notice_id = _notice(owner_engine)
+    foreign_id = _notice(owner_engine, OTHER_ORG)
+    client = signed_in(api, scopes=OPERATOR)
+    token = csrf_of(client, "/ui/executions")
+
+    response = client.post(
+        f"/ui/notices/{notice_id}/dismiss",
+        data={"csrf": token, "next": "/ui/executions"},
+        headers={"Origin": HOST},
+    )
+    foreign = client.post(
+        f"/ui/notices/{foreign_id}/dismiss", data={"csrf": token}, headers={"Origin": HOST}
+    )
+
+    assert response.status_code == 303
+    assert response.headers["Location"] == "/ui/executions?done=dismissed"
+    assert foreign.status_code == 404
+    with owner_engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT id::text, dismissed_by FROM panel_notice")).all())
+    assert rows == {notice_id: "alice", foreign_id: None}
+
+
+def test_a_form_never_sends_a_person_to_another_site(api: Api, owner_engine: Engine) -> None:
+    notice_id = _notice(owner_engine)
+    client = signed_in(api, scopes=OPERATOR)
+    token = csrf_of(client, "/ui/executions")
+
+    response = client.post(
+        f"/ui/notices/{notice_id}/dismiss",
+        data={"csrf": token, "next": "https://evil.example/"},
+        headers={"Origin": HOST},
+    )
+
+    assert response.headers["Location"] == "/ui/executions?done=dismissed"
