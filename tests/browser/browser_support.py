@@ -92,3 +92,32 @@ def screenshot(driver, name: str) -> Path:  # type: ignore[no-untyped-def]
     finally:
         driver.set_window_size(size["width"], size["height"])
     return path
+
+
+def sign_in(driver, base: str, token: str) -> None:  # type: ignore[no-untyped-def]
+    """Through the sign-in form, as a person does; returns once the next page has loaded."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{base}/ui/login")
+    driver.find_element(By.CSS_SELECTOR, "input[name=token]").send_keys(token)
+    button = driver.find_element(By.CSS_SELECTOR, "form.login button[type=submit]")
+
+    def left(_: object) -> bool:
+        # Chromium reports a node of an unloaded page as stale or as not of the document.
+        try:
+            button.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as failure:
+            if "does not belong to the document" in str(failure):
+                return True
+            raise
+        return False
+
+    button.click()
+    wait = WebDriverWait(driver, 20)
+    wait.until(left)
+    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+    assert not driver.current_url.startswith(f"{base}/ui/login"), "the sign-in was refused"

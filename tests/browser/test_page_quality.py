@@ -1,0 +1,268 @@
+"""Every page, in a real headless Chromium at 1280 px and 390 px, meets the quality bar of
+tests/browser/page_quality.py: no sideways scrolling, named controls the Tab key reaches,
+nothing refused by the Content-Security-Policy, and no serious axe-core violation.
+Screenshots land in test-artifacts/pages/.
+
+To check a new page, append a `PageCase` to `PAGES`: a name for its screenshots, and a
+function that makes the page's data from the `Site` (the API, the owner's and the
+runtime's engines) and returns the page's path. For example::
+
+    def _a_flow(site: Site) -> str:
+        flow = site.api.publish()
+        return f"/ui/flows/{flow['id']}"
+
+    PAGES.append(PageCase("flow", _a_flow))
+
+A page seen before signing in says `signed_in=False`. Give a page one case per state
+that shows different parts of it (empty, waiting, failed...).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from orquestador.queue.claims import claim_round
+from tests.browser.browser_support import serving, sign_in, start_chromium
+from tests.browser.page_quality import (
+    axe_core,  # noqa: F401 (the fixture: installs axe-core, or skips saying why)
+    check_page,
+)
+from tests.integration.api_support import Api, running_api
+from tests.integration.execution_page_support import (
+    completed,
+    deadline_passed,
+    dry_run,
+    twin,
+    waiting,
+)
+
+# Before the database and the browser: without axe-core every test here is skipped.
+pytestmark = pytest.mark.usefixtures("axe_core")
+
+
+@dataclass(frozen=True)
+class Site:
+    """The app served over HTTP on a fresh test database, and what arranges its data."""
+
+    api: Api
+    base: str
+    owner_engine: Engine
+    runtime_engine: Engine
+
+
+@dataclass(frozen=True)
+class PageCase:
+    """A page to check: its artifacts' name, and what makes its data and returns its path."""
+
+    name: str
+    arrange: Callable[[Site], str]
+    signed_in: bool = True
+
+
+def _requires_reconciliation(site: Site, execution_id: str) -> None:
+    with site.owner_engine.begin() as connection:
+        connection.execute(
+            text("UPDATE execution SET status = 'RECONCILIATION_REQUIRED' WHERE id = :id"),
+            {"id": execution_id},
+        )
+
+
+def _executions_of_every_kind(site: Site) -> None:
+    """Waiting, failed past a deadline, succeeded, waiting for a person, and a dry run."""
+    waiting(site.api, site.owner_engine)
+    deadline_passed(site.api, site.owner_engine, now="timed_out")
+    completed(site.api, site.owner_engine)
+    _requires_reconciliation(site, completed(site.api, site.owner_engine).execution_id)
+    dry_run(site.api, site.owner_engine)
+
+
+def _list(site: Site) -> str:
+    _executions_of_every_kind(site)
+    return "/ui/executions"
+
+
+def _dry_runs(site: Site) -> str:
+    _executions_of_every_kind(site)
+    return "/ui/executions?simulation=true"
+
+
+def _search_finding_two(site: Site) -> str:
+    """A short id two executions start with: the list of both, the search field filled."""
+    found = completed(site.api, site.owner_engine).execution_id
+    twin(site.owner_engine, found, found[:9] + str(uuid.uuid4())[9:])
+    return f"/ui/executions?id={found[:8]}"
+
+
+def _search_finding_none(site: Site) -> str:
+    completed(site.api, site.owner_engine)
+    return "/ui/executions?id=00000000"
+
+
+def _waiting(site: Site) -> str:
+    return f"/ui/executions/{waiting(site.api, site.owner_engine).execution_id}"
+
+
+def _reconciliation_required(site: Site) -> str:
+    """Then the command was `sent`, now it has `timed_out`; a person must decide."""
+    ran_out = deadline_passed(site.api, site.owner_engine, now="timed_out").execution_id
+    _requires_reconciliation(site, ran_out)
+    return f"/ui/executions/{ran_out}"
+
+
+def _purged(site: Site) -> str:
+    gone = deadline_passed(site.api, site.owner_engine, now="succeeded", purged=True)
+    return f"/ui/executions/{gone.execution_id}"
+
+
+def _completed(site: Site) -> str:
+    return f"/ui/executions/{completed(site.api, site.owner_engine).execution_id}"
+
+
+def _dry_run(site: Site) -> str:
+    return f"/ui/executions/{dry_run(site.api, site.owner_engine)}"
+
+
+def _cancelled(site: Site) -> str:
+    """A wait cancelled while its agent had the command: the page says it was asked to stop."""
+    waits = waiting(site.api, site.owner_engine).execution_id
+    answer = site.api.post(
+        f"/executions/{waits}/cancel", {"reason": "kept"}, scopes=["executions:cancel"]
+    )
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    return f"/ui/executions/{waits}"
+
+
+def _blocked_by_a_key(site: Site) -> str:
+    """Two executions under a machine's key of limit 1: the second waits for the first."""
+    flow = site.api.publish(
+        {
+            "key": "reboot",
+            "trigger": "manual",
+            "dataSchema": {"type": "object", "properties": {"machineId": {"type": "string"}}},
+            "initialState": "new",
+            "states": ["new", "done"],
+            "transitions": [
+                {
+                    "id": "go",
+                    "from": ["new"],
+                    "actions": [],
+                    "to": "done",
+                    "concurrency": {"key": "/data/machineId", "limit": 1},
+                }
+            ],
+        }
+    )
+    started = []
+    for _ in range(2):
+        request = site.api.create_request(flow["id"], {"machineId": "m-1"})
+        answer = site.api.transition(request["id"], "go", request["revision"])
+        assert answer.status_code == 202, answer.get_data(as_text=True)
+        started.append(answer.get_json()["executionId"])
+    with site.runtime_engine.connect() as connection:
+        claimed = claim_round(connection, "page-quality", 10, 30)
+    assert [str(c.execution_id) for c in claimed.claims] == started[:1]
+    return f"/ui/executions/{started[1]}"
+
+
+def _not_found(site: Site) -> str:
+    return f"/ui/executions/{uuid.uuid4()}"
+
+
+def _login(site: Site) -> str:
+    return "/ui/login"
+
+
+PAGES: list[PageCase] = [
+    PageCase("login", _login, signed_in=False),
+    PageCase("executions", _list),
+    PageCase("executions-dry-runs", _dry_runs),
+    PageCase("executions-search-two", _search_finding_two),
+    PageCase("executions-search-none", _search_finding_none),
+    PageCase("execution-waiting", _waiting),
+    PageCase("execution-reconciliation-required", _reconciliation_required),
+    PageCase("execution-command-purged", _purged),
+    PageCase("execution-completed", _completed),
+    PageCase("execution-dry-run", _dry_run),
+    PageCase("execution-cancelled", _cancelled),
+    PageCase("execution-blocked-by-a-key", _blocked_by_a_key),
+    PageCase("not-found", _not_found),
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = start_chromium()
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def site(database: Any, owner_engine: Engine, runtime_engine: Engine) -> Iterator[Site]:
+    with running_api(database.runtime_dsn) as api, serving(api.app) as base:
+        yield Site(api, base, owner_engine, runtime_engine)
+
+
+@pytest.mark.parametrize("case", PAGES, ids=lambda case: case.name)
+def test_the_page_meets_the_quality_bar(case: PageCase, browser: Any, site: Site) -> None:
+    path = case.arrange(site)
+    browser.delete_all_cookies()
+    if case.signed_in:
+        sign_in(browser, site.base, site.api.token())
+    check_page(browser, case.name, site.base + path)
+
+
+SHORT_OF_THE_BAR = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Short of the bar</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="/short.css"><script>document.title = "ran";</script></head>
+<body><main><h1>Short of the bar</h1>
+<form><input name="nameless"><button type="submit">Go</button></form>
+<p><a href="/elsewhere" tabindex="-1">skipped by the keyboard</a></p>
+<p class="faint">too faint to read</p>
+<pre class="wide">a line far too long for a phone, kept on one line by white-space: pre</pre>
+</main></body></html>"""
+
+SHORT_CSS = ".faint { color: #c8c8c8; } .wide { width: 700px; }"
+
+
+def test_the_checks_catch_a_page_that_falls_short(browser: Any) -> None:
+    """The bar's own check: a page with one fault of each kind fails with each one named."""
+    from flask import Flask, Response
+
+    app = Flask(__name__)
+
+    @app.get("/short")
+    def short() -> Response:
+        page = Response(SHORT_OF_THE_BAR, mimetype="text/html")
+        page.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'self'"
+        return page
+
+    @app.get("/short.css")
+    def short_css() -> Response:
+        return Response(SHORT_CSS, mimetype="text/css")
+
+    browser.delete_all_cookies()
+    with serving(app) as base, pytest.raises(pytest.fail.Exception) as failed:
+        check_page(browser, "self-check-short-of-the-bar", f"{base}/short")
+
+    said = str(failed.value)
+    assert "at 390 px: the page scrolls sideways" in said and "pre.wide" in said
+    assert "at 1280 px: the page scrolls sideways" not in said
+    assert (
+        'a control has no accessible name (label, aria-label or text): <input name="nameless">'
+        in said
+    )
+    assert 'the Tab key never reaches <a href="/elsewhere" tabindex="-1"> (tabindex -1)' in said
+    assert said.count("the Tab key never reaches") == 2  # the input and button it does reach
+    assert "the Content-Security-Policy refused something" in said
+    assert "axe serious color-contrast" in said and ".faint" in said
+    assert "axe critical label" in said
