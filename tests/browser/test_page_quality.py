@@ -108,6 +108,10 @@ def _waiting(site: Site) -> str:
     return f"/ui/executions/{waiting(site.api, site.owner_engine).execution_id}"
 
 
+def _cancel_form(site: Site) -> str:
+    return f"/ui/executions/{waiting(site.api, site.owner_engine).execution_id}/cancel"
+
+
 def _reconciliation_required(site: Site) -> str:
     """Then the command was `sent`, now it has `timed_out`; a person must decide."""
     ran_out = deadline_passed(site.api, site.owner_engine, now="timed_out").execution_id
@@ -185,6 +189,7 @@ PAGES: list[PageCase] = [
     PageCase("executions-search-two", _search_finding_two),
     PageCase("executions-search-none", _search_finding_none),
     PageCase("execution-waiting", _waiting),
+    PageCase("execution-cancel-form", _cancel_form),
     PageCase("execution-reconciliation-required", _reconciliation_required),
     PageCase("execution-command-purged", _purged),
     PageCase("execution-completed", _completed),
