@@ -92,12 +92,25 @@ def read_json_object(schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The body as a JSON object; with a schema, unknown fields and shape errors are 422."""
     if not request.is_json:
         raise ApiProblem(415, "UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
-    raw = _read_body()
     try:
-        document = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except (ValueError, RecursionError):
-        # UnicodeDecodeError and JSONDecodeError are both ValueErrors.
+        document = parse_json(_read_body())
+    except ValueError:
         raise ApiProblem(400, "MALFORMED_JSON", "The body is not valid JSON.") from None
+    return checked_object(document, schema)
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """JSON as the API reads it (no NaN or Infinity); ValueError when it is not JSON."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    # UnicodeDecodeError and JSONDecodeError are both ValueErrors.
+
+
+def checked_object(document: Any, schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`document` when it is an object that can be stored and (given) has the schema's
+    shape; else a 422 naming each problem. A page's form is checked by this too."""
     if not isinstance(document, dict):
         raise ApiProblem(
             422,

@@ -8,7 +8,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from orquestador.actions.rehearsals import outcome_problems
-from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_scope
+from orquestador.api.auth import SCOPE_FLOWS_ADMIN, Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import find_flow
@@ -26,8 +26,20 @@ blueprint = Blueprint("dry_runs", __name__, url_prefix=f"{API_PREFIX}/flows")
 @blueprint.post("/<uuid:flow_id>/dry-runs")
 @requires_scope(SCOPE_FLOWS_ADMIN)
 def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
-    caller = current_caller()
-    body = read_json_object(DRY_RUN_BODY)
+    execution_id, request_id = start_dry_run(
+        current_caller(), flow_id, read_json_object(DRY_RUN_BODY)
+    )
+    answer = {"executionId": str(execution_id), "requestId": str(request_id), "simulation": True}
+    return jsonify(answer), 202, {"Location": f"{API_PREFIX}/executions/{execution_id}"}
+
+
+def start_dry_run(
+    caller: Caller, flow_id: uuid.UUID, body: dict[str, Any]
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """Start a dry run for `caller` (the API's and the pages' one way): (execution, request).
+
+    `body` has DRY_RUN_BODY's shape already; what the flow itself rules out is a 422.
+    """
     with engine().begin() as connection:
         flow = find_flow(connection, org=caller.org, flow_id=flow_id)
         if flow is None:
@@ -59,8 +71,7 @@ def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
             simulation=True,
             rehearsal=outcomes,
         )
-    answer = {"executionId": str(execution_id), "requestId": str(created.id), "simulation": True}
-    return jsonify(answer), 202, {"Location": f"{API_PREFIX}/executions/{execution_id}"}
+    return execution_id, created.id
 
 
 def _check_state_and_transition(definition: FlowDefinition, state: str, transition: str) -> None:

@@ -16,10 +16,13 @@ from flask import g, redirect, render_template, request, url_for
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.approval_routes import MAX_COMMENT_CHARACTERS, decide_as
-from orquestador.api.auth import SCOPE_APPROVALS_DECIDE, SCOPE_NOTICES_READ
+from orquestador.api.auth import SCOPE_APPROVALS_DECIDE, SCOPE_FLOWS_ADMIN, SCOPE_NOTICES_READ
+from orquestador.api.body import checked_object, parse_json
 from orquestador.api.context import engine
+from orquestador.api.dry_run_routes import start_dry_run
 from orquestador.api.execution_routes import cancel_as, may_cancel, read_execution
 from orquestador.api.notice_routes import dismiss_as
+from orquestador.api.openapi_automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import landing_page
 from orquestador.api.ui_routes import (
@@ -40,6 +43,7 @@ DONE = {
     "approved": "You approved it.",
     "rejected": "You rejected it.",
     "dismissed": "The notice was dismissed.",
+    "dry-run": "The dry run started: nothing it does reaches a machine, a provider or a mailbox.",
 }
 
 
@@ -127,3 +131,32 @@ def cancel_form(execution_id: str) -> Any:
         execution=page_facts(found.row, found.view),
         reason_limit=MAX_REASON_CHARACTERS,
     )
+
+
+def _form_json(name: str, *, default: Any) -> Any:
+    text = request.form.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return parse_json(text)
+    except ValueError:
+        raise ApiProblem(422, "FORM_INVALID", f"The {name} is not valid JSON.") from None
+
+
+@blueprint.post("/flows/<flow_id>/dry-runs")
+@page_action
+def start_flow_dry_run(flow_id: str) -> Any:
+    identifier = _identifier(flow_id)
+    require_page_scope(g.caller.has_scope(SCOPE_FLOWS_ADMIN), SCOPE_FLOWS_ADMIN)
+    body: dict[str, Any] = {
+        "transition": request.form.get("transition", ""),
+        "data": _form_json("data", default={}),
+    }
+    if request.form.get("state"):
+        body["state"] = request.form["state"]
+    outcomes = _form_json("outcomes", default=None)
+    if outcomes is not None:
+        body["outcomes"] = outcomes
+    execution_id, _ = start_dry_run(g.caller, identifier, checked_object(body, DRY_RUN_BODY))
+    page = url_for("ui.execution_page", execution_id=str(execution_id))
+    return redirect(f"{page}?done=dry-run", 303)

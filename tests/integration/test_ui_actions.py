@@ -267,3 +267,32 @@ def test_a_form_never_sends_a_person_to_another_site(api: Api, owner_engine: Eng
     )
 
     assert response.headers["Location"] == "/ui/executions?done=dismissed"
+
+
+# --- dry runs --------------------------------------------------------------------------
+
+
+def test_a_flow_author_starts_a_dry_run_from_the_page(api: Api, runtime_engine: Engine) -> None:
+    flow_id = api.publish()["id"]
+    client = signed_in(api, scopes=["requests:read", "flows:admin"])
+    token = csrf_of(client, "/ui/executions")
+    form = {"csrf": token, "transition": "power-off", "data": '{"machineId": "m-1"}'}
+
+    response = client.post(f"/ui/flows/{flow_id}/dry-runs", data=form, headers={"Origin": HOST})
+    bad = client.post(
+        f"/ui/flows/{flow_id}/dry-runs", data={**form, "data": "{nope"}, headers={"Origin": HOST}
+    )
+    forged = client.post(
+        f"/ui/flows/{flow_id}/dry-runs", data={**form, "csrf": ""}, headers={"Origin": HOST}
+    )
+
+    assert response.status_code == 303, response.get_data(as_text=True)
+    location = response.headers["Location"]
+    assert location.endswith("?done=dry-run")
+    execution_id = location.split("/")[-1].split("?")[0]
+    assert execution(runtime_engine, uuid.UUID(execution_id)).simulation is True
+    assert "The dry run started" in text_of(client.get(location).get_data(as_text=True))
+    assert bad.status_code == 422 and "not valid JSON" in bad.get_data(as_text=True)
+    assert forged.status_code == 403
+    with runtime_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM execution")).scalar_one() == 1

@@ -61,6 +61,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "forged cancel": client.post(f"/ui/executions/{execution_id}/cancel"),
         "forged decision": client.post(f"/ui/approvals/{execution_id}/decision"),
         "forged dismiss": client.post(f"/ui/notices/{execution_id}/dismiss"),
+        "forged dry run": client.post(f"/ui/flows/{execution_id}/dry-runs"),
         "logout": client.post("/ui/logout", headers={"Origin": HOST}),
         "used sign-in link": anonymous.get("/ui/auth/link?t=nothing-of-ours"),
     }
@@ -96,6 +97,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "/ui/executions/<execution_id>/cancel",
         "/ui/approvals/<approval_id>/decision",
         "/ui/notices/<notice_id>/dismiss",
+        "/ui/flows/<flow_id>/dry-runs",
         "/ui/<path:anything>",
         "/ui/static/<path:filename>",
     }, "a new page: add it to the answers above"
