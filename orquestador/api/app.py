@@ -28,6 +28,7 @@ from orquestador.api import (
     request_routes,
     schedule_routes,
     ui_actions,  # noqa: F401  (its routes join ui_routes' blueprint)
+    ui_bulk,  # noqa: F401  (so do these)
     ui_routes,
 )
 from orquestador.api.auth import TokenVerifier

@@ -55,15 +55,37 @@ def _operator() -> Caller:
 def start() -> tuple[Response, int] | Response:
     caller = _operator()
     body = read_json_object(BULK_BODY)
-    action = body["action"]
+    if body.get("preview", False):
+        return jsonify(preview_as(caller, body["action"], body["filter"]))
+    bulk_id, total = start_as(caller, body)
+    answer = jsonify(
+        {"bulkId": str(bulk_id), "status": "DONE" if total == 0 else "RUNNING", "total": total}
+    )
+    answer.headers["Location"] = f"{API_PREFIX}/bulk/{bulk_id}"
+    return answer, 202
+
+
+def _access_for(caller: Caller, action: str) -> ResourceAccess:
     scope = ACTION_SCOPES[action]
     if not caller.has_scope(scope):
         raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"A bulk {action} needs the {scope} scope.")
-    found = bulk_filter(body["filter"])
     # Operators act on the whole organization, as on one execution with the same scope.
-    access = ResourceAccess(caller, Reach.ORGANIZATION)
-    if body.get("preview", False):
-        return jsonify(_preview(access, action, found))
+    return ResourceAccess(caller, Reach.ORGANIZATION)
+
+
+def preview_as(caller: Caller, action: str, criteria: dict[str, Any]) -> dict[str, Any]:
+    """How many executions a bulk `action` would take, and a sample (nothing recorded)."""
+    return _preview(_access_for(caller, action), action, bulk_filter(criteria))
+
+
+def start_as(caller: Caller, body: dict[str, Any]) -> tuple[uuid.UUID, int]:
+    """Accept a bulk action (a body of BULK_BODY's shape) for `caller`: (its id, total).
+
+    The API's and the pages' one way in; 422 BULK_TOO_LARGE beyond MAX_ITEMS matches.
+    """
+    action = body["action"]
+    access = _access_for(caller, action)
+    found = bulk_filter(body["filter"])
     bulk = BulkRequest(
         org_id=caller.org,
         actor=caller.sub,
@@ -86,23 +108,26 @@ def start() -> tuple[Response, int] | Response:
         total,
         extra={"bulk_id": str(bulk_id), "action": action, "total": total},
     )
-    answer = jsonify(
-        {"bulkId": str(bulk_id), "status": "DONE" if total == 0 else "RUNNING", "total": total}
-    )
-    answer.headers["Location"] = f"{API_PREFIX}/bulk/{bulk_id}"
-    return answer, 202
+    return bulk_id, total
 
 
 @blueprint.get("/bulk/<uuid:bulk_id>")
 def progress(bulk_id: uuid.UUID) -> Response:
-    caller = _operator()
-    with engine().connect() as connection:
-        connection.execution_options(isolation_level="REPEATABLE READ")
-        with connection.begin():
-            found = bulk_progress(connection, bulk_id, caller.org)
+    found = read_progress(_operator(), bulk_id)
     if found is None:
         raise not_found()
     return jsonify(progress_view(found))
+
+
+def read_progress(caller: Caller, bulk_id: uuid.UUID) -> BulkProgress | None:
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            return bulk_progress(connection, bulk_id, caller.org)
+
+
+def may_act_in_bulk(caller: Caller) -> bool:
+    return any(caller.has_scope(scope) for scope in ACTION_SCOPES.values())
 
 
 def _preview(access: ResourceAccess, action: str, found: BulkFilter) -> dict[str, Any]:

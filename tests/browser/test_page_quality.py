@@ -112,6 +112,20 @@ def _cancel_form(site: Site) -> str:
     return f"/ui/executions/{waiting(site.api, site.owner_engine).execution_id}/cancel"
 
 
+def _bulk_preview(site: Site) -> str:
+    for _ in range(2):
+        waiting(site.api, site.owner_engine)
+    return "/ui/bulk?action=cancel&status=WAITING"
+
+
+def _bulk_progress(site: Site) -> str:
+    waiting(site.api, site.owner_engine)
+    body = {"filter": {"status": "WAITING"}, "action": "cancel", "reason": "outage"}
+    answer = site.api.post("/executions/bulk", body, scopes=["executions:cancel"])
+    assert answer.status_code == 202, answer.get_data(as_text=True)
+    return f"/ui/bulk/{answer.get_json()['bulkId']}"
+
+
 def _reconciliation_required(site: Site) -> str:
     """Then the command was `sent`, now it has `timed_out`; a person must decide."""
     ran_out = deadline_passed(site.api, site.owner_engine, now="timed_out").execution_id
@@ -190,6 +204,8 @@ PAGES: list[PageCase] = [
     PageCase("executions-search-none", _search_finding_none),
     PageCase("execution-waiting", _waiting),
     PageCase("execution-cancel-form", _cancel_form),
+    PageCase("bulk-preview", _bulk_preview),
+    PageCase("bulk-progress", _bulk_progress),
     PageCase("execution-reconciliation-required", _reconciliation_required),
     PageCase("execution-command-purged", _purged),
     PageCase("execution-completed", _completed),

@@ -296,3 +296,47 @@ def test_a_flow_author_starts_a_dry_run_from_the_page(api: Api, runtime_engine: 
     assert forged.status_code == 403
     with runtime_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM execution")).scalar_one() == 1
+
+
+# --- bulk actions ----------------------------------------------------------------------
+
+
+def test_a_bulk_cancel_from_the_pages_previews_asks_why_and_shows_progress(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    ids = [waiting(api, owner_engine).execution_id for _ in range(3)]
+    client = signed_in(api, scopes=OPERATOR)
+
+    preview = client.get("/ui/bulk?action=cancel&status=WAITING")
+    html = preview.get_data(as_text=True)
+    assert preview.status_code == 200 and "3 executions match" in text_of(html)
+    assert all(execution(runtime_engine, uuid.UUID(i)).status == "WAITING" for i in ids)
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert token is not None
+    form = {"csrf": token.group(1), "action": "cancel", "status": "WAITING", "reason": "outage"}
+
+    forged = client.post("/ui/bulk", data={**form, "csrf": ""}, headers={"Origin": HOST})
+    response = client.post("/ui/bulk", data=form, headers={"Origin": HOST})
+
+    assert forged.status_code == 403
+    assert response.status_code == 303
+    page = client.get(response.headers["Location"])
+    assert page.status_code == 200 and "Bulk cancel: 0 of 3 done" in text_of(
+        page.get_data(as_text=True)
+    )
+    assert page.headers["Refresh"] == "2"  # the worker has not taken it yet
+    with runtime_engine.connect() as conn:
+        (actor, reason) = conn.execute(text("SELECT actor, reason FROM bulk_action")).one()
+    assert (actor, reason) == ("alice", "outage")
+
+
+def test_a_bulk_preview_refuses_a_bad_filter_and_a_reader(api: Api) -> None:
+    operator = signed_in(api, scopes=OPERATOR)
+    reader = signed_in(api, scopes=READER)
+
+    bad = operator.get("/ui/bulk?action=cancel&createdAfter=yesterday")
+    unknown = operator.get("/ui/bulk?action=retry&status=FAILED")
+
+    assert bad.status_code == 422 and "/createdAfter" in bad.get_data(as_text=True)
+    assert unknown.status_code == 422  # retry needs executions:reconcile, not held
+    assert reader.get("/ui/bulk").status_code == 403

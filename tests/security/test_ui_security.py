@@ -62,6 +62,9 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "forged decision": client.post(f"/ui/approvals/{execution_id}/decision"),
         "forged dismiss": client.post(f"/ui/notices/{execution_id}/dismiss"),
         "forged dry run": client.post(f"/ui/flows/{execution_id}/dry-runs"),
+        "bulk preview": client.get("/ui/bulk?action=cancel&status=FAILED"),
+        "forged bulk": client.post("/ui/bulk"),
+        "bulk progress": client.get(f"/ui/bulk/{execution_id}"),
         "logout": client.post("/ui/logout", headers={"Origin": HOST}),
         "used sign-in link": anonymous.get("/ui/auth/link?t=nothing-of-ours"),
     }
@@ -98,6 +101,8 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "/ui/approvals/<approval_id>/decision",
         "/ui/notices/<notice_id>/dismiss",
         "/ui/flows/<flow_id>/dry-runs",
+        "/ui/bulk",
+        "/ui/bulk/<bulk_id>",
         "/ui/<path:anything>",
         "/ui/static/<path:filename>",
     }, "a new page: add it to the answers above"
