@@ -27,6 +27,9 @@ from orquestador.api import (
     plan_routes,
     request_routes,
     schedule_routes,
+    # Imported for its side effect: it adds the console's read pages to ui_routes'
+    # blueprint, which must happen before create_app registers that blueprint.
+    ui_pages,  # noqa: F401
     ui_routes,
 )
 from orquestador.api.auth import TokenVerifier
