@@ -261,7 +261,7 @@ def _decision_in_words(decision: dict[str, Any]) -> dict[str, Any]:
         rules.append(
             {
                 "id": rule.get("id"),
-                "when": " and ".join(conditions) if conditions else "always",
+                "when": f"when {' and '.join(conditions)}" if conditions else "always",
                 "to": then.get("to"),
                 "outcome": then.get("outcome"),
                 "others": {k: v for k, v in then.items() if k not in ("to", "outcome")},

@@ -222,7 +222,7 @@ def test_the_flows_list_and_a_flow_in_words(api: Api) -> None:
     assert "From new → where the decision table says" in words
     assert "send : machine.command v1; on error to attention" in words
     assert 'ok : when /actions/wait/status is "succeeded", to off, outcome DONE' in words
-    assert "other : when always, to attention, outcome REVIEW" in words
+    assert "other : always, to attention, outcome REVIEW" in words
     assert "From attention → new" in words
     assert "Trigger manual" in words and "States new, off, attention" in words
     assert "<details" in page and "Data schema" in words
