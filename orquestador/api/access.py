@@ -80,6 +80,13 @@ class ExecutionFilter:
     # The leading hex digits of an execution id (a short id, dashes left out): an id
     # names one execution, real or dry run, so it is looked for among both.
     id_prefix: str | None = None
+    flow_key: str | None = None
+    error_code: str | None = None
+    # The request's machine, else the one its data names (as the view's machineId).
+    machine_id: str | None = None
+    # Created strictly after / strictly before.
+    created_after: datetime | None = None
+    created_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,10 @@ class ResourceAccess:
             request.c.data,
             request.c.machine_id,
             request.c.busy_execution_id,
+            request.c.owner_id,
+            request.c.simulation,
+            request.c.created_at,
+            request.c.updated_at,
             func.coalesce(request.c.busy_execution_id, latest).label("execution_id"),
         ).where(request.c.id == request_id, self._sees_request())
         return connection.execute(query).one_or_none()
@@ -232,6 +243,16 @@ class ResourceAccess:
             conditions.append(execution.c.flow_id == page.flow_id)
         if page.request_id is not None:
             conditions.append(execution.c.request_id == page.request_id)
+        if page.flow_key is not None:
+            conditions.append(flow.c.key == page.flow_key)
+        if page.error_code is not None:
+            conditions.append(execution.c.error_code == page.error_code)
+        if page.machine_id is not None:
+            conditions.append(_request_machine == page.machine_id)
+        if page.created_after is not None:
+            conditions.append(execution.c.created_at > page.created_after)
+        if page.created_before is not None:
+            conditions.append(execution.c.created_at < page.created_before)
         if page.after is not None:
             conditions.append(tuple_(execution.c.created_at, execution.c.id) < tuple_(*page.after))
         query = (
@@ -516,3 +537,41 @@ class ResourceAccess:
             machine_command.c.id.in_(command_ids),
         )
         return {row.id: row for row in connection.execute(query)}
+
+    def machine_commands(self, connection: Connection, machine_id: str, limit: int) -> list[Row]:
+        """Up to `limit` + 1 commands sent to a machine by executions the caller may see,
+        newest first, each with the execution that sent it.
+
+        A command's external key is the step's that sent it: the join finds the
+        execution, whose request says whether the caller may see it.
+        """
+        query = (
+            select(
+                machine_command.c.id,
+                machine_command.c.command,
+                machine_command.c.args,
+                machine_command.c.status,
+                machine_command.c.exit_code,
+                machine_command.c.created_at,
+                machine_command.c.updated_at,
+                machine_command.c.sent_at,
+                machine_command.c.finished_at,
+                machine_command.c.cancel_requested_at,
+                action_execution.c.execution_id,
+                action_execution.c.action_id,
+            )
+            .join(
+                action_execution,
+                action_execution.c.external_key == machine_command.c.external_key,
+            )
+            .join(execution, execution.c.id == action_execution.c.execution_id)
+            .join(request, request.c.id == execution.c.request_id)
+            .where(
+                machine_command.c.org_id == self.caller.org,
+                machine_command.c.machine_id == machine_id,
+                self._sees_execution(),
+            )
+            .order_by(machine_command.c.created_at.desc(), machine_command.c.id.desc())
+            .limit(limit + 1)
+        )
+        return list(connection.execute(query))

@@ -29,6 +29,9 @@ from orquestador.api import (
     schedule_routes,
     ui_actions,  # noqa: F401  (its routes join ui_routes' blueprint)
     ui_bulk,  # noqa: F401  (so do these)
+    # Imported for its side effect: it adds the console's read pages to ui_routes'
+    # blueprint, which must happen before create_app registers that blueprint.
+    ui_pages,  # noqa: F401
     ui_routes,
 )
 from orquestador.api.auth import TokenVerifier

@@ -25,7 +25,7 @@ from orquestador.api.auth import (
     current_caller,
     requires_scope,
 )
-from orquestador.api.body import pointer, read_json_object
+from orquestador.api.body import pointer, read_json_object, unstorable_text
 from orquestador.api.capability_routes import ADAPTERS_EXTENSION as ADAPTERS_EXTENSION
 from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import api_context, engine
@@ -430,8 +430,17 @@ def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
         status=status,
         flow_id=_uuid_argument(args, "flowId"),
         request_id=_uuid_argument(args, "requestId"),
+        flow_key=_text_argument(args, "flowKey"),
+        error_code=_text_argument(args, "errorCode"),
+        machine_id=_text_argument(args, "machineId"),
+        created_after=_instant_argument(args, "createdAfter"),
+        created_before=_instant_argument(args, "createdBefore"),
         after=read_cursor(after_text) if after_text is not None else None,
     )
+
+
+# A flow key, error code or machine id to search by is never longer than this.
+MAX_SEARCH_CHARACTERS = 200
 
 
 # A short id: at least 8 leading hex digits of an execution id; dashes are ignored.
@@ -459,3 +468,25 @@ def _uuid_argument(args: Mapping[str, str], name: str) -> uuid.UUID | None:
         return uuid.UUID(text)
     except ValueError:
         raise query_problem(name, "a UUID") from None
+
+
+def _text_argument(args: Mapping[str, str], name: str) -> str | None:
+    text = args.get(name)
+    if text is None:
+        return None
+    if not text or len(text) > MAX_SEARCH_CHARACTERS or unstorable_text(text):
+        raise query_problem(name, f"text of 1 to {MAX_SEARCH_CHARACTERS} characters")
+    return text
+
+
+def _instant_argument(args: Mapping[str, str], name: str) -> datetime | None:
+    text = args.get(name)
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise query_problem(name, "an RFC 3339 date-time with its offset (or Z)")
+    return moment

@@ -217,6 +217,34 @@ def _core_paths() -> dict[str, Any]:
                         "Only executions of this request.",
                     ),
                     query_parameter(
+                        "flowKey",
+                        {"type": "string", "minLength": 1, "maxLength": 200},
+                        "Only executions of this flow key (any version).",
+                    ),
+                    query_parameter(
+                        "errorCode",
+                        {"type": "string", "minLength": 1, "maxLength": 200},
+                        "Only executions whose errorCode is this.",
+                    ),
+                    query_parameter(
+                        "machineId",
+                        {"type": "string", "minLength": 1, "maxLength": 200},
+                        "Only executions of requests on this machine (the request's "
+                        "machineId, else its data's).",
+                    ),
+                    query_parameter(
+                        "createdAfter",
+                        {"type": "string", "format": "date-time"},
+                        "Only executions created strictly after this instant (with its "
+                        "offset, or Z).",
+                    ),
+                    query_parameter(
+                        "createdBefore",
+                        {"type": "string", "format": "date-time"},
+                        "Only executions created strictly before this instant (with its "
+                        "offset, or Z).",
+                    ),
+                    query_parameter(
                         "limit",
                         {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
                         "Page size.",

@@ -46,6 +46,7 @@ from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_link
 from orquestador.api.tokens import mint_token
 from orquestador.api.views import execution_views
+from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.errors import ConfigError
 from orquestador.wording import duration_in_words
 
@@ -305,7 +306,16 @@ def home() -> Any:
 @blueprint.get("/executions")
 @signed_in
 def executions() -> Any:
-    page = execution_filter(request.args)
+    kept = search_arguments()
+    try:
+        page = execution_filter(_filter_arguments(kept))
+    except ApiProblem as refused:
+        if refused.status != 400:
+            raise
+        # The person's own search, shown again with what is wrong with it.
+        return _executions_page(
+            kept, items=[], next_url=None, problems=refused.problems, status=400
+        )
     access = ResourceAccess(g.caller)
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")
@@ -321,25 +331,94 @@ def executions() -> Any:
         return redirect(url_for("ui.execution_page", execution_id=str(rows[0].id)), 303)
     views = execution_views(rows, steps, attempts, facts)
     items = [page_facts(row, view) for row, view in zip(rows, views, strict=True)]
-    next_args: dict[str, str] = {}
-    if more:
-        next_args = {"after": cursor(rows[-1])}
-        if page.status:
-            next_args["status"] = page.status
-        if page.simulation:
-            next_args["simulation"] = "true"
-        if page.id_prefix:
-            next_args["id"] = page.id_prefix
-    return render_template(
+    next_url = url_for("ui.executions", **kept, after=cursor(rows[-1])) if more else None
+    return _executions_page(kept, items=items, next_url=next_url, problems=[], status=200)
+
+
+# The search form's fields, by their query parameters (the JSON listing's own names).
+SEARCH_FIELDS = ("id", "machineId", "flowKey", "errorCode", "createdAfter", "createdBefore")
+# What a person is told about a time they typed that is not one.
+_TIME_EXAMPLE = "a date and time such as 2026-03-01T09:30 (UTC), or with its offset"
+
+
+def search_arguments() -> dict[str, str]:
+    """The list's filters as the person gave them, empty fields left out: every link of
+    the list (status, dry runs, older executions) keeps them."""
+    kept: dict[str, str] = {}
+    for name in (*SEARCH_FIELDS, "status", "simulation", "limit"):
+        value = request.args.get(name, "").strip()
+        if value:
+            kept[name] = value
+    return kept
+
+
+def _filter_arguments(kept: dict[str, str]) -> dict[str, str]:
+    """The filters as the JSON listing reads them: a time without an offset (what a
+    browser's date-time field sends) is UTC; a cursor comes along when given."""
+    arguments = dict(kept)
+    for name in ("createdAfter", "createdBefore"):
+        if name in arguments:
+            arguments[name] = _utc_instant(arguments[name])
+    after = request.args.get("after")
+    if after is not None:
+        arguments["after"] = after
+    return arguments
+
+
+def _utc_instant(text: str) -> str:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text  # left as typed: the filter refuses it and says why
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.isoformat()
+
+
+def _executions_page(
+    kept: dict[str, str],
+    *,
+    items: list[dict[str, Any]],
+    next_url: str | None,
+    problems: list[Any],
+    status: int,
+) -> Response:
+    others = {name: value for name, value in kept.items() if name not in ("status", "simulation")}
+    chosen = kept.get("status")
+    simulation = kept.get("simulation") == "true"
+    status_links = [
+        (
+            label,
+            url_for("ui.executions", **others, status=value),
+            chosen == value and not simulation,
+        )
+        for value, label in STATUS_LINKS
+    ]
+    page = render_template(
         "executions.html",
         caller=g.caller,
         items=items,
-        status=page.status,
-        simulation=page.simulation,
-        searched=request.args.get("id", ""),
-        status_links=STATUS_LINKS,
-        next_url=url_for("ui.executions", **next_args) if more else None,
+        status=chosen,
+        simulation=simulation,
+        searched=kept.get("id", ""),
+        search=kept,
+        searching=any(name in kept for name in SEARCH_FIELDS),
+        statuses=EXECUTION_STATUSES,
+        all_url=url_for("ui.executions", **others),
+        dry_runs_url=url_for("ui.executions", **others, simulation="true"),
+        status_links=status_links,
+        next_url=next_url,
+        problems=[
+            {
+                "path": problem.path,
+                "message": _TIME_EXAMPLE
+                if problem.path in ("/createdAfter", "/createdBefore")
+                else problem.message,
+            }
+            for problem in problems
+        ],
     )
+    return Response(page, status=status, mimetype="text/html")
 
 
 @blueprint.get("/executions/<execution_id>")

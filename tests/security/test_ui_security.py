@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from werkzeug.test import TestResponse
 
 from orquestador.api.ui_routes import CONTENT_SECURITY_POLICY, SESSION_COOKIE
-from tests.integration.api_support import DECOMMISSION, Api, raw_token, running_api
+from tests.integration.api_support import ALL_SCOPES, DECOMMISSION, Api, raw_token, running_api
 from tests.integration.execution_page_support import deadline_passed, point_audit_at
 
 HOST = "http://localhost"
@@ -41,9 +41,11 @@ def _set_cookies(response: TestResponse) -> list[str]:
 
 
 def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine) -> None:
-    execution_id = deadline_passed(api, owner_engine).execution_id
-    token = api.token()
+    arranged = deadline_passed(api, owner_engine)
+    execution_id = arranged.execution_id
+    token = api.token(scopes=[*ALL_SCOPES, "notices:read", "approvals:decide", "plans:admin"])
     client = _signed_in(api, token)
+    reader = _signed_in(api, api.token(scopes=["requests:read"]))
     anonymous = api.client()
     answers = {
         "login": anonymous.get("/ui/login"),
@@ -55,6 +57,16 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "execution": client.get(f"/ui/executions/{execution_id}"),
         "not found": client.get("/ui/executions/00000000-0000-4000-8000-000000000000"),
         "bad filter": client.get("/ui/executions?limit=0"),
+        "bad date": client.get("/ui/executions?createdAfter=yesterday"),
+        "search": client.get("/ui/executions?machineId=m-1&flowKey=decommission"),
+        "request": client.get(f"/ui/requests/{arranged.request_id}"),
+        "flows": client.get("/ui/flows"),
+        "flow": client.get(f"/ui/flows/{arranged.flow_id}"),
+        "flows refused": reader.get("/ui/flows"),
+        "machine": client.get("/ui/machines/m-1"),
+        "notices": client.get("/ui/notices"),
+        "approvals": client.get("/ui/approvals"),
+        "schedules": client.get("/ui/schedules"),
         "unknown path": client.get("/ui/nothing/here"),
         "stylesheet": client.get("/ui/static/ui.css"),
         "cancel form": client.get(f"/ui/executions/{execution_id}/cancel"),
@@ -103,6 +115,13 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "/ui/flows/<flow_id>/dry-runs",
         "/ui/bulk",
         "/ui/bulk/<bulk_id>",
+        "/ui/requests/<request_id>",
+        "/ui/flows",
+        "/ui/flows/<flow_id>",
+        "/ui/machines/<path:machine_id>",
+        "/ui/notices",
+        "/ui/approvals",
+        "/ui/schedules",
         "/ui/<path:anything>",
         "/ui/static/<path:filename>",
     }, "a new page: add it to the answers above"
