@@ -73,7 +73,16 @@ class DecisionInvalid(OrquestadorError):
 
     code = "DECISION_INVALID"
 
-    def __init__(self, code: str, message: str, paths: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        paths: list[str] | None = None,
+        *,
+        problems: list[tuple[str, str]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
-        self.paths = list(paths or [])
+        # Each problem's own words at its path, when it has some; else `message` at `paths`.
+        self.problems = list(problems or [])
+        self.paths = list(paths or []) or [path for path, _ in self.problems]

@@ -160,6 +160,13 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
         metavar="S",
         help="fail: where the request goes (default: the step's onError state, else it stays)",
     )
+    reconcile.add_argument(
+        "--correct",
+        action="append",
+        metavar="PATH=JSON",
+        help="retry: first set PATH of the request data (a JSON Pointer, as a flow's updates "
+        "write it: /amount) to JSON (or @FILE); repeat for more paths",
+    )
 
     def reconcile_checked(args: argparse.Namespace) -> int:
         # argparse cannot tie one option to another's value: checked here, before any
@@ -169,6 +176,8 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
                 "--output is required with --decision confirm: the step's output as the "
                 "provider reports it (JSON, or @FILE), checked against the adapter's schema"
             )
+        if args.correct and args.decision != "retry":
+            reconcile.error("--correct goes only with --decision retry")
         return run_client_action(_reconcile, args)
 
     reconcile.set_defaults(handler=reconcile_checked)
@@ -509,6 +518,8 @@ def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
         body["output"] = json_argument(args.output, "--output")
     if args.to_state is not None:
         body["toState"] = args.to_state
+    if args.correct:
+        body["correction"] = [correction_argument(text) for text in args.correct]
     view = client.post(
         f"/executions/{_execution_path(client, args.execution)}/reconciliation", body
     )
@@ -516,6 +527,9 @@ def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
         print_json(view)
     else:
         print(f"decided: {args.decision}; the execution is {view['status']}")
+        if args.correct:
+            paths = ", ".join(entry["path"] for entry in body["correction"])
+            print(f"corrected: {paths} (the evidence's audit keeps each value before and after)")
         _print_execution(view)
     return 0
 
@@ -565,6 +579,14 @@ def _writes_done(view: dict[str, Any]) -> str:
         if detail.get(key)
     ]
     return "; ".join(said) if said else "done or in doubt"
+
+
+def correction_argument(text: str) -> dict[str, Any]:
+    """`--correct PATH=JSON` as a correction's `{path, value}`; the path ends at the first `=`."""
+    path, equals, value = text.partition("=")
+    if not equals or not path:
+        raise UsageProblem(f"--correct takes PATH=JSON (say /amount=950), not {text!r}")
+    return {"path": path, "value": json_argument(value, f"--correct {path}")}
 
 
 def json_argument(text: str, option: str) -> Any:

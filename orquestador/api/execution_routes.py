@@ -136,7 +136,7 @@ def reconcile(execution_id: uuid.UUID) -> Response:
     decision = body["decision"]
     misplaced = [
         Problem(f"/{name}", f"only a {needs} decision takes {name}")
-        for name, needs in (("output", "confirm"), ("toState", "fail"))
+        for name, needs in (("output", "confirm"), ("toState", "fail"), ("correction", "retry"))
         if name in body and decision != needs
     ]
     if misplaced:
@@ -158,6 +158,7 @@ def reconcile(execution_id: uuid.UUID) -> Response:
         action_id=body["actionId"],
         output=body.get("output"),
         to_state=body.get("toState"),
+        correction=_correction(body.get("correction")),
     )
     try:
         with engine().connect() as connection:
@@ -396,6 +397,13 @@ def _output_problems(capability: str, version: int, output: Any) -> list[str]:
     return sorted(messages)
 
 
+def _correction(entries: list[dict[str, Any]] | None) -> tuple[tuple[str, Any], ...] | None:
+    """The body's `[{path, value}]` as the (path, value) pairs of a Resolution."""
+    if entries is None:
+        return None
+    return tuple((entry["path"], entry["value"]) for entry in entries)
+
+
 def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:
     if invalid.code == "OUTPUT_INVALID":
         # The protocol points into the output; the answer points into the body.
@@ -404,6 +412,8 @@ def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:
             Problem(f"/output{path}", messages.get(path, invalid.message))
             for path in invalid.paths or [""]
         ]
+    if invalid.problems:
+        return [Problem(path, message) for path, message in invalid.problems]
     return [Problem(path, invalid.message) for path in invalid.paths]
 
 

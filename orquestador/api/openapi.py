@@ -312,8 +312,11 @@ def _core_paths() -> dict[str, Any]:
                 "`RECONCILIATION_RESOLVED` audit row. confirm: the step becomes SUCCEEDED with "
                 "`output` and the execution continues (PENDING) without calling it again; "
                 "retry: the step runs again with the same external key and a fresh attempt "
-                "budget (PENDING); fail: FAILED, the request moves to `toState` (default the "
-                "step's onError state, else stays) and is released.",
+                "budget (PENDING), with the request data first corrected by `correction` "
+                "when given (in the same transaction; the request takes a new revision and "
+                "the audit row keeps each path's value before and after); fail: FAILED, the "
+                "request moves to `toState` (default the step's onError state, else stays) "
+                "and is released.",
                 "security": SECURED,
                 "parameters": [id_parameter("executionId")],
                 "requestBody": body(ref("ReconciliationRequest")),
@@ -327,12 +330,14 @@ def _core_paths() -> dict[str, Any]:
                         "409",
                         s409="`NOT_RECONCILABLE`: the execution is not parked, `actionId` is "
                         "not the step in doubt, or the step does not accept this decision "
-                        "(a contract mismatch takes only retry or fail); also the loser of two "
-                        "decisions at once.",
+                        "(a contract mismatch takes only retry or fail), or a correction finds "
+                        "the request changed since acceptance; also the loser of two decisions "
+                        "at once.",
                         s422="`BODY_INVALID` (e.g. an empty reason, an unknown decision), "
                         "`OUTPUT_INVALID` (the output breaks the adapter's output schema), "
                         "`STATE_UNKNOWN` (toState), `INTEGRATION_UNAVAILABLE` (no adapter to "
-                        "check the output with).",
+                        "check the output with), `CORRECTION_INVALID` (a path or value of the "
+                        "correction refused, at `/correction/N/path` or `/correction/N/value`).",
                     ),
                 },
             },

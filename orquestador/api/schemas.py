@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orquestador.db.schema import COMMAND_STATUSES, EXECUTION_STATUSES
+from orquestador.domain.pointer_updates import MAX_CORRECTION_PATHS
 
 _UUID = {"type": "string", "format": "uuid"}
 _TIMESTAMP = {"type": "string", "format": "date-time"}
@@ -581,6 +582,37 @@ RECONCILIATION_BODY: dict[str, Any] = {
                 "fail only: where the request goes; default the step's onError state, else"
                 " the state it was accepted in."
             ),
+        },
+        "correction": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_CORRECTION_PATHS,
+            "description": (
+                "retry only: changes to the request data, applied in order in the same"
+                " transaction as the retry, so the step runs again with them. The corrected"
+                " data is checked against the flow's dataSchema and the 256 KiB limit; a"
+                " refused correction is 422 `CORRECTION_INVALID` and nothing is written."
+                " The request takes a new revision; the audit row keeps each path's value"
+                " before and after."
+            ),
+            "items": {
+                "type": "object",
+                "required": ["path", "value"],
+                "additionalProperties": False,
+                "properties": {
+                    "path": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": 1024,
+                        "description": (
+                            "A JSON Pointer into the request data, as a flow's `updates`"
+                            " address it: `/amount`, not `/data/amount`. One path each: no"
+                            " path inside another of the same correction, no `-`."
+                        ),
+                    },
+                    "value": {"description": "The value the path holds from now on (any JSON)."},
+                },
+            },
         },
     },
 }

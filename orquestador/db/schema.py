@@ -807,6 +807,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "updated_at",
         "finished_at",
         "key_blocked",
+        # An operator's retry with a correction moves it with the request's revision.
+        "accepted_revision",
     ),
     # A new attempt rewrites its checkpoint whole (checkpoints._START's upsert).
     "action_execution": (

@@ -24,6 +24,7 @@ from orquestador.domain.decision import DecisionResult, check_table, decision_vi
 from orquestador.domain.errors import DecisionError, MappingError, Problem
 from orquestador.domain.limits import number_problems
 from orquestador.domain.mappings import pointer_parts, resolve_source, with_decision
+from orquestador.domain.pointer_updates import update_path_problem
 from orquestador.domain.schemas import schema_problems, validator_for
 
 # Why a flow may not name (capability, version), or None when it may: the adapter
@@ -133,18 +134,6 @@ def _read_problem(
     if decision:
         allowed += ", /decision/..."
     return f"{pointer} reads outside the evaluation context; use {allowed}"
-
-
-def _update_path_problem(path: str) -> str | None:
-    try:
-        parts = pointer_parts(path)
-    except ValueError as exc:
-        return str(exc)
-    if not parts:
-        return 'the empty pointer "" would replace the whole request data'
-    if "-" in parts:
-        return "'-' (append) is not allowed in an update path"
-    return None
 
 
 @dataclass
@@ -316,7 +305,7 @@ def _check_transition(transition: Mapping[str, Any], here: str, report: _Report)
         at = f"{here}/updates/{u}"
         if not report.shaped(at):
             continue
-        report.error(f"{at}/path", _update_path_problem(update["path"]))
+        report.error(f"{at}/path", update_path_problem(update["path"]))
         if "from" in update:
             problem = _read_problem(
                 update["from"], action_ids, decision=decision is not None, outputs=outputs

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jsonpointer import JsonPointer
 from jsonschema.exceptions import ValidationError
 
 from orquestador.domain.canonical import canonical_json
-from orquestador.domain.errors import DataValidationError, Problem, UpdateError
+from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem, UpdateError
 from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, depth_problem
-from orquestador.domain.mappings import array_index, pointer_parts
+from orquestador.domain.mappings import array_index, find, pointer_parts
 from orquestador.domain.schemas import data_validator, instance_errors
 
 # A response or an execution's error detail lists at most this many problems, each
 # message at most this long.
 MAX_PROBLEMS = 100
 MAX_MESSAGE_CHARS = 300
+# An operator's correction (correct_request_data) changes at most this many paths.
+MAX_CORRECTION_PATHS = 50
 
 
 def _json_pointer(parts: Iterable[Any]) -> str:
@@ -33,6 +36,23 @@ def _json_type(value: Any) -> str:
     if isinstance(value, str):
         return "a string"
     return "a number" if isinstance(value, int | float) else f"a {type(value).__name__}"
+
+
+def update_path_problem(path: Any) -> str | None:
+    """Why ``path`` cannot name the place an update writes in request data, or None.
+
+    The same rule for a flow's `updates` and an operator's correction: a pointer into
+    the data (``/amount``, not ``/data/amount``), never the whole data, never an append.
+    """
+    try:
+        parts = pointer_parts(path)
+    except ValueError as exc:
+        return str(exc)
+    if not parts:
+        return 'the empty pointer "" would replace the whole request data'
+    if "-" in parts:
+        return "'-' (append) is not allowed in an update path"
+    return None
 
 
 def _parts_of(path: str) -> list[str]:
@@ -122,3 +142,116 @@ def validate_request_data(
         problems = [*problems[:MAX_PROBLEMS], Problem("", f"and {more} more problems")]
     if problems:
         raise DataValidationError(problems)
+
+
+@dataclass(frozen=True)
+class CorrectedPath:
+    """One path of a correction: what the data held there before (if anything), and after."""
+
+    path: str
+    existed: bool  # False: the path was not in the data before the correction
+    before: Any
+    after: Any
+
+    def as_json(self) -> dict[str, Any]:
+        """``{path, before, after}``; ``before`` left out when the path did not exist."""
+        body: dict[str, Any] = {"path": self.path}
+        if self.existed:
+            body["before"] = self.before
+        body["after"] = self.after
+        return body
+
+
+def correct_request_data(
+    data: dict[str, Any],
+    schema: dict[str, Any],
+    correction: Sequence[tuple[str, Any]],
+    max_bytes: int = MAX_DATA_BYTES,
+) -> tuple[dict[str, Any], list[CorrectedPath]]:
+    """The corrected copy of ``data``, and each path with its value before and after.
+
+    A correction is updates that an operator writes: (pointer, value) pairs with the
+    paths a flow's `updates` take, applied in order, the result checked against the
+    schema and the size limit like any request data. Raises ``DataValidationError``
+    whose problems point into the correction (``/N/path``, ``/N/value``; ``""`` for the
+    correction as a whole), ``DataSchemaError`` when the schema itself cannot be used.
+    """
+    entries = list(correction)
+    if not entries:
+        raise DataValidationError([Problem("", "a correction changes at least one path")])
+    if len(entries) > MAX_CORRECTION_PATHS:
+        raise DataValidationError(
+            [Problem("", f"a correction changes at most {MAX_CORRECTION_PATHS} paths")]
+        )
+    parts = _correction_parts(entries)
+    corrected = copy.deepcopy(data)
+    problems = []
+    for n, (path, value) in enumerate(entries):
+        try:
+            _set(corrected, path, value)
+        except UpdateError as exc:
+            problems.append(Problem(f"/{n}/path", exc.message))
+    if problems:
+        raise DataValidationError(problems)
+    try:
+        validate_request_data(corrected, schema, max_bytes)
+    except DataSchemaError:
+        raise
+    except DataValidationError as exc:
+        raise DataValidationError(
+            [_in_correction(problem, entries, parts) for problem in exc.problems]
+        ) from None
+    changes = []
+    for (path, _), where in zip(entries, parts, strict=True):
+        existed, before = find(data, where)
+        changes.append(CorrectedPath(path, existed, before, find(corrected, where)[1]))
+    return corrected, changes
+
+
+def _correction_parts(entries: list[tuple[str, Any]]) -> list[list[str]]:
+    """Each path's tokens; refused when malformed, or inside another path of the same
+    correction: each part of the data is corrected once, so before and after are one
+    value each, and the audit row holds at most the data's size twice."""
+    problems, parts = [], []
+    for n, (path, _) in enumerate(entries):
+        problem = update_path_problem(path)
+        if problem is not None:
+            problems.append(Problem(f"/{n}/path", problem))
+            parts.append([])
+            continue
+        tokens = pointer_parts(path)
+        for m, earlier in enumerate(parts):
+            shorter = min(len(earlier), len(tokens))
+            if earlier and tokens[:shorter] == earlier[:shorter]:
+                problems.append(
+                    Problem(f"/{n}/path", f"overlaps /{m}/path ({entries[m][0]}): one path each")
+                )
+                break
+        parts.append(tokens)
+    if problems:
+        raise DataValidationError(problems)
+    return parts
+
+
+def _in_correction(
+    problem: Problem, entries: list[tuple[str, Any]], parts: list[list[str]]
+) -> Problem:
+    """A problem of the corrected data (a data pointer), moved to the entry that caused it."""
+    if problem.path == "" and "; the limit is " in problem.message:
+        # Too large: the largest value is the one to shrink.
+        sizes = [len(canonical_json(value)) for _, value in entries]
+        return Problem(f"/{sizes.index(max(sizes))}/value", problem.message)
+    at = pointer_parts(problem.path)
+    located = f"{problem.path or '/'}: {problem.message}"
+    # At or inside a corrected value: that value breaks the schema.
+    inside = [n for n, tokens in enumerate(parts) if at[: len(tokens)] == tokens]
+    if inside:
+        n = inside[-1]
+        return Problem(f"/{n}/value", problem.message if at == parts[n] else located)
+    # Around corrected paths (a property the schema does not allow, say): the path the
+    # message names, else the last of them.
+    below = [n for n, tokens in enumerate(parts) if tokens[: len(at)] == at]
+    if below:
+        named = [n for n in below if repr(parts[n][len(at)]) in problem.message]
+        return Problem(f"/{(named or below)[-1]}/path", located)
+    return Problem("", located)

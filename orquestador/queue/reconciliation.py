@@ -8,6 +8,11 @@ NotReconcilable (or NotCancellable). A claim takes rows with SKIP LOCKED, so it
 never takes an execution while a cancel holds it, and a cancel that waited for a
 claim finds it RUNNING and refuses.
 
+A retry may carry a correction of the request data (a JSON Pointer patch, checked
+against the flow's data schema): it is written in the same transaction as the retry, at
+a new revision of the request that the execution accepts as its own, so the retried
+step reads the corrected data; the audit row keeps each path's value before and after.
+
 A cancel obeys the write rule like a failure does: after a write that happened or
 may have happened it parks the execution for an operator instead of releasing the
 request, which a resubmission could otherwise use to write again.
@@ -29,7 +34,9 @@ from sqlalchemy import Connection, bindparam, text
 
 from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
+from orquestador.domain.errors import DataSchemaError, DataValidationError
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.pointer_updates import correct_request_data
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
 from orquestador.machines.cancel import CancelledCommands, cancel_for_execution
 from orquestador.queue.outcomes import Writes, writes_of
@@ -42,6 +49,8 @@ DECISIONS = ("confirm", "retry", "fail")
 CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
 # Why a cancel parked its execution instead of ending it: writes done or in doubt.
 CANCELLED_AFTER_WRITES = "CANCELLED_AFTER_WRITES"
+# A retry's correction the data schema, the size limit or the pointers refuse.
+CORRECTION_INVALID = "CORRECTION_INVALID"
 
 _LOCK = text(
     """
@@ -60,7 +69,7 @@ _LOCK = text(
 _LOCK_EXECUTION = text(
     """
     SELECT e.id, e.org_id, e.request_id, e.flow_id, e.transition_id, e.status, e.error_code,
-           e.error_detail, e.accepted_state, e.attempts, f.definition
+           e.error_detail, e.accepted_state, e.accepted_revision, e.attempts, f.definition
     FROM execution e JOIN flow f ON f.id = e.flow_id
     WHERE e.id = :execution_id AND e.org_id = :org_id
     FOR UPDATE OF e
@@ -125,6 +134,37 @@ _REQUEUE = text(
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
+# The request row is locked already (_LOCK); its data is read only for a correction.
+_DATA_TO_CORRECT = text(
+    """
+    SELECT r.data, f.data_schema
+    FROM request r JOIN flow f ON f.id = :flow_id
+    WHERE r.id = :request_id
+    """
+)
+
+# A correction is a change of the request: a new revision, which the execution accepts
+# as its own in the same statement, so the load's and the finish's check (the request is
+# as accepted) passes and the retried step reads the corrected data. Only while this
+# execution holds the request as it accepted it: a change made by anything else is not
+# turned into an accepted one.
+_CORRECT = text(
+    """
+    WITH corrected AS (
+        UPDATE request
+        SET data = :data, revision = revision + 1, updated_at = clock_timestamp()
+        WHERE id = :request_id AND busy_execution_id = :execution_id
+          AND state = :accepted_state AND revision = :accepted_revision
+        RETURNING revision
+    )
+    UPDATE execution AS e
+    SET accepted_revision = corrected.revision, updated_at = clock_timestamp()
+    FROM corrected
+    WHERE e.id = :execution_id
+    RETURNING e.accepted_revision
+    """
+).bindparams(bindparam("data", type_=JSONB_VALUE))
+
 _END = text(
     """
     UPDATE execution
@@ -187,6 +227,9 @@ class Resolution:
     # A bulk decision by query names no step: it applies to whichever step is in doubt
     # when the execution is locked, and the audit row names that step and the bulk.
     bulk_id: uuid.UUID | None = None
+    # retry only: (JSON Pointer into the request data, new value) pairs, as a flow's
+    # `updates` address the data ("/amount"), applied in order with the retry.
+    correction: tuple[tuple[str, Any], ...] | None = None
 
 
 # (capability, version, output) -> the JSON Pointers where output breaks the adapter's
@@ -284,6 +327,10 @@ def resolve_in_transaction(
     is recorded in the same one); counts nothing in the metrics."""
     if resolution.decision not in DECISIONS:
         raise DecisionInvalid("DECISION_UNKNOWN", f"decision is one of {', '.join(DECISIONS)}")
+    if resolution.correction is not None and resolution.decision != "retry":
+        raise DecisionInvalid(
+            CORRECTION_INVALID, "only a retry decision takes a correction", ["/correction"]
+        )
     request, execution = _lock(conn, resolution.execution_id, resolution.org_id)
     if execution.status != "RECONCILIATION_REQUIRED":
         raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
@@ -305,6 +352,9 @@ def resolve_in_transaction(
             "confirm needs a step in doubt whose checkpoint describes the current contract;"
             " retry or fail instead"
         )
+    corrected = (
+        {} if resolution.correction is None else _correct(conn, execution, resolution.correction)
+    )
     deciding = _Deciding(conn, resolution, execution, request, step, output_problems, claims_budget)
     status = {"confirm": deciding.confirm, "retry": deciding.retry, "fail": deciding.fail}[
         resolution.decision
@@ -321,10 +371,54 @@ def resolve_in_transaction(
             "parkedFor": execution.error_code,
             "checkpoint": _checkpoint_as_it_was(step),
             "status": status,
+            **corrected,
             **_bulk_detail(resolution.bulk_id),
         },
     )
     return status
+
+
+def _correct(
+    conn: Connection, execution: Any, correction: tuple[tuple[str, Any], ...]
+) -> dict[str, Any]:
+    """Write a retry's correction; what the audit row keeps of it.
+
+    `{"correction": [{path, before, after}], "correctedRevision": N}`: each path with
+    the value the step saw (left out when the path did not exist) and the value now, and
+    the request's revision that holds the corrected data. Raises DecisionInvalid with the
+    problems at `/correction/N/path` or `/correction/N/value`, before anything is written.
+    """
+    params = {"request_id": execution.request_id, "execution_id": execution.id}
+    current = conn.execute(_DATA_TO_CORRECT, {**params, "flow_id": execution.flow_id}).one()
+    try:
+        data, changes = correct_request_data(current.data, current.data_schema, correction)
+    except DataSchemaError as exc:
+        raise DecisionInvalid(
+            exc.code,
+            "the flow's data schema cannot be used; publish a version that fixes it",
+            problems=[(p.path, p.message) for p in exc.problems],
+        ) from None
+    except DataValidationError as exc:
+        raise DecisionInvalid(
+            CORRECTION_INVALID,
+            "the correction cannot be applied to the request data",
+            problems=[(f"/correction{p.path}", p.message) for p in exc.problems],
+        ) from None
+    revision = conn.execute(
+        _CORRECT,
+        {
+            **params,
+            "data": data,
+            "accepted_state": execution.accepted_state,
+            "accepted_revision": execution.accepted_revision,
+        },
+    ).scalar()
+    if revision is None:
+        raise NotReconcilable(
+            "the request is no longer as its transition accepted it, so it cannot be"
+            " corrected: retry without a correction, or fail"
+        )
+    return {"correction": [c.as_json() for c in changes], "correctedRevision": revision}
 
 
 def _bulk_detail(bulk_id: uuid.UUID | None) -> dict[str, str]:

@@ -215,6 +215,35 @@ def test_fail_from_the_command_line_moves_the_request(
     assert (request.state, request.busy_execution_id) == ("other", None)
 
 
+def test_retry_with_a_correction_from_the_command_line(
+    server: Server, runtime_engine: Engine, tmp_path: Path
+) -> None:
+    charge = _charge(UncertainError("connection reset"), {"chargeId": "ch_2"})
+    definition = flow_definition(
+        [action("charge", "test.charge", input={"plan": {"from": "/data/plan"}})]
+    )
+    eid = start_execution(runtime_engine, definition, {"plan": "pro"})
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == (
+        "RECONCILIATION_REQUIRED"
+    )
+    (tmp_path / "seats.json").write_text('{"count": 5}')
+
+    corrected = _run(
+        "reconcile", str(eid), "--action", "charge", "--decision", "retry",
+        "--reason", "the customer chose basic", "--correct", "/plan=\"basic\"",
+        "--correct", f"/seats=@{tmp_path / 'seats.json'}", env=_as(server),
+    )  # fmt: skip
+
+    assert corrected.returncode == 0, corrected.stderr
+    first, second = corrected.stdout.splitlines()[:2]
+    assert first == "decided: retry; the execution is PENDING"
+    assert second.startswith("corrected: /plan, /seats")
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert request.data == {"plan": "basic", "seats": {"count": 5}}
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == "SUCCEEDED"
+    assert charge.calls[-1].inputs == {"plan": "basic"}
+
+
 def test_cancel_by_the_owner_and_its_refusal_the_second_time(
     server: Server, runtime_engine: Engine
 ) -> None:

@@ -1691,6 +1691,37 @@ CANCEL_GUARDS = [
     ),
 ]
 
+# --- queue/reconciliation.py: a retry's correction is written with the retry ------------
+
+CORRECTION = "tests/integration/test_reconcile_correction.py"
+_CORRECTED_RUN = (
+    f"{CORRECTION}::test_the_retried_step_runs_with_the_corrected_data_and_the_audit_keeps"
+    "_then_and_now"
+)
+
+CORRECTION_GUARDS = [
+    Mutation(
+        "correction-written-with-the-retry",
+        _RECONCILIATION_PY,
+        "        SET data = :data, revision = revision + 1, updated_at = clock_timestamp()\n",
+        # The bound :data stays (text() refuses a bindparam it lacks); NOT NULL data wins.
+        "        SET data = coalesce(data, :data), revision = revision + 1,"
+        " updated_at = clock_timestamp()\n",
+        "A retry's correction is written to the request in the retry's own transaction: the "
+        "retried step runs with the corrected data.",
+        (_CORRECTED_RUN,),
+    ),
+    Mutation(
+        "correction-accepted-by-the-execution",
+        _RECONCILIATION_PY,
+        "    SET accepted_revision = corrected.revision, updated_at = clock_timestamp()\n",
+        "    SET updated_at = clock_timestamp()\n",
+        "The execution accepts the corrected revision with the correction, so the retried step "
+        "runs instead of failing REQUEST_CHANGED.",
+        (_CORRECTED_RUN,),
+    ),
+]
+
 # --- queue/bulk.py: bulk actions act on each item once, under the normal rules ----------
 
 _BULK_PY = "orquestador/queue/bulk.py"
@@ -1785,6 +1816,7 @@ MUTATIONS: list[Mutation] = [
     *TIMEOUT_GUARDS,
     *EXECUTOR_GUARDS,
     *CANCEL_GUARDS,
+    *CORRECTION_GUARDS,
     *BULK_GUARDS,
 ]
 

@@ -61,3 +61,34 @@ def test_retry_and_fail_need_no_output(listening_api: socket.socket, decision: s
 
     assert main([*argv, "--reason", "checked"]) == 2
     assert _connections_made(listening_api) == 1
+
+
+@pytest.mark.parametrize("decision", ["confirm", "fail"])
+def test_a_correction_goes_only_with_retry(
+    listening_api: socket.socket, capsys: pytest.CaptureFixture[str], decision: str
+) -> None:
+    argv = ["executions", "reconcile", str(uuid.uuid4()), "--decision", decision]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--reason", "checked", "--output", "{}", "--correct", "/amount=950"])
+
+    assert exited.value.code == 2
+    assert "--correct goes only with --decision retry" in capsys.readouterr().err
+    assert _connections_made(listening_api) == 0
+
+
+@pytest.mark.parametrize(
+    ("correct", "said"),
+    [
+        ("amount", "--correct takes PATH=JSON (say /amount=950), not 'amount'"),
+        ("=950", "--correct takes PATH=JSON"),
+        ("/amount=nine", "--correct /amount is not valid JSON"),
+    ],
+)
+def test_a_malformed_correction_is_a_usage_error_before_any_request(
+    listening_api: socket.socket, capsys: pytest.CaptureFixture[str], correct: str, said: str
+) -> None:
+    argv = ["executions", "reconcile", str(uuid.uuid4()), "--decision", "retry"]
+
+    assert main([*argv, "--reason", "checked", "--correct", correct]) == 2
+    assert said in capsys.readouterr().err
+    assert _connections_made(listening_api) == 0

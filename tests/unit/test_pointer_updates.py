@@ -13,9 +13,11 @@ from orquestador.domain.canonical import canonical_json
 from orquestador.domain.errors import DataSchemaError, DataValidationError, UpdateError
 from orquestador.domain.mappings import find, pointer_parts
 from orquestador.domain.pointer_updates import (
+    MAX_CORRECTION_PATHS,
     MAX_MESSAGE_CHARS,
     MAX_PROBLEMS,
     apply_updates,
+    correct_request_data,
     validate_request_data,
 )
 from orquestador.domain.schemas import validator_for
@@ -240,3 +242,60 @@ def test_reading_back_each_path_gives_the_last_value_written(data, updates):
         assert find(updated, pointer_parts(path)) == (True, value)
     for key, value in data.items():
         assert updated[key] == value
+
+
+# --- an operator's correction ----------------------------------------------------------
+
+CHECKOUT = {
+    "type": "object",
+    "required": ["amount"],
+    "additionalProperties": False,
+    "properties": {
+        "amount": {"type": "integer", "minimum": 1},
+        "card": {"type": "object", "properties": {"last4": {"type": "string"}}},
+        "notes": {"type": "string"},
+    },
+}
+
+
+def test_a_correction_writes_each_path_and_says_what_was_there_before():
+    data = {"amount": 900, "card": {"last4": "1111"}}
+    corrected, changes = correct_request_data(
+        data, CHECKOUT, [("/amount", 950), ("/card/last4", "4242"), ("/notes", "fixed")]
+    )
+    assert corrected == {"amount": 950, "card": {"last4": "4242"}, "notes": "fixed"}
+    assert data == {"amount": 900, "card": {"last4": "1111"}}
+    assert [c.as_json() for c in changes] == [
+        {"path": "/amount", "before": 900, "after": 950},
+        {"path": "/card/last4", "before": "1111", "after": "4242"},
+        {"path": "/notes", "after": "fixed"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("correction", "where"),
+    [
+        ([("/amount", 1), ("amount", 2)], ["/1/path"]),
+        ([("", {})], ["/0/path"]),
+        ([("/notes/-", 1)], ["/0/path"]),
+        ([("/amount", 1), ("/card", {}), ("/card/last4", "x")], ["/2/path"]),
+        ([("/amount/x", 1)], ["/0/path"]),
+        ([("/notes", "a"), ("/amount", "many")], ["/1/value"]),
+        ([("/card", {"last4": 4})], ["/0/value"]),
+        ([("/amount", 2), ("/amout", 3)], ["/1/path"]),
+        ([("/notes", "x" * 300_000)], ["/0/value"]),
+        ([], [""]),
+        ([("/notes", str(n)) for n in range(MAX_CORRECTION_PATHS + 1)], [""]),
+    ],
+)
+def test_a_bad_correction_is_refused_with_problems_pointing_into_it(correction, where):
+    with pytest.raises(DataValidationError) as refused:
+        correct_request_data({"amount": 900}, CHECKOUT, correction)
+    assert [p.path for p in refused.value.problems] == where
+
+
+def test_a_nested_schema_problem_names_the_place_inside_the_value():
+    with pytest.raises(DataValidationError) as refused:
+        correct_request_data({"amount": 900}, CHECKOUT, [("/card", {"last4": 4})])
+    (problem,) = refused.value.problems
+    assert problem.message.startswith("/card/last4: 4 is not of type 'string'")

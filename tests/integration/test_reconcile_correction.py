@@ -1,0 +1,287 @@
+"""Retry with a correction: the request data patched in the retry's own transaction."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from api_support import Api, problem, running_api
+from sqlalchemy import Engine, text
+
+from orquestador.actions import Effect, UncertainError
+from orquestador.api.execution_routes import ADAPTERS_EXTENSION
+from orquestador.errors import DecisionInvalid
+from orquestador.queue import Resolution, resolve
+from orquestador.worker.executor import Executor
+from tests.integration.worker_support import (
+    ORG,
+    action,
+    audit,
+    checkpoints,
+    execution,
+    flow_definition,
+    registry_of,
+    request_row,
+    run_once,
+    scripted,
+    settings,
+    start_execution,
+)
+from tests.integration.worker_support import RecordingAdapter as Double
+
+CHECKOUT_SCHEMA = {
+    "type": "object",
+    "required": ["amount", "currency"],
+    "additionalProperties": False,
+    "properties": {
+        "amount": {"type": "integer", "minimum": 1},
+        "currency": {"enum": ["EUR", "USD"]},
+        "note": {"type": "string"},
+        "lines": {"type": "array", "items": {"type": "object"}},
+    },
+}
+DATA = {"amount": 900, "currency": "EUR", "lines": [{"sku": "a"}]}
+REASON = "the provider refused the amount; the customer confirmed 950"
+OPERATOR: dict[str, Any] = {
+    "org": ORG,
+    "sub": "operator-1",
+    "scopes": ["executions:reconcile", "requests:read-all"],
+}
+
+
+def _charge(*script: Any) -> Double:
+    return Double(
+        "test.charge",
+        Effect.NON_IDEMPOTENT_WRITE,
+        output=scripted(UncertainError("connection reset before any answer"), *script),
+    )
+
+
+@pytest.fixture
+def api(database: Any) -> Iterator[Api]:
+    registry = registry_of(_charge())
+    with running_api(database.runtime_dsn, registry=registry) as api:
+        api.app.extensions[ADAPTERS_EXTENSION] = registry
+        yield api
+
+
+def _park(engine: Engine, charge: Double) -> uuid.UUID:
+    definition = flow_definition(
+        [
+            action(
+                "charge",
+                "test.charge",
+                input={"amount": {"from": "/data/amount"}, "currency": {"from": "/data/currency"}},
+            )
+        ],
+        data_schema=CHECKOUT_SCHEMA,
+    )
+    eid = start_execution(engine, definition, dict(DATA))
+    assert run_once(engine, Executor(registry_of(charge), settings())) == "RECONCILIATION_REQUIRED"
+    return eid
+
+
+def _retry(api: Api, eid: Any, correction: Any, **who: Any) -> Any:
+    body = {"actionId": "charge", "decision": "retry", "reason": REASON, "correction": correction}
+    return api.post(f"/executions/{eid}/reconciliation", body, **{**OPERATOR, **who})
+
+
+def _everything(engine: Engine, eid: uuid.UUID) -> tuple[Any, ...]:
+    """The rows a decision may write, whole: to prove a refusal wrote none of them."""
+    run = execution(engine, eid)
+    return (
+        tuple(run),
+        tuple(request_row(engine, run.request_id)),
+        [tuple(row) for row in audit(engine, eid)],
+        {key: tuple(row) for key, row in checkpoints(engine, eid).items()},
+    )
+
+
+def test_the_retried_step_runs_with_the_corrected_data_and_the_audit_keeps_then_and_now(
+    api: Api, runtime_engine: Engine
+) -> None:
+    charge = _charge({"chargeId": "ch_1"})
+    eid = _park(runtime_engine, charge)
+    accepted = execution(runtime_engine, eid).accepted_revision
+
+    response = _retry(
+        api,
+        eid,
+        [{"path": "/amount", "value": 950}, {"path": "/note", "value": "confirmed by phone"}],
+    )
+
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.get_json()["status"] == "PENDING"
+    run = execution(runtime_engine, eid)
+    request = request_row(runtime_engine, run.request_id)
+    assert request.data == {**DATA, "amount": 950, "note": "confirmed by phone"}
+    assert request.revision == run.accepted_revision == accepted + 1
+    assert request.busy_execution_id == eid
+    (resolved,) = audit(runtime_engine, eid, "RECONCILIATION_RESOLVED")
+    assert resolved.actor == "operator-1"
+    assert resolved.detail["decision"] == "retry"
+    assert resolved.detail["correction"] == [
+        {"path": "/amount", "before": 900, "after": 950},
+        {"path": "/note", "after": "confirmed by phone"},
+    ]
+    assert resolved.detail["correctedRevision"] == accepted + 1
+
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == "SUCCEEDED"
+    first, retried = charge.calls
+    assert first.inputs == {"amount": 900, "currency": "EUR"}
+    assert retried.inputs == {"amount": 950, "currency": "EUR"}
+    assert retried.external_key == first.external_key
+    finished = request_row(runtime_engine, run.request_id)
+    assert (finished.state, finished.revision, finished.busy_execution_id) == (
+        "done",
+        accepted + 2,
+        None,
+    )
+    assert finished.data["amount"] == 950
+
+    evidence = api.get(f"/executions/{eid}/evidence", **OPERATOR).get_json()
+    shown = next(e for e in evidence["audit"] if e["kind"] == "RECONCILIATION_RESOLVED")
+    assert shown["detail"]["correction"][0] == {"path": "/amount", "before": 900, "after": 950}
+
+
+@pytest.mark.parametrize(
+    ("correction", "code", "paths"),
+    [
+        pytest.param([{"path": "amount", "value": 950}], "CORRECTION_INVALID",
+                     ["/correction/0/path"], id="not-a-pointer"),
+        pytest.param([{"path": "/data/amount", "value": 950}], "CORRECTION_INVALID",
+                     ["/correction/0/path"], id="a-property-the-schema-does-not-have"),
+        pytest.param([{"path": "/amount/cents", "value": 5}], "CORRECTION_INVALID",
+                     ["/correction/0/path"], id="inside-a-number"),
+        pytest.param([{"path": "/lines/3/sku", "value": "b"}], "CORRECTION_INVALID",
+                     ["/correction/0/path"], id="past-the-end-of-an-array"),
+        pytest.param([{"path": "/note", "value": "ok"}, {"path": "/amount", "value": "950"}],
+                     "CORRECTION_INVALID", ["/correction/1/value"], id="breaks-the-schema"),
+        pytest.param([{"path": "/currency", "value": "GBP"}, {"path": "/amount", "value": 0}],
+                     "CORRECTION_INVALID", ["/correction/0/value", "/correction/1/value"],
+                     id="two-values-the-schema-refuses"),
+        pytest.param([{"path": "/amount", "value": 1}, {"path": "/amount", "value": 2}],
+                     "CORRECTION_INVALID", ["/correction/1/path"], id="the-same-path-twice"),
+        pytest.param([{"path": "/note", "value": "x" * (256 * 1024)}], "CORRECTION_INVALID",
+                     ["/correction/0/value"], id="too-large"),
+        pytest.param([], "BODY_INVALID", ["/correction"], id="empty"),
+        pytest.param([{"path": "/amount"}], "BODY_INVALID", ["/correction/0"], id="no-value"),
+        pytest.param([{"path": "/note", "value": str(n)} for n in range(51)], "BODY_INVALID",
+                     ["/correction"], id="more-than-50-paths"),
+    ],
+)  # fmt: skip
+def test_a_refused_correction_is_422_with_its_paths_and_writes_nothing(
+    api: Api, runtime_engine: Engine, correction: Any, code: str, paths: list[str]
+) -> None:
+    charge = _charge()
+    eid = _park(runtime_engine, charge)
+    before = _everything(runtime_engine, eid)
+
+    response = _retry(api, eid, correction)
+
+    assert response.status_code == 422, response.get_data(as_text=True)
+    found = problem(response)
+    assert found["code"] == code
+    assert sorted({p["path"] for p in found["problems"]}) == paths
+    assert _everything(runtime_engine, eid) == before
+    assert execution(runtime_engine, eid).status == "RECONCILIATION_REQUIRED"
+
+
+@pytest.mark.parametrize("decision", ["confirm", "fail"])
+def test_only_a_retry_takes_a_correction(api: Api, runtime_engine: Engine, decision: str) -> None:
+    eid = _park(runtime_engine, _charge())
+    before = _everything(runtime_engine, eid)
+    body: dict[str, Any] = {
+        "actionId": "charge",
+        "decision": decision,
+        "reason": REASON,
+        "correction": [{"path": "/amount", "value": 950}],
+    }
+    if decision == "confirm":
+        body["output"] = {"chargeId": "ch_1"}
+
+    response = api.post(f"/executions/{eid}/reconciliation", body, **OPERATOR)
+
+    assert response.status_code == 422
+    found = problem(response)
+    assert found["code"] == "BODY_INVALID"
+    assert [p["path"] for p in found["problems"]] == ["/correction"]
+    assert _everything(runtime_engine, eid) == before
+
+    # The protocol refuses it too, for callers that are not this route.
+    refused = Resolution(
+        execution_id=eid,
+        org_id=ORG,
+        actor="operator-1",
+        decision=decision,
+        reason=REASON,
+        action_id="charge",
+        output=body.get("output"),
+        correction=(("/amount", 950),),
+    )
+    with runtime_engine.connect() as conn, pytest.raises(DecisionInvalid) as invalid:
+        resolve(conn, refused, output_problems=lambda *_: [], claims_budget=10)
+    assert (invalid.value.code, invalid.value.paths) == ("CORRECTION_INVALID", ["/correction"])
+    assert _everything(runtime_engine, eid) == before
+
+
+def test_a_request_changed_since_acceptance_is_not_corrected(
+    api: Api, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    eid = _park(runtime_engine, _charge())
+    request_id = execution(runtime_engine, eid).request_id
+    with owner_engine.begin() as conn:  # what only a defect or a hand-written UPDATE does
+        conn.execute(
+            text("UPDATE request SET revision = revision + 1 WHERE id = :id"), {"id": request_id}
+        )
+    before = _everything(runtime_engine, eid)
+
+    response = _retry(api, eid, [{"path": "/amount", "value": 950}])
+
+    assert response.status_code == 409
+    assert problem(response)["code"] == "NOT_RECONCILABLE"
+    assert "no longer as its transition accepted it" in problem(response)["detail"]
+    assert _everything(runtime_engine, eid) == before
+
+
+def test_two_corrected_retries_at_once_exactly_one_is_applied(
+    api: Api, runtime_engine: Engine
+) -> None:
+    eid = _park(runtime_engine, _charge())
+    accepted = execution(runtime_engine, eid).accepted_revision
+    start = threading.Barrier(2)
+    answers: dict[int, int] = {}
+
+    def decide(amount: int) -> None:
+        client = api.client()
+        headers = api.headers(**{**OPERATOR, "sub": f"operator-{amount}"})
+        body = {
+            "actionId": "charge",
+            "decision": "retry",
+            "reason": REASON,
+            "correction": [{"path": "/amount", "value": amount}],
+        }
+        start.wait(10)
+        response = client.post(
+            f"/api/v1/executions/{eid}/reconciliation", json=body, headers=headers
+        )
+        answers[amount] = response.status_code
+
+    threads = [threading.Thread(target=decide, args=(amount,)) for amount in (950, 990)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert sorted(answers.values()) == [200, 409]
+    winner = next(amount for amount, status in answers.items() if status == 200)
+    run = execution(runtime_engine, eid)
+    request = request_row(runtime_engine, run.request_id)
+    assert request.data["amount"] == winner
+    assert request.revision == run.accepted_revision == accepted + 1
+    (resolved,) = audit(runtime_engine, eid, "RECONCILIATION_RESOLVED")
+    assert resolved.actor == f"operator-{winner}"
+    assert resolved.detail["correction"] == [{"path": "/amount", "before": 900, "after": winner}]
