@@ -68,7 +68,8 @@ COLUMNS_ADDED = {
     "0016": {"rate_bucket": {"tokens", "refilled_at"}},
     "0019": {"approval": {"status", "decided_by", "decided_at", "comment"}},
     "0021": {"sign_in_link": {"used_at"}},
-    "0022": {"execution": {"accepted_revision"}},
+    "0022": {"panel_notice": {"dismissed_by"}},
+    "0023": {"execution": {"accepted_revision"}},
     "0017": {
         "schedule": set(SCHEDULE_UPDATE_COLUMNS),
         "schedule_fire": {"request_id", "execution_id"},
@@ -409,9 +410,11 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     _step(server, name, "0021")
     assert _update_columns(server, name) == _declared_updates(at="0021")
 
-    # 0022: a retry with a correction moves the execution's accepted revision.
-    _step(server, name, "0022")
-    assert _update_columns(server, name) == _declared_updates(at="0022")
+    # 0022: who dismissed a notice; 0023: a retry with a correction moves the execution's
+    # accepted revision.
+    for revision in ("0022", "0023"):
+        _step(server, name, revision)
+        assert _update_columns(server, name) == _declared_updates(at=revision)
 
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})

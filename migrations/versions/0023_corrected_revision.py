@@ -1,7 +1,7 @@
 """Retry with a correction: the runtime role may move an execution's accepted revision.
 
-Revision ID: 0022
-Revises: 0021
+Revision ID: 0023
+Revises: 0022
 
 Grants only: no table or column changes.
 
@@ -17,8 +17,8 @@ from alembic import op
 
 from orquestador.db.grants import restrict_updates, runtime_role
 
-revision = "0022"
-down_revision = "0021"
+revision = "0023"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 
