@@ -126,10 +126,6 @@ def read_progress(caller: Caller, bulk_id: uuid.UUID) -> BulkProgress | None:
             return bulk_progress(connection, bulk_id, caller.org)
 
 
-def may_act_in_bulk(caller: Caller) -> bool:
-    return any(caller.has_scope(scope) for scope in ACTION_SCOPES.values())
-
-
 def _preview(access: ResourceAccess, action: str, found: BulkFilter) -> dict[str, Any]:
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from flask import g, redirect, render_template, request, url_for
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.approval_routes import MAX_COMMENT_CHARACTERS, decide_as
-from orquestador.api.auth import SCOPE_APPROVALS_DECIDE, SCOPE_FLOWS_ADMIN, SCOPE_NOTICES_READ
+from orquestador.api.auth import (
+    SCOPE_APPROVALS_DECIDE,
+    SCOPE_EXECUTIONS_CANCEL,
+    SCOPE_FLOWS_ADMIN,
+    SCOPE_NOTICES_READ,
+    SCOPE_REQUESTS_WRITE,
+)
 from orquestador.api.body import checked_object, parse_json
 from orquestador.api.context import engine
 from orquestador.api.dry_run_routes import start_dry_run
-from orquestador.api.execution_routes import cancel_as, may_cancel, read_execution
+from orquestador.api.execution_routes import cancel_as, read_execution
 from orquestador.api.notice_routes import dismiss_as
 from orquestador.api.openapi_automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem
@@ -49,7 +56,10 @@ DONE = {
 
 @blueprint.app_context_processor
 def _what_was_done() -> dict[str, Any]:
-    return {"done": DONE.get(request.args.get("done", ""))}
+    """`done`: what the form that led here did; `here`: where a form sends the person back."""
+    kept = [(name, value) for name, value in request.args.items(multi=True) if name != "done"]
+    here = f"{request.path}?{urlencode(kept)}" if kept else request.path
+    return {"done": DONE.get(request.args.get("done", "")), "here": here}
 
 
 def _identifier(value: str) -> uuid.UUID:
@@ -80,7 +90,7 @@ def _back(default: str, done: str) -> Any:
 @page_action
 def cancel_execution(execution_id: str) -> Any:
     identifier = _identifier(execution_id)
-    require_page_scope(may_cancel(g.caller), "executions:cancel or requests:write")
+    require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="cancelling")
     reason = _text("reason", required=True, limit=MAX_REASON_CHARACTERS)
     cancel_as(g.caller, identifier, reason)
     return _back(url_for("ui.execution_page", execution_id=str(identifier)), "cancelled")
@@ -90,7 +100,7 @@ def cancel_execution(execution_id: str) -> Any:
 @page_action
 def decide_approval(approval_id: str) -> Any:
     identifier = _identifier(approval_id)
-    require_page_scope(g.caller.has_scope(SCOPE_APPROVALS_DECIDE), SCOPE_APPROVALS_DECIDE)
+    require_page_scope(SCOPE_APPROVALS_DECIDE, what="deciding approvals")
     decision = request.form.get("decision", "")
     if decision not in DECISIONS:
         raise ApiProblem(422, "FORM_INVALID", "Choose to approve or to reject.")
@@ -104,7 +114,7 @@ def decide_approval(approval_id: str) -> Any:
 @page_action
 def dismiss_notice(notice_id: str) -> Any:
     identifier = _identifier(notice_id)
-    require_page_scope(g.caller.has_scope(SCOPE_NOTICES_READ), SCOPE_NOTICES_READ)
+    require_page_scope(SCOPE_NOTICES_READ, what="dismissing notices")
     with engine().begin() as conn:
         row = dismiss_as(g.caller, conn, identifier)
     if row is None:
@@ -121,7 +131,7 @@ def dismiss_notice(notice_id: str) -> Any:
 @signed_in
 def cancel_form(execution_id: str) -> Any:
     identifier = _identifier(execution_id)
-    require_page_scope(may_cancel(g.caller), "executions:cancel or requests:write")
+    require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="cancelling")
     found = read_execution(ResourceAccess(g.caller), identifier)
     if found is None:
         raise not_found_page()
@@ -147,7 +157,7 @@ def _form_json(name: str, *, default: Any) -> Any:
 @page_action
 def start_flow_dry_run(flow_id: str) -> Any:
     identifier = _identifier(flow_id)
-    require_page_scope(g.caller.has_scope(SCOPE_FLOWS_ADMIN), SCOPE_FLOWS_ADMIN)
+    require_page_scope(SCOPE_FLOWS_ADMIN, what="starting dry runs")
     body: dict[str, Any] = {
         "transition": request.form.get("transition", ""),
         "data": _form_json("data", default={}),

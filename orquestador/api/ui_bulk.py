@@ -16,7 +16,6 @@ from flask import Response, g, redirect, render_template, request, url_for
 from orquestador.api.body import checked_object
 from orquestador.api.bulk_routes import (
     ACTION_SCOPES,
-    may_act_in_bulk,
     preview_as,
     progress_view,
     read_progress,
@@ -42,7 +41,7 @@ def _criteria(source: Any) -> dict[str, str]:
 
 
 def _require_bulk_scope() -> None:
-    require_page_scope(may_act_in_bulk(g.caller), " or ".join(sorted(set(ACTION_SCOPES.values()))))
+    require_page_scope(*sorted(set(ACTION_SCOPES.values())), what="bulk actions")
 
 
 @blueprint.get("/bulk")

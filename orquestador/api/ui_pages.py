@@ -30,9 +30,14 @@ from orquestador.api.flow_routes import flow_versions
 from orquestador.api.flow_store import find_flow
 from orquestador.api.openapi_schedules import LIST_LIMIT
 from orquestador.api.paging import cursor, read_cursor
-from orquestador.api.problems import ApiProblem
 from orquestador.api.schedule_routes import schedule_view
-from orquestador.api.ui_routes import blueprint, not_found_page, page_facts, signed_in
+from orquestador.api.ui_routes import (
+    blueprint,
+    not_found_page,
+    page_facts,
+    require_page_scope,
+    signed_in,
+)
 from orquestador.api.views import execution_view, flow_version_view, flow_view
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.approvals.store import LIVE_STATUSES
@@ -83,12 +88,6 @@ def _navigation() -> dict[str, Any]:
         "schedules": caller.has_scope(SCOPE_PLANS_ADMIN),
     }
     return {"sections": sections, "may": may}
-
-
-def require_page_scope(scope: str, what: str) -> None:
-    """The 403 page unless the person's token holds `scope`."""
-    if not g.caller.has_scope(scope):
-        raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"Your token does not allow {what} ({scope}).")
 
 
 def _uuid_or_404(text: str) -> uuid.UUID:
@@ -175,7 +174,7 @@ def _request_machine(row: Any) -> str | None:
 @blueprint.get("/flows")
 @signed_in
 def flows() -> Any:
-    require_page_scope(SCOPE_FLOWS_ADMIN, "reading flows")
+    require_page_scope(SCOPE_FLOWS_ADMIN, what="reading flows")
     with engine().connect() as connection:
         rows = flow_versions(connection, org=g.caller.org, key=None)
     by_key: dict[str, dict[str, Any]] = {}
@@ -189,7 +188,7 @@ def flows() -> Any:
 @blueprint.get("/flows/<flow_id>")
 @signed_in
 def flow_page(flow_id: str) -> Any:
-    require_page_scope(SCOPE_FLOWS_ADMIN, "reading flows")
+    require_page_scope(SCOPE_FLOWS_ADMIN, what="reading flows")
     identifier = _uuid_or_404(flow_id)
     with engine().connect() as connection:
         row = find_flow(connection, org=g.caller.org, flow_id=identifier)
@@ -333,7 +332,7 @@ def _command_facts(row: Any) -> dict[str, Any]:
 @blueprint.get("/notices")
 @signed_in
 def notices() -> Any:
-    require_page_scope(SCOPE_NOTICES_READ, "reading notices")
+    require_page_scope(SCOPE_NOTICES_READ, what="reading notices")
     show_all = request.args.get("show") == "all"
     page = NoticePage(limit=PAGE_SIZE, include_dismissed=show_all, after=_after(request.args))
     with engine().connect() as connection:
@@ -354,7 +353,7 @@ def notices() -> Any:
 @blueprint.get("/approvals")
 @signed_in
 def approvals() -> Any:
-    require_page_scope(SCOPE_APPROVALS_DECIDE, "deciding approvals")
+    require_page_scope(SCOPE_APPROVALS_DECIDE, what="deciding approvals")
     status = "closed" if request.args.get("status") == "closed" else "open"
     page = ApprovalPage(limit=PAGE_SIZE, status=status, after=_after(request.args))
     caller = g.caller
@@ -397,7 +396,7 @@ def _approval_state(row: Any) -> str:
 @blueprint.get("/schedules")
 @signed_in
 def schedules() -> Any:
-    require_page_scope(SCOPE_PLANS_ADMIN, "reading schedules")
+    require_page_scope(SCOPE_PLANS_ADMIN, what="reading schedules")
     with engine().connect() as connection:
         found = list_schedules(connection, org=g.caller.org, limit=LIST_LIMIT)
         flows_by_id = {

@@ -25,7 +25,13 @@ from flask import Blueprint, Response, g, redirect, render_template, request, ur
 from werkzeug.exceptions import HTTPException
 
 from orquestador.api.access import ResourceAccess
-from orquestador.api.auth import SCOPE_REQUESTS_READ, Caller, InvalidToken
+from orquestador.api.auth import (
+    SCOPE_EXECUTIONS_CANCEL,
+    SCOPE_EXECUTIONS_RECONCILE,
+    SCOPE_REQUESTS_READ,
+    Caller,
+    InvalidToken,
+)
 from orquestador.api.context import api_context, engine
 from orquestador.api.execution_page import page_context
 from orquestador.api.execution_routes import (
@@ -161,9 +167,11 @@ def page_action(view: F) -> F:
     return guarded  # type: ignore[return-value]
 
 
-def require_page_scope(allowed: bool, scopes: str) -> None:
-    if not allowed:
-        raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"Your token does not allow this ({scopes}).")
+def require_page_scope(*scopes: str, what: str = "this") -> None:
+    """The 403 page unless the person's token holds one of `scopes`."""
+    if not any(g.caller.has_scope(scope) for scope in scopes):
+        held = " or ".join(scopes)
+        raise ApiProblem(403, "INSUFFICIENT_SCOPE", f"Your token does not allow {what} ({held}).")
 
 
 @blueprint.app_context_processor
@@ -375,6 +383,28 @@ def _utc_instant(text: str) -> str:
     return moment.isoformat()
 
 
+# The list's filters a bulk action takes too (by the same names).
+BULK_CRITERIA = ("status", "machineId", "errorCode", "createdAfter", "createdBefore")
+
+
+def _bulk_url(kept: dict[str, str]) -> str | None:
+    """The bulk preview of exactly what this search finds, for a person who may act in
+    bulk; None when the search has a criterion a bulk action cannot take (an id, a flow
+    key, dry runs) or none at all."""
+    if not (
+        g.caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
+        or g.caller.has_scope(SCOPE_EXECUTIONS_RECONCILE)
+    ):
+        return None
+    if {"id", "flowKey", "simulation"} & kept.keys():
+        return None
+    criteria = {name: kept[name] for name in BULK_CRITERIA if name in kept}
+    for name in ("createdAfter", "createdBefore"):
+        if name in criteria:
+            criteria[name] = _utc_instant(criteria[name])
+    return url_for("ui.bulk_preview", **criteria) if criteria else None
+
+
 def _executions_page(
     kept: dict[str, str],
     *,
@@ -408,6 +438,7 @@ def _executions_page(
         dry_runs_url=url_for("ui.executions", **others, simulation="true"),
         status_links=status_links,
         next_url=next_url,
+        bulk_url=_bulk_url(kept) if items else None,
         problems=[
             {
                 "path": problem.path,
@@ -436,7 +467,6 @@ def execution_page(execution_id: str) -> Any:
         "execution.html",
         caller=g.caller,
         execution=page_facts(found.row, found.view),
-        here=request.path,
         **context,
     )
     response = Response(page, mimetype="text/html")

@@ -340,3 +340,45 @@ def test_a_bulk_preview_refuses_a_bad_filter_and_a_reader(api: Api) -> None:
     assert bad.status_code == 422 and "/createdAfter" in bad.get_data(as_text=True)
     assert unknown.status_code == 422  # retry needs executions:reconcile, not held
     assert reader.get("/ui/bulk").status_code == 403
+
+
+def test_the_list_offers_a_bulk_action_on_exactly_what_it_finds(
+    api: Api, owner_engine: Engine
+) -> None:
+    waiting(api, owner_engine)
+    operator = signed_in(api, scopes=OPERATOR)
+
+    found = operator.get("/ui/executions?status=WAITING&machineId=m-1").get_data(as_text=True)
+    by_id = operator.get("/ui/executions?status=WAITING&id=00000000").get_data(as_text=True)
+    reader = signed_in(api, scopes=READER).get("/ui/executions?status=WAITING")
+
+    link = re.search(r'href="(/ui/bulk\?[^"]+)"', found)
+    assert link is not None
+    preview = operator.get(link.group(1).replace("&amp;", "&")).get_data(as_text=True)
+    assert "1 execution matches" in text_of(preview)
+    assert "/ui/bulk?" not in by_id  # an id search is not a filter a bulk action takes
+    assert "/ui/bulk?" not in reader.get_data(as_text=True)
+
+
+def test_open_notices_and_approvals_carry_their_one_click_forms(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    _notice(owner_engine)
+    approval_id, _ = _approval(api, executor, runtime_engine)
+    client = signed_in(api, sub="bob", scopes=[*APPROVER, "notices:read"])
+
+    notices = client.get("/ui/notices").get_data(as_text=True)
+    approvals = client.get("/ui/approvals").get_data(as_text=True)
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', approvals)
+    assert token is not None
+    rejected = client.post(
+        f"/ui/approvals/{approval_id}/decision",
+        data={"csrf": token.group(1), "decision": "rejected", "next": "/ui/approvals"},
+        headers={"Origin": HOST},
+    )
+
+    assert "/dismiss" in notices and 'value="/ui/notices"' in notices
+    assert 'value="approved"' in approvals and 'value="rejected"' in approvals
+    assert rejected.headers["Location"] == "/ui/approvals?done=rejected"
+    after = client.get(rejected.headers["Location"]).get_data(as_text=True)
+    assert "You rejected it." in text_of(after) and 'value="approved"' not in after
