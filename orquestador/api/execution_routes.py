@@ -107,13 +107,21 @@ def read(execution_id: uuid.UUID) -> Response:
 @blueprint.get("/<uuid:execution_id>/evidence")
 @requires_scope(SCOPE_EXECUTIONS_RECONCILE)
 def evidence(execution_id: uuid.UUID) -> Response:
-    access = ResourceAccess(current_caller(), Reach.ORGANIZATION)
+    found = read_evidence(current_caller(), execution_id)
+    if found is None:
+        raise not_found()
+    return jsonify(found)
+
+
+def read_evidence(caller: Caller, execution_id: uuid.UUID) -> dict[str, Any] | None:
+    """The evidence an operator decides by (the API's and the pages' one read), or None."""
+    access = ResourceAccess(caller, Reach.ORGANIZATION)
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")
         with connection.begin():
             row = access.find_execution(connection, execution_id)
             if row is None:
-                raise not_found()
+                return None
             checkpoints = access.evidence_steps(connection, execution_id)
             attempts = access.execution_attempts(connection, execution_id)
             audit = access.execution_audit(connection, execution_id)
@@ -123,7 +131,7 @@ def evidence(execution_id: uuid.UUID) -> Response:
         # The same rule the decision is checked with, on the same ordering of checkpoints.
         step = step_in_doubt(checkpoints)
         in_doubt = step.action_id if step is not None else None
-    return jsonify(evidence_view(row, checkpoints, attempts, audit, in_doubt, facts))
+    return evidence_view(row, checkpoints, attempts, audit, in_doubt, facts)
 
 
 # --- deciding ------------------------------------------------------------------------
@@ -132,7 +140,14 @@ def evidence(execution_id: uuid.UUID) -> Response:
 @blueprint.post("/<uuid:execution_id>/reconciliation")
 @requires_scope(SCOPE_EXECUTIONS_RECONCILE)
 def reconcile(execution_id: uuid.UUID) -> Response:
-    body = read_json_object(RECONCILIATION_BODY)
+    return jsonify(
+        reconcile_as(current_caller(), execution_id, read_json_object(RECONCILIATION_BODY))
+    )
+
+
+def reconcile_as(caller: Caller, execution_id: uuid.UUID, body: dict[str, Any]) -> dict[str, Any]:
+    """Record `caller`'s reconciliation decision (a body of RECONCILIATION_BODY's shape):
+    the API's and the pages' one way. The view after it."""
     decision = body["decision"]
     misplaced = [
         Problem(f"/{name}", f"only a {needs} decision takes {name}")
@@ -146,7 +161,6 @@ def reconcile(execution_id: uuid.UUID) -> Response:
             "The body has fields this decision does not take.",
             problems=misplaced,
         )
-    caller = current_caller()
     access = ResourceAccess(caller, Reach.ORGANIZATION)
     _require_visible(access, execution_id)
     resolution = Resolution(
@@ -186,7 +200,7 @@ def reconcile(execution_id: uuid.UUID) -> Response:
         decision,
         extra={"execution_id": str(execution_id), "decision": decision, "status": status},
     )
-    return jsonify(_view_or_404(access, execution_id))
+    return _view_or_404(access, execution_id)
 
 
 def _requires_any_scope(*scopes: str) -> Callable[[F], F]:

@@ -127,7 +127,8 @@ def _resolved(actor: str, d: dict[str, Any]) -> str:
     decided = {"confirm": "confirmed", "retry": "asked for a retry of", "fail": "gave up on"}
     step = d.get("actionId")
     what = f"step {step}" if step else "the execution"
-    return f"{actor} {decided.get(str(d.get('decision')), 'decided about')} {what}."
+    corrected = " with a correction of the request data" if d.get("correction") else ""
+    return f"{actor} {decided.get(str(d.get('decision')), 'decided about')} {what}{corrected}."
 
 
 def _email(d: dict[str, Any]) -> str:
@@ -198,7 +199,14 @@ def _facts(kind: str, detail: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return tuple(
             (name, _text(value)) for name, value in sorted(detail.items()) if name not in _BULKY
         )
-    return tuple((label, _text(detail[name])) for name, label in labels if detail.get(name))
+    facts = tuple((label, _text(detail[name])) for name, label in labels if detail.get(name))
+    # A retry with a correction: each corrected path, what it was and what it became.
+    for corrected in detail.get("correction") or ():
+        before = _text(corrected["before"]) if "before" in corrected else "(absent)"
+        facts += (
+            (f"Corrected {corrected.get('path')}", f"{before} → {_text(corrected.get('after'))}"),
+        )
+    return facts
 
 
 def _text(value: Any) -> str:

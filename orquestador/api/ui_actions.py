@@ -20,6 +20,7 @@ from orquestador.api.approval_routes import MAX_COMMENT_CHARACTERS, decide_as
 from orquestador.api.auth import (
     SCOPE_APPROVALS_DECIDE,
     SCOPE_EXECUTIONS_CANCEL,
+    SCOPE_EXECUTIONS_RECONCILE,
     SCOPE_FLOWS_ADMIN,
     SCOPE_NOTICES_READ,
     SCOPE_REQUESTS_WRITE,
@@ -27,10 +28,17 @@ from orquestador.api.auth import (
 from orquestador.api.body import checked_object, parse_json
 from orquestador.api.context import engine
 from orquestador.api.dry_run_routes import start_dry_run
-from orquestador.api.execution_routes import cancel_as, read_execution
+from orquestador.api.execution_routes import (
+    cancel_as,
+    read_evidence,
+    read_execution,
+    reconcile_as,
+)
+from orquestador.api.flow_store import find_flow
 from orquestador.api.notice_routes import dismiss_as
 from orquestador.api.openapi_automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem
+from orquestador.api.schemas import RECONCILIATION_BODY
 from orquestador.api.sign_in_links import landing_page
 from orquestador.api.ui_routes import (
     blueprint,
@@ -41,6 +49,7 @@ from orquestador.api.ui_routes import (
     signed_in,
 )
 from orquestador.approvals.store import DECISIONS
+from orquestador.domain.flow_definition import FlowDefinition
 
 MAX_REASON_CHARACTERS = 2000
 
@@ -50,6 +59,9 @@ DONE = {
     "approved": "You approved it.",
     "rejected": "You rejected it.",
     "dismissed": "The notice was dismissed.",
+    "reconciled-confirm": "Confirmed: the step's effect is recorded as done; the flow goes on.",
+    "reconciled-retry": "The step runs again with the same external key.",
+    "reconciled-fail": "The transition ended as failed.",
     "dry-run": "The dry run started: nothing it does reaches a machine, a provider or a mailbox.",
 }
 
@@ -170,3 +182,74 @@ def start_flow_dry_run(flow_id: str) -> Any:
     execution_id, _ = start_dry_run(g.caller, identifier, checked_object(body, DRY_RUN_BODY))
     page = url_for("ui.execution_page", execution_id=str(execution_id))
     return redirect(f"{page}?done=dry-run", 303)
+
+
+# --- reconciliation ------------------------------------------------------------------
+
+# Rows of the correction form (no script adds more; the API takes up to 50).
+CORRECTION_ROWS = 3
+
+
+@blueprint.get("/executions/<execution_id>/reconcile")
+@signed_in
+def reconcile_form(execution_id: str) -> Any:
+    identifier = _identifier(execution_id)
+    require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="deciding reconciliations")
+    evidence = read_evidence(g.caller, identifier)
+    found = read_execution(ResourceAccess(g.caller), identifier, for_page=True)
+    if evidence is None or found is None:
+        raise not_found_page()
+    with engine().connect() as connection:
+        flow = find_flow(connection, org=g.caller.org, flow_id=found.row.flow_id)
+    steps = {step["actionId"]: step for step in found.view["steps"]}
+    return render_template(
+        "reconcile.html",
+        caller=g.caller,
+        execution=page_facts(found.row, found.view),
+        evidence=evidence,
+        step=steps.get(evidence["inDoubt"] or ""),
+        request_now=found.request,
+        states=FlowDefinition.from_json(flow.definition).states if flow is not None else (),
+        correction_rows=range(1, CORRECTION_ROWS + 1),
+        reason_limit=MAX_REASON_CHARACTERS,
+    )
+
+
+@blueprint.post("/executions/<execution_id>/reconciliation")
+@page_action
+def reconcile_execution(execution_id: str) -> Any:
+    identifier = _identifier(execution_id)
+    require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="deciding reconciliations")
+    decision = request.form.get("decision", "")
+    body: dict[str, Any] = {
+        "decision": decision,
+        "actionId": request.form.get("actionId") or None,
+        "reason": _text("reason", required=True, limit=MAX_REASON_CHARACTERS),
+    }
+    if decision == "confirm":
+        body["output"] = _form_json("output", default={})
+    elif decision == "fail" and request.form.get("toState"):
+        body["toState"] = request.form["toState"]
+    elif decision == "retry":
+        correction = _correction_rows()
+        if correction:
+            body["correction"] = correction
+    reconcile_as(g.caller, identifier, checked_object(body, RECONCILIATION_BODY))
+    page = url_for("ui.execution_page", execution_id=str(identifier))
+    return redirect(f"{page}?done=reconciled-{decision}", 303)
+
+
+def _correction_rows() -> list[dict[str, Any]]:
+    """The correction form's filled rows as the API's [{path, value}]."""
+    rows = []
+    for n in range(1, CORRECTION_ROWS + 1):
+        path = request.form.get(f"path{n}", "").strip()
+        if not path:
+            continue
+        value = _form_json(f"value{n}", default=None)
+        if value is None and not request.form.get(f"value{n}", "").strip():
+            raise ApiProblem(
+                422, "FORM_INVALID", f"Give the new value for {path} (JSON: a text in quotes)."
+            )
+        rows.append({"path": path, "value": value})
+    return rows

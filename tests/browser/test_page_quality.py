@@ -33,7 +33,7 @@ from tests.browser.page_quality import (
     axe_core,  # noqa: F401 (the fixture: installs axe-core, or skips saying why)
     check_page,
 )
-from tests.integration.api_support import Api, running_api
+from tests.integration.api_support import ALL_SCOPES, ORG, Api, running_api
 from tests.integration.execution_page_support import (
     completed,
     deadline_passed,
@@ -44,6 +44,17 @@ from tests.integration.execution_page_support import (
 
 # Before the database and the browser: without axe-core every test here is skipped.
 pytestmark = pytest.mark.usefixtures("axe_core")
+
+
+# Every section and action shows: the pages are checked with all they can hold.
+EVERY_SCOPE = [
+    *ALL_SCOPES,
+    "notices:read",
+    "approvals:decide",
+    "plans:admin",
+    "executions:cancel",
+    "executions:reconcile",
+]
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,61 @@ def _bulk_progress(site: Site) -> str:
     return f"/ui/bulk/{answer.get_json()['bulkId']}"
 
 
+def _reconcile_form(site: Site) -> str:
+    """The decision page, with then/now and the correction form."""
+    ran_out = deadline_passed(site.api, site.owner_engine, now="timed_out").execution_id
+    _requires_reconciliation(site, ran_out)
+    return f"/ui/executions/{ran_out}/reconcile"
+
+
+def _search(site: Site) -> str:
+    deadline_passed(site.api, site.owner_engine)
+    return "/ui/executions?machineId=m-1&flowKey=decommission&status=FAILED"
+
+
+def _bad_search(site: Site) -> str:
+    return "/ui/executions?createdAfter=yesterday"
+
+
+def _request(site: Site) -> str:
+    return f"/ui/requests/{deadline_passed(site.api, site.owner_engine).request_id}"
+
+
+def _flows(site: Site) -> str:
+    completed(site.api, site.owner_engine)
+    return "/ui/flows"
+
+
+def _flow(site: Site) -> str:
+    return f"/ui/flows/{completed(site.api, site.owner_engine).flow_id}"
+
+
+def _machine(site: Site) -> str:
+    deadline_passed(site.api, site.owner_engine)
+    completed(site.api, site.owner_engine)
+    return "/ui/machines/m-1"
+
+
+def _notices(site: Site) -> str:
+    with site.owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO panel_notice (org_id, category, title, body, external_key)"
+                " VALUES (:org, 'machine', 'Disk almost full on m-1', 'At 95% since 09:30.', 'n1')"
+            ),
+            {"org": ORG},
+        )
+    return "/ui/notices"
+
+
+def _approvals(site: Site) -> str:
+    return "/ui/approvals"
+
+
+def _schedules(site: Site) -> str:
+    return "/ui/schedules"
+
+
 def _reconciliation_required(site: Site) -> str:
     """Then the command was `sent`, now it has `timed_out`; a person must decide."""
     ran_out = deadline_passed(site.api, site.owner_engine, now="timed_out").execution_id
@@ -204,6 +270,16 @@ PAGES: list[PageCase] = [
     PageCase("executions-search-none", _search_finding_none),
     PageCase("execution-waiting", _waiting),
     PageCase("execution-cancel-form", _cancel_form),
+    PageCase("execution-reconcile-form", _reconcile_form),
+    PageCase("executions-search", _search),
+    PageCase("executions-bad-search", _bad_search),
+    PageCase("request", _request),
+    PageCase("flows", _flows),
+    PageCase("flow", _flow),
+    PageCase("machine", _machine),
+    PageCase("notices", _notices),
+    PageCase("approvals", _approvals),
+    PageCase("schedules", _schedules),
     PageCase("bulk-preview", _bulk_preview),
     PageCase("bulk-progress", _bulk_progress),
     PageCase("execution-reconciliation-required", _reconciliation_required),
@@ -237,7 +313,7 @@ def test_the_page_meets_the_quality_bar(case: PageCase, browser: Any, site: Site
     path = case.arrange(site)
     browser.delete_all_cookies()
     if case.signed_in:
-        sign_in(browser, site.base, site.api.token())
+        sign_in(browser, site.base, site.api.token(scopes=EVERY_SCOPE))
     check_page(browser, case.name, site.base + path)
 
 

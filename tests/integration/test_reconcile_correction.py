@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
+from html import unescape
 from typing import Any
 
 import pytest
-from api_support import Api, problem, running_api
 from sqlalchemy import Engine, text
 
 from orquestador.actions import Effect, UncertainError
@@ -16,6 +17,8 @@ from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.errors import DecisionInvalid
 from orquestador.queue import Resolution, resolve
 from orquestador.worker.executor import Executor
+from tests.integration.api_support import Api, problem, running_api
+from tests.integration.execution_page_support import HOST, signed_in, text_of
 from tests.integration.worker_support import (
     ORG,
     action,
@@ -285,3 +288,62 @@ def test_two_corrected_retries_at_once_exactly_one_is_applied(
     (resolved,) = audit(runtime_engine, eid, "RECONCILIATION_RESOLVED")
     assert resolved.actor == f"operator-{winner}"
     assert resolved.detail["correction"] == [{"path": "/amount", "before": 900, "after": winner}]
+
+
+# --- from the page ---------------------------------------------------------------------
+
+
+def test_an_operator_retries_with_a_correction_from_the_page(
+    api: Api, runtime_engine: Engine
+) -> None:
+    eid = _park(runtime_engine, _charge())
+    client = signed_in(api, **OPERATOR)
+    form_page = client.get(f"/ui/executions/{eid}/reconcile")
+    html = form_page.get_data(as_text=True)
+    assert form_page.status_code == 200, html
+    words = unescape(text_of(html))
+    assert "The step in doubt is charge" in words and '"amount": 900' in words
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert token is not None
+    form = {
+        "csrf": token.group(1),
+        "decision": "retry",
+        "actionId": "charge",
+        "reason": REASON,
+        "path1": "/amount",
+        "value1": "950",
+    }
+    before = _everything(runtime_engine, eid)
+
+    forged = client.post(
+        f"/ui/executions/{eid}/reconciliation", data={**form, "csrf": ""}, headers={"Origin": HOST}
+    )
+    refused = client.post(
+        f"/ui/executions/{eid}/reconciliation",
+        data={**form, "value1": '"a lot"'},
+        headers={"Origin": HOST},
+    )
+    assert forged.status_code == 403 and refused.status_code == 422
+    assert "/correction/0/value" in refused.get_data(as_text=True)
+    assert _everything(runtime_engine, eid) == before
+
+    response = client.post(
+        f"/ui/executions/{eid}/reconciliation", data=form, headers={"Origin": HOST}
+    )
+
+    assert response.status_code == 303
+    assert response.headers["Location"] == f"/ui/executions/{eid}?done=reconciled-retry"
+    run = execution(runtime_engine, eid)
+    assert request_row(runtime_engine, run.request_id).data["amount"] == 950
+    page = text_of(client.get(response.headers["Location"]).get_data(as_text=True))
+    assert "operator-1 asked for a retry of step charge with a correction" in page
+    assert "Corrected /amount 900 → 950" in page
+
+
+def test_the_reconcile_page_is_for_holders_of_the_scope(api: Api, runtime_engine: Engine) -> None:
+    eid = _park(runtime_engine, _charge())
+    reader = signed_in(api, org=ORG, scopes=["requests:read-all"])
+
+    assert reader.get(f"/ui/executions/{eid}/reconcile").status_code == 403
+    page = reader.get(f"/ui/executions/{eid}").get_data(as_text=True)
+    assert f"/ui/executions/{eid}/reconcile" not in page
