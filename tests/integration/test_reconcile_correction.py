@@ -12,79 +12,37 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orquestador.actions import Effect, UncertainError
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.errors import DecisionInvalid
 from orquestador.queue import Resolution, resolve
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import Api, problem, running_api
+from tests.integration.correction_support import (
+    DATA,
+    OPERATOR,
+    REASON,
+    charge_double,
+    park,
+)
 from tests.integration.execution_page_support import HOST, signed_in, text_of
 from tests.integration.worker_support import (
     ORG,
-    action,
     audit,
     checkpoints,
     execution,
-    flow_definition,
     registry_of,
     request_row,
     run_once,
-    scripted,
     settings,
-    start_execution,
 )
-from tests.integration.worker_support import RecordingAdapter as Double
-
-CHECKOUT_SCHEMA = {
-    "type": "object",
-    "required": ["amount", "currency"],
-    "additionalProperties": False,
-    "properties": {
-        "amount": {"type": "integer", "minimum": 1},
-        "currency": {"enum": ["EUR", "USD"]},
-        "note": {"type": "string"},
-        "lines": {"type": "array", "items": {"type": "object"}},
-    },
-}
-DATA = {"amount": 900, "currency": "EUR", "lines": [{"sku": "a"}]}
-REASON = "the provider refused the amount; the customer confirmed 950"
-OPERATOR: dict[str, Any] = {
-    "org": ORG,
-    "sub": "operator-1",
-    "scopes": ["executions:reconcile", "requests:read-all"],
-}
-
-
-def _charge(*script: Any) -> Double:
-    return Double(
-        "test.charge",
-        Effect.NON_IDEMPOTENT_WRITE,
-        output=scripted(UncertainError("connection reset before any answer"), *script),
-    )
 
 
 @pytest.fixture
 def api(database: Any) -> Iterator[Api]:
-    registry = registry_of(_charge())
+    registry = registry_of(charge_double())
     with running_api(database.runtime_dsn, registry=registry) as api:
         api.app.extensions[ADAPTERS_EXTENSION] = registry
         yield api
-
-
-def _park(engine: Engine, charge: Double) -> uuid.UUID:
-    definition = flow_definition(
-        [
-            action(
-                "charge",
-                "test.charge",
-                input={"amount": {"from": "/data/amount"}, "currency": {"from": "/data/currency"}},
-            )
-        ],
-        data_schema=CHECKOUT_SCHEMA,
-    )
-    eid = start_execution(engine, definition, dict(DATA))
-    assert run_once(engine, Executor(registry_of(charge), settings())) == "RECONCILIATION_REQUIRED"
-    return eid
 
 
 def _retry(api: Api, eid: Any, correction: Any, **who: Any) -> Any:
@@ -106,8 +64,8 @@ def _everything(engine: Engine, eid: uuid.UUID) -> tuple[Any, ...]:
 def test_the_retried_step_runs_with_the_corrected_data_and_the_audit_keeps_then_and_now(
     api: Api, runtime_engine: Engine
 ) -> None:
-    charge = _charge({"chargeId": "ch_1"})
-    eid = _park(runtime_engine, charge)
+    charge = charge_double({"chargeId": "ch_1"})
+    eid = park(runtime_engine, charge)
     accepted = execution(runtime_engine, eid).accepted_revision
 
     response = _retry(
@@ -179,8 +137,8 @@ def test_the_retried_step_runs_with_the_corrected_data_and_the_audit_keeps_then_
 def test_a_refused_correction_is_422_with_its_paths_and_writes_nothing(
     api: Api, runtime_engine: Engine, correction: Any, code: str, paths: list[str]
 ) -> None:
-    charge = _charge()
-    eid = _park(runtime_engine, charge)
+    charge = charge_double()
+    eid = park(runtime_engine, charge)
     before = _everything(runtime_engine, eid)
 
     response = _retry(api, eid, correction)
@@ -195,7 +153,7 @@ def test_a_refused_correction_is_422_with_its_paths_and_writes_nothing(
 
 @pytest.mark.parametrize("decision", ["confirm", "fail"])
 def test_only_a_retry_takes_a_correction(api: Api, runtime_engine: Engine, decision: str) -> None:
-    eid = _park(runtime_engine, _charge())
+    eid = park(runtime_engine, charge_double())
     before = _everything(runtime_engine, eid)
     body: dict[str, Any] = {
         "actionId": "charge",
@@ -234,7 +192,7 @@ def test_only_a_retry_takes_a_correction(api: Api, runtime_engine: Engine, decis
 def test_a_request_changed_since_acceptance_is_not_corrected(
     api: Api, runtime_engine: Engine, owner_engine: Engine
 ) -> None:
-    eid = _park(runtime_engine, _charge())
+    eid = park(runtime_engine, charge_double())
     request_id = execution(runtime_engine, eid).request_id
     with owner_engine.begin() as conn:  # what only a defect or a hand-written UPDATE does
         conn.execute(
@@ -253,7 +211,7 @@ def test_a_request_changed_since_acceptance_is_not_corrected(
 def test_two_corrected_retries_at_once_exactly_one_is_applied(
     api: Api, runtime_engine: Engine
 ) -> None:
-    eid = _park(runtime_engine, _charge())
+    eid = park(runtime_engine, charge_double())
     accepted = execution(runtime_engine, eid).accepted_revision
     start = threading.Barrier(2)
     answers: dict[int, int] = {}
@@ -296,7 +254,7 @@ def test_two_corrected_retries_at_once_exactly_one_is_applied(
 def test_an_operator_retries_with_a_correction_from_the_page(
     api: Api, runtime_engine: Engine
 ) -> None:
-    eid = _park(runtime_engine, _charge())
+    eid = park(runtime_engine, charge_double())
     client = signed_in(api, **OPERATOR)
     form_page = client.get(f"/ui/executions/{eid}/reconcile")
     html = form_page.get_data(as_text=True)
@@ -341,7 +299,7 @@ def test_an_operator_retries_with_a_correction_from_the_page(
 
 
 def test_the_reconcile_page_is_for_holders_of_the_scope(api: Api, runtime_engine: Engine) -> None:
-    eid = _park(runtime_engine, _charge())
+    eid = park(runtime_engine, charge_double())
     reader = signed_in(api, org=ORG, scopes=["requests:read-all"])
 
     assert reader.get(f"/ui/executions/{eid}/reconcile").status_code == 403

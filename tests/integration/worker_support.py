@@ -166,7 +166,13 @@ def accept_transition(
                 "rid": request_id,
                 "eid": execution_id,
                 "actor": OWNER,
-                "detail": json.dumps({"transitionId": transition_id}),
+                "detail": json.dumps(
+                    {
+                        "transitionId": transition_id,
+                        "fromState": req.state,
+                        "acceptedRevision": req.revision + 1,
+                    }
+                ),
             },
         )
         conn.execute(
