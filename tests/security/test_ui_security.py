@@ -309,3 +309,48 @@ def _login_behind_the_proxy(api: Api) -> None:
     (cookie,) = _set_cookies(response)
     assert "Secure" in cookie and "HttpOnly" in cookie
     assert foreign.status_code == 403 and _set_cookies(foreign) == []
+
+
+# Signing in and out are guarded by the origin check alone: no session yet, or one ending.
+SESSION_FORMS = {"/ui/login", "/ui/logout"}
+EVERY_SCOPE = [
+    *ALL_SCOPES,
+    "executions:cancel",
+    "executions:reconcile",
+    "approvals:decide",
+    "notices:read",
+    "plans:admin",
+]
+
+
+def test_every_action_form_refuses_a_cross_site_post_and_one_without_the_token(
+    api: Api, owner_engine: Engine
+) -> None:
+    """Whatever action a page posts to, now or added later: both refusals, nothing done."""
+    execution_id = deadline_passed(api, owner_engine).execution_id
+    client = _signed_in(api, api.token(scopes=EVERY_SCOPE))
+    page = client.get(f"/ui/executions/{execution_id}").get_data(as_text=True)
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found is not None
+    actions = [
+        rule.rule
+        for rule in api.app.url_map.iter_rules()
+        if rule.rule.startswith("/ui") and "POST" in (rule.methods or ())
+        if rule.rule not in SESSION_FORMS
+    ]
+    assert len(actions) >= 6  # cancel, reconcile, approve, dismiss, dry run, bulk
+    for action in actions:
+        path = re.sub(r"<[^>]+>", execution_id, action)
+        cross_site = client.post(
+            path, data={"csrf": found.group(1)}, headers={"Origin": "https://evil.example"}
+        )
+        without_token = client.post(path, data={}, headers={"Origin": HOST})
+        assert cross_site.status_code == 403, path
+        assert "page of this server" in cross_site.get_data(as_text=True), path
+        assert without_token.status_code == 403, path
+        assert "out of date" in without_token.get_data(as_text=True), path
+    with owner_engine.connect() as connection:
+        kinds = connection.exec_driver_sql(
+            "SELECT kind FROM audit_event WHERE execution_id = %s", (execution_id,)
+        ).scalars()
+        assert "EXECUTION_CANCELLED" not in set(kinds)
