@@ -532,6 +532,7 @@ class ResourceAccess:
             machine_command.c.updated_at,
             machine_command.c.machine_id,
             machine_command.c.command,
+            machine_command.c.args,
         ).where(
             machine_command.c.org_id == self.caller.org,
             machine_command.c.id.in_(command_ids),

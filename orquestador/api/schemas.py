@@ -234,6 +234,10 @@ EXECUTION: dict[str, Any] = {
                             "commandId": _UUID,
                             "machineId": {"type": "string"},
                             "command": {"type": "string"},
+                            "args": {
+                                "type": "array",
+                                "description": "The command's arguments, as sent to the agent.",
+                            },
                             "status": {"enum": list(COMMAND_STATUSES)},
                             "purged": {"const": True},
                             "deadline": _TIMESTAMP,

@@ -316,7 +316,9 @@ def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -
     waiting: dict[str, Any] = {"commandId": str(command_id)}
     now = facts.commands.get(command_id)
     if now is not None:
-        waiting.update(machineId=now.machine_id, command=now.command, status=now.status)
+        waiting.update(
+            machineId=now.machine_id, command=now.command, args=now.args, status=now.status
+        )
     else:
         waiting["purged"] = True
     first = _first_start(checkpoint)

@@ -66,9 +66,10 @@ def insert_command(engine: Engine, *, org: str, status: str, key: str) -> str:
         return str(
             connection.execute(
                 text(
-                    "INSERT INTO machine_command (org_id, machine_id, command, status,"
+                    "INSERT INTO machine_command (org_id, machine_id, command, args, status,"
                     " external_key, sent_at, updated_at)"
-                    " VALUES (:org, 'm-1', 'poweroff', :status, :key, :sent, now())"
+                    " VALUES (:org, 'm-1', 'poweroff', '[\"--grace\", \"30\"]', :status,"
+                    " :key, :sent, now())"
                     " RETURNING id"
                 ),
                 {"org": org, "status": status, "key": key, "sent": SEEN_AT},

@@ -252,10 +252,12 @@ def test_a_waiting_step_shows_its_first_start_and_what_it_waits_for(
     assert wait["status"] == "WAITING"
     assert datetime.fromisoformat(wait["startedAt"]) == first
     waiting_for = wait["waitingFor"]
-    assert {k: waiting_for[k] for k in ("commandId", "machineId", "command", "status")} == {
+    keys = ("commandId", "machineId", "command", "args", "status")
+    assert {k: waiting_for[k] for k in keys} == {
         "commandId": command_id,
         "machineId": "m-1",
         "command": "poweroff",
+        "args": ["--grace", "30"],
         "status": "sent",
     }
     # deadlineSeconds is the flow's constant 30, counted from the first start.

@@ -251,7 +251,7 @@ def test_a_waiting_step_shows_what_it_waits_for_and_a_cancelled_one_no_marker(
     cancel_directly(owner_engine, arranged.execution_id)
     after = text_of(client.get(f"/ui/executions/{arranged.execution_id}").get_data(as_text=True))
 
-    assert "Waiting for command poweroff on machine m-1" in page
+    assert "Waiting for command poweroff --grace 30 on machine m-1" in page
     assert "Status now sent" in page and "Deadline" in page
     assert re.search(r"Time left ([1-9]|1[0-9]|2[0-2]) s", page), page
     assert "Not decided yet." in page
