@@ -104,11 +104,15 @@ def _privilege_problems(connection: Connection) -> list[str]:
             f"DATABASE_URL: the database lacks column {', '.join(absent)} (older than this "
             "release): run 'orquestador migrate' as the owner"
         )
+    if problems:
+        # Behind this release: migrating also grants what a later revision added, so a
+        # privilege missing now is no news (check again after migrating).
+        return problems
     for table, privileges in lacking.items():
         problems.append(
             f"DATABASE_URL: role {role!r} lacks {', '.join(privileges)} on table {table}"
         )
-    visible = [t for t in RUNTIME_GRANTS if t not in invisible]
+    visible = list(RUNTIME_GRANTS)
     sequences = [
         sequence
         for sequence in serial_sequences(connection, visible)
@@ -132,17 +136,16 @@ def _privilege_problems(connection: Connection) -> list[str]:
         problems.append(
             f"grant them as the owner: RUNTIME_DATABASE_ROLE={role} orquestador migrate grant"
         )
-    if not invisible:
-        # The tables are there but the worker's write function is not: the database is at
-        # a revision older than this release (every worker write would fail).
-        batch = connection.execute(
-            text("SELECT to_regprocedure(:f) IS NOT NULL"), {"f": WRITE_BATCH_SIGNATURE}
-        ).scalar_one()
-        if not batch:
-            problems.append(
-                f"DATABASE_URL: function {WRITE_BATCH_FUNCTION} is missing: the database is "
-                "older than this release; run 'orquestador migrate upgrade' as the owner"
-            )
+    # The tables are there but the worker's write function is not: the database is at a
+    # revision older than this release (every worker write would fail).
+    batch = connection.execute(
+        text("SELECT to_regprocedure(:f) IS NOT NULL"), {"f": WRITE_BATCH_SIGNATURE}
+    ).scalar_one()
+    if not batch:
+        problems.append(
+            f"DATABASE_URL: function {WRITE_BATCH_FUNCTION} is missing: the database is "
+            "older than this release; run 'orquestador migrate upgrade' as the owner"
+        )
     return problems
 
 

@@ -94,6 +94,13 @@ def screenshot(driver, name: str) -> Path:  # type: ignore[no-untyped-def]
     return path
 
 
+def forget_every_cookie(driver) -> None:  # type: ignore[no-untyped-def]
+    """Every cookie of every site: WebDriver's own delete clears only the current page's
+    site, and the current page may be an error page (a page that refreshes itself, once
+    its test's server stopped), whose site has none."""
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+
+
 def sign_in(driver, base: str, token: str) -> None:  # type: ignore[no-untyped-def]
     """Through the sign-in form, as a person does; returns once the next page has loaded."""
     from selenium.common.exceptions import StaleElementReferenceException, WebDriverException

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from tests.browser.browser_support import DESK, PHONE, screenshot, serving, start_chromium
+from tests.browser.browser_support import (
+    DESK,
+    PHONE,
+    forget_every_cookie,
+    screenshot,
+    serving,
+    start_chromium,
+)
 from tests.integration.api_support import OTHER_ORG, Api, running_api
 from tests.integration.execution_page_support import (
     completed,
@@ -36,7 +43,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def site(database, browser) -> Iterator[tuple[Api, str]]:
-    browser.delete_all_cookies()
+    forget_every_cookie(browser)
     browser.set_window_size(*DESK)
     with running_api(database.runtime_dsn) as api, serving(api.app) as base:
         yield api, base
@@ -242,7 +249,7 @@ def test_a_wait_reads_what_it_waits_for_then_stops_in_words_and_a_short_id_finds
     _navigates(browser, _by_css(browser, "form.search button[type=submit]").click)
     assert browser.current_url == f"{base}/ui/executions/{waits.execution_id}"
     block = _by_css(browser, ".waiting-for")
-    assert "command poweroff on machine m-1" in block.text
+    assert "command poweroff --grace 30 on machine m-1" in block.text
     assert _by_css(block, ".command-status").text == "sent"
     assert re.fullmatch(r"([1-9]|1[0-9]|2[0-2]) s", _by_css(block, ".time-left").text)
     # Started is the wait's first round, 8 s before its latest.

@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from orquestador.queue.claims import claim_round
-from tests.browser.browser_support import serving, sign_in, start_chromium
+from tests.browser.browser_support import forget_every_cookie, serving, sign_in, start_chromium
 from tests.browser.page_quality import (
     axe_core,  # noqa: F401 (the fixture: installs axe-core, or skips saying why)
     check_page,
@@ -311,7 +311,7 @@ def site(database: Any, owner_engine: Engine, runtime_engine: Engine) -> Iterato
 @pytest.mark.parametrize("case", PAGES, ids=lambda case: case.name)
 def test_the_page_meets_the_quality_bar(case: PageCase, browser: Any, site: Site) -> None:
     path = case.arrange(site)
-    browser.delete_all_cookies()
+    forget_every_cookie(browser)
     if case.signed_in:
         sign_in(browser, site.base, site.api.token(scopes=EVERY_SCOPE))
     check_page(browser, case.name, site.base + path)
@@ -347,7 +347,7 @@ def test_the_checks_catch_a_page_that_falls_short(browser: Any) -> None:
     def short_css() -> Response:
         return Response(SHORT_CSS, mimetype="text/css")
 
-    browser.delete_all_cookies()
+    forget_every_cookie(browser)
     with serving(app) as base, pytest.raises(pytest.fail.Exception) as failed:
         check_page(browser, "self-check-short-of-the-bar", f"{base}/short")
 

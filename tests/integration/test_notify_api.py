@@ -75,6 +75,7 @@ def test_notices_are_listed_newest_first_for_the_callers_organization_only(api, 
         "executionId": items["first"]["executionId"],
         "createdAt": None,
         "dismissedAt": None,
+        "dismissedBy": None,
     }
     assert _titles(api.get("/notices", org=OTHER_ORG, **READER)) == ["theirs"]
 
