@@ -34,10 +34,14 @@ class Moment:
     facts: tuple[tuple[str, str], ...] = ()
 
 
-def timeline(audit: Iterable[Any], attempts: Iterable[Any]) -> list[Moment]:
-    """Audit rows (kind, actor, detail, created_at) and ended attempts, oldest first."""
+def timeline(
+    audit: Iterable[Any], attempts: Iterable[Any], steps: Iterable[dict[str, Any]] = ()
+) -> list[Moment]:
+    """Audit rows (kind, actor, detail, created_at), ended attempts and the waits under
+    way (the view's steps with `waitingFor`), oldest first."""
     moments = [_audit_moment(row) for row in audit]
     moments += [_attempt_moment(row) for row in attempts]
+    moments += [_wait_moment(s) for s in steps if "waitingFor" in s and s.get("startedAt")]
     # Stable: an attempt ends before the audit row its outcome wrote in the same instant.
     return sorted(moments, key=lambda moment: moment.at)
 
@@ -70,6 +74,19 @@ def _attempt_moment(row: Any) -> Moment:
         words += f" ({row.error_code})"
     facts = (("Message", row.message),) if row.message else ()
     return Moment(at=row.started_at, kind="attempt", words=words + ".", facts=facts)
+
+
+def _wait_moment(step: dict[str, Any]) -> Moment:
+    waiting = step["waitingFor"]
+    if "command" in waiting:
+        what = f"command {waiting['command']} on machine {waiting.get('machineId', '?')}"
+        what += f" (now {waiting['status']})" if "status" in waiting else ""
+    else:
+        what = "a command no longer in the records"
+    words = f"Step {step['actionId']} waits for {what}"
+    if "secondsLeft" in waiting:
+        words += f"; {duration_in_words(waiting['secondsLeft'])} left before its deadline"
+    return Moment(at=datetime.fromisoformat(step["startedAt"]), kind="wait", words=words + ".")
 
 
 def _audit_moment(row: Any) -> Moment:

@@ -382,3 +382,11 @@ def test_open_notices_and_approvals_carry_their_one_click_forms(
     assert rejected.headers["Location"] == "/ui/approvals?done=rejected"
     after = client.get(rejected.headers["Location"]).get_data(as_text=True)
     assert "You rejected it." in text_of(after) and 'value="approved"' not in after
+
+
+def test_a_wait_under_way_is_part_of_the_story(api: Api, waiting_one: str) -> None:
+    page = signed_in(api, scopes=READER).get(f"/ui/executions/{waiting_one}")
+
+    words = text_of(page.get_data(as_text=True))
+
+    assert "Step wait waits for command poweroff on machine m-1 (now sent)" in words
