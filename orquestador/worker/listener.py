@@ -8,6 +8,7 @@ import threading
 import psycopg
 from sqlalchemy.engine import URL
 
+from orquestador.config import libpq_url
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
 from orquestador.worker.messages import error_line
 
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 
 def libpq_conninfo(url: URL) -> str:
     """A libpq URI for the engine's URL (psycopg itself, without SQLAlchemy's driver name)."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_url(url)
 
 
 class ReadyListener(threading.Thread):
