@@ -33,6 +33,13 @@ class Settings:
 
     database_url: str = _env("DATABASE_URL", "", "database")
     migration_database_url: str = _env("MIGRATION_DATABASE_URL", "", "database")
+    # A direct connection (never through PgBouncer) for LISTEN and the maintenance lock,
+    # both session state; empty: DATABASE_URL.
+    listen_database_url: str = _env("LISTEN_DATABASE_URL", "", "database")
+    # Each pool's bound (the API process's, the worker's); 0: sized for the threads.
+    db_pool_size: int = _env("DB_POOL_SIZE", "0", "database")
+    # Server-side prepared statements; false behind PgBouncer before 1.21.
+    db_prepare: bool = _env("DB_PREPARE", "true", "database")
     runtime_database_role: str = _env("RUNTIME_DATABASE_ROLE", "", "database")
     platform_database_role: str = _env("PLATFORM_DATABASE_ROLE", "", "database")
     home: str = _env("ORQUESTADOR_HOME", ".orquestador", "local state")
@@ -111,6 +118,16 @@ class Settings:
         repr=False,  # a bearer token: kept out of any printed Settings
         metadata={"env": "ORQUESTADOR_TOKEN", "section": "command line client"},
     )
+
+    def pool_size(self, threads: int) -> tuple[int, int]:
+        """(pool_size, max_overflow) of a process whose `threads` use the database at once.
+
+        DB_POOL_SIZE, when set, is a hard bound (no overflow); else the pool fits the threads
+        and lends two more connections for a burst.
+        """
+        if self.db_pool_size:
+            return self.db_pool_size, 0
+        return threads, 2
 
     @property
     def statement_timeout_ms(self) -> int:
@@ -231,6 +248,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
+            "db_pool_size",
             "worker_drain_seconds",
             "adapter_abandon_grace_seconds",
             "agent_kill_grace_seconds",
@@ -275,7 +293,7 @@ class Settings:
             problems.append("RETRY_CAP_SECONDS must not be below RETRY_BASE_SECONDS")
         if self.retry_after_max_seconds < self.retry_after_min_seconds:
             problems.append("RETRY_AFTER_MAX_SECONDS must not be below RETRY_AFTER_MIN_SECONDS")
-        for name in ("database_url", "migration_database_url"):
+        for name in ("database_url", "migration_database_url", "listen_database_url"):
             problem = _postgres_url_problem(getattr(self, name))
             if problem:
                 problems.append(f"{_env_name(name)}: {problem}")
