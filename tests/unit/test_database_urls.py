@@ -73,3 +73,13 @@ def test_settings_accept_a_host_list_and_refuse_a_broken_one() -> None:
 
 def test_the_runtime_role_is_the_host_lists_user() -> None:
     assert runtime_role_for(TWO_HOSTS) == "app"
+
+
+def test_pool_settings_bound_each_pool_or_fit_the_threads() -> None:
+    assert Settings.from_env({}).pool_size(12) == (12, 2)
+    bounded = Settings.from_env({"DB_POOL_SIZE": "5", "DB_PREPARE": "false"})
+    assert bounded.pool_size(12) == (5, 0) and bounded.db_prepare is False
+    with pytest.raises(ConfigError, match="DB_POOL_SIZE must not be negative"):
+        Settings.from_env({"DB_POOL_SIZE": "-1"})
+    with pytest.raises(ConfigError, match="LISTEN_DATABASE_URL: not a PostgreSQL URL"):
+        Settings.from_env({"LISTEN_DATABASE_URL": "mysql://db/app"})
