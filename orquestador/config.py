@@ -33,6 +33,13 @@ class Settings:
 
     database_url: str = _env("DATABASE_URL", "", "database")
     migration_database_url: str = _env("MIGRATION_DATABASE_URL", "", "database")
+    # A direct connection (never through PgBouncer) for LISTEN and the maintenance lock,
+    # both session state; empty: DATABASE_URL.
+    listen_database_url: str = _env("LISTEN_DATABASE_URL", "", "database")
+    # Each pool's bound (the API process's, the worker's); 0: sized for the threads.
+    db_pool_size: int = _env("DB_POOL_SIZE", "0", "database")
+    # Server-side prepared statements; false behind PgBouncer before 1.21.
+    db_prepare: bool = _env("DB_PREPARE", "true", "database")
     runtime_database_role: str = _env("RUNTIME_DATABASE_ROLE", "", "database")
     platform_database_role: str = _env("PLATFORM_DATABASE_ROLE", "", "database")
     home: str = _env("ORQUESTADOR_HOME", ".orquestador", "local state")
@@ -111,6 +118,16 @@ class Settings:
         repr=False,  # a bearer token: kept out of any printed Settings
         metadata={"env": "ORQUESTADOR_TOKEN", "section": "command line client"},
     )
+
+    def pool_size(self, threads: int) -> tuple[int, int]:
+        """(pool_size, max_overflow) of a process whose `threads` use the database at once.
+
+        DB_POOL_SIZE, when set, is a hard bound (no overflow); else the pool fits the threads
+        and lends two more connections for a burst.
+        """
+        if self.db_pool_size:
+            return self.db_pool_size, 0
+        return threads, 2
 
     @property
     def statement_timeout_ms(self) -> int:
@@ -231,6 +248,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
+            "db_pool_size",
             "worker_drain_seconds",
             "adapter_abandon_grace_seconds",
             "agent_kill_grace_seconds",
@@ -275,7 +293,7 @@ class Settings:
             problems.append("RETRY_CAP_SECONDS must not be below RETRY_BASE_SECONDS")
         if self.retry_after_max_seconds < self.retry_after_min_seconds:
             problems.append("RETRY_AFTER_MAX_SECONDS must not be below RETRY_AFTER_MIN_SECONDS")
-        for name in ("database_url", "migration_database_url"):
+        for name in ("database_url", "migration_database_url", "listen_database_url"):
             problem = _postgres_url_problem(getattr(self, name))
             if problem:
                 problems.append(f"{_env_name(name)}: {problem}")
@@ -365,15 +383,66 @@ def _postgres_url_problem(url: str) -> str | None:
     if not url:
         return None
     try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return "not a database URL (expected postgresql://user@host/dbname)"
+        parsed = make_url(_hosts_into_query(url))
+    except (ArgumentError, ValueError):
+        return (
+            "not a database URL (expected postgresql://user@host/dbname, or "
+            "postgresql://user@host1:port1,host2:port2/dbname?target_session_attrs=read-write)"
+        )
     if parsed.get_backend_name() != "postgresql":
         return f"not a PostgreSQL URL (scheme {parsed.drivername!r})"
     return None
 
 
+# scheme://[userinfo@]hostlist[/rest]: the parts of a libpq URI around its host list.
+_URI_PARTS = re.compile(
+    r"^(?P<scheme>[^:/]+://)(?:(?P<userinfo>[^@/]*)@)?(?P<hosts>[^/?]*)(?P<rest>.*)$"
+)
+# One host of the list: a bracketed IPv6 address or a name, then an optional port.
+_HOST_PORT = re.compile(r"^(?P<host>\[[^\]]*\]|[^:]*)(?::(?P<port>\d*))?$")
+
+
+def _hosts_into_query(url: str) -> str:
+    """A libpq URI naming several hosts (`h1:p1,h2:p2`) rewritten with them in its query.
+
+    libpq and psycopg read `postgresql://u@h1:5432,h2:5433/db`; SQLAlchemy's URL parser
+    reads one host and port only, but both read `postgresql://u@/db?host=h1,h2&port=5432,5433`,
+    which means the same to libpq. A URL with one host is returned as it is.
+    """
+    parts = _URI_PARTS.match(url)
+    if parts is None or "," not in parts["hosts"]:
+        return url
+    hosts: list[str] = []
+    ports: list[str] = []
+    for item in parts["hosts"].split(","):
+        found = _HOST_PORT.match(item)
+        if found is None or not found["host"]:
+            raise ValueError(f"host list item {item!r} is not host[:port]")
+        hosts.append(found["host"].strip("[]"))
+        ports.append(found["port"] or "")
+    rest = parts["rest"]
+    path, _, query = rest.partition("?")
+    pairs = [("host", ",".join(hosts))]
+    if any(ports):
+        pairs.append(("port", ",".join(ports)))
+    if query and any(p.split("=", 1)[0] in ("host", "port", "hostaddr") for p in query.split("&")):
+        raise ValueError("hosts given both in the host list and in the query")
+    query = "&".join(f"{k}={v}" for k, v in pairs) + (f"&{query}" if query else "")
+    userinfo = f"{parts['userinfo']}@" if parts["userinfo"] is not None else ""
+    return f"{parts['scheme']}{userinfo}{path or '/'}?{query}"
+
+
 def sqlalchemy_url(url: str) -> URL:
-    """Normalise any postgresql:// form to the psycopg 3 driver."""
-    parsed = make_url(url)
+    """Normalise any postgresql:// form, one host or a libpq host list, to psycopg 3."""
+    parsed = make_url(_hosts_into_query(url))
     return parsed.set(drivername="postgresql+psycopg")
+
+
+def libpq_url(url: str | URL) -> str:
+    """A URL psycopg itself connects with (no SQLAlchemy driver name), password kept.
+
+    A host list stays in the query (`?host=h1,h2&port=p1,p2`), which libpq reads as
+    the same list of hosts tried in order.
+    """
+    parsed = sqlalchemy_url(url) if isinstance(url, str) else url
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)

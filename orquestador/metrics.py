@@ -29,6 +29,10 @@ Callers import the object and update it; nothing else creates metrics. Which to 
 
 Under gunicorn the API runs in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``): gauges
 declare how values of several processes combine (``multiprocess_mode``).
+
+- ``LISTENER_CONNECTED.set(0|1)`` and ``LISTENER_RECONNECTS_TOTAL.inc()``: the worker's
+  ready listener (orquestador.worker.listener) only, as its LISTEN connection comes and
+  goes; a failover shows as one reconnect.
 """
 
 from __future__ import annotations
@@ -150,3 +154,17 @@ HTTP_REQUEST_DURATION_SECONDS = Histogram(
 
 # Statuses the queue gauges report, so a status that drained to zero reads 0, not absent.
 QUEUE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING", "RECONCILIATION_REQUIRED")
+
+LISTENER_CONNECTED = Gauge(
+    "listener_connected",
+    "1 while the worker's LISTEN connection is up and listening; polling covers the rest.",
+    namespace=NAMESPACE,
+    multiprocess_mode="min",
+)
+
+LISTENER_RECONNECTS_TOTAL = Counter(
+    "listener_reconnects_total",
+    "Times the worker's LISTEN connection was lost (or found on a read-only server) and"
+    " opened again.",
+    namespace=NAMESPACE,
+)

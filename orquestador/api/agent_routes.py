@@ -25,6 +25,7 @@ from orquestador.api.body import read_json_object
 from orquestador.api.context import EXTENSION_KEY, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
+from orquestador.config import libpq_url
 from orquestador.domain.errors import Problem
 from orquestador.machines import (
     MAX_OUTPUT_CHARACTERS,
@@ -164,7 +165,8 @@ def take_next() -> Response | tuple[str, int]:
         command = next_command(database, org_id=caller.org, machine_id=machine, wait_seconds=0)
         return _command_answer(command)
     # The bell listens on a connection of its own (psycopg's URL, without the driver name).
-    conninfo = database.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    direct = current_app.extensions[EXTENSION_KEY].settings.listen_database_url
+    conninfo = libpq_url(direct or database.url)
     bell = bell_for(conninfo)
     share: PollShare = current_app.extensions[POLL_SHARE_EXTENSION]
     with bell.open_poll(caller.org, machine) as poll:

@@ -73,7 +73,7 @@ def create_app(
     adapters = registry if registry is not None else load_registry(settings)
     app.extensions[EXTENSION_KEY] = ApiContext(
         settings=settings,
-        engine=LazyEngine(settings.database_url, engine),
+        engine=LazyEngine(settings.database_url, engine, settings),
         verifier=TokenVerifier(settings),
         capability_problem=capability_checker(settings, adapters),
     )

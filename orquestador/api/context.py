@@ -26,8 +26,11 @@ API_MAX_OVERFLOW = 10
 class LazyEngine:
     """Builds the engine on first use in each process, so no pool crosses a gunicorn fork."""
 
-    def __init__(self, url: str, engine: Engine | None = None) -> None:
+    def __init__(
+        self, url: str, engine: Engine | None = None, settings: Settings | None = None
+    ) -> None:
         self._url = url
+        self._settings = settings
         self._engine = engine
         self._injected = engine is not None
         self._pid = os.getpid()
@@ -42,12 +45,19 @@ class LazyEngine:
                 if not self._url:
                     raise DatabaseUnavailable("DATABASE_URL is not set")
                 # hide_parameters keeps request data out of logged database errors.
+                pool_size, max_overflow = API_POOL_SIZE, API_MAX_OVERFLOW
+                prepare = True
+                if self._settings is not None:
+                    prepare = self._settings.db_prepare
+                    if self._settings.db_pool_size:
+                        pool_size, max_overflow = self._settings.pool_size(API_POOL_SIZE)
                 self._engine = make_engine(
                     self._url,
-                    pool_size=API_POOL_SIZE,
-                    max_overflow=API_MAX_OVERFLOW,
+                    pool_size=pool_size,
+                    max_overflow=max_overflow,
                     application_name="orquestador-api",
                     hide_parameters=True,
+                    prepare=prepare,
                 )
                 self._pid = os.getpid()
             return self._engine

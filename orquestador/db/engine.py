@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import random
+import threading
 import time
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -17,6 +22,18 @@ from orquestador.config import sqlalchemy_url
 _RETRIABLE_SQLSTATE_CLASSES = ("08", "40", "53", "57")
 # And one state of its own: a lock not had within lock_timeout (55P03) passes too.
 _LOCK_NOT_AVAILABLE = "55P03"
+# The server this connection reached is no longer the primary, or is going away:
+# 25006 a write refused by a read-only server (a demoted primary, a standby), 57P01
+# administrator shutdown, 57P02 crash shutdown, 57P03 cannot connect now (starting up,
+# shutting down, in recovery). Every connection of the pool may be on that server, so
+# the whole pool is recycled and the next connection goes through the host list again.
+FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+# Reconnects after a failover wait a random part of a doubling delay (full jitter), so
+# that every process and thread does not reconnect in the same instant.
+RECONNECT_BASE_SECONDS = 0.05
+RECONNECT_CAP_SECONDS = 2.0
+
+log = logging.getLogger(__name__)
 
 
 def make_engine(
@@ -27,6 +44,7 @@ def make_engine(
     ping_after_idle_seconds: float | None = None,
     lock_timeout_ms: int | None = None,
     statement_timeout_ms: int | None = None,
+    prepare: bool = True,
     **kwargs: Any,
 ) -> Engine:
     """An engine on psycopg 3 with a bounded pool; build it after any fork.
@@ -43,6 +61,10 @@ def make_engine(
     of JIT compilation for a millisecond of work.
     """
     connect_args: dict[str, Any] = {"application_name": application_name, "connect_timeout": 10}
+    if not prepare:
+        # Behind PgBouncer in transaction mode without max_prepared_statements, a statement
+        # prepared on one server connection is unknown on the next: prepare nothing.
+        connect_args["prepare_threshold"] = None
     options = [
         f"-c {name}={value}"
         for name, value in (
@@ -63,7 +85,76 @@ def make_engine(
     )
     if ping_after_idle_seconds is not None:
         _ping_after_idle(engine, ping_after_idle_seconds)
+    _recycle_on_failover(engine)
     return engine
+
+
+def is_failover_error(error: BaseException) -> bool:
+    """True when the server said it cannot take this work any more (see FAILOVER_SQLSTATES)."""
+    error = getattr(error, "orig", None) or error
+    return getattr(error, "sqlstate", None) in FAILOVER_SQLSTATES
+
+
+class ReconnectBackoff:
+    """Jittered, doubling waits before reconnecting, shared by the threads of one engine."""
+
+    def __init__(
+        self,
+        base_seconds: float = RECONNECT_BASE_SECONDS,
+        cap_seconds: float = RECONNECT_CAP_SECONDS,
+    ) -> None:
+        self.base_seconds = base_seconds
+        self.cap_seconds = cap_seconds
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def failed(self) -> None:
+        with self._lock:
+            self.failures += 1
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self.failures = 0
+
+    def delay(self) -> float:
+        """Seconds to wait before the next connection attempt: 0 while all is well."""
+        with self._lock:
+            failures = self.failures
+        if failures == 0:
+            return 0.0
+        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** min(failures - 1, 30))
+        return random.uniform(0, ceiling)
+
+
+def _recycle_on_failover(engine: Engine) -> None:
+    backoff = ReconnectBackoff()
+
+    @event.listens_for(engine, "handle_error")
+    def _classify(context: ExceptionContext) -> None:
+        original = context.original_exception
+        lost = isinstance(original, psycopg.OperationalError) and not getattr(
+            original, "sqlstate", None
+        )
+        if is_failover_error(original) or lost or context.is_disconnect:
+            # SQLAlchemy then invalidates this connection and every one the pool holds
+            # that is older (invalidate_pool_on_disconnect).
+            if not context.is_disconnect:
+                log.warning(
+                    "database refused or lost (%s): recycling the connection pool",
+                    getattr(original, "sqlstate", None) or type(original).__name__,
+                )
+            context.is_disconnect = True
+            backoff.failed()
+
+    @event.listens_for(engine, "do_connect")
+    def _wait_before_reconnecting(*_: Any) -> None:
+        delay = backoff.delay()
+        if delay:
+            time.sleep(delay)  # a bounded, jittered pause: the reconnect storm's spreader
+
+    @event.listens_for(engine, "connect")
+    def _connected(*_: Any) -> None:
+        backoff.succeeded()
 
 
 def _ping_after_idle(engine: Engine, idle_seconds: float) -> None:
@@ -85,7 +176,9 @@ def _ping_after_idle(engine: Engine, idle_seconds: float) -> None:
 
 def is_retriable(error: BaseException) -> bool:
     """True when the database said the failure is transient (connection, deadlock, resources)."""
-    if isinstance(error, OperationalError) and error.connection_invalidated:
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    if is_failover_error(error):
         return True
     if isinstance(error, DBAPIError):
         sqlstate = getattr(error.orig, "sqlstate", None) or ""

@@ -12,7 +12,6 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, pool, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from orquestador.config import Settings, sqlalchemy_url
@@ -56,7 +55,7 @@ def runtime_role_for(database_url: str, configured_role: str = "") -> str | None
     if configured_role:
         return configured_role
     if database_url:
-        return make_url(database_url).username
+        return sqlalchemy_url(database_url).username
     return None
 
 

@@ -53,6 +53,7 @@ from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import ActionAttempt
 from orquestador.queue.fencing import WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.outcomes import Finish, finish_documents, request_change
+from orquestador.queue.prepared import prepares
 
 WRITE_BATCH = f"""
     SELECT {WRITE_BATCH_FUNCTION}(%(request_ids)s::jsonb, %(locks)s::jsonb, %(starts)s::jsonb,
@@ -223,7 +224,7 @@ class _Locked(NamedTuple):
 
 
 def _call(conn: psycopg.Connection[Any], params: dict[str, Any]) -> dict[str, Any]:
-    row = conn.execute(WRITE_BATCH, params, prepare=True).fetchone()
+    row = conn.execute(WRITE_BATCH, params, prepare=prepares(conn)).fetchone()
     assert row is not None
     return row[0]
 

@@ -28,6 +28,8 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.types import JSON
 
+from orquestador.db.engine import is_failover_error
+
 _DIALECT = psycopg_dialect()
 
 
@@ -71,18 +73,30 @@ def run(conn: Connection, clause: TextClause, params: Mapping[str, Any]) -> psyc
     }
     cursor = driver.cursor(row_factory=namedtuple_row)
     try:
-        cursor.execute(statement.sql, values, prepare=True)
+        cursor.execute(statement.sql, values, prepare=prepares(driver))
     except psycopg.Error as exc:
         raise _translated(conn, driver, exc, statement.sql) from exc
     return cursor
 
 
+def prepares(driver: psycopg.Connection[Any]) -> bool | None:
+    """Prepare on the server, unless the engine said never (DB_PREPARE=false: PgBouncer).
+
+    None leaves it to the connection's `prepare_threshold`, which is then None: never.
+    """
+    return True if driver.prepare_threshold is not None else None
+
+
 def _translated(
     conn: Connection, driver: psycopg.Connection[Any], exc: psycopg.Error, sql: str
 ) -> DBAPIError:
-    broken = driver.broken or driver.closed
+    broken = driver.broken or driver.closed or is_failover_error(exc)
     if broken:
         conn.invalidate(exc)
+        if is_failover_error(exc):
+            # The server is no longer the primary: no connection of the pool is worth
+            # keeping. The checked-out ones are closed as their users give them back.
+            conn.engine.dispose(close=False)
     # No parameters in the error: inputs and outputs may be secret.
     return DBAPIError.instance(
         sql,

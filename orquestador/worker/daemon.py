@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 from sqlalchemy import Engine
 
 from orquestador.actions import AdapterRegistry, load_registry
-from orquestador.config import Settings
+from orquestador.config import Settings, libpq_url
 from orquestador.db.engine import make_engine
 from orquestador.metrics import LEASE_LOST_TOTAL
 from orquestador.queue import Claim
@@ -98,7 +98,9 @@ class Worker:
             settings.worker_renew_seconds,
             hooks=hooks,
         )
-        self.listener = ReadyListener(libpq_conninfo(engine.url), self.wake) if listen else None
+        # LISTEN is session state: a direct connection when PgBouncer fronts DATABASE_URL.
+        listen_url = settings.listen_database_url or libpq_conninfo(engine.url)
+        self.listener = ReadyListener(libpq_url(listen_url), self.wake) if listen else None
         self.loops = background_loops(settings, engine, self.worker_id)
         self.maintenance = next(loop for loop in self.loops if isinstance(loop, MaintenanceLoop))
         self._stop_requested = threading.Event()
@@ -254,9 +256,12 @@ class Worker:
 def build_worker(settings: Settings) -> Worker:
     """A worker with the registry of ADAPTER_MODULES and an engine sized for its threads."""
     registry = load_registry(settings)
+    pool_size, max_overflow = settings.pool_size(settings.worker_concurrency + 2)
     engine = make_engine(
         settings.database_url,
-        pool_size=settings.worker_concurrency + 2,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        prepare=settings.db_prepare,
         application_name="orquestador-worker",
         ping_after_idle_seconds=PING_AFTER_IDLE_SECONDS,
         hide_parameters=True,  # errors in logs never carry inputs or outputs

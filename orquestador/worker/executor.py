@@ -102,6 +102,7 @@ class Executor:
                         # A job that waited this long stops holding a lease it cannot
                         # write under: it ends, and the heartbeat no longer renews it.
                         answer_seconds=self.lease_seconds / 2,
+                        prepare=self.settings.db_prepare,
                     )
         return writer
 

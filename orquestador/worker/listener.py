@@ -3,51 +3,110 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 
 import psycopg
 from sqlalchemy.engine import URL
 
+from orquestador.config import libpq_url
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
+from orquestador.metrics import LISTENER_CONNECTED, LISTENER_RECONNECTS_TOTAL
 from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 
+# How often a quiet listening connection checks that its server still takes writes:
+# after a failover the old primary may live on, read-only or cut off, and NOTIFY from
+# the new primary never reaches it. Polling covers what is missed until then.
+HEALTH_CHECK_SECONDS = 10.0
+# Reconnects wait a random part of a doubling delay (full jitter) up to the cap.
+RECONNECT_BASE_SECONDS = 0.2
+RECONNECT_CAP_SECONDS = 10.0
+
+
+class ListenerServerReadOnly(Exception):
+    """The listening connection's server no longer takes writes; reconnecting."""
+
 
 def libpq_conninfo(url: URL) -> str:
     """A libpq URI for the engine's URL (psycopg itself, without SQLAlchemy's driver name)."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_url(url)
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds before reconnect attempt number `failures` (1-based), jittered."""
+    ceiling = min(RECONNECT_CAP_SECONDS, RECONNECT_BASE_SECONDS * 2 ** min(failures - 1, 30))
+    return random.uniform(ceiling / 2, ceiling)
 
 
 class ReadyListener(threading.Thread):
     """Sets `wake` on every notification; polling stays the fallback if this connection fails."""
 
     def __init__(
-        self, conninfo: str, wake: threading.Event, reconnect_seconds: float = 2.0
+        self,
+        conninfo: str,
+        wake: threading.Event,
+        health_check_seconds: float = HEALTH_CHECK_SECONDS,
     ) -> None:
         super().__init__(name="orquestador-listener", daemon=True)
         self._conninfo = conninfo
         self._wake = wake
-        self._reconnect_seconds = reconnect_seconds
+        self._health_check_seconds = health_check_seconds
         self.stopped = threading.Event()
         self.listening = threading.Event()  # set while LISTEN is in effect
+        self.reconnects = 0  # connections lost and opened again, since start
 
     def run(self) -> None:
+        failures = 0
         while not self.stopped.is_set():
             try:
                 with psycopg.connect(
-                    self._conninfo, autocommit=True, application_name="orquestador-listener"
+                    self._conninfo,
+                    autocommit=True,
+                    application_name="orquestador-listener",
+                    connect_timeout=10,
                 ) as conn:
+                    self._check_health(conn)
                     conn.execute(f"LISTEN {EXECUTION_READY_CHANNEL}")
+                    failures = 0
                     self.listening.set()
+                    LISTENER_CONNECTED.set(1)
                     # Anything accepted while we were not listening is found by this claim.
                     self._wake.set()
+                    checked = time.monotonic()
                     while not self.stopped.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self._wake.set()
+                        if time.monotonic() - checked >= self._health_check_seconds:
+                            self._check_health(conn)
+                            checked = time.monotonic()
             except Exception as exc:
+                was_listening = self.listening.is_set()
                 self.listening.clear()
+                LISTENER_CONNECTED.set(0)
                 if self.stopped.is_set():
                     return  # stopping: the connection may go with the database
-                log.warning("ready listener disconnected: %s", error_line(exc))
-                self.stopped.wait(self._reconnect_seconds)
+                failures += 1
+                if was_listening:
+                    self.reconnects += 1
+                    LISTENER_RECONNECTS_TOTAL.inc()
+                delay = reconnect_delay(failures)
+                log.warning(
+                    "ready listener disconnected: %s; reconnecting in %.1f s",
+                    error_line(exc),
+                    delay,
+                )
+                self.stopped.wait(delay)
+        LISTENER_CONNECTED.set(0)
+
+    @staticmethod
+    def _check_health(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        row = conn.execute(
+            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'"
+        ).fetchone()
+        if row and row[0]:
+            raise ListenerServerReadOnly(
+                "the listening connection's server no longer takes writes; reconnecting"
+            )

@@ -28,7 +28,7 @@ import psycopg
 from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import ProgrammingError
 
-from orquestador.config import Settings
+from orquestador.config import Settings, libpq_url
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
 from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
@@ -343,7 +343,10 @@ class MaintenanceLoop(Loop):
         self.settings = settings
         self.engine = engine
         self.worker_id = worker_id
-        self.lock = lock or LeaderLock(libpq_conninfo(engine.url))
+        # An advisory lock is session state: a direct connection when PgBouncer fronts
+        # DATABASE_URL (LISTEN_DATABASE_URL names it).
+        direct = settings.listen_database_url or libpq_conninfo(engine.url)
+        self.lock = lock or LeaderLock(libpq_url(direct))
         self.on_pass = on_pass
         self.passes = 0  # passes this worker did as the leader
         self._was_leader = False

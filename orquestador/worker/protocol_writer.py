@@ -54,6 +54,7 @@ import psycopg
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
+from orquestador.db.engine import FAILOVER_SQLSTATES
 from orquestador.db.schema import LEASE_RAN_OUT_SQLSTATE
 from orquestador.queue import ActionAttempt, Claim, Finish
 from orquestador.queue.batches import (
@@ -146,8 +147,10 @@ class ProtocolWriter:
         statement_timeout_ms: int = 10000,
         busy_seconds: float | None = None,
         answer_seconds: float = 30.0,
+        prepare: bool = True,
     ) -> None:
         self._conninfo = conninfo
+        self._prepare = prepare
         self._options = (
             f"-c lock_timeout={lock_timeout_ms} -c statement_timeout={statement_timeout_ms}"
         )
@@ -227,7 +230,9 @@ class ProtocolWriter:
     # --- the writer thread ----------------------------------------------------
 
     def _loop(self) -> None:
-        own = _ThreadState(_Link(self._conninfo, self._options, self._application_name))
+        own = _ThreadState(
+            _Link(self._conninfo, self._options, self._application_name, self._prepare)
+        )
         try:
             while True:
                 batch = self._gather(own)
@@ -337,9 +342,10 @@ class ProtocolWriter:
 
     def _failed(self, own: _ThreadState, batch: list[_Pending], failed: BatchFailed) -> None:
         error = self._translated(own.link, failed.error, failed.sql)
-        if own.link.broken:
-            # The connection is gone (the database restarted, the network broke): each
-            # job's own statement would have failed the same way.
+        if own.link.broken or failed.error.sqlstate in FAILOVER_SQLSTATES:
+            # The connection is gone (the database restarted, the network broke) or its
+            # server no longer takes writes (a demoted primary): each job's own statement
+            # would have failed the same way, and the next connection finds the primary.
             own.link.close()
             self._fail_all(batch, error)
             return
@@ -377,7 +383,7 @@ class ProtocolWriter:
             exc,
             psycopg.Error,
             hide_parameters=True,
-            connection_invalidated=link.broken,
+            connection_invalidated=link.broken or exc.sqlstate in FAILOVER_SQLSTATES,
             dialect=self._dialect,
         )
 
@@ -412,8 +418,11 @@ class _ThreadState:
 class _Link:
     """One writer thread's connection: opened by that thread, closed by that thread."""
 
-    def __init__(self, conninfo: str, options: str, application_name: str) -> None:
+    def __init__(
+        self, conninfo: str, options: str, application_name: str, prepare: bool = True
+    ) -> None:
         self._conninfo = conninfo
+        self._prepare = prepare
         self._options = options
         self._application_name = application_name
         self._conn: psycopg.Connection[Any] | None = None
@@ -437,6 +446,8 @@ class _Link:
                 keepalives_idle=10,
                 keepalives_interval=5,
             )
+            if not self._prepare:
+                self._conn.prepare_threshold = None  # PgBouncer: prepare nothing
         return self._conn
 
     def close(self) -> None:

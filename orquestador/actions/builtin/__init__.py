@@ -18,7 +18,7 @@ def register_builtins(registry: AdapterRegistry, settings: Settings | None = Non
     registry.add(NOOP)
     if settings is None:
         return
-    database = BuiltinDatabase(settings.database_url)
+    database = BuiltinDatabase(settings.database_url, prepare=settings.db_prepare)
     machine.register(registry, settings, database)
     notify.register(registry, settings, database)
     approval.register(registry, settings, database)

@@ -23,8 +23,9 @@ def builtin_timeout_seconds(lease_seconds: float) -> float:
 class BuiltinDatabase:
     """A lazily created engine: registering adapters never connects."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, prepare: bool = True) -> None:
         self._url = url
+        self._prepare = prepare
         self._engine: Engine | None = None
         self._lock = threading.Lock()
 
@@ -37,5 +38,6 @@ class BuiltinDatabase:
                     pool_size=POOL_SIZE,
                     application_name="orquestador-adapters",
                     hide_parameters=True,
+                    prepare=self._prepare,
                 )
             return self._engine
