@@ -155,6 +155,34 @@ HTTP_REQUEST_DURATION_SECONDS = Histogram(
 # Statuses the queue gauges report, so a status that drained to zero reads 0, not absent.
 QUEUE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING", "RECONCILIATION_REQUIRED")
 
+# The database's health as the product sees it, sampled by the maintenance leader.
+DB_OLDEST_TRANSACTION_SECONDS = Gauge(
+    "db_oldest_transaction_seconds",
+    "Age of the oldest open transaction of the runtime role in this database (every role's"
+    " with pg_read_all_stats): a long one holds back vacuum and the claim's index.",
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+DB_DEAD_TUPLES = Gauge(
+    "db_dead_tuples",
+    "Dead row versions not yet vacuumed, by hot table (a partitioned table's partitions summed).",
+    ["table"],
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
+# The tables the protocol rewrites most: where bloat slows the claim and the pages.
+HOT_TABLES = (
+    "execution",
+    "action_execution",
+    "request",
+    "audit_event",
+    "action_attempt",
+    "machine_command",
+    "email_outbox",
+)
+
 LISTENER_CONNECTED = Gauge(
     "listener_connected",
     "1 while the worker's LISTEN connection is up and listening; polling covers the rest.",

@@ -32,7 +32,10 @@ from orquestador.config import Settings, libpq_url
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
 from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
+    DB_DEAD_TUPLES,
+    DB_OLDEST_TRANSACTION_SECONDS,
     EMAIL_OUTBOX_DEPTH,
+    HOT_TABLES,
     MAINTENANCE_LEADER,
     OLDEST_DUE_SECONDS,
     QUEUE_DEPTH,
@@ -113,6 +116,8 @@ class PassReport:
     oldest_due_seconds: float = 0.0
     reconciliation_required: int = 0
     email_outbox_depth: int = 0
+    oldest_transaction_seconds: float = 0.0
+    dead_tuples: dict[str, int] = field(default_factory=dict)
 
 
 # --- retention ----------------------------------------------------------------
@@ -286,6 +291,28 @@ _OLDEST_DUE = text(
     """
 )
 _OUTBOX_DEPTH = text("SELECT count(*) FROM email_outbox WHERE status = 'pending'")
+# The oldest open transaction in this database but the sampler's own. Without
+# pg_read_all_stats a role sees only its own sessions' xact_start: the product's.
+_OLDEST_TRANSACTION = text(
+    """
+    SELECT coalesce(extract(epoch FROM clock_timestamp() - min(xact_start)), 0)
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND xact_start IS NOT NULL
+    """
+)
+# Dead tuples per hot table; a partition counts for the table it belongs to.
+_DEAD_TUPLES = text(
+    """
+    SELECT coalesce(parent.relname, s.relname) AS name, sum(s.n_dead_tup)::bigint AS dead
+    FROM pg_stat_user_tables s
+    LEFT JOIN pg_inherits i ON i.inhrelid = s.relid
+    LEFT JOIN pg_class parent ON parent.oid = i.inhparent
+    WHERE s.schemaname = current_schema()
+      AND coalesce(parent.relname, s.relname) = ANY(:tables)
+    GROUP BY 1
+    """
+).bindparams(tables=list(HOT_TABLES))
 # A mailer that died holding a row leaves an expired lease: clear it and make the row
 # due now, so any mailer takes it at once instead of after its backoff.
 _HAND_OFF = text(
@@ -307,11 +334,17 @@ def sample_gauges(conn: Connection, report: PassReport) -> None:
     report.oldest_due_seconds = float(conn.execute(_OLDEST_DUE).scalar_one())
     report.reconciliation_required = depth["RECONCILIATION_REQUIRED"]
     report.email_outbox_depth = int(conn.execute(_OUTBOX_DEPTH).scalar_one())
+    report.oldest_transaction_seconds = float(conn.execute(_OLDEST_TRANSACTION).scalar_one())
+    report.dead_tuples = {table: 0 for table in HOT_TABLES}
+    report.dead_tuples.update({row.name: int(row.dead) for row in conn.execute(_DEAD_TUPLES)})
     for status, n in depth.items():
         QUEUE_DEPTH.labels(status=status).set(n)
     OLDEST_DUE_SECONDS.set(report.oldest_due_seconds)
     RECONCILIATION_REQUIRED.set(report.reconciliation_required)
     EMAIL_OUTBOX_DEPTH.set(report.email_outbox_depth)
+    DB_OLDEST_TRANSACTION_SECONDS.set(report.oldest_transaction_seconds)
+    for table, dead in report.dead_tuples.items():
+        DB_DEAD_TUPLES.labels(table=table).set(dead)
 
 
 def _zero_gauges() -> None:
@@ -322,6 +355,9 @@ def _zero_gauges() -> None:
     OLDEST_DUE_SECONDS.set(0)
     RECONCILIATION_REQUIRED.set(0)
     EMAIL_OUTBOX_DEPTH.set(0)
+    DB_OLDEST_TRANSACTION_SECONDS.set(0)
+    for table in HOT_TABLES:
+        DB_DEAD_TUPLES.labels(table=table).set(0)
 
 
 # --- the loop ------------------------------------------------------------------

@@ -15,7 +15,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
 from orquestador.db.engine import make_engine
-from orquestador.metrics import EMAIL_OUTBOX_DEPTH, QUEUE_DEPTH, RECONCILIATION_REQUIRED
+from orquestador.metrics import (
+    DB_OLDEST_TRANSACTION_SECONDS,
+    EMAIL_OUTBOX_DEPTH,
+    QUEUE_DEPTH,
+    RECONCILIATION_REQUIRED,
+)
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.maintenance import LeaderLock, MaintenanceLoop, PassReport
 from tests.db_support import RUNTIME_ROLE
@@ -490,3 +495,31 @@ def test_a_missing_grant_stops_one_tables_retention_not_the_pass(
     assert "PENDING" in report.queue_depth  # the gauges were still sampled
     (line,) = [r for r in caplog.records if r.getMessage().startswith("retention of request")]
     assert "permission denied" in line.getMessage()
+
+
+def test_the_leader_reports_the_oldest_open_transaction_and_dead_tuples(
+    owner_engine, runtime_engine
+):
+    """A transaction left open (an idle client, a stuck job) shows as an age; rows a
+    delete left behind show as dead tuples of their table until vacuum takes them."""
+    _request_with_execution(owner_engine, simulation=False, created_days_ago=0, finished=True)
+    with owner_engine.begin() as conn:
+        conn.execute(text("UPDATE request SET updated_at = now()"))
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+    held = runtime_engine.connect()
+    try:
+        held.execute(text("SELECT 1"))  # a transaction opened and left open
+        opened = held.execute(text("SELECT clock_timestamp()")).scalar_one()
+
+        report = _one_pass(runtime_engine)
+
+        with owner_engine.connect() as conn:
+            now = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+        assert 0 < report.oldest_transaction_seconds <= (now - opened).total_seconds() + 1
+        assert report.dead_tuples["request"] >= 1
+        assert set(report.dead_tuples) >= {"execution", "audit_event", "action_attempt"}
+        assert DB_OLDEST_TRANSACTION_SECONDS._value.get() == report.oldest_transaction_seconds
+    finally:
+        held.close()
+
+    assert _one_pass(runtime_engine).oldest_transaction_seconds == 0
