@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from orquestador.db.schema import metadata
+from orquestador.db.schema import declared_relation, metadata
 
 config = context.config
 
@@ -28,6 +28,8 @@ def _run(connection: object) -> None:
         target_metadata=metadata,
         transaction_per_migration=False,
         compare_type=True,
+        # The history tables' monthly partitions are not declared (migration 0024).
+        include_name=declared_relation,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -22,6 +22,7 @@ from orquestador.dev_address import recorded_dev_api
 from orquestador.errors import ConfigError, OrquestadorError
 from orquestador.executions_cli import add_executions_command
 from orquestador.flows_cli import add_flows_command
+from orquestador.history_cli import add_history_command
 from orquestador.machines_cli import add_machines_command
 from orquestador.schedules_cli import add_schedules_command
 
@@ -174,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     add_flows_command(command)
     add_machines_command(command)
     add_schedules_command(command)
+    add_history_command(command)
 
     agent = command(
         "agent",

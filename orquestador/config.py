@@ -107,6 +107,8 @@ class Settings:
     notice_retention_days: int = _env("NOTICE_RETENTION_DAYS", "90", "retention")
     schedule_fire_retention_days: int = _env("SCHEDULE_FIRE_RETENTION_DAYS", "30", "retention")
     bulk_retention_days: int = _env("BULK_RETENTION_DAYS", "30", "retention")
+    history_retention_days: int = _env("HISTORY_RETENTION_DAYS", "90", "retention")
+    history_retention_failed_days: int = _env("HISTORY_RETENTION_FAILED_DAYS", "365", "retention")
 
     maintenance_interval_seconds: int = _env("MAINTENANCE_INTERVAL_SECONDS", "60", "operations")
     worker_metrics_port: str = _env("WORKER_METRICS_PORT", "", "operations")
@@ -260,6 +262,8 @@ class Settings:
             "notice_retention_days",
             "schedule_fire_retention_days",
             "bulk_retention_days",
+            "history_retention_days",
+            "history_retention_failed_days",
         ):
             if getattr(self, name) < 0:
                 problems.append(f"{_env_name(name)} must not be negative")

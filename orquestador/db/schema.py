@@ -6,6 +6,8 @@ compares the two so neither drifts.
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -294,6 +296,9 @@ action_execution = Table(
 # One row per ended attempt of an action, never updated: the checkpoint keeps only the
 # latest attempt, and the write rule must still see an earlier attempt whose write may
 # have happened. Written in the same statement as the checkpoint's own change.
+# Partitioned by month of started_at (migration 0024): the key must be in the primary
+# key, and an attempt's every line carries its checkpoint's start, so (execution,
+# action, attempt) stays unique as before.
 action_attempt = Table(
     "action_attempt",
     metadata,
@@ -307,15 +312,17 @@ action_attempt = Table(
     Column("started_at", TIMESTAMP(timezone=True), nullable=False),
     # NULL when the attempt was interrupted: nobody saw it end.
     Column("finished_at", TIMESTAMP(timezone=True)),
-    PrimaryKeyConstraint("execution_id", "action_id", "attempt"),
+    PrimaryKeyConstraint("execution_id", "action_id", "attempt", "started_at"),
     ForeignKeyConstraint(
         ["execution_id", "action_id"],
         ["action_execution.execution_id", "action_execution.action_id"],
     ),
     CheckConstraint(_in("status", ATTEMPT_STATUSES), name="status"),
     CheckConstraint(f"length(message) <= {ATTEMPT_MESSAGE_MAX}", name="message_length"),
+    postgresql_partition_by="RANGE (started_at)",
 )
 
+# Partitioned by month of created_at (migration 0024); the id stays the order of events.
 audit_event = Table(
     "audit_event",
     metadata,
@@ -331,9 +338,11 @@ audit_event = Table(
         TIMESTAMP(timezone=True),
         nullable=False,
         server_default=text("clock_timestamp()"),
+        primary_key=True,
     ),
     Index(None, "execution_id"),
     Index(None, "request_id"),
+    postgresql_partition_by="RANGE (created_at)",
 )
 
 machine_command = Table(
@@ -888,8 +897,36 @@ KEY_ROOM_SIGNATURE = f"{KEY_ROOM_FUNCTION}(text[], text[], integer[], integer[])
 # A concurrency key's advisory lock is (KEY_LOCK_CLASS, hashtext(org || '/' || key)): the
 # two-key form, which never meets the maintenance leader's one-key lock.
 KEY_LOCK_CLASS = 1_907_019
+# Migration 0024: the history tables, partitioned by month of this column (UTC months).
+# Each has one partition a month, named <table>_pYYYY_MM, and <table>_default for rows
+# of a month without one (and rows a dropped month kept).
+HISTORY_TABLES: dict[str, str] = {"audit_event": "created_at", "action_attempt": "started_at"}
+HISTORY_PARTITION_NAME = re.compile(r"^(audit_event|action_attempt)_(p\d{4}_\d{2}|default)$")
+# The SECURITY DEFINER functions through which the maintenance leader (as the runtime
+# role, which owns no table) creates months ahead and applies the history's retention.
+HISTORY_PARTITIONS_FUNCTION = "orquestador_history_partitions"
+HISTORY_PARTITIONS_SIGNATURE = f"{HISTORY_PARTITIONS_FUNCTION}(integer)"
+HISTORY_PURGE_FUNCTION = "orquestador_history_purge"
+HISTORY_PURGE_SIGNATURE = f"{HISTORY_PURGE_FUNCTION}(interval, interval, integer)"
 # The functions the runtime role executes, and only it.
-RUNTIME_FUNCTIONS = (PURGE_SIMULATIONS_SIGNATURE, WRITE_BATCH_SIGNATURE, KEY_ROOM_SIGNATURE)
+RUNTIME_FUNCTIONS = (
+    PURGE_SIMULATIONS_SIGNATURE,
+    WRITE_BATCH_SIGNATURE,
+    KEY_ROOM_SIGNATURE,
+    HISTORY_PARTITIONS_SIGNATURE,
+    HISTORY_PURGE_SIGNATURE,
+)
+
+
+def declared_relation(name: str | None, type_: str, parent_names: object = None) -> bool:
+    """Whether a schema comparison looks at NAME: not a history table's partition.
+
+    Partitions are made by the migration and the maintenance leader month by month, so
+    the declared schema describes only the partitioned tables (alembic's include_name).
+    """
+    return not (type_ == "table" and name is not None and HISTORY_PARTITION_NAME.match(name))
+
+
 # Migration 0011: the SQLSTATE the batch raises when a lease it wrote under ran out
 # before COMMIT (nothing of the batch is kept).
 LEASE_RAN_OUT_SQLSTATE = "OQL01"

@@ -1,4 +1,4 @@
-"""The maintenance loop: retention, queue gauges and the e-mail hand-off, by one leader.
+"""The maintenance loop: retention, history months, queue gauges and the e-mail hand-off.
 
 Every worker runs this loop (the daemon starts it beside the background loops); each
 pass, a worker first makes sure it holds the maintenance lock, a PostgreSQL session
@@ -30,6 +30,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from orquestador.config import Settings, libpq_url
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
+from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
     DB_DEAD_TUPLES,
@@ -111,6 +112,7 @@ class PassReport:
     """What one pass of the leader did (tests and the pass's log line read it)."""
 
     deleted: dict[str, int] = field(default_factory=dict)
+    history_months_made: int = 0
     handed_off: int = 0
     queue_depth: dict[str, int] = field(default_factory=dict)
     oldest_due_seconds: float = 0.0
@@ -209,6 +211,14 @@ def _purge_simulations(conn: Connection, days: int, batch: int) -> int:
     return int(conn.execute(_PURGE_SIMULATIONS, {"days": days, "batch": batch}).scalar_one())
 
 
+def _history_by_outcome(failed_days: int) -> Deleter:
+    # `days` is the period of succeeded and cancelled executions; failed ones keep theirs.
+    def delete_batch(conn: Connection, days: int, batch: int) -> int:
+        return purge_history(conn, days, failed_days, batch)
+
+    return delete_batch
+
+
 def retention_rules(settings: Settings) -> list[tuple[str, int, Deleter]]:
     """(table, age in days, delete one batch) for every table with a retention period."""
     return [
@@ -226,6 +236,12 @@ def retention_rules(settings: Settings) -> list[tuple[str, int, Deleter]]:
             _rows_deleted_by(_DELETE_OLD_FIRES),
         ),
         ("bulk_action", settings.bulk_retention_days, _rows_deleted_by(_DELETE_FINISHED_BULKS)),
+        # Audit rows and attempts together (counted under the first table).
+        (
+            "audit_event",
+            settings.history_retention_days,
+            _history_by_outcome(settings.history_retention_failed_days),
+        ),
     ]
 
 
@@ -262,6 +278,22 @@ def apply_retention(
             )
         deleted[table] = total
     return deleted, more
+
+
+def make_history_months(engine: Engine) -> int:
+    """The history's months ahead (idempotent); 0 with a warning when it cannot."""
+    try:
+        with engine.begin() as conn:
+            return make_months_ahead(conn)
+    except ProgrammingError as exc:
+        # A database before migration 0024, or a missing grant: rows go to the DEFAULT
+        # partition meanwhile, and the rest of the pass goes on.
+        log.warning(
+            "history months ahead not made: %s (`orquestador migrate` creates the function,"
+            " `orquestador migrate grant` grants it)",
+            error_line(exc),
+        )
+        return 0
 
 
 # --- gauges and hand-off ------------------------------------------------------------
@@ -421,6 +453,7 @@ class MaintenanceLoop(Loop):
     def run_pass(self) -> bool:
         """One pass (the caller holds the lock); True when retention has more to delete."""
         report = PassReport()
+        report.history_months_made = make_history_months(self.engine)
         report.deleted, more = apply_retention(self.engine, self.settings)
         with self.engine.begin() as conn:
             report.handed_off = conn.execute(_HAND_OFF).rowcount
@@ -437,6 +470,7 @@ class MaintenanceLoop(Loop):
                 "deleted": deleted,
                 **{f"deleted_{table}": n for table, n in report.deleted.items() if n},
                 "handed_off": report.handed_off,
+                "history_months_made": report.history_months_made,
                 "oldest_due_seconds": round(report.oldest_due_seconds, 3),
                 "reconciliation_required": report.reconciliation_required,
                 "email_outbox_depth": report.email_outbox_depth,

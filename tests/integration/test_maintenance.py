@@ -200,6 +200,7 @@ def test_retention_deletes_what_is_past_its_age_and_nothing_else(owner_engine, r
         "request": 1,
         "schedule_fire": 0,
         "bulk_action": 0,
+        "audit_event": 0,  # the history's retention (tests/integration/test_history_retention.py)
     }
     assert not _exists(owner_engine, "machine_command", old_final)
     assert _exists(owner_engine, "machine_command", recent_final)
