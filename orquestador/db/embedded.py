@@ -272,6 +272,15 @@ class EmbeddedPostgres:
                 f"could not stop PostgreSQL on {self.data_dir}: {_tail(out)}"
             )
 
+    def binaries(self) -> Path:
+        """The folder of the server's programs (initdb, pg_ctl, pg_basebackup, ...).
+
+        Under root it is one the server's account can run them from (a copy when the
+        installed wheel is out of its reach).
+        """
+        self._setup()
+        return self._bin_dir
+
     def __enter__(self) -> Self:
         self.start()
         return self
