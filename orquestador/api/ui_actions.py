@@ -9,7 +9,6 @@ form was on, which says what was done.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 from urllib.parse import urlencode
 
@@ -45,6 +44,7 @@ from orquestador.api.ui_routes import (
     not_found_page,
     page_action,
     page_facts,
+    page_id,
     require_page_scope,
     signed_in,
 )
@@ -74,13 +74,6 @@ def _what_was_done() -> dict[str, Any]:
     return {"done": DONE.get(request.args.get("done", "")), "here": here}
 
 
-def _identifier(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise not_found_page() from None
-
-
 def _text(name: str, *, required: bool, limit: int) -> str:
     value = request.form.get(name, "").strip()
     if required and not value:
@@ -101,7 +94,7 @@ def _back(default: str, done: str) -> Any:
 @blueprint.post("/executions/<execution_id>/cancel")
 @page_action
 def cancel_execution(execution_id: str) -> Any:
-    identifier = _identifier(execution_id)
+    identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="cancelling")
     reason = _text("reason", required=True, limit=MAX_REASON_CHARACTERS)
     cancel_as(g.caller, identifier, reason)
@@ -111,7 +104,7 @@ def cancel_execution(execution_id: str) -> Any:
 @blueprint.post("/approvals/<approval_id>/decision")
 @page_action
 def decide_approval(approval_id: str) -> Any:
-    identifier = _identifier(approval_id)
+    identifier = page_id(approval_id)
     require_page_scope(SCOPE_APPROVALS_DECIDE, what="deciding approvals")
     decision = request.form.get("decision", "")
     if decision not in DECISIONS:
@@ -125,7 +118,7 @@ def decide_approval(approval_id: str) -> Any:
 @blueprint.post("/notices/<notice_id>/dismiss")
 @page_action
 def dismiss_notice(notice_id: str) -> Any:
-    identifier = _identifier(notice_id)
+    identifier = page_id(notice_id)
     require_page_scope(SCOPE_NOTICES_READ, what="dismissing notices")
     with engine().begin() as conn:
         row = dismiss_as(g.caller, conn, identifier)
@@ -142,7 +135,7 @@ def dismiss_notice(notice_id: str) -> Any:
 @blueprint.get("/executions/<execution_id>/cancel")
 @signed_in
 def cancel_form(execution_id: str) -> Any:
-    identifier = _identifier(execution_id)
+    identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="cancelling")
     found = read_execution(ResourceAccess(g.caller), identifier)
     if found is None:
@@ -168,7 +161,7 @@ def _form_json(name: str, *, default: Any) -> Any:
 @blueprint.post("/flows/<flow_id>/dry-runs")
 @page_action
 def start_flow_dry_run(flow_id: str) -> Any:
-    identifier = _identifier(flow_id)
+    identifier = page_id(flow_id)
     require_page_scope(SCOPE_FLOWS_ADMIN, what="starting dry runs")
     body: dict[str, Any] = {
         "transition": request.form.get("transition", ""),
@@ -193,7 +186,7 @@ CORRECTION_ROWS = 3
 @blueprint.get("/executions/<execution_id>/reconcile")
 @signed_in
 def reconcile_form(execution_id: str) -> Any:
-    identifier = _identifier(execution_id)
+    identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="deciding reconciliations")
     evidence = read_evidence(g.caller, identifier)
     found = read_execution(ResourceAccess(g.caller), identifier, for_page=True)
@@ -218,7 +211,7 @@ def reconcile_form(execution_id: str) -> Any:
 @blueprint.post("/executions/<execution_id>/reconciliation")
 @page_action
 def reconcile_execution(execution_id: str) -> Any:
-    identifier = _identifier(execution_id)
+    identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="deciding reconciliations")
     decision = request.form.get("decision", "")
     body: dict[str, Any] = {

@@ -8,7 +8,6 @@ createdBefore) and the same checks; starting goes through the same function as
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from flask import Response, g, redirect, render_template, request, url_for
@@ -27,6 +26,7 @@ from orquestador.api.ui_routes import (
     blueprint,
     not_found_page,
     page_action,
+    page_id,
     require_page_scope,
     signed_in,
 )
@@ -84,11 +84,7 @@ def start_bulk() -> Any:
 @signed_in
 def bulk_page(bulk_id: str) -> Any:
     _require_bulk_scope()
-    try:
-        identifier = uuid.UUID(bulk_id)
-    except ValueError:
-        raise not_found_page() from None
-    found = read_progress(g.caller, identifier)
+    found = read_progress(g.caller, page_id(bulk_id))
     if found is None:
         raise not_found_page()
     view = progress_view(found)

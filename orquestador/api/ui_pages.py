@@ -11,7 +11,6 @@ anything: the pages' forms are posted elsewhere.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +34,7 @@ from orquestador.api.ui_routes import (
     blueprint,
     not_found_page,
     page_facts,
+    page_id,
     require_page_scope,
     signed_in,
 )
@@ -90,13 +90,6 @@ def _navigation() -> dict[str, Any]:
     return {"sections": sections, "may": may}
 
 
-def _uuid_or_404(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise not_found_page() from None
-
-
 def _after(args: Mapping[str, str]) -> Any:
     text = args.get("after")
     return read_cursor(text) if text is not None else None
@@ -113,7 +106,7 @@ def _execution_items(rows: list[Any]) -> list[dict[str, Any]]:
 @blueprint.get("/requests/<request_id>")
 @signed_in
 def request_page(request_id: str) -> Any:
-    identifier = _uuid_or_404(request_id)
+    identifier = page_id(request_id)
     after = _after(request.args)
     access = ResourceAccess(g.caller)
     with engine().connect() as connection:
@@ -189,7 +182,7 @@ def flows() -> Any:
 @signed_in
 def flow_page(flow_id: str) -> Any:
     require_page_scope(SCOPE_FLOWS_ADMIN, what="reading flows")
-    identifier = _uuid_or_404(flow_id)
+    identifier = page_id(flow_id)
     with engine().connect() as connection:
         row = find_flow(connection, org=g.caller.org, flow_id=identifier)
         if row is None:

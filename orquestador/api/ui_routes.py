@@ -455,10 +455,7 @@ def _executions_page(
 @blueprint.get("/executions/<execution_id>")
 @signed_in
 def execution_page(execution_id: str) -> Any:
-    try:
-        identifier = uuid.UUID(execution_id)
-    except ValueError:
-        raise not_found_page() from None
+    identifier = page_id(execution_id)
     found = read_execution(ResourceAccess(g.caller), identifier, for_page=True)
     if found is None:
         raise not_found_page()
@@ -479,6 +476,14 @@ def execution_page(execution_id: str) -> Any:
 @blueprint.get("/<path:anything>")
 def unknown(anything: str) -> Any:
     raise not_found_page()
+
+
+def page_id(text: str) -> uuid.UUID:
+    """The id a page's path names; a malformed one is the same 404 as a missing one."""
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise not_found_page() from None
 
 
 def not_found_page() -> ApiProblem:
