@@ -75,7 +75,7 @@ class Refused(Exception):
 CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
 
 
-ClientAction = Callable[[str, str, Callable[..., int]], argparse.ArgumentParser]
+ClientAction = Callable[..., argparse.ArgumentParser]
 
 
 def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAction:
@@ -90,16 +90,20 @@ def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAc
         "--json", action="store_true", help="print the API's JSON answer, for scripts"
     )
 
-    def action(name_: str, about: str, run: Callable[..., int]) -> argparse.ArgumentParser:
+    def action(
+        name_: str, about: str, run: Callable[..., int], *, epilog: str | None = None
+    ) -> argparse.ArgumentParser:
+        """An action; one given its own `epilog` runs locally, `run(args)`, with no API."""
         sub = actions.add_parser(
             name_,
-            parents=[output],
+            parents=[] if epilog else [output],
             help=about,
             description=about[0].upper() + about[1:] + ".",
-            epilog="Exit status: 0 done, 1 refused by the server (its problem is printed), "
+            epilog=epilog
+            or "Exit status: 0 done, 1 refused by the server (its problem is printed), "
             f"2 usage or configuration. Settings: see 'orquestador {name} --help'.",
         )
-        sub.set_defaults(handler=functools.partial(run_client_action, run))
+        sub.set_defaults(handler=run if epilog else functools.partial(run_client_action, run))
         return sub
 
     return action

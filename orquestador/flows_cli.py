@@ -1,4 +1,5 @@
-"""`orquestador flows dry-run`: a published flow's transition as a dry run, every path included.
+"""`orquestador flows dry-run` and `flows lint`: a published flow's transition as a dry run,
+every path included; a flow file checked before it is published.
 
 A client of the HTTP API like `orquestador executions`: it starts the dry run (scope
 `flows:admin`), follows it to its end (`requests:read`), and prints where it ended and
@@ -10,9 +11,13 @@ anyone's help.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from orquestador.api.body import parse_json
+from orquestador.domain.lint import lint_definition
 from orquestador.executions_cli import (
     ApiClient,
     CommandFactory,
@@ -56,6 +61,15 @@ def add_flows_command(command: CommandFactory) -> None:
         '\'{"ok": {"decision": "rejected"}}\'; also {"error": "CODE"}, {"deadline": true} '
         'and {"output": {...}}',
     )
+    lint = action(
+        "lint",
+        "check a flow file without publishing it: what publishing refuses or warns about, "
+        "states nothing reaches, transitions that can never run",
+        _lint,
+        epilog="Exit status: 0 clean, 1 findings (one line each: file, JSON path, what), "
+        "2 the file cannot be read. Needs no server: capabilities are not checked.",
+    )
+    lint.add_argument("file", metavar="FLOW.json", help="the flow definition file")
     dry_run.add_argument(
         "--timeout",
         type=float,
@@ -63,6 +77,25 @@ def add_flows_command(command: CommandFactory) -> None:
         metavar="SECONDS",
         help="how long to wait for the end (default: 60)",
     )
+
+
+def _lint(args: argparse.Namespace) -> int:
+    """Every finding in the flow file, one line each: exit 1 when there is one."""
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"orquestador: {path}: cannot be read ({exc.__class__.__name__})", file=sys.stderr)
+        return 2
+    try:
+        definition = parse_json(text)
+    except ValueError as exc:
+        print(f"{path}: not JSON: {exc}")
+        return 1
+    findings = lint_definition(definition)
+    for finding in findings:
+        print(f"{path}: {finding.path or '/'}: {finding.message}")
+    return 1 if findings else 0
 
 
 def _dry_run(client: ApiClient, args: argparse.Namespace) -> int:
