@@ -127,6 +127,8 @@ def test_renewal_keeps_a_long_execution_alive_past_the_original_lease(runtime_en
     # Each action stays below its timeout (and so below the lease); together they run
     # past the lease the claim took, which only renewal makes possible.
     first_lease = {}
+    # The action may start before the claim's hook has run: it waits for the hook.
+    claimed = threading.Event()
 
     def db_now():
         with runtime_engine.connect() as conn:
@@ -134,6 +136,7 @@ def test_renewal_keeps_a_long_execution_alive_past_the_original_lease(runtime_en
 
     def long_action(ctx):
         eid = ctx.identity.execution_id
+        assert claimed.wait(timeout=20), "the claim's hook never ran"
         if ctx.inputs["step"] == 1:
             wait_until(
                 lambda: (
@@ -160,6 +163,7 @@ def test_renewal_keeps_a_long_execution_alive_past_the_original_lease(runtime_en
 
     def after_claim(claims):
         first_lease["at"] = claims[0].lease_expires_at
+        claimed.set()
 
     _worker(
         runtime_engine,
