@@ -8,6 +8,7 @@ ids) and every other status, with when it was sent and when it came back.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
+from tests.ha.replication import ReplicatedPair
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +125,26 @@ class Traffic:
 
     def accepted_after(self, moment: float) -> list[str]:
         return [execution for at, execution in list(self.accepted) if at > moment]
+
+
+def migrated(pair: ReplicatedPair, database: str, role: str) -> dict[str, str]:
+    """The product's role, database and schema on the pair's primary, as its owner runs
+    `orquestador migrate`; the environment the product's processes start from (no
+    libpq PG* variable of the test run's own)."""
+    pair.sql(pair.primary, f"CREATE ROLE {role} LOGIN")
+    pair.sql(pair.primary, f"CREATE DATABASE {database}")
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    done = subprocess.run(
+        [sys.executable, "-m", "orquestador.cli", "migrate"],
+        cwd=ROOT,
+        env={
+            **base_env,
+            "MIGRATION_DATABASE_URL": pair.primary.url(database),
+            "RUNTIME_DATABASE_ROLE": role,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return base_env

@@ -13,9 +13,7 @@ the API answered 503 problems and never a 500, and work accepted after the switc
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.api_traffic import ROOT, Traffic, api_ready, spawn, token_for
+from tests.ha.api_traffic import ROOT, Traffic, api_ready, migrated, spawn, token_for
 from tests.ha.replication import ReplicatedPair, free_port, poll
 from tests.integration.route_provider import RouteProvider
 
@@ -114,24 +112,9 @@ def _statuses(pair: ReplicatedPair) -> dict[str, str]:
 def test_promoting_the_synchronous_standby_loses_no_acceptance_and_repeats_no_write(
     pair: ReplicatedPair, started: list[subprocess.Popen], tmp_path: Path
 ) -> None:
-    pair.sql(pair.primary, f"CREATE ROLE {RUNTIME_ROLE} LOGIN")
-    pair.sql(pair.primary, f"CREATE DATABASE {DATABASE}")
     routes = tmp_path / "integrations.toml"
     routes.write_text(ROUTES)
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    migrated = subprocess.run(
-        [sys.executable, "-m", "orquestador.cli", "migrate"],
-        cwd=ROOT,
-        env={
-            **base_env,
-            "MIGRATION_DATABASE_URL": pair.primary.url(DATABASE),
-            "RUNTIME_DATABASE_ROLE": RUNTIME_ROLE,
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    base_env = migrated(pair, DATABASE, RUNTIME_ROLE)
 
     with RouteProvider().serve() as provider:
         env = {

@@ -10,10 +10,8 @@ moment more backends than that bound.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.api_traffic import ROOT, Traffic, api_ready, spawn, token_for
+from tests.ha.api_traffic import ROOT, Traffic, api_ready, migrated, spawn, token_for
 from tests.ha.replication import ReplicatedPair, free_port, poll
 
 pytestmark = pytest.mark.ha
@@ -89,22 +87,7 @@ def _backends(server: ReplicatedPair) -> int:
 def test_a_restart_brings_back_at_most_the_pools_connections_spread_over_time(
     server: ReplicatedPair, started: list[subprocess.Popen], tmp_path: Path
 ) -> None:
-    server.sql(server.primary, f"CREATE ROLE {RUNTIME_ROLE} LOGIN")
-    server.sql(server.primary, f"CREATE DATABASE {DATABASE}")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    migrated = subprocess.run(
-        [sys.executable, "-m", "orquestador.cli", "migrate"],
-        cwd=ROOT,
-        env={
-            **base_env,
-            "MIGRATION_DATABASE_URL": server.primary.url(DATABASE),
-            "RUNTIME_DATABASE_ROLE": RUNTIME_ROLE,
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    base_env = migrated(server, DATABASE, RUNTIME_ROLE)
 
     env = {
         **base_env,

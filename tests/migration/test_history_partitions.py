@@ -8,7 +8,6 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, pool, text
 
-from orquestador.db import migrate
 from orquestador.db.schema import (
     HISTORY_PARTITIONS_FUNCTION,
     HISTORY_PURGE_FUNCTION,
@@ -21,6 +20,7 @@ from tests.db_support import (
     drop_database,
     ensure_runtime_role,
 )
+from tests.migration.migration_support import step
 
 # Rows spread over 15 months back and one a year ahead (a clock far off): the history a
 # real installation brings to the migration.
@@ -43,13 +43,6 @@ def database(server: TestServer) -> Iterator[tuple[TestServer, str]]:
         yield server, name
     finally:
         drop_database(server, name)
-
-
-def _step(server: TestServer, name: str, revision: str, *, down: bool = False) -> None:
-    config = migrate.alembic_config(
-        url=server.url(name).render_as_string(hide_password=False), runtime_role=RUNTIME_ROLE
-    )
-    (migrate.downgrade if down else migrate.upgrade)(config, revision)
 
 
 def _populate(engine: Engine) -> None:
@@ -173,14 +166,14 @@ def test_partitioning_keeps_every_row_up_down_and_up_again(
     owner = create_engine(server.url(name), poolclass=pool.NullPool)
     runtime = create_engine(server.url(name, runtime=True), poolclass=pool.NullPool)
     try:
-        _step(server, name, "0023")
+        step(server, name, "0023")
         _populate(owner)
         with owner.connect() as connection:
             audit, attempts = _history(connection)
             grants = _runtime_table_grants(connection)
         assert len(audit) == AUDIT_ROWS + 1 and len(attempts) == STEPS * ATTEMPTS_PER_STEP
 
-        _step(server, name, "0024")
+        step(server, name, "0024")
         with owner.connect() as connection:
             assert _kinds(connection) == {"audit_event": "p", "action_attempt": "p"}
             assert _history(connection) == (audit, attempts)
@@ -208,7 +201,7 @@ def test_partitioning_keeps_every_row_up_down_and_up_again(
             ).scalar_one()
         assert purged == 0
 
-        _step(server, name, "0023", down=True)
+        step(server, name, "0023", down=True)
         with owner.connect() as connection:
             assert _kinds(connection) == {"audit_event": "r", "action_attempt": "r"}
             after_down = _history(connection)
@@ -224,7 +217,7 @@ def test_partitioning_keeps_every_row_up_down_and_up_again(
         assert leftovers == 0
         assert _next_audit_id(owner) == first + 1
 
-        _step(server, name, "0024")
+        step(server, name, "0024")
         with owner.connect() as connection:
             again = _history(connection)
             assert _runtime_table_grants(connection) == grants

@@ -33,6 +33,7 @@ from tests.db_support import (
     drop_database,
     ensure_runtime_role,
 )
+from tests.migration.migration_support import step
 
 
 @pytest.fixture
@@ -47,13 +48,6 @@ def empty_database(server: TestServer) -> Iterator[tuple[TestServer, str]]:
 
 def _engine(url: object):
     return create_engine(url, poolclass=pool.NullPool)
-
-
-def _step(server: TestServer, name: str, revision: str, *, down: bool = False) -> None:
-    config = migrate.alembic_config(
-        url=server.url(name).render_as_string(hide_password=False), runtime_role=RUNTIME_ROLE
-    )
-    (migrate.downgrade if down else migrate.upgrade)(config, revision)
 
 
 SIMULATION_KEY = "fk_execution_request_id_simulation_request"
@@ -171,7 +165,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     plans = {trigger: uuid.uuid4() for trigger in (*flows, "none")}
     execution_id = uuid.uuid4()
 
-    _step(server, name, "0001")
+    step(server, name, "0001")
     with engine.begin() as connection:
         for trigger, flow_id in flows.items():
             connection.execute(
@@ -205,7 +199,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             {"id": execution_id, "request": request_id, "flow": flows["manual"]},
         )
 
-    _step(server, name, "0002")
+    step(server, name, "0002")
     with engine.begin() as connection:
         for action_id in ("charge", "notify"):
             connection.execute(
@@ -221,7 +215,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
                 },
             )
 
-    _step(server, name, "0003")
+    step(server, name, "0003")
     with engine.connect() as connection:
         effects = connection.execute(text("SELECT DISTINCT effect FROM action_execution")).scalars()
         assert list(effects) == ["NON_IDEMPOTENT_WRITE"]
@@ -231,7 +225,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         assert column["nullable"] is False
 
     with caplog.at_level(logging.INFO, logger="orquestador.migrations"):
-        _step(server, name, "0004")
+        step(server, name, "0004")
     with engine.connect() as connection:
         bindings = set(
             connection.execute(text("SELECT plan_id, moment, flow_id FROM plan_flow_binding")).all()
@@ -252,7 +246,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             text("UPDATE execution SET result = 'null'::jsonb WHERE id = :id"),
             {"id": execution_id},
         )
-    _step(server, name, "0005")
+    step(server, name, "0005")
     with engine.connect() as connection:
         # Checkpoints that had ended seed the attempt history with their latest attempt.
         history = connection.execute(
@@ -267,14 +261,14 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     ]
     assert result is True
 
-    _step(server, name, "0006")
+    step(server, name, "0006")
     with engine.connect() as connection:
         bases = connection.execute(text("SELECT DISTINCT attempt_base FROM action_execution"))
         assert list(bases.scalars()) == [0]  # no approved retry yet: the budget is whole
 
-    _step(server, name, "0007")
+    step(server, name, "0007")
 
-    _step(server, name, "0008")
+    step(server, name, "0008")
     with engine.connect() as connection:
         keys = dict(connection.execute(text("SELECT id, key FROM hosting_plan")).all())
         # Plans made before the platform's own ids keep their uuid as key.
@@ -284,9 +278,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).scalar_one()
         assert first_starts == 0
 
-    _step(server, name, "0009")
+    step(server, name, "0009")
 
-    _step(server, name, "0010")
+    step(server, name, "0010")
     with engine.connect() as connection:
         # The protocol writer's batch function, run with the caller's rights.
         definer = connection.execute(
@@ -295,7 +289,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).scalar_one()
         assert definer is False
 
-    _step(server, name, "0011")
+    step(server, name, "0011")
     with engine.connect() as connection:
         # The same function, rewritten in place: still the caller's rights, and it now
         # answers which rows another session held locked.
@@ -326,7 +320,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     assert _may_update(server, name, "request", "simulation")
     assert "PUBLIC" in _executors(server, name, WRITE_BATCH_SIGNATURE)
 
-    _step(server, name, "0012")
+    step(server, name, "0012")
     with engine.connect() as connection:
         validated = connection.execute(
             text("SELECT convalidated FROM pg_constraint WHERE conname = :name"),
@@ -351,7 +345,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         assert _executors(server, name, signature) == {RUNTIME_ROLE}
         assert _search_path(server, name, signature) == "search_path=pg_catalog, public, pg_temp"
 
-    _step(server, name, "0013")
+    step(server, name, "0013")
     with engine.connect() as connection:
         assert _tables(connection) >= TABLES_OF_0013
         assert connection.execute(text("SELECT count(*) FROM request")).scalar_one() == 2
@@ -370,7 +364,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             ),
             {"id": command_id, "key": f"{execution_id}:power"},
         )
-    _step(server, name, "0014")
+    step(server, name, "0014")
     assert _update_columns(server, name) == _declared_updates(at="0014")
     runtime = _engine(server.url(name, runtime=True))
     with runtime.begin() as connection:
@@ -385,7 +379,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     runtime.dispose()
 
     # 0015: the executions written before it run at priority 5 with no key.
-    _step(server, name, "0015")
+    step(server, name, "0015")
     assert _update_columns(server, name) == _declared_updates(at="0015")
     with engine.connect() as connection:
         before = connection.execute(
@@ -394,27 +388,27 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).one()
     assert tuple(before) == (5, None, False)
 
-    _step(server, name, "0016")
+    step(server, name, "0016")
     assert _update_columns(server, name) == _declared_updates(at="0016")
 
     # 0017: a flow may have the trigger `schedule`; a schedule fires it.
-    _step(server, name, "0017")
+    step(server, name, "0017")
     assert _update_columns(server, name) == _declared_updates(at="0017")
     scheduled_flow = _schedule_in_place(server, name)
 
-    _step(server, name, "0018")
+    step(server, name, "0018")
     assert _update_columns(server, name) == _declared_updates(at="0018")
     granted = _runtime_grants(server, name)
     assert granted["bulk_action"] == granted["bulk_item"] == {"SELECT", "INSERT", "DELETE"}
 
     # 0019 to 0021: approvals; a dry run's outcomes; sign-in links.
-    _step(server, name, "0021")
+    step(server, name, "0021")
     assert _update_columns(server, name) == _declared_updates(at="0021")
 
     # 0022: who dismissed a notice; 0023: a retry with a correction moves the execution's
     # accepted revision; 0024: the history tables partitioned by month (grants unchanged).
     for revision in ("0022", "0023", "0024"):
-        _step(server, name, revision)
+        step(server, name, revision)
         assert _update_columns(server, name) == _declared_updates(at=revision)
 
     with engine.connect() as connection:
@@ -423,7 +417,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         )
         assert compare_metadata(context, metadata) == []
 
-    _step(server, name, "0013", down=True)
+    step(server, name, "0013", down=True)
     with engine.connect() as connection:
         # The older code knows no schedule: its flow can still be started by hand.
         trigger = connection.execute(
@@ -437,15 +431,15 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         columns = {c["name"] for c in inspect(connection).get_columns("machine_command")}
     assert status == "failed" and "cancel_requested_at" not in columns
     assert _update_columns(server, name) == _declared_updates()
-    _step(server, name, "0014")
+    step(server, name, "0014")
 
-    _step(server, name, "0012", down=True)
+    step(server, name, "0012", down=True)
     with engine.connect() as connection:
         assert not TABLES_OF_0013 & _tables(connection)
     assert _update_columns(server, name) == _declared_updates(without=TABLES_OF_0013)
-    _step(server, name, "0013")
+    step(server, name, "0013")
 
-    _step(server, name, "0011", down=True)
+    step(server, name, "0011", down=True)
     with engine.connect() as connection:
         keys = connection.execute(
             text("SELECT count(*) FROM pg_constraint WHERE conname IN (:key, :unique)"),
@@ -457,10 +451,10 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     assert _search_path(server, name, PURGE_SIMULATIONS_SIGNATURE) != (
         "search_path=pg_catalog, public, pg_temp"
     )
-    _step(server, name, "0012")
+    step(server, name, "0012")
     assert _update_columns(server, name) == _declared_updates(without=TABLES_OF_0013)
 
-    _step(server, name, "0003", down=True)
+    step(server, name, "0003", down=True)
     with engine.connect() as connection:
         restored = dict(
             connection.execute(text("SELECT id, automation_flow_id FROM hosting_plan")).all()
@@ -469,7 +463,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     assert restored[plans["reinstalled"]] == flows["reinstalled"]
     assert restored[plans["none"]] is None
 
-    _step(server, name, "base", down=True)
+    step(server, name, "base", down=True)
     with engine.connect() as connection:
         assert _tables(connection) == set()
     engine.dispose()
@@ -566,7 +560,7 @@ def test_binding_schema_rejects_a_flow_whose_trigger_is_not_the_moment(
     empty_database: tuple[TestServer, str],
 ) -> None:
     server, name = empty_database
-    _step(server, name, "head")
+    step(server, name, "head")
     engine = _engine(server.url(name, runtime=True))
     with engine.begin() as connection:
         flow_id = connection.execute(
@@ -613,7 +607,7 @@ def test_runtime_role_cannot_run_ddl_or_rewrite_audit(
     empty_database: tuple[TestServer, str], statement: str
 ) -> None:
     server, name = empty_database
-    _step(server, name, "head")
+    step(server, name, "head")
     engine = _engine(server.url(name, runtime=True))
     with engine.begin() as connection:
         connection.execute(
@@ -660,7 +654,7 @@ def test_runtime_role_gets_exactly_the_declared_grants(
     empty_database: tuple[TestServer, str],
 ) -> None:
     server, name = empty_database
-    _step(server, name, "head")
+    step(server, name, "head")
     granted = _runtime_grants(server, name)
     assert granted == {table: set(privileges) for table, privileges in RUNTIME_GRANTS.items()}
     assert _update_columns(server, name) == {t: set(c) for t, c in RUNTIME_UPDATE_COLUMNS.items()}
@@ -695,7 +689,7 @@ def test_granting_again_takes_back_a_table_wide_update(
     empty_database: tuple[TestServer, str],
 ) -> None:
     server, name = empty_database
-    _step(server, name, "head")
+    step(server, name, "head")
     server_url = server.url(name)
     engine = _engine(server_url)
     with engine.begin() as connection:
@@ -713,7 +707,7 @@ def test_no_project_function_is_executable_by_public_and_definers_pin_their_path
     empty_database: tuple[TestServer, str],
 ) -> None:
     server, name = empty_database
-    _step(server, name, "head")
+    step(server, name, "head")
     # Every function of the tables' schema, whatever a later revision adds.
     functions = _owner_query(
         server,
@@ -739,7 +733,7 @@ def test_a_real_execution_on_a_simulated_request_is_kept_and_reported(
 ) -> None:
     # What the bug of 0011 let through: a real transition accepted on a dry run's request.
     server, name = empty_database
-    _step(server, name, "0011")
+    step(server, name, "0011")
     engine = _engine(server.url(name))
     with engine.begin() as connection:
         flow_id = connection.execute(
@@ -769,7 +763,7 @@ def test_a_real_execution_on_a_simulated_request_is_kept_and_reported(
             )
 
     with caplog.at_level(logging.WARNING, logger="orquestador.migrations"):
-        _step(server, name, "0012")
+        step(server, name, "0012")
     [report] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert str(mixed) in report and SIMULATION_KEY in report
     with engine.connect() as connection:
@@ -800,7 +794,7 @@ def test_a_real_execution_on_a_simulated_request_is_kept_and_reported(
             text("SELECT count(*) FROM execution WHERE request_id = :id"), {"id": mixed}
         ).scalar_one()
     assert kept == 2
-    _step(server, name, "0011", down=True)
+    step(server, name, "0011", down=True)
     engine.dispose()
 
 
@@ -808,7 +802,7 @@ def test_check_names_the_columns_and_functions_the_runtime_role_lacks(
     empty_database: tuple[TestServer, str],
 ) -> None:
     server, name = empty_database
-    _step(server, name, "head")
+    step(server, name, "head")
     runtime_dsn = server.url(name, runtime=True).render_as_string(hide_password=False)
     settings = Settings.from_env({}, database_url=runtime_dsn)
     assert runtime_privilege_problems(settings) == []
