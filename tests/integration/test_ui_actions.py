@@ -24,7 +24,7 @@ from tests.integration.approval_support import (  # the fixtures api, executor, 
     builtins_registry,  # noqa: F401
 )
 from tests.integration.execution_page_support import HOST, signed_in, text_of, waiting
-from tests.integration.worker_support import audit, execution, run_once
+from tests.integration.worker_support import audit, execution, request_row, run_once
 
 OPERATOR = ["requests:read", "executions:cancel", "notices:read"]
 READER = ["requests:read"]
@@ -73,6 +73,15 @@ def test_an_operator_cancels_from_the_page_and_the_timeline_says_who_and_why(
     (cancelled,) = audit(runtime_engine, uuid.UUID(waiting_one), "EXECUTION_CANCELLED")
     assert cancelled.actor == "alice"
     assert cancelled.detail["reason"] == "customer asked on the phone"
+    # No write had happened: the request is free again, in the state and data it had.
+    request = request_row(
+        runtime_engine, execution(runtime_engine, uuid.UUID(waiting_one)).request_id
+    )
+    assert (request.state, request.busy_execution_id, request.data) == (
+        "new",
+        None,
+        {"machineId": "m-1"},
+    )
     after = client.get(response.headers["Location"])
     words = text_of(after.get_data(as_text=True))
     assert "The cancel was applied as the write rule allows." in words
