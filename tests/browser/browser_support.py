@@ -107,8 +107,13 @@ def sign_in(driver, base: str, token: str) -> None:  # type: ignore[no-untyped-d
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # Leave the last page first: a page that refreshes itself (an execution or a bulk
+    # action under way) can fire its refresh while the sign-in page is being loaded.
+    driver.get("about:blank")
     driver.get(f"{base}/ui/login")
-    driver.find_element(By.CSS_SELECTOR, "input[name=token]").send_keys(token)
+    WebDriverWait(driver, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "input[name=token]")
+    )[0].send_keys(token)
     button = driver.find_element(By.CSS_SELECTOR, "form.login button[type=submit]")
 
     def left(_: object) -> bool:
