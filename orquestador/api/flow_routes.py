@@ -18,6 +18,7 @@ from orquestador.api.views import API_PREFIX, flow_created_view, flow_version_vi
 from orquestador.db.schema import flow
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition, validate_definition
+from orquestador.domain.reachability import unreachable
 
 blueprint = Blueprint("flows", __name__, url_prefix=f"{API_PREFIX}/flows")
 
@@ -41,6 +42,9 @@ def publish() -> tuple[Response, int, dict[str, str]]:
         raise ApiProblem(
             422, "FLOW_INVALID", "The flow definition cannot be published.", problems=errors
         )
+    # Lint's findings about paths are warnings here: a state only an operator's
+    # reconciliation reaches is allowed, and said.
+    warnings += unreachable(definition)
     parsed = FlowDefinition.from_json(definition)
     with engine().begin() as connection:
         row = publish_flow(

@@ -199,6 +199,22 @@ def test_warnings_come_back_with_the_created_flow(api: Api) -> None:
     ]
 
 
+def test_publishing_warns_of_a_state_no_path_reaches(api: Api) -> None:
+    """What `flows lint` finds about paths, publishing says too, without refusing."""
+    definition = decommission()
+    definition["states"].append("limbo")
+
+    response = api.post("/flows", definition)
+
+    assert response.status_code == 201
+    assert response.get_json()["warnings"] == [
+        {
+            "path": f"/states/{len(definition['states']) - 1}",
+            "message": "no transition reaches state 'limbo' from 'new'",
+        }
+    ]
+
+
 def test_get_flow_returns_definition_and_metadata(api: Api) -> None:
     created = api.publish()
 
