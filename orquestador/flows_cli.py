@@ -17,8 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from orquestador.api.body import parse_json
+from orquestador.authoring.cases import CasesInvalid, parse_cases
+from orquestador.authoring.junit import write_junit
+from orquestador.authoring.rehearsal_engine import rehearsal_engine
+from orquestador.config import Settings
 from orquestador.domain.lint import lint_definition
 from orquestador.executions_cli import (
+    EXIT_USAGE,
     ApiClient,
     CommandFactory,
     UsageProblem,
@@ -70,6 +75,29 @@ def add_flows_command(command: CommandFactory) -> None:
         "2 the file cannot be read. Needs no server: capabilities are not checked.",
     )
     lint.add_argument("file", metavar="FLOW.json", help="the flow definition file")
+    test = action(
+        "test",
+        "play a flow file's cases on a throwaway engine, each a dry run checked against "
+        "what it expects",
+        _test,
+        epilog="Exit status: 0 every case passed, 1 a case failed (each is named) or the "
+        "flow cannot be published, 2 a file cannot be read or is not of its format. The "
+        "engine runs on an embedded PostgreSQL in a temporary folder, or, when "
+        "DATABASE_URL is set, on a new database of that server, dropped afterwards; the "
+        "adapters and integrations are the ones the settings configure.",
+    )
+    test.add_argument("file", metavar="FLOW.json", help="the flow definition file")
+    test.add_argument(
+        "--cases", required=True, metavar="CASES.json", help="the cases to play (JSON)"
+    )
+    test.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report there")
+    test.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a case may take to end (default: 30)",
+    )
     dry_run.add_argument(
         "--timeout",
         type=float,
@@ -79,14 +107,25 @@ def add_flows_command(command: CommandFactory) -> None:
     )
 
 
+class _Unreadable(Exception):
+    """A file the command cannot read (exit 2); the message says which and why."""
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Unreadable(f"{path}: cannot be read ({exc.__class__.__name__})") from None
+
+
 def _lint(args: argparse.Namespace) -> int:
     """Every finding in the flow file, one line each: exit 1 when there is one."""
     path = Path(args.file)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"orquestador: {path}: cannot be read ({exc.__class__.__name__})", file=sys.stderr)
-        return 2
+        text = _read_text(path)
+    except _Unreadable as problem:
+        print(f"orquestador: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         definition = parse_json(text)
     except ValueError as exc:
@@ -96,6 +135,53 @@ def _lint(args: argparse.Namespace) -> int:
     for finding in findings:
         print(f"{path}: {finding.path or '/'}: {finding.message}")
     return 1 if findings else 0
+
+
+def _test(args: argparse.Namespace) -> int:
+    """Every case played; one line each, then the count: exit 1 when one failed."""
+    flow_path, cases_path = Path(args.file), Path(args.cases)
+    try:
+        definition = _json_file(flow_path)
+        cases = parse_cases(_json_file(cases_path))
+    except _Unreadable as problem:
+        print(f"orquestador: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except CasesInvalid as problem:
+        for line in str(problem).splitlines():
+            print(f"orquestador: {cases_path}: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = Settings.from_env()
+    began = time.monotonic()
+    with rehearsal_engine(settings) as engine:
+        flow_id, refused = engine.publish(definition)
+        if flow_id is None:
+            print(f"{flow_path}: cannot be published:")
+            for line in refused:
+                print(f"  {line}")
+            return 1
+        played = engine.play(flow_id, cases, args.timeout)
+    for run in played:
+        words = f"{'PASS' if run.passed else 'FAIL'}  {run.case.name} ({run.seconds:.2f} s)"
+        if run.passed:
+            print(words)
+        else:
+            ended = f" (it ended {run.ended.said()})" if run.ended is not None else ""
+            print(f"{words}: {'; '.join(run.reasons)}{ended}")
+    failed = [run.case.name for run in played if not run.passed]
+    print(
+        f"{len(played)} cases: {len(played) - len(failed)} passed, {len(failed)} failed "
+        f"in {time.monotonic() - began:.1f} s"
+    )
+    if args.junit:
+        write_junit(Path(args.junit), flow_path.stem, played)
+    return 1 if failed else 0
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return parse_json(_read_text(path))
+    except ValueError as exc:
+        raise _Unreadable(f"{path}: not JSON: {exc}") from None
 
 
 def _dry_run(client: ApiClient, args: argparse.Namespace) -> int:

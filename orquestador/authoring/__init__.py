@@ -1,0 +1,1 @@
+"""Tools for flow authors: cases played on a throwaway engine, folders applied."""
