@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orquestador.api.body import parse_json
+from orquestador.authoring.apply import FolderInvalid, flow_files, plan
 from orquestador.authoring.cases import CasesInvalid, parse_cases
 from orquestador.authoring.junit import write_junit
 from orquestador.authoring.rehearsal_engine import rehearsal_engine
@@ -26,6 +27,7 @@ from orquestador.executions_cli import (
     EXIT_USAGE,
     ApiClient,
     CommandFactory,
+    Refused,
     UsageProblem,
     client_actions,
     json_argument,
@@ -75,6 +77,20 @@ def add_flows_command(command: CommandFactory) -> None:
         "2 the file cannot be read. Needs no server: capabilities are not checked.",
     )
     lint.add_argument("file", metavar="FLOW.json", help="the flow definition file")
+    apply = action(
+        "apply",
+        "publish every flow file of a folder whose content differs from its key's latest "
+        "version; leave the rest",
+        _apply,
+    )
+    apply.add_argument(
+        "folder",
+        metavar="DIR",
+        help="the folder: every *.json under it is a flow file, but *.cases.json",
+    )
+    apply.add_argument(
+        "--dry-run", action="store_true", help="say what would be published, publish nothing"
+    )
     test = action(
         "test",
         "play a flow file's cases on a throwaway engine, each a dry run checked against "
@@ -175,6 +191,68 @@ def _test(args: argparse.Namespace) -> int:
     if args.junit:
         write_junit(Path(args.junit), flow_path.stem, played)
     return 1 if failed else 0
+
+
+def _apply(client: ApiClient, args: argparse.Namespace) -> int:
+    """Each file's change on a line, then the count: exit 1 when publishing refused one."""
+    try:
+        files = flow_files(Path(args.folder))
+    except FolderInvalid as problem:
+        raise UsageProblem(str(problem).replace("\n", "\norquestador: ")) from None
+
+    def latest(key: str) -> dict[str, Any] | None:
+        versions = client.get("/flows", {"key": key})["items"]
+        return client.get(f"/flows/{path_id(versions[0]['id'])}") if versions else None
+
+    changes = plan(files, latest)
+    done: list[dict[str, Any]] = []
+    refused = 0
+    for change in changes:
+        row: dict[str, Any] = {
+            "file": str(change.file.path),
+            "key": change.file.key,
+            "action": change.action,
+            "version": change.version,
+            "id": change.flow_id,
+        }
+        warnings: list[dict[str, str]] = []
+        if change.action == "create" and not args.dry_run:
+            try:
+                created = client.post("/flows", change.file.definition)
+            except Refused as refusal:
+                row["action"], refused = "refused", refused + 1
+                row["problem"] = refusal.problem
+            else:
+                row["version"], row["id"] = created["version"], created["id"]
+                warnings = created.get("warnings") or []
+                row["warnings"] = warnings
+        done.append(row)
+        if args.json:
+            continue
+        said = {"create": "would create" if args.dry_run else "created"}.get(
+            row["action"], row["action"]
+        )
+        version = "" if row["action"] == "refused" else f" v{row['version']}"
+        print(f"{said:<12} {row['key']}{version}  {row['file']}")
+        for item in (row.get("problem") or {}).get("problems") or warnings:
+            kind = "problem" if row["action"] == "refused" else "warning"
+            print(f"  {kind}: {item.get('path') or '/'}: {item.get('message')}")
+    if args.json:
+        print_json({"dryRun": args.dry_run, "flows": done})
+    else:
+        counts = {name: sum(row["action"] == name for row in done) for name in _APPLIED}
+        print(
+            f"{len(done)} flows: "
+            + ", ".join(
+                f"{counts[name]} {'to create' if name == 'create' and args.dry_run else said}"
+                for name, said in _APPLIED.items()
+                if counts[name] or name != "refused"
+            )
+        )
+    return 1 if refused else 0
+
+
+_APPLIED = {"create": "created", "unchanged": "unchanged", "refused": "refused"}
 
 
 def _json_file(path: Path) -> Any:
