@@ -36,6 +36,7 @@ from orquestador.executions_cli import (
     print_json,
     print_table,
 )
+from orquestador.wording import counted
 
 # Statuses a dry run still moves on from.
 LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
@@ -167,7 +168,6 @@ def _test(args: argparse.Namespace) -> int:
             print(f"orquestador: {cases_path}: {line}", file=sys.stderr)
         return EXIT_USAGE
     settings = Settings.from_env()
-    began = time.monotonic()
     with rehearsal_engine(settings) as engine:
         flow_id, refused = engine.publish(definition)
         if flow_id is None:
@@ -177,16 +177,14 @@ def _test(args: argparse.Namespace) -> int:
             return 1
         played = engine.play(flow_id, cases, args.timeout)
     for run in played:
-        words = f"{'PASS' if run.passed else 'FAIL'}  {run.case.name} ({run.seconds:.2f} s)"
         if run.passed:
-            print(words)
+            print(f"PASS  {run.case.name}")
         else:
             ended = f" (it ended {run.ended.said()})" if run.ended is not None else ""
-            print(f"{words}: {'; '.join(run.reasons)}{ended}")
+            print(f"FAIL  {run.case.name}: {'; '.join(run.reasons)}{ended}")
     failed = [run.case.name for run in played if not run.passed]
     print(
-        f"{len(played)} cases: {len(played) - len(failed)} passed, {len(failed)} failed "
-        f"in {time.monotonic() - began:.1f} s"
+        f"{counted(len(played), 'case')}: {len(played) - len(failed)} passed, {len(failed)} failed"
     )
     if args.junit:
         write_junit(Path(args.junit), flow_path.stem, played)
@@ -242,7 +240,7 @@ def _apply(client: ApiClient, args: argparse.Namespace) -> int:
     else:
         counts = {name: sum(row["action"] == name for row in done) for name in _APPLIED}
         print(
-            f"{len(done)} flows: "
+            f"{counted(len(done), 'flow')}: "
             + ", ".join(
                 f"{counts[name]} {'to create' if name == 'create' and args.dry_run else said}"
                 for name, said in _APPLIED.items()

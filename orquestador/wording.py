@@ -12,3 +12,8 @@ def duration_in_words(seconds: int) -> str:
     if minutes:
         return f"{minutes} min {rest} s" if rest else f"{minutes} min"
     return f"{rest} s"
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 flow`, `2 flows`: a count and its noun (a regular plural)."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"

@@ -8,6 +8,8 @@ A block says what it is in its info string (the words after the opening fence):
     http              the answer to the last curl of the shell block before it: the status,
                       every header shown, the JSON body
     json output       the standard output of the shell block before it, as JSON
+    text output       the standard output of the shell block before it, line by line
+    json cases        a cases file of `orquestador flows test`: it is of the cases format
     json flow         a flow definition: it is published and must answer 201 with no warnings
     json context      the evaluation context of the decision tables after it
     json decision     a decision table, evaluated against the latest context
@@ -18,8 +20,8 @@ A block says what it is in its info string (the words after the opening fence):
     sql query         runs as the owner on a migrated database, each :name bound to a fresh id
     text, mermaid     prose and diagrams, never run
 
-`file=NAME` among the words also saves the block, run or not, as NAME in the
-folder the shell blocks run in.
+`file=NAME` among the words also saves the block, run or not, as NAME (a path below
+it, such as `flows/NAME.json`, makes its folders) in the folder the shell blocks run in.
 
 Each document's flows and shell blocks run against an `orquestador dev` of its own,
 on a fresh database, started in a fresh folder once every `file=NAME` block of every
@@ -75,6 +77,8 @@ RUN_ROLES = {
     ("sh", "run"),
     ("http", None),
     ("json", "output"),
+    ("text", "output"),
+    ("json", "cases"),
     ("json", "flow"),
     ("json", "context"),
     ("json", "decision"),

@@ -30,6 +30,7 @@ import pytest
 from sqlalchemy import text
 
 from orquestador.actions import load_registry
+from orquestador.authoring.cases import parse_cases
 from orquestador.config import Settings
 from orquestador.db.engine import make_engine
 from orquestador.domain.decision import evaluate, result_as_json
@@ -189,6 +190,15 @@ def test_the_matcher_binds_elided_ids_and_accepts_any_timestamp() -> None:
 )
 def test_json_blocks_parse(block: Block) -> None:
     parse_json(block)
+
+
+@pytest.mark.parametrize(
+    "block",
+    _with_role(("json", "cases")),
+    ids=_ids(_with_role(("json", "cases"))),
+)
+def test_cases_blocks_are_of_the_cases_format(block: Block) -> None:
+    parse_cases(parse_json(block))
 
 
 @pytest.mark.parametrize(
@@ -400,7 +410,9 @@ def _dev_settings(document: Path) -> dict[str, str]:
 def _write_files(folder: Path) -> None:
     for block in ALL_BLOCKS:
         if "file" in block.attributes:
-            (folder / block.attributes["file"]).write_text(block.text, "utf-8")
+            saved = folder / block.attributes["file"]
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            saved.write_text(block.text, "utf-8")
 
 
 def _post_json(url: str, token: str, body: object) -> tuple[int, object]:
@@ -547,12 +559,16 @@ def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> l
         if block.kind == ("sh", "run"):
             last_shell = shell.index(block)
             continue
-        if block.kind not in {("http", None), ("json", "output")}:
+        if block.kind not in {("http", None), ("json", "output"), ("text", "output")}:
             continue
         if last_shell is None:
             problems.append(f"{block.where}: an answer with no shell block before it")
             continue
-        if block.kind == ("json", "output"):
+        if block.kind == ("text", "output"):
+            lines = (record / f"{last_shell}.out").read_text().rstrip("\n").splitlines()
+            shown = block.text.rstrip("\n").splitlines()
+            problem = None if lines == shown else f"the shell block printed {lines!r}"
+        elif block.kind == ("json", "output"):
             printed = (record / f"{last_shell}.out").read_text()
             try:
                 actual = json.loads(printed)
