@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orquestador.api.body import parse_json
-from orquestador.authoring.apply import FolderInvalid, flow_files, plan
+from orquestador.authoring.apply import Change, FolderInvalid, flow_files, plan
 from orquestador.authoring.cases import CasesInvalid, parse_cases
 from orquestador.authoring.junit import write_junit
 from orquestador.authoring.rehearsal_engine import rehearsal_engine
@@ -202,55 +202,65 @@ def _apply(client: ApiClient, args: argparse.Namespace) -> int:
         versions = client.get("/flows", {"key": key})["items"]
         return client.get(f"/flows/{path_id(versions[0]['id'])}") if versions else None
 
-    changes = plan(files, latest)
-    done: list[dict[str, Any]] = []
-    refused = 0
-    for change in changes:
-        row: dict[str, Any] = {
-            "file": str(change.file.path),
-            "key": change.file.key,
-            "action": change.action,
-            "version": change.version,
-            "id": change.flow_id,
-        }
-        warnings: list[dict[str, str]] = []
-        if change.action == "create" and not args.dry_run:
-            try:
-                created = client.post("/flows", change.file.definition)
-            except Refused as refusal:
-                row["action"], refused = "refused", refused + 1
-                row["problem"] = refusal.problem
-            else:
-                row["version"], row["id"] = created["version"], created["id"]
-                warnings = created.get("warnings") or []
-                row["warnings"] = warnings
-        done.append(row)
-        if args.json:
-            continue
-        said = {"create": "would create" if args.dry_run else "created"}.get(
-            row["action"], row["action"]
-        )
-        version = "" if row["action"] == "refused" else f" v{row['version']}"
-        print(f"{said:<12} {row['key']}{version}  {row['file']}")
-        for item in (row.get("problem") or {}).get("problems") or warnings:
-            kind = "problem" if row["action"] == "refused" else "warning"
-            print(f"  {kind}: {item.get('path') or '/'}: {item.get('message')}")
+    applied = []
+    for change in plan(files, latest):
+        row = _applied(client, change, dry_run=args.dry_run)
+        applied.append(row)
+        if not args.json:
+            _print_applied(row, dry_run=args.dry_run)
     if args.json:
-        print_json({"dryRun": args.dry_run, "flows": done})
+        print_json({"dryRun": args.dry_run, "flows": applied})
     else:
-        counts = {name: sum(row["action"] == name for row in done) for name in _APPLIED}
+        counts = {action: sum(row["action"] == action for row in applied) for action in _SAID}
+        said = {**_SAID, "create": "to create" if args.dry_run else "created"}
         print(
-            f"{counted(len(done), 'flow')}: "
+            f"{counted(len(applied), 'flow')}: "
             + ", ".join(
-                f"{counts[name]} {'to create' if name == 'create' and args.dry_run else said}"
-                for name, said in _APPLIED.items()
-                if counts[name] or name != "refused"
+                f"{counts[action]} {said[action]}"
+                for action in _SAID
+                if counts[action] or action != "refused"
             )
         )
-    return 1 if refused else 0
+    return 1 if any(row["action"] == "refused" for row in applied) else 0
 
 
-_APPLIED = {"create": "created", "unchanged": "unchanged", "refused": "refused"}
+_SAID = {"create": "created", "unchanged": "unchanged", "refused": "refused"}
+
+
+def _applied(client: ApiClient, change: Change, *, dry_run: bool) -> dict[str, Any]:
+    """The change made (unless `dry_run`), as `--json` prints it. Only a definition
+    publishing refuses (422) is this file's refusal; any other answer stops the command."""
+    row: dict[str, Any] = {
+        "file": str(change.file.path),
+        "key": change.file.key,
+        "action": change.action,
+        "version": change.version,
+        "id": change.flow_id,
+    }
+    if change.action != "create" or dry_run:
+        return row
+    try:
+        created = client.post("/flows", change.file.definition)
+    except Refused as refusal:
+        if refusal.status != 422:
+            raise
+        return {**row, "action": "refused", "problems": (refusal.problem or {}).get("problems")}
+    return {
+        **row,
+        "version": created["version"],
+        "id": created["id"],
+        "warnings": created.get("warnings") or [],
+    }
+
+
+def _print_applied(row: dict[str, Any], *, dry_run: bool) -> None:
+    refused = row["action"] == "refused"
+    said = "would create" if dry_run and row["action"] == "create" else _SAID[row["action"]]
+    version = "" if refused else f" v{row['version']}"
+    print(f"{said:<12} {row['key']}{version}  {row['file']}")
+    for item in row.get("problems") or row.get("warnings") or []:
+        kind = "problem" if refused else "warning"
+        print(f"  {kind}: {item.get('path') or '/'}: {item.get('message')}")
 
 
 def _json_file(path: Path) -> Any:

@@ -156,3 +156,18 @@ def test_a_folder_with_a_file_that_is_no_flow_publishes_nothing(
     assert f"orquestador: {folder / 'zz-odd.json'}: {said}" in run.stderr
     assert "Traceback" not in run.stderr
     assert _versions(runtime_engine) == []
+
+
+def test_a_token_without_flows_admin_stops_at_the_first_call(
+    tmp_path: Path, database: TestDatabase, runtime_engine: Engine
+) -> None:
+    with served_api(database, SECRET) as (url, configured):
+        token = mint_token(configured, sub="author", org=ORG, scopes=["requests:read"])
+        run = _apply(
+            _folder(tmp_path), env={"ORQUESTADOR_API_URL": url, "ORQUESTADOR_TOKEN": token}
+        )
+
+    assert run.returncode == 1
+    assert run.stderr.startswith("orquestador: refused (403 ")
+    assert run.stdout == ""
+    assert _versions(runtime_engine) == []
