@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
 
+from orquestador import tracing
 from orquestador.notices.outbox import (
     ClaimedEmail,
     claim_due_emails,
@@ -100,6 +101,15 @@ class Mailer(Loop):
         return bool(claimed)
 
     def deliver(self, email: ClaimedEmail) -> None:
+        with tracing.span(
+            "email.send",
+            {"orquestador.email_id": str(email.id), "orquestador.attempt": email.attempt},
+            parent=email.trace_parent,
+            kind="client",
+        ):
+            self._deliver(email)
+
+    def _deliver(self, email: ClaimedEmail) -> None:
         if self.hooks.after_claim:
             self.hooks.after_claim(email)
         outgoing = OutgoingEmail(email.message_id, email.recipients, email.subject, email.body)
