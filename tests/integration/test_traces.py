@@ -9,6 +9,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,8 @@ from orquestador.api.app import create_app
 from orquestador.config import Settings
 from orquestador.logs import ContextFilter, JsonLineFormatter
 from tests.db_support import TestDatabase
-from tests.integration.api_support import SECRET, Api, running_api
+from tests.integration.api_support import ORG, SECRET, Api, running_api
+from tests.integration.notice_support import outbox, set_preferences
 from tests.integration.route_provider import Answer, RouteProvider
 from tests.integration.route_support import billing_route, fast_executor, route_registry
 from tests.integration.worker_support import (
@@ -32,7 +37,9 @@ from tests.integration.worker_support import (
     flow_definition,
     make_due,
     run_once,
+    wait_until,
 )
+from tests.smtp_sink import running_sink
 from tests.trace_support import (
     OtlpReceiver,
     hex_span_id,
@@ -41,6 +48,7 @@ from tests.trace_support import (
     recorded_spans,  # noqa: F401  (a fixture)
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 TRANSITIONS_ROUTE = "/api/v1/requests/<uuid:request_id>/transitions"
 
 
@@ -232,3 +240,64 @@ def test_with_no_endpoint_nothing_is_traced_nor_stored(
     assert "traceparent" not in sent.headers
     assert execution(runtime_engine, execution_id).trace_parent is None
     assert not receiver.received.is_set() and receiver.exports == []
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def test_a_worker_process_continues_the_trace_to_the_email_and_exports_it_at_shutdown(
+    database: TestDatabase,
+    runtime_engine: Engine,
+    recorded_spans: InMemorySpanExporter,  # noqa: F811
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    # The API accepts here (its spans kept in memory); a worker process, configured
+    # only by its environment, claims it and exports its own spans over OTLP/HTTP.
+    set_preferences(runtime_engine, ORG)
+    inputs = {"title": {"const": "Reinstall finished"}, "body": {"const": "m-1 is back."}}
+    with running_api(database.runtime_dsn) as api:
+        flow = api.publish(flow_definition([action("tell", "notify", input=inputs, email=True)]))
+        created = api.create_request(flow["id"], {})
+        accepted = api.transition(created["id"], "go", created["revision"])
+        assert accepted.status_code == 202, accepted.get_data(as_text=True)
+    accept = one_span(recorded_spans.get_finished_spans(), "transition.accept")
+
+    with OtlpReceiver().serve() as receiver, running_sink() as sink:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "WORKER_ENABLED": "true",
+            "DATABASE_URL": database.runtime_dsn,
+            "WORKER_POLL_MS": "100",
+            "WORKER_DRAIN_SECONDS": "2",
+            "SMTP_URL": sink.url,
+            "SMTP_FROM": "orquestador@example.com",
+            "LOG_LEVEL": "WARNING",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        }
+        env.pop("OTEL_SERVICE_NAME", None)
+        worker = subprocess.Popen([sys.executable, "-m", "orquestador.worker"], cwd=ROOT, env=env)
+        processes.append(worker)
+        sink.wait_for(1, timeout=60)
+        wait_until(lambda: outbox(runtime_engine)[0].status == "sent", timeout=30, what="sent")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        spans = {span.name: (service, span) for service, span in receiver.spans()}
+
+    assert {service for service, _span in spans.values()} == {"orquestador-worker"}
+    claim, attempt, email = (
+        spans[n][1] for n in ("execution.claim", "action.attempt", "email.send")
+    )
+    trace_id = accept.context.trace_id.to_bytes(16, "big")
+    assert claim.trace_id == attempt.trace_id == email.trace_id == trace_id
+    assert claim.parent_span_id == accept.context.span_id.to_bytes(8, "big")
+    assert attempt.parent_span_id == claim.span_id
+    # The mailer delivered later, from the outbox row: still the step's trace.
+    assert email.parent_span_id == attempt.span_id
