@@ -240,11 +240,9 @@ def _send(
         f"route.{what}",
         {"orquestador.route": route.key, "http.request.method": method},
         kind="client",
-    ) as span:
+    ):
         tracing.inject_headers(headers)  # the caller's own dict, made for this request
-        status, payload = _exchange(route, ctx, method, url, headers, body, what, left)
-        span.set_attribute("http.response.status_code", status)
-        return status, payload
+        return _exchange(route, ctx, method, url, headers, body, what, left)
 
 
 def _exchange(
@@ -299,6 +297,7 @@ def _exchange(
             ) from None
         status = response.status_code
         retry_after = response.headers.get("Retry-After")
+    tracing.note("http.response.status_code", status)  # on the route's span, a retry's too
     log.info(
         "route answered",
         extra={"route": route.key, "status": status, "attempt": ctx.attempt, "what": what},

@@ -181,7 +181,10 @@ def test_a_retry_by_a_later_holder_stays_in_the_same_trace(
         (2, "succeeded"),
     ]
     # (The flow's publishing and the request's creation are traces of their own.)
-    assert {s.context.trace_id for s in claims + attempts} == {accept.context.trace_id}
+    calls = [s for s in spans if s.name == "route.call"]
+    assert [c.attributes["http.response.status_code"] for c in calls] == [503, 201]
+    assert [c.parent.span_id for c in calls] == [a.context.span_id for a in attempts]
+    assert {s.context.trace_id for s in claims + attempts + calls} == {accept.context.trace_id}
 
 
 def test_the_product_exports_its_spans_to_an_otlp_http_receiver(
