@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Attributes = Mapping[str, str | int | float | bool]
+# Values other than str, int, float and bool (a UUID) are written as text, and only once
+# tracing is on: callers hand their values over as they are, at no cost while it is off.
+Attributes = Mapping[str, Any]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -130,19 +132,19 @@ def span(
         name,
         context=_extract(parent) if parent else None,
         kind=_kind(kind),
-        attributes=attributes,
+        attributes=_values(attributes),
         record_exception=False,
         set_status_on_exception=False,
     )
 
 
-def note(key: str, value: str | int | float | bool) -> None:
+def note(key: str, value: Any) -> None:
     """Set an attribute on the current span (none while tracing is off)."""
     if _tracer is None:
         return
     from opentelemetry import trace
 
-    trace.get_current_span().set_attribute(key, value)
+    trace.get_current_span().set_attribute(key, _value(value))
 
 
 def current_traceparent() -> str | None:
@@ -207,11 +209,21 @@ def request_span(
         name,
         context=context,
         kind=_kind("server"),
-        attributes=attributes,
+        attributes=_values(attributes),
         record_exception=False,
         set_status_on_exception=False,
     ) as current:
         yield current
+
+
+def _values(attributes: Attributes | None) -> dict[str, str | int | float | bool] | None:
+    if attributes is None:
+        return None
+    return {key: _value(value) for key, value in attributes.items()}
+
+
+def _value(value: Any) -> str | int | float | bool:
+    return value if isinstance(value, str | int | float | bool) else str(value)
 
 
 def _extract(traceparent: str) -> Any:

@@ -103,7 +103,7 @@ class Mailer(Loop):
     def deliver(self, email: ClaimedEmail) -> None:
         with tracing.span(
             "email.send",
-            {"orquestador.email_id": str(email.id), "orquestador.attempt": email.attempt},
+            {"orquestador.email_id": email.id, "orquestador.attempt": email.attempt},
             parent=email.trace_parent,
             kind="client",
         ):

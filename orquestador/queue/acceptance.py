@@ -74,10 +74,10 @@ def accept_transition(
         tracing.span(
             "transition.accept",
             {
-                "orquestador.request_id": str(command.request_id),
+                "orquestador.request_id": command.request_id,
                 "orquestador.transition_id": command.transition_id,
             },
-        ) as span,
+        ),
         engine.begin() as connection,
     ):
         # The row lock serializes every acceptance on this request: whoever waits
@@ -128,7 +128,7 @@ def accept_transition(
                 "The transition declares a concurrency key that the request data does not give.",
                 [missing.problem],
             ) from None
-        span.set_attribute("orquestador.execution_id", str(execution_id))
+        tracing.note("orquestador.execution_id", execution_id)
     log.info(
         "transition accepted",
         extra={"request_id": str(row.id), "execution_id": str(execution_id)},

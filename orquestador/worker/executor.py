@@ -126,7 +126,7 @@ class Executor:
             with tracing.span(
                 "execution.claim",
                 {
-                    "orquestador.execution_id": str(claim.execution_id),
+                    "orquestador.execution_id": claim.execution_id,
                     "orquestador.token": claim.token,
                     "orquestador.claim_attempt": claim.attempts,
                 },
