@@ -28,6 +28,7 @@ from orquestador.config import Settings
 from orquestador.logs import ContextFilter, JsonLineFormatter
 from tests.db_support import TestDatabase
 from tests.integration.api_support import ORG, SECRET, Api, running_api
+from tests.integration.automation_support import AUTOMATION_SCOPES, moment_flow
 from tests.integration.notice_support import outbox, set_preferences
 from tests.integration.route_provider import Answer, RouteProvider
 from tests.integration.route_support import billing_route, fast_executor, route_registry
@@ -304,3 +305,30 @@ def test_a_worker_process_continues_the_trace_to_the_email_and_exports_it_at_shu
     assert attempt.parent_span_id == claim.span_id
     # The mailer delivered later, from the outbox row: still the step's trace.
     assert email.parent_span_id == attempt.span_id
+
+
+def test_a_platform_event_starts_the_trace_its_execution_continues(
+    database: TestDatabase,
+    runtime_engine: Engine,
+    recorded_spans: InMemorySpanExporter,  # noqa: F811
+) -> None:
+    with running_api(database.runtime_dsn) as api:
+        headers = api.headers(scopes=AUTOMATION_SCOPES)
+        client = api.client()
+        client.put("/api/v1/plans/vps", json={"name": "vps"}, headers=headers)
+        flow_id = api.publish(moment_flow(), scopes=AUTOMATION_SCOPES)["id"]
+        bound = client.put(
+            "/api/v1/plans/vps/bindings/provisioned", json={"flowId": flow_id}, headers=headers
+        )
+        assert bound.status_code == 200, bound.get_data(as_text=True)
+        event = {"id": "evt-1", "moment": "provisioned", "planId": "vps", "machineId": "m-42"}
+        answered = client.post("/api/v1/events", json=event, headers=headers)
+        assert answered.status_code == 202, answered.get_data(as_text=True)
+
+    spans = recorded_spans.get_finished_spans()
+    request = next(s for s in spans if s.attributes.get("http.route") == "/api/v1/events")
+    start = one_span(spans, "event.start")
+    assert start.parent.span_id == request.context.span_id
+    assert start.attributes["orquestador.event_id"] == "evt-1"
+    stored = execution(runtime_engine, answered.get_json()["executionId"]).trace_parent
+    assert stored.split("-")[1:3] == [hex_trace_id(start), hex_span_id(start)]
