@@ -131,6 +131,7 @@ class Mailer(Loop):
             self.hooks.after_send(email)
         with self.engine.connect() as conn:
             marked = mark_sent(conn, email, self.owner)
+        tracing.note("orquestador.outcome", "delivered")
         if not marked:
             log.warning("e-mail delivered after its lease was lost", extra=email.log_extra)
             return
@@ -146,6 +147,7 @@ class Mailer(Loop):
     def _failed(self, conn: Connection, email: ClaimedEmail, exc: DeliveryFailed) -> None:
         if exc.permanent or email.attempt >= self.max_attempts:
             mark_failed(conn, email, self.owner, exc.safe_text)
+            tracing.note("orquestador.outcome", "failed")
             log.warning(
                 "e-mail given up after %d attempt(s): %s",
                 email.attempt,
@@ -155,6 +157,7 @@ class Mailer(Loop):
             return
         delay = self.backoff.delay(email.attempt)
         mark_retry(conn, email, self.owner, delay, exc.safe_text)
+        tracing.note("orquestador.outcome", "retry")
         log.info(
             "e-mail not delivered, next try in %.0f s: %s",
             delay,

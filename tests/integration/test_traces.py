@@ -305,6 +305,8 @@ def test_a_worker_process_continues_the_trace_to_the_email_and_exports_it_at_shu
     assert attempt.parent_span_id == claim.span_id
     # The mailer delivered later, from the outbox row: still the step's trace.
     assert email.parent_span_id == attempt.span_id
+    outcome = {a.key: a.value.string_value for a in email.attributes}["orquestador.outcome"]
+    assert outcome == "delivered"
 
 
 def test_a_platform_event_starts_the_trace_its_execution_continues(
