@@ -228,6 +228,7 @@ WORKER_SETTINGS = (
     *environment_sections()["e-mail"],
     *environment_sections()["retention"],
     *environment_sections()["operations"],
+    *environment_sections()["traces"],
     "MACHINE_COMMAND_RETENTION_DAYS",
     *_ADAPTERS_AND_LOGS,
 )
@@ -238,6 +239,7 @@ API_SETTINGS = (
     "FLOW_ADMIN_ENABLED",
     *[name for name in environment_sections()["tokens"] if name != "JWT_PRIVATE_KEY_FILE"],
     *environment_sections()["api"],
+    *environment_sections()["traces"],
     *_ADAPTERS_AND_LOGS,
 )
 TOKEN_SETTINGS = (

@@ -113,6 +113,12 @@ class Settings:
     maintenance_interval_seconds: int = _env("MAINTENANCE_INTERVAL_SECONDS", "60", "operations")
     worker_metrics_port: str = _env("WORKER_METRICS_PORT", "", "operations")
 
+    # The standard OpenTelemetry names: traces go out over OTLP/HTTP only when the
+    # endpoint is set (and the `otel` extra is installed); tracing.py reads them.
+    otel_exporter_otlp_endpoint: str = _env("OTEL_EXPORTER_OTLP_ENDPOINT", "", "traces")
+    # Empty: orquestador-api or orquestador-worker, by process.
+    otel_service_name: str = _env("OTEL_SERVICE_NAME", "", "traces")
+
     # What `orquestador executions` talks to, and as whom; never read by the server.
     api_url: str = _env("ORQUESTADOR_API_URL", "", "command line client")
     api_token: str = field(
@@ -321,6 +327,13 @@ class Settings:
             problems.append(
                 "PUBLIC_BASE_URL must be an http:// or https:// URL, e.g. "
                 "https://orquestador.example.com"
+            )
+        if self.otel_exporter_otlp_endpoint and not _HTTP_URL.match(
+            self.otel_exporter_otlp_endpoint
+        ):
+            problems.append(
+                "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL, e.g. "
+                "http://otel-collector:4318"
             )
         if self.api_url and not _HTTP_URL.match(self.api_url):
             problems.append(

@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
+from orquestador import tracing
+
 # Everything a LogRecord carries on its own; any other attribute came in through `extra`.
 _RECORD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
@@ -51,6 +53,9 @@ class TextFormatter(logging.Formatter):
             for key, value in record.__dict__.items()
             if key not in _RECORD_ATTRIBUTES and not key.startswith("_")
         ]
+        ids = getattr(record, _TRACE_IDS, None)
+        if ids is not None:
+            parts += [f"trace_id={ids[0]}", f"span_id={ids[1]}"]
         exc_type, exc, _tb = record.exc_info or (None, None, None)
         if exc_type is not None:
             parts.append(f"exception={exc_type.__name__}")
@@ -98,6 +103,9 @@ class JsonLineFormatter(JsonFormatter):  # type: ignore[misc]
                 log_data["exception_message"] = message
         if record.levelno < self.tracebacks_from:
             log_data.pop("exc_info", None)
+        ids = getattr(record, _TRACE_IDS, None)
+        if ids is not None:
+            log_data["trace_id"], log_data["span_id"] = ids
 
 
 def _json_value(value: Any) -> Any:
@@ -130,13 +138,25 @@ def reset_context(token: Token[Mapping[str, Any] | None]) -> None:
 
 
 class ContextFilter(logging.Filter):
-    """Copies the bound context into each record; a field given in `extra` wins."""
+    """Copies the bound context into each record; a field given in `extra` wins.
+
+    With tracing on, the record also keeps the current span's (trace id, span id),
+    read here in the thread that logged: a JSON line names its trace.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         for name, value in (_CONTEXT.get() or {}).items():
             if not hasattr(record, name):
                 setattr(record, name, value)
+        ids = tracing.current_ids()
+        if ids is not None:
+            setattr(record, _TRACE_IDS, ids)
         return True
+
+
+# The record attribute ContextFilter keeps the span's ids in; private (a leading
+# underscore), so the text format does not list it among the `extra` pairs.
+_TRACE_IDS = "_orquestador_trace_ids"
 
 
 def logfmt_value(value: Any) -> str:

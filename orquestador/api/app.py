@@ -9,6 +9,7 @@ import time
 from flask import Flask, Response, g, redirect, request, url_for
 from sqlalchemy import Engine
 
+from orquestador import tracing
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.api import (
     agent_routes,
@@ -64,6 +65,7 @@ def create_app(
     `engine` and `registry` replace the configured ones (tests, embedding in `dev`).
     """
     settings = settings or Settings.from_env()
+    tracing.configure(settings, "orquestador-api")
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.api_max_body_bytes
     # Keep field order as written: ExecutionView and friends read better that way.
@@ -88,6 +90,7 @@ def create_app(
     app.after_request(_add_hygiene_headers)
     app.after_request(_record_request_metrics)
     app.teardown_request(_end_log_context)
+    app.teardown_request(_end_request_span)
     app.register_blueprint(health_routes.blueprint)
     app.register_blueprint(openapi.blueprint)
     # A switched-off group has no routes at all, so it answers the same 404 as any
@@ -168,6 +171,22 @@ def _start_timer() -> None:
         if name.endswith("_id"):
             fields[name] = str(value)
     g.orquestador_log_context = bind_context(**fields)
+    if tracing.enabled():
+        # Named by the route template, like the metrics: never an id or a query string.
+        spans = g.orquestador_span = contextlib.ExitStack()
+        g.orquestador_span_handle = spans.enter_context(
+            tracing.request_span(
+                f"{request.method} {fields['route']}",
+                request.headers,
+                {"http.request.method": request.method, "http.route": fields["route"]},
+            )
+        )
+
+
+def _end_request_span(error: BaseException | None) -> None:
+    spans = g.pop("orquestador_span", None)
+    if spans is not None:
+        spans.close()
 
 
 def _end_log_context(error: BaseException | None) -> None:
@@ -188,6 +207,9 @@ def _record_request_metrics(response: Response) -> Response:
     rule = request.url_rule
     route = rule.rule if rule is not None else UNMATCHED_ROUTE
     HTTP_REQUESTS_TOTAL.labels(route=route, status=str(response.status_code)).inc()
+    span = g.get("orquestador_span_handle")
+    if span is not None:
+        span.set_attribute("http.response.status_code", response.status_code)
     started = g.get("orquestador_started")
     if started is not None:
         HTTP_REQUEST_DURATION_SECONDS.labels(route=route).observe(time.perf_counter() - started)

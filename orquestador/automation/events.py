@@ -38,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
+from orquestador import tracing
 from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, flow, hosting_plan, plan_flow_binding, platform_event
 from orquestador.domain.concurrency import KeyMissing, key_value
@@ -282,23 +283,27 @@ def process_event(
         return reject_event(connection, event, bound.id, exc.problems)
     except KeyMissing as missing:
         return reject_event(connection, event, bound.id, [missing.problem])
-    created = insert_request(
-        connection,
-        org=event.org_id,
-        owner=actor.sub,
-        flow_row=bound,
-        data=data,
-        machine_id=event.machine_id,
-    )
-    execution_id = queue_execution(
-        connection,
-        request_row=created,
-        definition=definition,
-        transition_id=start.id,
-        actor=actor.sub,
-        actor_snapshot=actor.snapshot,
-        max_attempts=max_attempts,
-    )
+    # The execution's trace starts here (under the API request's, when one posted it).
+    with tracing.span(
+        "event.start", {"orquestador.event_id": event.id, "orquestador.moment": event.moment}
+    ):
+        created = insert_request(
+            connection,
+            org=event.org_id,
+            owner=actor.sub,
+            flow_row=bound,
+            data=data,
+            machine_id=event.machine_id,
+        )
+        execution_id = queue_execution(
+            connection,
+            request_row=created,
+            definition=definition,
+            transition_id=start.id,
+            actor=actor.sub,
+            actor_snapshot=actor.snapshot,
+            max_attempts=max_attempts,
+        )
     answer = EventAnswer(event.id, STARTED, request_id=created.id, execution_id=execution_id)
     log.info(
         "platform event started its flow",

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, Row, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
+from orquestador import tracing
 from orquestador.automation.schedules import fire_data
 from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, flow, schedule, schedule_fire
@@ -196,23 +197,27 @@ def fire_once(
     except KeyMissing as missing:
         _reject(connection, row, fire_time, [missing.problem])
         return REFUSED
-    created = insert_request(
-        connection,
-        org=row.org_id,
-        owner=row.updated_by,
-        flow_row=flow_row,
-        data=data,
-        machine_id=None,
-    )
-    execution_id = queue_execution(
-        connection,
-        request_row=created,
-        definition=definition,
-        transition_id=start.id,
-        actor=row.updated_by,
-        actor_snapshot=_actor_snapshot(row),
-        max_attempts=max_attempts,
-    )
+    # The execution's trace starts here: the worker's claim continues it.
+    with tracing.span(
+        "schedule.fire", {"orquestador.schedule_id": row.id, "orquestador.fire_time": fire_time}
+    ):
+        created = insert_request(
+            connection,
+            org=row.org_id,
+            owner=row.updated_by,
+            flow_row=flow_row,
+            data=data,
+            machine_id=None,
+        )
+        execution_id = queue_execution(
+            connection,
+            request_row=created,
+            definition=definition,
+            transition_id=start.id,
+            actor=row.updated_by,
+            actor_snapshot=_actor_snapshot(row),
+            max_attempts=max_attempts,
+        )
     _record(connection, row, fire_time, created.id, execution_id)
     log.info(
         "schedule fired",

@@ -182,6 +182,9 @@ execution = Table(
     # A dry run's `outcomes`: what its steps answer instead of being simulated (migration
     # 0020); written with the execution, never changed, never on a real run.
     Column("rehearsal", JSONB_VALUE),
+    # The W3C traceparent of the acceptance (migration 0025): the worker's spans continue
+    # its trace. NULL when tracing was off.
+    Column("trace_parent", Text),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -461,6 +464,9 @@ email_outbox = Table(
     Column("lease_owner", Text),
     Column("lease_expires_at", TIMESTAMP(timezone=True)),
     Column("last_error", Text),
+    # The traceparent of the step that queued it (migration 0025); the delivery's span
+    # continues that trace.
+    Column("trace_parent", Text),
     _created_at(),
     Column("sent_at", TIMESTAMP(timezone=True)),
     UniqueConstraint("message_id"),

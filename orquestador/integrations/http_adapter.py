@@ -23,6 +23,7 @@ from urllib.parse import quote, urlsplit
 import requests
 import urllib3.exceptions
 
+from orquestador import tracing
 from orquestador.actions.contracts import ActionContext, Adapter
 from orquestador.actions.errors import PermanentError, TransientError, UncertainError
 from orquestador.actions.lookup import Found, LookupResult, NotFound, Unknown
@@ -233,6 +234,27 @@ def _send(
     left = ctx.seconds_left()
     if left <= 0:
         raise TransientError(f"route {route.key}: no time left for the {what}")
+    # The route's span, a child of the step's attempt; the provider receives its
+    # traceparent. Attributes name the route, never the URL (it may carry secrets).
+    with tracing.span(
+        f"route.{what}",
+        {"orquestador.route": route.key, "http.request.method": method},
+        kind="client",
+    ):
+        tracing.inject_headers(headers)  # the caller's own dict, made for this request
+        return _exchange(route, ctx, method, url, headers, body, what, left)
+
+
+def _exchange(
+    route: Route,
+    ctx: ActionContext,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any] | None,
+    what: str,
+    left: float,
+) -> tuple[int, Any]:
     session = session_for(route.use_environment_proxy)
     try:
         response = session.request(
@@ -275,6 +297,7 @@ def _send(
             ) from None
         status = response.status_code
         retry_after = response.headers.get("Retry-After")
+    tracing.note("http.response.status_code", status)  # on the route's span, a retry's too
     log.info(
         "route answered",
         extra={"route": route.key, "status": status, "attempt": ctx.attempt, "what": what},

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
 
+from orquestador import tracing
 from orquestador.notices.outbox import (
     ClaimedEmail,
     claim_due_emails,
@@ -100,6 +101,15 @@ class Mailer(Loop):
         return bool(claimed)
 
     def deliver(self, email: ClaimedEmail) -> None:
+        with tracing.span(
+            "email.send",
+            {"orquestador.email_id": email.id, "orquestador.attempt": email.attempt},
+            parent=email.trace_parent,
+            kind="client",
+        ):
+            self._deliver(email)
+
+    def _deliver(self, email: ClaimedEmail) -> None:
         if self.hooks.after_claim:
             self.hooks.after_claim(email)
         outgoing = OutgoingEmail(email.message_id, email.recipients, email.subject, email.body)
@@ -121,6 +131,7 @@ class Mailer(Loop):
             self.hooks.after_send(email)
         with self.engine.connect() as conn:
             marked = mark_sent(conn, email, self.owner)
+        tracing.note("orquestador.outcome", "delivered")
         if not marked:
             log.warning("e-mail delivered after its lease was lost", extra=email.log_extra)
             return
@@ -136,6 +147,7 @@ class Mailer(Loop):
     def _failed(self, conn: Connection, email: ClaimedEmail, exc: DeliveryFailed) -> None:
         if exc.permanent or email.attempt >= self.max_attempts:
             mark_failed(conn, email, self.owner, exc.safe_text)
+            tracing.note("orquestador.outcome", "failed")
             log.warning(
                 "e-mail given up after %d attempt(s): %s",
                 email.attempt,
@@ -145,6 +157,7 @@ class Mailer(Loop):
             return
         delay = self.backoff.delay(email.attempt)
         mark_retry(conn, email, self.owner, delay, exc.safe_text)
+        tracing.note("orquestador.outcome", "retry")
         log.info(
             "e-mail not delivered, next try in %.0f s: %s",
             delay,

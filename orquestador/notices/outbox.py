@@ -36,7 +36,8 @@ _CLAIM = text("""
         attempts = o.attempts + 1
     FROM due
     WHERE o.id = due.id
-    RETURNING o.id, o.org_id, o.message_id, o.recipients, o.subject, o.body, o.attempts
+    RETURNING o.id, o.org_id, o.message_id, o.recipients, o.subject, o.body, o.attempts,
+              o.trace_parent
 """)
 
 # A settled row records what became of its notice's e-mail in an audit row written by
@@ -84,6 +85,8 @@ class ClaimedEmail:
     body: str
     # This delivery's number, the claim included: a crash mid-delivery counts.
     attempt: int
+    # The W3C traceparent of the step that queued it: the delivery continues its trace.
+    trace_parent: str | None = None
 
     @property
     def log_extra(self) -> dict[str, Any]:
@@ -107,6 +110,7 @@ def claim_due_emails(
             subject=row.subject,
             body=row.body,
             attempt=row.attempts,
+            trace_parent=row.trace_parent,
         )
         for row in rows
     ]

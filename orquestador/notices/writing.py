@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from orquestador import tracing
 from orquestador.db.schema import audit_event, email_outbox, panel_notice
 from orquestador.notices.preferences import email_decision
 from orquestador.notices.vocabulary import AUDIT_NOTICE_WRITTEN, EmailOutcome
@@ -106,6 +107,8 @@ def write_notice(
                 recipients=recipients,
                 subject=draft.title,
                 body=draft.body + draft.email_footer,
+                # The step's span: the delivery, later and elsewhere, joins its trace.
+                trace_parent=tracing.current_traceparent(),
             )
         )
     conn.execute(

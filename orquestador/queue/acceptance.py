@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, func, text
 
+from orquestador import tracing
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, audit_event, execution, request
 from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import Problem
@@ -69,7 +70,16 @@ def accept_transition(
     max_attempts: int,
 ) -> uuid.UUID:
     """Queue the transition and return the new execution's id, or raise `TransitionRefused`."""
-    with engine.begin() as connection:
+    with (
+        tracing.span(
+            "transition.accept",
+            {
+                "orquestador.request_id": command.request_id,
+                "orquestador.transition_id": command.transition_id,
+            },
+        ),
+        engine.begin() as connection,
+    ):
         # The row lock serializes every acceptance on this request: whoever waits
         # re-reads the revision and busy marker the winner left behind.
         row = lock_request(connection, command.request_id)
@@ -118,6 +128,7 @@ def accept_transition(
                 "The transition declares a concurrency key that the request data does not give.",
                 [missing.problem],
             ) from None
+        tracing.note("orquestador.execution_id", execution_id)
     log.info(
         "transition accepted",
         extra={"request_id": str(row.id), "execution_id": str(execution_id)},
@@ -216,6 +227,8 @@ def queue_execution(
             concurrency_key=key,
             concurrency_limit=limit,
             rehearsal=rehearsal,
+            # The span current now (the acceptance's) is what the worker continues.
+            trace_parent=tracing.current_traceparent(),
         )
         .returning(execution.c.id)
     ).scalar_one()

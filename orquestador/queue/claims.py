@@ -170,7 +170,7 @@ _CLAIM = text(
       AND r.id = e.request_id AND f.id = e.flow_id
     RETURNING e.id, e.fencing_token, e.attempts, e.max_attempts, e.request_id,
               e.lease_expires_at, e.next_attempt_at, e.created_at,
-              clock_timestamp() AS claimed_at,
+              clock_timestamp() AS claimed_at, e.trace_parent,
               -- What the load reads, used only for a first holder (see _snapshot).
               e.org_id, e.flow_id, e.transition_id, e.accepted_state, e.accepted_revision,
               e.simulation, e.actor_snapshot ->> 'sub' AS actor,
@@ -256,6 +256,7 @@ def claim_round(
             created_at=row.created_at,
             claimed_at=row.claimed_at,
             snapshot=_snapshot(row),
+            trace_parent=row.trace_parent,
         )
         for row in rows
     ]

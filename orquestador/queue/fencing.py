@@ -35,6 +35,8 @@ class Claim:
     # The loaded execution, when the claim statement could read it (a first holder);
     # otherwise the worker loads under the fence. Not part of the claim's identity.
     snapshot: LoadedExecution | None = field(default=None, compare=False, repr=False)
+    # The acceptance's W3C traceparent: this holder's spans continue its trace.
+    trace_parent: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def params(self) -> dict[str, Any]:

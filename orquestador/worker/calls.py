@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orquestador import tracing
+
 log = logging.getLogger(__name__)
 
 
@@ -166,6 +168,8 @@ class AdapterCalls:
         stays `lingering` under that key until its thread returns.
         """
         answer = _Answer(deadline)
+        # The call runs inside the caller's span (the step's attempt), on its thread.
+        function = tracing.carried(function)
         self._take().inbox.put((function, argument, answer, log_extra or {}, key))
         if not answer.wait():
             # Abandoned: from now on the thread's late answer is dropped.

@@ -15,6 +15,7 @@ from wsgiref.simple_server import WSGIServer
 
 from sqlalchemy import Engine
 
+from orquestador import tracing
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.config import Settings, libpq_url
 from orquestador.db.engine import make_engine
@@ -275,6 +276,7 @@ def build_worker(settings: Settings) -> Worker:
 
 def run_worker(settings: Settings) -> int:
     """The `orquestador worker` daemon (settings already checked); the exit status."""
+    tracing.configure(settings, "orquestador-worker")
     worker = build_worker(settings)
     signals = 0
 
@@ -295,4 +297,5 @@ def run_worker(settings: Settings) -> int:
     while not worker.join(0.5):
         pass
     worker.engine.dispose()
+    tracing.shutdown()  # the spans still batched go out before the process does
     return 0 if worker.drained_cleanly else 1

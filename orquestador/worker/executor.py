@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from orquestador import metrics
+from orquestador import metrics, tracing
 from orquestador.actions import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.domain.errors import DataValidationError, DomainError, MappingError
@@ -121,7 +121,20 @@ class Executor:
         with self._writer_lock:
             self._busy += 1
         try:
-            status = self._run(source, claim, stop or threading.Event())
+            # This holder's part of the trace the acceptance began (another process's,
+            # maybe long ago): each step's attempt is a child of this span.
+            with tracing.span(
+                "execution.claim",
+                {
+                    "orquestador.execution_id": claim.execution_id,
+                    "orquestador.token": claim.token,
+                    "orquestador.claim_attempt": claim.attempts,
+                },
+                parent=claim.trace_parent,
+                kind="consumer",
+            ) as span:
+                status = self._run(source, claim, stop or threading.Event())
+                span.set_attribute("orquestador.status", status)
         finally:
             with self._writer_lock:
                 self._busy -= 1

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from orquestador import metrics
+from orquestador import metrics, tracing
 from orquestador.actions import (
     ActionContext,
     Adapter,
@@ -63,6 +63,7 @@ def _timed(adapter: Adapter, outcome: str, began: float) -> None:
     metrics.ACTION_DURATION_SECONDS.labels(capability=adapter.key, outcome=outcome).observe(
         time.monotonic() - began
     )
+    tracing.note("orquestador.outcome", outcome)
 
 
 def mapped_inputs(spec: ActionSpec, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +137,17 @@ class StepRunner(StepOutcomes):
         step = replace(step, first_started_at=first_started_at)
         if self.x.hooks.before_adapter:
             self.x.hooks.before_adapter(self.claim, spec.id)
-        return self.call(spec, step, attempt.attempt, attempt.attempt - base, action_ids)
+        # The call and what its outcome leads to; `_timed` notes the outcome on it.
+        with tracing.span(
+            "action.attempt",
+            {
+                "orquestador.action_id": spec.id,
+                "orquestador.capability": adapter.key,
+                "orquestador.effect": adapter.effect.value,
+                "orquestador.attempt": attempt.attempt,
+            },
+        ):
+            return self.call(spec, step, attempt.attempt, attempt.attempt - base, action_ids)
 
     def take_token(self, step: Step, limit: RateLimit) -> None:
         """Take a token of the route's rate limit, or go back to RETRY_WAIT until one is due.
