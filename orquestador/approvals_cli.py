@@ -7,13 +7,11 @@ Like `orquestador executions`, a client of the HTTP API: it sees what the token 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from orquestador.executions_cli import (
     ApiClient,
     CommandFactory,
     client_actions,
-    path_id,
     print_json,
     print_table,
 )
@@ -46,7 +44,7 @@ def add_approvals_command(command: CommandFactory) -> None:
 
 
 def _list(client: ApiClient, args: argparse.Namespace) -> int:
-    page = client.get("/approvals", params={"status": args.status})
+    page = client.list_approvals(status=args.status)
     if args.json:
         print_json(page)
         return 0
@@ -69,8 +67,7 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
 
 
 def _decide(client: ApiClient, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"decision": DECISIONS[args.decision], "comment": args.comment}
-    view = client.post(f"/approvals/{path_id(args.approval)}/decision", body)
+    view = client.decide_approval(args.approval, DECISIONS[args.decision], args.comment)
     if args.json:
         print_json(view)
     else:
