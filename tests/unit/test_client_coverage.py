@@ -1,10 +1,9 @@
 """The Python client and the OpenAPI document in step: one method per operation, each calling
-the method and path its operation names."""
+the method and path its operation names; and how the client reads an answer."""
 
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import typing
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 import requests
 
 from orquestador.api.openapi import openapi_document
-from orquestador.client import Client, operation_methods
+from orquestador.client import ApiError, Client, NotTheApi, operation_methods
 
 # Public methods of the client that call no operation.
 NOT_OPERATIONS = {"close"}
@@ -56,17 +55,19 @@ def test_every_client_method_names_an_operation_of_the_document() -> None:
 
 
 class RecordingSession(requests.Session):
-    """Answers every call with 200 and `{}`, and keeps what was asked."""
+    """Answers every call alike (200 and `{}` unless told), and keeps what was asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200, content: bytes = b"{}") -> None:
         super().__init__()
         self.calls: list[tuple[str, str]] = []
+        self.status = status
+        self.content = content
 
     def request(self, method: str, url: str, **options: Any) -> requests.Response:  # type: ignore[override]
         self.calls.append((method, url))
         answer = requests.Response()
-        answer.status_code = 200
-        answer._content = json.dumps({}).encode()
+        answer.status_code = self.status
+        answer._content = self.content
         return answer
 
 
@@ -115,3 +116,23 @@ def test_path_segments_are_quoted() -> None:
     Client("http://api.test/api/v1/", "token", session=session).get_schedule("nightly/../x y")
 
     assert session.calls == [("GET", "http://api.test/api/v1/schedules/nightly%2F..%2Fx%20y")]
+
+
+def _client(status: int, content: bytes) -> Client:
+    return Client("http://api.test", "token", session=RecordingSession(status, content))
+
+
+def test_no_content_is_none_and_an_error_without_a_problem_keeps_its_text() -> None:
+    assert _client(204, b"").delete_schedule("nightly") is None
+    with pytest.raises(ApiError) as failed:
+        _client(502, b"Bad Gateway").list_schedules()
+
+    assert (failed.value.status, failed.value.problem, failed.value.code) == (502, None, None)
+    assert failed.value.text == "Bad Gateway"
+
+
+def test_a_success_without_json_is_not_the_api() -> None:
+    with pytest.raises(NotTheApi) as answered:
+        _client(200, b"<html>a web server</html>").list_schedules()
+
+    assert str(answered.value) == "http://api.test/api/v1/schedules answered 200 without JSON"
