@@ -234,10 +234,10 @@ class ApiClient(Client):
     """
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        return self._call("GET", path, params=params)
+        return self.transport.call("GET", path, params=params)
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._call("POST", path, json=body)
+        return self.transport.call("POST", path, json=body)
 
 
 def client_from_settings(settings: Settings) -> ApiClient:

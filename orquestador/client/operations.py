@@ -1,32 +1,13 @@
-"""`Client`: the HTTP API from Python, one typed method per operation of its OpenAPI document.
-
-    from orquestador.client import ApiError, Client
-
-    client = Client("http://127.0.0.1:8080/api/v1", token)
-    flow = client.publish_flow(definition)
-    request = client.create_request(flow["id"], {"machineId": "vm-17", "diskGb": 250})
-    try:
-        client.request_transition(request["id"], "approve", expected_revision=1)
-    except ApiError as error:
-        print(error.status, error.code, error.detail)
-
-Answers are the decoded JSON, as the document describes them; an error answer raises
-`ApiError` with its problem, a server that does not answer raises `ApiUnreachable`.
-Each method names its operation with `@operation`, so that a test can hold the client
-and the document in step.
-"""
+"""`Client`: one typed method per operation of the OpenAPI document, tied by `@operation`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import requests
 
-API_PATH = "/api/v1"
-# (connect, read) seconds: a decision waits for a row lock another operator may hold.
-DEFAULT_TIMEOUT = (5.0, 60.0)
+from orquestador.client.transport import Transport, segment
 
 Json = dict[str, Any]
 Method = TypeVar("Method", bound=Callable[..., Any])
@@ -52,65 +33,6 @@ def operation_methods() -> dict[str, list[str]]:
     return found
 
 
-class ClientError(Exception):
-    """A call of the API did not give an answer to use."""
-
-
-class ApiError(ClientError):
-    """The API answered with an error: its status, its problem document, its text."""
-
-    def __init__(self, status: int, problem: Json | None, text: str) -> None:
-        super().__init__(f"HTTP {status}" + (f" {problem['code']}" if problem else ""))
-        self.status = status
-        self.problem = problem
-        self.text = text
-
-    @property
-    def code(self) -> str | None:
-        """The problem's stable code (`NOT_FOUND`, `FLOW_INVALID`, ...), if it has one."""
-        return (self.problem or {}).get("code")
-
-    @property
-    def detail(self) -> str | None:
-        return (self.problem or {}).get("detail")
-
-
-class ApiUnreachable(ClientError):
-    """The API did not answer: no connection, or no answer in time."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class RequestNotSent(ClientError):
-    """The call could not be sent: the URL or the token is not one HTTP can carry."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class NotTheApi(ClientError):
-    """A success answer without JSON: the base URL is not the orquestador API."""
-
-    def __init__(self, url: str, status: int) -> None:
-        super().__init__(f"{url} answered {status} without JSON")
-        self.url = url
-        self.status = status
-
-
-def api_base(url: str) -> str:
-    """The API's base URL from a server's address, with or without its /api/v1."""
-    base = url.rstrip("/")
-    return base if base.endswith(API_PATH) else base + API_PATH
-
-
-def segment(value: str) -> str:
-    # An id is one path segment, whatever it contains; the server answers 404 to nonsense.
-    return quote(str(value), safe="")
-
-
 def _present(**fields: Any) -> Json:
     """The fields that were given: a left-out option is left out of the body or query."""
     return {name: value for name, value in fields.items() if value is not None}
@@ -134,27 +56,25 @@ class Client:
         session: requests.Session | None = None,
         timeout: float | tuple[float, float] | None = None,
     ) -> None:
-        self.base_url = api_base(base_url)
-        self.token = token
-        self.session = session or requests.Session()
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        # `transport.call(method, path, ...)` reaches a path by hand, should one be missing.
+        self.transport = Transport(base_url, token, session, timeout)
 
     def close(self) -> None:
-        self.session.close()
+        self.transport.close()
 
     # --- flows and capabilities -----------------------------------------------------------
 
     @operation("listFlows")
     def list_flows(self, key: str | None = None) -> Json:
-        return self._call("GET", "/flows", params=_query(key=key))
+        return self.transport.call("GET", "/flows", params=_query(key=key))
 
     @operation("publishFlow")
     def publish_flow(self, definition: Mapping[str, Any]) -> Json:
-        return self._call("POST", "/flows", json=definition)
+        return self.transport.call("POST", "/flows", json=definition)
 
     @operation("getFlow")
     def get_flow(self, flow_id: str) -> Json:
-        return self._call("GET", f"/flows/{segment(flow_id)}")
+        return self.transport.call("GET", f"/flows/{segment(flow_id)}")
 
     @operation("startDryRun")
     def start_dry_run(
@@ -166,11 +86,11 @@ class Client:
         outcomes: Mapping[str, Any] | None = None,
     ) -> Json:
         body = _present(transition=transition, data=data, state=state, outcomes=outcomes)
-        return self._call("POST", f"/flows/{segment(flow_id)}/dry-runs", json=body)
+        return self.transport.call("POST", f"/flows/{segment(flow_id)}/dry-runs", json=body)
 
     @operation("listCapabilities")
     def list_capabilities(self) -> Json:
-        return self._call("GET", "/capabilities")
+        return self.transport.call("GET", "/capabilities")
 
     # --- requests and executions ----------------------------------------------------------
 
@@ -179,11 +99,11 @@ class Client:
         self, flow_id: str, data: Mapping[str, Any], machine_id: str | None = None
     ) -> Json:
         body = _present(flowId=flow_id, data=data, machineId=machine_id)
-        return self._call("POST", "/requests", json=body)
+        return self.transport.call("POST", "/requests", json=body)
 
     @operation("getRequest")
     def get_request(self, request_id: str) -> Json:
-        return self._call("GET", f"/requests/{segment(request_id)}")
+        return self.transport.call("GET", f"/requests/{segment(request_id)}")
 
     @operation("requestTransition")
     def request_transition(
@@ -196,7 +116,9 @@ class Client:
         body = _present(
             transition=transition, expectedRevision=expected_revision, priority=priority
         )
-        return self._call("POST", f"/requests/{segment(request_id)}/transitions", json=body)
+        return self.transport.call(
+            "POST", f"/requests/{segment(request_id)}/transitions", json=body
+        )
 
     @operation("listExecutions")
     def list_executions(
@@ -230,15 +152,15 @@ class Client:
             simulation=simulation,
             id=id_prefix,
         )
-        return self._call("GET", "/executions", params=params)
+        return self.transport.call("GET", "/executions", params=params)
 
     @operation("getExecution")
     def get_execution(self, execution_id: str) -> Json:
-        return self._call("GET", f"/executions/{segment(execution_id)}")
+        return self.transport.call("GET", f"/executions/{segment(execution_id)}")
 
     @operation("getExecutionEvidence")
     def get_execution_evidence(self, execution_id: str) -> Json:
-        return self._call("GET", f"/executions/{segment(execution_id)}/evidence")
+        return self.transport.call("GET", f"/executions/{segment(execution_id)}/evidence")
 
     @operation("reconcileExecution")
     def reconcile_execution(
@@ -262,11 +184,13 @@ class Client:
                 correction=correction,
             ),
         }
-        return self._call("POST", f"/executions/{segment(execution_id)}/reconciliation", json=body)
+        return self.transport.call(
+            "POST", f"/executions/{segment(execution_id)}/reconciliation", json=body
+        )
 
     @operation("cancelExecution")
     def cancel_execution(self, execution_id: str, reason: str) -> Json:
-        return self._call(
+        return self.transport.call(
             "POST", f"/executions/{segment(execution_id)}/cancel", json={"reason": reason}
         )
 
@@ -278,11 +202,11 @@ class Client:
         body: Json = {"filter": filter, "action": action, "reason": reason}
         if preview:
             body["preview"] = True
-        return self._call("POST", "/executions/bulk", json=body)
+        return self.transport.call("POST", "/executions/bulk", json=body)
 
     @operation("getBulkAction")
     def get_bulk_action(self, bulk_id: str) -> Json:
-        return self._call("GET", f"/bulk/{segment(bulk_id)}")
+        return self.transport.call("GET", f"/bulk/{segment(bulk_id)}")
 
     # --- approvals ------------------------------------------------------------------------
 
@@ -291,26 +215,26 @@ class Client:
         self, status: str | None = None, limit: int | None = None, after: str | None = None
     ) -> Json:
         params = _query(status=status, limit=limit, after=after)
-        return self._call("GET", "/approvals", params=params)
+        return self.transport.call("GET", "/approvals", params=params)
 
     @operation("getApproval")
     def get_approval(self, approval_id: str) -> Json:
-        return self._call("GET", f"/approvals/{segment(approval_id)}")
+        return self.transport.call("GET", f"/approvals/{segment(approval_id)}")
 
     @operation("decideApproval")
     def decide_approval(self, approval_id: str, decision: str, comment: str | None = None) -> Json:
         body = _present(decision=decision, comment=comment)
-        return self._call("POST", f"/approvals/{segment(approval_id)}/decision", json=body)
+        return self.transport.call("POST", f"/approvals/{segment(approval_id)}/decision", json=body)
 
     # --- schedules, plans and events ------------------------------------------------------
 
     @operation("listSchedules")
     def list_schedules(self) -> Json:
-        return self._call("GET", "/schedules")
+        return self.transport.call("GET", "/schedules")
 
     @operation("getSchedule")
     def get_schedule(self, schedule_id: str) -> Json:
-        return self._call("GET", f"/schedules/{segment(schedule_id)}")
+        return self.transport.call("GET", f"/schedules/{segment(schedule_id)}")
 
     @operation("putSchedule")
     def put_schedule(
@@ -335,28 +259,28 @@ class Client:
             catchUp=catch_up,
             paused=paused,
         )
-        return self._call("PUT", f"/schedules/{segment(schedule_id)}", json=body)
+        return self.transport.call("PUT", f"/schedules/{segment(schedule_id)}", json=body)
 
     @operation("deleteSchedule")
     def delete_schedule(self, schedule_id: str) -> None:
-        self._call("DELETE", f"/schedules/{segment(schedule_id)}")
+        self.transport.call("DELETE", f"/schedules/{segment(schedule_id)}")
 
     @operation("getPlan")
     def get_plan(self, plan_id: str) -> Json:
-        return self._call("GET", f"/plans/{segment(plan_id)}")
+        return self.transport.call("GET", f"/plans/{segment(plan_id)}")
 
     @operation("putPlan")
     def put_plan(self, plan_id: str, name: str) -> Json:
-        return self._call("PUT", f"/plans/{segment(plan_id)}", json={"name": name})
+        return self.transport.call("PUT", f"/plans/{segment(plan_id)}", json={"name": name})
 
     @operation("bindPlanFlow")
     def bind_plan_flow(self, plan_id: str, moment: str, flow_id: str) -> Json:
         path = f"/plans/{segment(plan_id)}/bindings/{segment(moment)}"
-        return self._call("PUT", path, json={"flowId": flow_id})
+        return self.transport.call("PUT", path, json={"flowId": flow_id})
 
     @operation("unbindPlanFlow")
     def unbind_plan_flow(self, plan_id: str, moment: str) -> None:
-        self._call("DELETE", f"/plans/{segment(plan_id)}/bindings/{segment(moment)}")
+        self.transport.call("DELETE", f"/plans/{segment(plan_id)}/bindings/{segment(moment)}")
 
     @operation("postEvent")
     def post_event(
@@ -376,18 +300,18 @@ class Client:
             occurredAt=occurred_at,
             data=data,
         )
-        return self._call("POST", "/events", json=body)
+        return self.transport.call("POST", "/events", json=body)
 
     # --- machines and their agents --------------------------------------------------------
 
     @operation("revokeMachineCredentials")
     def revoke_machine_credentials(self, machine_id: str) -> Json:
-        return self._call("DELETE", f"/machines/{segment(machine_id)}/credentials")
+        return self.transport.call("DELETE", f"/machines/{segment(machine_id)}/credentials")
 
     @operation("takeNextCommand")
     def take_next_command(self, wait: float | None = None) -> Json | None:
         """The next command for the token's machine, or None when none came within `wait`."""
-        return self._call("POST", "/agent/commands/next", params=_query(wait=wait))
+        return self.transport.call("POST", "/agent/commands/next", params=_query(wait=wait))
 
     @operation("reportCommandStatus")
     def report_command_status(
@@ -398,7 +322,9 @@ class Client:
         output: str | None = None,
     ) -> Json:
         body = _present(status=status, exitCode=exit_code, output=output)
-        return self._call("POST", f"/agent/commands/{segment(command_id)}/status", json=body)
+        return self.transport.call(
+            "POST", f"/agent/commands/{segment(command_id)}/status", json=body
+        )
 
     # --- notices and preferences ----------------------------------------------------------
 
@@ -410,22 +336,24 @@ class Client:
         after: str | None = None,
     ) -> Json:
         params = _query(includeDismissed=include_dismissed, limit=limit, after=after)
-        return self._call("GET", "/notices", params=params)
+        return self.transport.call("GET", "/notices", params=params)
 
     @operation("dismissNotice")
     def dismiss_notice(self, notice_id: str) -> Json:
-        return self._call("POST", f"/notices/{segment(notice_id)}/dismiss")
+        return self.transport.call("POST", f"/notices/{segment(notice_id)}/dismiss")
 
     @operation("readNotificationPreferences")
     def get_notification_preferences(self, org: str) -> Json:
-        return self._call("GET", f"/orgs/{segment(org)}/notification-preferences")
+        return self.transport.call("GET", f"/orgs/{segment(org)}/notification-preferences")
 
     @operation("replaceNotificationPreferences")
     def replace_notification_preferences(
         self, org: str, opt_out: list[str], recipients: list[str]
     ) -> Json:
         body = {"optOut": opt_out, "recipients": recipients}
-        return self._call("PUT", f"/orgs/{segment(org)}/notification-preferences", json=body)
+        return self.transport.call(
+            "PUT", f"/orgs/{segment(org)}/notification-preferences", json=body
+        )
 
     # --- sign-in links and the service itself ---------------------------------------------
 
@@ -435,74 +363,16 @@ class Client:
     ) -> Json:
         """A one-time sign-in link, `{url, ...}`, for `sub` with the space-separated `scope`."""
         body = _present(sub=sub, org=org, scope=scope, next=next_page)
-        return self._call("POST", "/auth/links", json=body)
+        return self.transport.call("POST", "/auth/links", json=body)
 
     @operation("healthz")
     def health(self) -> Json:
-        return self._call("GET", "/healthz")
+        return self.transport.call("GET", "/healthz")
 
     @operation("readyz")
     def readiness(self) -> Json:
-        return self._call("GET", "/readyz")
+        return self.transport.call("GET", "/readyz")
 
     @operation("openapi")
     def openapi_document(self) -> Json:
-        return self._call("GET", "/openapi.json")
-
-    # --- the one way every call is made ---------------------------------------------------
-
-    def _call(self, method: str, path: str, **options: Any) -> Any:
-        """The answer's JSON; None for 204. Raises a `ClientError` for anything else."""
-        url = self.base_url + path
-        try:
-            response = self.session.request(
-                method,
-                url,
-                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
-                timeout=self.timeout,
-                **options,
-            )
-        except requests.ConnectionError as error:
-            reason = connection_failure_reason(error)
-            raise ApiUnreachable(
-                f"cannot reach the API at {self.base_url}: {reason}", reason
-            ) from None
-        except requests.Timeout:
-            waited = self.timeout[1] if isinstance(self.timeout, tuple) else self.timeout
-            raise ApiUnreachable(
-                f"the API at {self.base_url} did not answer within {waited:.0f} s",
-                "timed out",
-            ) from None
-        except requests.RequestException as error:
-            raise RequestNotSent(connection_failure_reason(error)) from None
-        if response.status_code == 204:
-            return None
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if not response.ok:
-            raise ApiError(
-                response.status_code, body if isinstance(body, dict) else None, response.text
-            )
-        if body is None:
-            raise NotTheApi(url, response.status_code)
-        return body
-
-
-def connection_failure_reason(error: BaseException) -> str:
-    """The operating system's words for a failed connection, else the error's first line."""
-    seen: set[int] = set()
-    pending: list[Any] = [error]
-    while pending:
-        current = pending.pop()
-        if not isinstance(current, BaseException) or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.strerror:
-            return current.strerror
-        # requests and urllib3 keep the cause in args, `reason` or the exception chain.
-        pending += [*current.args, getattr(current, "reason", None)]
-        pending += [current.__cause__, current.__context__]
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+        return self.transport.call("GET", "/openapi.json")
