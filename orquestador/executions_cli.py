@@ -300,7 +300,7 @@ def _development_token(settings: Settings) -> str:
 
 
 def path_id(text: str) -> str:
-    # An id is one path segment, whatever it contains; the server answers 404 to nonsense.
+    # `flows dry-run` quotes its flow id with this until it calls `start_dry_run`.
     return segment(text)
 
 

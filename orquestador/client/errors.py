@@ -13,10 +13,10 @@ class ApiError(ClientError):
     """The API answered with an error: its status, its problem document, its text."""
 
     def __init__(self, status: int, problem: dict[str, Any] | None, text: str) -> None:
-        super().__init__(f"HTTP {status}" + (f" {problem['code']}" if problem else ""))
         self.status = status
         self.problem = problem
         self.text = text
+        super().__init__(f"HTTP {status} {self.code}" if self.code else f"HTTP {status}")
 
     @property
     def code(self) -> str | None:

@@ -128,7 +128,7 @@ def test_no_content_is_none_and_an_error_without_a_problem_keeps_its_text() -> N
         _client(502, b"Bad Gateway").list_schedules()
 
     assert (failed.value.status, failed.value.problem, failed.value.code) == (502, None, None)
-    assert failed.value.text == "Bad Gateway"
+    assert (str(failed.value), failed.value.text) == ("HTTP 502", "Bad Gateway")
 
 
 def test_a_success_without_json_is_not_the_api() -> None:
