@@ -196,10 +196,10 @@ class Client:
 
     @operation("startBulkAction")
     def start_bulk_action(
-        self, filter: Mapping[str, Any], action: str, reason: str, *, preview: bool = False
+        self, criteria: Mapping[str, Any], action: str, reason: str, *, preview: bool = False
     ) -> Json:
         """With `preview`, how many executions match and a sample; else the bulk started."""
-        body: Json = {"filter": filter, "action": action, "reason": reason}
+        body: Json = {"filter": criteria, "action": action, "reason": reason}
         if preview:
             body["preview"] = True
         return self.transport.call("POST", "/executions/bulk", json=body)
