@@ -7,13 +7,11 @@ Like `orquestador executions`, a client of the HTTP API: it sees what the token 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from orquestador.client import Client
 from orquestador.executions_cli import (
-    ApiClient,
     CommandFactory,
     client_actions,
-    path_id,
     print_json,
     print_table,
 )
@@ -45,8 +43,8 @@ def add_approvals_command(command: CommandFactory) -> None:
     decide.add_argument("--comment", default="", help="kept with the decision and in the audit")
 
 
-def _list(client: ApiClient, args: argparse.Namespace) -> int:
-    page = client.get("/approvals", params={"status": args.status})
+def _list(client: Client, args: argparse.Namespace) -> int:
+    page = client.list_approvals(status=args.status)
     if args.json:
         print_json(page)
         return 0
@@ -68,9 +66,8 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _decide(client: ApiClient, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"decision": DECISIONS[args.decision], "comment": args.comment}
-    view = client.post(f"/approvals/{path_id(args.approval)}/decision", body)
+def _decide(client: Client, args: argparse.Namespace) -> int:
+    view = client.decide_approval(args.approval, DECISIONS[args.decision], args.comment)
     if args.json:
         print_json(view)
     else:

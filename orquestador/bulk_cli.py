@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orquestador.client import Client
 from orquestador.db.schema import BULK_ACTIONS, EXECUTION_STATUSES
 from orquestador.executions_cli import (
     EXIT_REFUSED,
-    ApiClient,
     UsageProblem,
     _cell,
     _flow_name,
@@ -82,7 +82,7 @@ def add_bulk_action(action: ActionFactory) -> None:
     )
 
 
-def run_bulk(client: ApiClient, args: argparse.Namespace) -> int:
+def run_bulk(client: Client, args: argparse.Namespace) -> int:
     criteria = {
         name: getattr(args, option)
         for option, name in _FILTER_OPTIONS
@@ -93,8 +93,7 @@ def run_bulk(client: ApiClient, args: argparse.Namespace) -> int:
             "a bulk action needs a filter: give at least one of --status, --flow, "
             "--error-code, --machine, --created-after, --created-before"
         )
-    body = {"filter": criteria, "action": args.action, "reason": args.reason}
-    preview = client.post("/executions/bulk", {**body, "preview": True})
+    preview = client.start_bulk_action(criteria, args.action, args.reason, preview=True)
     if not args.json:
         _print_preview(preview, args.action)
     if preview["count"] == 0:
@@ -104,15 +103,15 @@ def run_bulk(client: ApiClient, args: argparse.Namespace) -> int:
     if not args.yes and not _confirmed(preview["count"], args.action):
         print("nothing done", file=sys.stderr)
         return EXIT_REFUSED
-    accepted = client.post("/executions/bulk", body)
-    bulk_path = f"/bulk/{accepted['bulkId']}"
+    accepted = client.start_bulk_action(criteria, args.action, args.reason)
+    bulk_id = accepted["bulkId"]
     if not args.json:
-        print(f"bulk {accepted['bulkId']}: {accepted['total']} executions, the worker acts on each")
+        print(f"bulk {bulk_id}: {accepted['total']} executions, the worker acts on each")
     try:
-        found = _follow(client, bulk_path, show_bar=not args.json and sys.stderr.isatty())
+        found = _follow(client, bulk_id, show_bar=not args.json and sys.stderr.isatty())
     except KeyboardInterrupt:
         print(
-            f"\nstopped watching; the bulk goes on. Its progress: GET {bulk_path}",
+            f"\nstopped watching; the bulk goes on. Its progress: GET /bulk/{bulk_id}",
             file=sys.stderr,
         )
         return 130
@@ -162,10 +161,10 @@ def _confirmed(count: int, action: str) -> bool:
     return answer.strip().lower() == YES
 
 
-def _follow(client: ApiClient, path: str, *, show_bar: bool) -> dict[str, Any]:
+def _follow(client: Client, bulk_id: str, *, show_bar: bool) -> dict[str, Any]:
     """Ask for the bulk's progress until it is DONE; draw a bar on a terminal."""
     while True:
-        found = client.get(path)
+        found = client.get_bulk_action(bulk_id)
         if show_bar:
             _draw_bar(found)
         if found["status"] == "DONE":

@@ -454,22 +454,27 @@ def _sign_in_link(
 
     from orquestador.api.auth import SCOPE_AUTH_LINK
     from orquestador.api.tokens import mint_token
-    from orquestador.executions_cli import ApiClient, Refused, UsageProblem, print_refusal
+    from orquestador.client import ApiError, ClientError
+    from orquestador.executions_cli import (
+        UsageProblem,
+        client_from_settings,
+        print_refusal,
+        unanswered,
+    )
 
     service = mint_token(
         settings, sub=f"{sub} (link)", org=org, scopes=[SCOPE_AUTH_LINK, *scopes], ttl_seconds=60
     )
-    body = {"sub": sub, "org": org, "scope": " ".join(scopes)}
-    if next_page is not None:
-        body["next"] = next_page
     try:
-        client = ApiClient.from_settings(dataclasses.replace(settings, api_token=service))
-        answer = client.post("/auth/links", body)
+        client = client_from_settings(dataclasses.replace(settings, api_token=service))
+        answer = client.create_sign_in_link(sub, org, " ".join(scopes), next_page)
     except UsageProblem as problem:
         raise CommandFailed(str(problem), 2) from None
-    except Refused as refused:
+    except ApiError as refused:
         print_refusal(refused, as_json=False)
         return 1
+    except ClientError as error:
+        raise CommandFailed(unanswered(error), 2) from None
     print(answer["url"])
     return 0
 

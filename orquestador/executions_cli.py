@@ -16,13 +16,17 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import requests
-
+from orquestador.client import (
+    API_PATH,
+    ApiError,
+    Client,
+    ClientError,
+    NotTheApi,
+    RequestNotSent,
+)
 from orquestador.config import Settings
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.dev_address import recorded_dev_api
@@ -31,9 +35,6 @@ from orquestador.wording import duration_in_words
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 
-# (connect, read) seconds: a decision waits for a row lock another operator may hold.
-TIMEOUTS = (5.0, 60.0)
-API_PATH = "/api/v1"
 DEV_TOKEN_SECONDS = 300
 DEV_EXTRA_SCOPES = ("executions:reconcile", "executions:cancel")
 # What the command reads, for its --help.
@@ -57,16 +58,6 @@ _HEX_ID = re.compile(r"[0-9a-fA-F-]+")
 
 class UsageProblem(Exception):
     """The command cannot ask the server: a usage or configuration problem (exit 2)."""
-
-
-class Refused(Exception):
-    """The server answered with an error (exit 1)."""
-
-    def __init__(self, status: int, problem: dict[str, Any] | None, text: str) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-        self.problem = problem
-        self.text = text
 
 
 # --- the command line ----------------------------------------------------------------
@@ -215,107 +206,60 @@ def _page_size(text: str) -> int:
 
 
 def run_client_action(
-    action: Callable[[ApiClient, argparse.Namespace], int], args: argparse.Namespace
+    action: Callable[[Client, argparse.Namespace], int], args: argparse.Namespace
 ) -> int:
     try:
-        client = ApiClient.from_settings(Settings.from_env())
+        client = client_from_settings(Settings.from_env())
         return action(client, args)
     except UsageProblem as problem:
         print(f"orquestador: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except Refused as refused:
+    except ApiError as refused:
         print_refusal(refused, as_json=args.json)
         return EXIT_REFUSED
+    except ClientError as error:
+        print(f"orquestador: {unanswered(error)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 # --- the HTTP client -------------------------------------------------------------------
 
 
-@dataclass
-class ApiClient:
-    """Calls of the API with one bearer token; JSON in, JSON out, problems raised."""
-
-    base_url: str  # ends in /api/v1, no trailing slash
-    token: str
-    session: requests.Session
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ApiClient:
-        url, token = settings.api_url, settings.api_token
-        dev_key = settings.dev_secret_path
-        in_dev_folder = dev_key.is_file()
-        if not url:
-            # The dev server running for this folder, on whatever port it bound.
-            url = recorded_dev_api(settings.home_path) or ""
-        if not url and in_dev_folder:
-            url = f"http://{_loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
-        if not token and in_dev_folder:
-            token = _development_token(settings)
-        missing = [
-            name
-            for name, value in (("ORQUESTADOR_API_URL", url), ("ORQUESTADOR_TOKEN", token))
-            if not value
-        ]
-        if missing:
-            raise UsageProblem(
-                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, "
-                "and this is no folder where "
-                f"'orquestador dev' ran (no development key at {dev_key.resolve()}): set "
-                f"{' and '.join(missing)}, or run the command in that folder"
-            )
-        return cls(_api_base(url), token, requests.Session())
-
-    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        return self._call("GET", path, params=params)
-
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._call("POST", path, json=body)
-
-    def put(self, path: str, body: dict[str, Any]) -> Any:
-        return self._call("PUT", path, json=body)
-
-    def delete(self, path: str) -> Any:
-        return self._call("DELETE", path)
-
-    def _call(self, method: str, path: str, **options: Any) -> Any:
-        url = self.base_url + path
-        try:
-            response = self.session.request(
-                method,
-                url,
-                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
-                timeout=TIMEOUTS,
-                **options,
-            )
-        except requests.ConnectionError as error:
-            raise UsageProblem(
-                f"cannot reach the API at {self.base_url}: {_reason(error)}"
-            ) from None
-        except requests.Timeout:
-            raise UsageProblem(
-                f"the API at {self.base_url} did not answer within {TIMEOUTS[1]:.0f} s"
-            ) from None
-        except requests.RequestException as error:
-            raise UsageProblem(f"ORQUESTADOR_API_URL: {_reason(error)}") from None
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if response.status_code == 204:
-            return None
-        if response.ok:
-            if body is None:
-                raise UsageProblem(
-                    f"{url} answered {response.status_code} without JSON: is "
-                    "ORQUESTADOR_API_URL the orquestador API?"
-                )
-            return body
-        raise Refused(response.status_code, body if isinstance(body, dict) else None, response.text)
+def client_from_settings(settings: Settings) -> Client:
+    """A client of the API that ORQUESTADOR_API_URL and ORQUESTADOR_TOKEN name, else of the
+    `orquestador dev` of this folder with a development token."""
+    url, token = settings.api_url, settings.api_token
+    dev_key = settings.dev_secret_path
+    in_dev_folder = dev_key.is_file()
+    if not url:
+        # The dev server running for this folder, on whatever port it bound.
+        url = recorded_dev_api(settings.home_path) or ""
+    if not url and in_dev_folder:
+        url = f"http://{_loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
+    if not token and in_dev_folder:
+        token = _development_token(settings)
+    missing = [
+        name
+        for name, value in (("ORQUESTADOR_API_URL", url), ("ORQUESTADOR_TOKEN", token))
+        if not value
+    ]
+    if missing:
+        raise UsageProblem(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, "
+            "and this is no folder where "
+            f"'orquestador dev' ran (no development key at {dev_key.resolve()}): set "
+            f"{' and '.join(missing)}, or run the command in that folder"
+        )
+    return Client(url, token)
 
 
-def _api_base(url: str) -> str:
-    base = url.rstrip("/")
-    return base if base.endswith(API_PATH) else base + API_PATH
+def unanswered(error: ClientError) -> str:
+    """What the command says of a call that gave no answer to use (exit 2)."""
+    if isinstance(error, RequestNotSent):
+        return f"ORQUESTADOR_API_URL: {error.reason}"
+    if isinstance(error, NotTheApi):
+        return f"{error}: is ORQUESTADOR_API_URL the orquestador API?"
+    return str(error)
 
 
 def _loopback(host: str) -> str:
@@ -340,50 +284,27 @@ def _development_token(settings: Settings) -> str:
     )
 
 
-def _reason(error: BaseException) -> str:
-    """The operating system's words for a failed connection, else the error's first line."""
-    seen: set[int] = set()
-    pending: list[Any] = [error]
-    while pending:
-        current = pending.pop()
-        if not isinstance(current, BaseException) or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.strerror:
-            return current.strerror
-        # requests and urllib3 keep the cause in args, `reason` or the exception chain.
-        pending += [*current.args, getattr(current, "reason", None)]
-        pending += [current.__cause__, current.__context__]
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
-def path_id(text: str) -> str:
-    # An id is one path segment, whatever it contains; the server answers 404 to nonsense.
-    return quote(text, safe="")
-
-
-def _execution_path(client: ApiClient, text: str) -> str:
-    """The path segment of the execution `text` names: a whole id, or a short one resolved
-    by the server (`?id=`, within what the token may see, so a foreign execution is as
-    missing as one that does not exist)."""
+def _execution_id(client: Client, text: str) -> str:
+    """The id of the execution `text` names: a whole id, or a short one resolved by the
+    server (`?id=`, within what the token may see, so a foreign execution is as missing
+    as one that does not exist)."""
     text = text.strip()
     try:
         return str(uuid.UUID(text))
     except ValueError:
         pass
     if not _HEX_ID.fullmatch(text):
-        return path_id(text)
+        return text
     digits = text.replace("-", "").lower()
     if len(digits) < SHORT_ID_DIGITS:
         raise UsageProblem(
             f"{text!r} is too short for an id: give the whole execution id or at least "
             f"{SHORT_ID_DIGITS} of its first hex digits"
         )
-    found = [item["id"] for item in client.get("/executions", {"id": digits, "limit": 2})["items"]]
+    found = [item["id"] for item in client.list_executions(id_prefix=digits, limit=2)["items"]]
     if not found:
         detail = f"No execution you may see has an id starting with {digits}."
-        raise Refused(404, {"code": "NOT_FOUND", "detail": detail}, detail)
+        raise ApiError(404, {"code": "NOT_FOUND", "detail": detail}, detail)
     if len(found) > 1:
         raise UsageProblem(
             f"the short id {digits} is ambiguous: more than one execution starts with it "
@@ -395,19 +316,14 @@ def _execution_path(client: ApiClient, text: str) -> str:
 # --- actions ---------------------------------------------------------------------------
 
 
-def _list(client: ApiClient, args: argparse.Namespace) -> int:
-    params = {
-        name: value
-        for name, value in (
-            ("status", args.status),
-            ("flowId", args.flow),
-            ("requestId", args.request),
-            ("limit", args.limit),
-            ("after", args.after),
-        )
-        if value is not None
-    }
-    page = client.get("/executions", params)
+def _list(client: Client, args: argparse.Namespace) -> int:
+    page = client.list_executions(
+        status=args.status,
+        flow_id=args.flow,
+        request_id=args.request,
+        limit=args.limit,
+        after=args.after,
+    )
     if args.json:
         print_json(page)
         return 0
@@ -435,8 +351,8 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(client: ApiClient, args: argparse.Namespace) -> int:
-    view = client.get(f"/executions/{_execution_path(client, args.execution)}")
+def _show(client: Client, args: argparse.Namespace) -> int:
+    view = client.get_execution(_execution_id(client, args.execution))
     if args.json:
         print_json(view)
     else:
@@ -446,8 +362,8 @@ def _show(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
-    found = client.get(f"/executions/{_execution_path(client, args.execution)}/evidence")
+def _evidence(client: Client, args: argparse.Namespace) -> int:
+    found = client.get_execution_evidence(_execution_id(client, args.execution))
     if args.json:
         print_json(found)
         return 0
@@ -512,36 +428,31 @@ def _evidence(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _reconcile(client: ApiClient, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {
-        "actionId": args.action,
-        "decision": args.decision,
-        "reason": args.reason,
-    }
-    if args.output is not None:
-        body["output"] = json_argument(args.output, "--output")
-    if args.to_state is not None:
-        body["toState"] = args.to_state
-    if args.correct:
-        body["correction"] = [correction_argument(text) for text in args.correct]
-    view = client.post(
-        f"/executions/{_execution_path(client, args.execution)}/reconciliation", body
+def _reconcile(client: Client, args: argparse.Namespace) -> int:
+    output = None if args.output is None else json_argument(args.output, "--output")
+    correction = [correction_argument(text) for text in args.correct or ()] or None
+    view = client.reconcile_execution(
+        _execution_id(client, args.execution),
+        action_id=args.action,
+        decision=args.decision,
+        reason=args.reason,
+        output=output,
+        to_state=args.to_state,
+        correction=correction,
     )
     if args.json:
         print_json(view)
     else:
         print(f"decided: {args.decision}; the execution is {view['status']}")
         if args.correct:
-            paths = ", ".join(entry["path"] for entry in body["correction"])
+            paths = ", ".join(entry["path"] for entry in correction or ())
             print(f"corrected: {paths} (the evidence's audit keeps each value before and after)")
         _print_execution(view)
     return 0
 
 
-def _cancel(client: ApiClient, args: argparse.Namespace) -> int:
-    view = client.post(
-        f"/executions/{_execution_path(client, args.execution)}/cancel", {"reason": args.reason}
-    )
+def _cancel(client: Client, args: argparse.Namespace) -> int:
+    view = client.cancel_execution(_execution_id(client, args.execution), args.reason)
     if args.json:
         print_json(view)
     elif view["status"] == "RECONCILIATION_REQUIRED":
@@ -612,7 +523,7 @@ def print_json(document: Any) -> None:
     print(json.dumps(document, indent=2, ensure_ascii=False))
 
 
-def print_refusal(refused: Refused, *, as_json: bool) -> None:
+def print_refusal(refused: ApiError, *, as_json: bool) -> None:
     problem = refused.problem or {}
     if as_json and problem:
         print_json(problem)

@@ -21,17 +21,15 @@ from orquestador.authoring.apply import Change, FolderInvalid, flow_files, plan
 from orquestador.authoring.cases import CasesInvalid, parse_cases
 from orquestador.authoring.junit import write_junit
 from orquestador.authoring.rehearsal_engine import rehearsal_engine
+from orquestador.client import ApiError, Client
 from orquestador.config import Settings
 from orquestador.domain.lint import lint_definition
 from orquestador.executions_cli import (
     EXIT_USAGE,
-    ApiClient,
     CommandFactory,
-    Refused,
     UsageProblem,
     client_actions,
     json_argument,
-    path_id,
     print_fields,
     print_json,
     print_table,
@@ -191,7 +189,7 @@ def _test(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _apply(client: ApiClient, args: argparse.Namespace) -> int:
+def _apply(client: Client, args: argparse.Namespace) -> int:
     """Each file's change on a line, then the count: exit 1 when publishing refused one."""
     try:
         files = flow_files(Path(args.folder))
@@ -199,8 +197,8 @@ def _apply(client: ApiClient, args: argparse.Namespace) -> int:
         raise UsageProblem(str(problem).replace("\n", "\norquestador: ")) from None
 
     def latest(key: str) -> dict[str, Any] | None:
-        versions = client.get("/flows", {"key": key})["items"]
-        return client.get(f"/flows/{path_id(versions[0]['id'])}") if versions else None
+        versions = client.list_flows(key=key)["items"]
+        return client.get_flow(versions[0]["id"]) if versions else None
 
     applied = []
     for change in plan(files, latest):
@@ -227,7 +225,7 @@ def _apply(client: ApiClient, args: argparse.Namespace) -> int:
 _SAID = {"create": "created", "unchanged": "unchanged", "refused": "refused"}
 
 
-def _applied(client: ApiClient, change: Change, *, dry_run: bool) -> dict[str, Any]:
+def _applied(client: Client, change: Change, *, dry_run: bool) -> dict[str, Any]:
     """The change made (unless `dry_run`), as `--json` prints it. Only a definition
     publishing refuses (422) is this file's refusal; any other answer stops the command."""
     row: dict[str, Any] = {
@@ -240,8 +238,8 @@ def _applied(client: ApiClient, change: Change, *, dry_run: bool) -> dict[str, A
     if change.action != "create" or dry_run:
         return row
     try:
-        created = client.post("/flows", change.file.definition)
-    except Refused as refusal:
+        created = client.publish_flow(change.file.definition)
+    except ApiError as refusal:
         if refusal.status != 422:
             raise
         return {**row, "action": "refused", "problems": (refusal.problem or {}).get("problems")}
@@ -270,20 +268,18 @@ def _json_file(path: Path) -> Any:
         raise _Unreadable(f"{path}: not JSON: {exc}") from None
 
 
-def _dry_run(client: ApiClient, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {
-        "transition": args.transition,
-        "data": json_argument(args.data, "--data"),
-    }
-    if args.state is not None:
-        body["state"] = args.state
-    if args.outcomes is not None:
-        body["outcomes"] = json_argument(args.outcomes, "--outcomes")
-    accepted = client.post(f"/flows/{path_id(args.flow)}/dry-runs", body)
+def _dry_run(client: Client, args: argparse.Namespace) -> int:
+    accepted = client.start_dry_run(
+        args.flow,
+        args.transition,
+        json_argument(args.data, "--data"),
+        state=args.state,
+        outcomes=None if args.outcomes is None else json_argument(args.outcomes, "--outcomes"),
+    )
     execution_id = accepted["executionId"]
     deadline = time.monotonic() + args.timeout
     while True:
-        view = client.get(f"/executions/{execution_id}")
+        view = client.get_execution(execution_id)
         if view["status"] not in LIVE_STATUSES:
             break
         if time.monotonic() > deadline:

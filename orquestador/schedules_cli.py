@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
-from urllib.parse import quote
 
+from orquestador.client import Client, Json
 from orquestador.domain.schedule_times import CATCH_UP_POLICIES
 from orquestador.executions_cli import (
-    ApiClient,
     CommandFactory,
     client_actions,
     json_argument,
@@ -57,35 +55,28 @@ def add_schedules_command(command: CommandFactory) -> None:
     delete.add_argument("schedule", metavar="ID")
 
 
-def _path(schedule_id: str) -> str:
-    # An id is one path segment, whatever it contains.
-    return f"/schedules/{quote(schedule_id, safe='')}"
-
-
-def _put(client: ApiClient, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {
-        "flowId": args.flow,
-        "timezone": args.timezone,
-        "catchUp": args.catch_up,
-        "paused": args.paused,
-    }
-    if args.cron is not None:
-        body["cron"] = args.cron
-    else:
-        body["everySeconds"] = args.every
-    if args.data is not None:
-        body["data"] = json_argument(args.data, "--data")
-    _print_schedule(client.put(_path(args.schedule), body), as_json=args.json)
+def _put(client: Client, args: argparse.Namespace) -> int:
+    view = client.put_schedule(
+        args.schedule,
+        args.flow,
+        cron=args.cron,
+        every_seconds=args.every,
+        timezone=args.timezone,
+        data=None if args.data is None else json_argument(args.data, "--data"),
+        catch_up=args.catch_up,
+        paused=args.paused,
+    )
+    _print_schedule(view, as_json=args.json)
     return 0
 
 
-def _show(client: ApiClient, args: argparse.Namespace) -> int:
-    _print_schedule(client.get(_path(args.schedule)), as_json=args.json)
+def _show(client: Client, args: argparse.Namespace) -> int:
+    _print_schedule(client.get_schedule(args.schedule), as_json=args.json)
     return 0
 
 
-def _list(client: ApiClient, args: argparse.Namespace) -> int:
-    answer = client.get("/schedules")
+def _list(client: Client, args: argparse.Namespace) -> int:
+    answer = client.list_schedules()
     if args.json:
         print_json(answer)
         return 0
@@ -108,14 +99,14 @@ def _list(client: ApiClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _delete(client: ApiClient, args: argparse.Namespace) -> int:
-    client.delete(_path(args.schedule))
+def _delete(client: Client, args: argparse.Namespace) -> int:
+    client.delete_schedule(args.schedule)
     if not args.json:
         print(f"schedule {args.schedule} deleted")
     return 0
 
 
-def _print_schedule(view: dict[str, Any], *, as_json: bool) -> None:
+def _print_schedule(view: Json, *, as_json: bool) -> None:
     if as_json:
         print_json(view)
         return

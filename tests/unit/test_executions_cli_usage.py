@@ -22,7 +22,7 @@ def listening_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[socket.socket]:
         )
         monkeypatch.setenv("ORQUESTADOR_TOKEN", "not-checked-here")
         # A request that is sent waits a moment for the answer that never comes.
-        monkeypatch.setattr("orquestador.executions_cli.TIMEOUTS", (1.0, 0.2))
+        monkeypatch.setattr("orquestador.client.transport.DEFAULT_TIMEOUT", (1.0, 0.2))
         yield listener
 
 
