@@ -1,8 +1,9 @@
 """The engine `orquestador flows test` plays cases on: the real one, thrown away after.
 
 A database of its own (an embedded server in a temporary folder, or a new database on
-the server DATABASE_URL names, dropped afterwards), migrated; the API and a worker in
-this process, with the adapters and integrations the settings configure. The flow is
+the server DATABASE_URL names, dropped afterwards), migrated; the API (on a loopback port,
+called through the Python client) and a worker in this process, with the adapters and
+integrations the settings configure. The flow is
 published there and every case is a dry run, so nothing outside is called for a step
 that writes, and the author's own database never sees the flow or the runs.
 """
@@ -18,10 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flask import Flask
 from sqlalchemy import create_engine, pool, text
 
 from orquestador.authoring.cases import Case, Ended, Played
+from orquestador.client import ApiError, Client
 from orquestador.config import Settings, sqlalchemy_url
 from orquestador.db import migrate
 from orquestador.errors import OrquestadorError
@@ -41,30 +42,30 @@ class EngineUnavailable(OrquestadorError):
 class RehearsalEngine:
     """Publishes a flow and plays cases on it through the API, as an author would."""
 
-    def __init__(self, app: Flask, token: str) -> None:
-        self._client = app.test_client()
-        self._headers = {"Authorization": f"Bearer {token}"}
+    def __init__(self, client: Client) -> None:
+        self._client = client
 
     def publish(self, definition: Any) -> tuple[str | None, list[str]]:
         """(the flow version's id, []) or (None, what publishing refused, one per line)."""
-        answer = self._call("POST", "/flows", definition)
-        body = answer.get_json(silent=True) or {}
-        if answer.status_code == 201:
-            return body["id"], []
-        problems = body.get("problems") or []
-        lines = [f"{p.get('path') or '/'}: {p.get('message')}" for p in problems]
-        return None, lines or [str(body.get("detail") or answer.status_code)]
+        try:
+            return self._client.publish_flow(definition)["id"], []
+        except ApiError as refusal:
+            problems = (refusal.problem or {}).get("problems") or []
+            lines = [f"{p.get('path') or '/'}: {p.get('message')}" for p in problems]
+            return None, lines or [refusal.detail or str(refusal)]
 
     def play(self, flow_id: str, cases: Sequence[Case], timeout: float) -> list[Played]:
         """Start every case's dry run, then wait for each to end (at most `timeout` each)."""
         started: list[tuple[Case, str | None, str | None, float]] = []
         for case in cases:
-            answer = self._call("POST", f"/flows/{flow_id}/dry-runs", case.dry_run_body())
-            body = answer.get_json(silent=True) or {}
-            if answer.status_code == 202:
-                started.append((case, body["executionId"], None, time.monotonic()))
+            try:
+                accepted = self._client.start_dry_run(
+                    flow_id, case.transition, case.data, state=case.state, outcomes=case.outcomes
+                )
+            except ApiError as refusal:
+                started.append((case, None, _refused(refusal), 0.0))
             else:
-                started.append((case, None, _refusal(body, answer.status_code), 0.0))
+                started.append((case, accepted["executionId"], None, time.monotonic()))
         return [
             self._ended(case, execution_id, began, timeout)
             if execution_id is not None
@@ -75,7 +76,7 @@ class RehearsalEngine:
     def _ended(self, case: Case, execution_id: str, began: float, timeout: float) -> Played:
         deadline = began + timeout
         while True:
-            execution = self._call("GET", f"/executions/{execution_id}").get_json()
+            execution = self._client.get_execution(execution_id)
             if execution["status"] not in LIVE_STATUSES:
                 break
             if time.monotonic() > deadline:
@@ -86,7 +87,7 @@ class RehearsalEngine:
                     seconds=time.monotonic() - began,
                 )
             time.sleep(POLL_SECONDS)
-        request = self._call("GET", f"/requests/{execution['requestId']}").get_json()
+        request = self._client.get_request(execution["requestId"])
         return Played(
             case,
             Ended.of(execution, request),
@@ -94,13 +95,10 @@ class RehearsalEngine:
             seconds=time.monotonic() - began,
         )
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return self._client.open(f"/api/v1{path}", method=method, json=body, headers=self._headers)
 
-
-def _refusal(body: dict[str, Any], status: int) -> str:
-    words = f"the dry run was refused: {body.get('code') or status}"
-    for problem in body.get("problems") or []:
+def _refused(refusal: ApiError) -> str:
+    words = f"the dry run was refused: {refusal.code or refusal.status}"
+    for problem in (refusal.problem or {}).get("problems") or []:
         words += f"; {problem.get('path') or '/'}: {problem.get('message')}"
     return words
 
@@ -111,6 +109,7 @@ def rehearsal_engine(settings: Settings) -> Iterator[RehearsalEngine]:
     from orquestador.api.app import create_app
     from orquestador.api.context import EXTENSION_KEY
     from orquestador.api.tokens import mint_token
+    from orquestador.serve import serve_in_thread
     from orquestador.worker.daemon import build_worker
 
     with _throwaway_database(settings) as url:
@@ -129,14 +128,20 @@ def rehearsal_engine(settings: Settings) -> Iterator[RehearsalEngine]:
             flow_admin_enabled=True,
         )
         app = create_app(local)
+        # The API on a loopback port of its own, for this process's client only.
+        server, thread = serve_in_thread(app, "127.0.0.1", 0)
         worker = build_worker(local)
         worker.start()
+        token = mint_token(local, sub=AUTHOR, org=ORG, scopes=SCOPES)
+        client = Client(f"http://127.0.0.1:{server.server_port}", token)
         try:
-            token = mint_token(local, sub=AUTHOR, org=ORG, scopes=SCOPES)
-            yield RehearsalEngine(app, token)
+            yield RehearsalEngine(client)
         finally:
+            client.close()
             worker.stop(local.worker_drain_seconds + 5)
             worker.engine.dispose()
+            server.shutdown()
+            thread.join(10)
             app.extensions[EXTENSION_KEY].engine.dispose()
 
 
