@@ -236,3 +236,13 @@ def _kind(kind: str) -> Any:
     from opentelemetry.trace import SpanKind
 
     return SpanKind[kind.upper()]
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a stored W3C `traceparent` (`00-<trace id>-<span id>-<flags>`), or
+    None; read without OpenTelemetry, so the API shows it whether tracing is on or off."""
+    parts = (traceparent or "").split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
+        return None
+    trace_id = parts[1].lower()
+    return trace_id if all(c in "0123456789abcdef" for c in trace_id) else None

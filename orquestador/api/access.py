@@ -122,6 +122,7 @@ _EXECUTION_COLUMNS = (
     execution.c.created_at,
     execution.c.updated_at,
     execution.c.priority,
+    execution.c.trace_parent,
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     _request_machine.label("machine_id"),

@@ -184,6 +184,14 @@ EXECUTION: dict[str, Any] = {
             "maximum": 9,
             "description": "Higher runs first within the organization (0-9).",
         },
+        "traceId": {
+            "type": "string",
+            "pattern": "^[0-9a-f]{32}$",
+            "description": (
+                "The W3C trace id of the OpenTelemetry trace the execution belongs to, when"
+                " it was accepted with tracing on: find it by this id in your tracing backend."
+            ),
+        },
         "blockedBy": {
             "type": "object",
             "description": (

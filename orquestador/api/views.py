@@ -13,6 +13,7 @@ from sqlalchemy import Row
 from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
 from orquestador.queue.waits import NOT_READY
+from orquestador.tracing import trace_id_of
 
 API_PREFIX = "/api/v1"
 
@@ -238,6 +239,9 @@ def execution_view(
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)
     body["attempts"] = row.attempts
     body["priority"] = row.priority
+    trace_id = trace_id_of(row.trace_parent)
+    if trace_id is not None:
+        body["traceId"] = trace_id
     by_action: dict[str, list[Row]] = {}
     for attempt in attempts:
         by_action.setdefault(attempt.action_id, []).append(attempt)

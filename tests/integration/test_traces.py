@@ -98,7 +98,8 @@ def test_one_transition_is_one_trace_from_the_request_to_the_provider(
         registry = route_registry(tmp_path, provider.url, billing_route())
         with running_api(database.runtime_dsn, registry=registry) as api:
             execution_id = _charge_through_the_api(api)
-        assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+            assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+            view = api.get(f"/executions/{execution_id}").get_json()
         (sent,) = provider.writes()
 
     spans = recorded_spans.get_finished_spans()
@@ -141,6 +142,8 @@ def test_one_transition_is_one_trace_from_the_request_to_the_provider(
     # What crossed the queue is the acceptance's span.
     stored = execution(runtime_engine, execution_id).trace_parent
     assert stored.split("-")[1:3] == [hex_trace_id(accept), hex_span_id(accept)]
+    # And the execution's view names the trace, to find it by in a tracing backend.
+    assert view["traceId"] == hex_trace_id(request)
 
     # Log lines name the trace and the span they were written in, on either side.
     (accepted_line,) = _lines(json_lines, "transition accepted")
@@ -237,7 +240,8 @@ def test_with_no_endpoint_nothing_is_traced_nor_stored(
         with running_api(database.runtime_dsn, registry=registry) as api:
             assert not tracing.enabled()
             execution_id = _charge_through_the_api(api)
-        assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+            assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+            assert "traceId" not in api.get(f"/executions/{execution_id}").get_json()
         (sent,) = provider.writes()
         tracing.shutdown()
     assert tracing.span("action.attempt") is tracing.NO_SPAN

@@ -179,3 +179,12 @@ def test_log_lines_name_the_current_trace_and_span(
     text_inside, text_outside = text_stream.getvalue().splitlines()
     assert text_inside.endswith(f"inside trace_id={hex_trace_id(span)} span_id={hex_span_id(span)}")
     assert "trace_id" not in text_outside
+
+
+def test_a_stored_traceparent_gives_its_trace_id_and_anything_else_none() -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert tracing.trace_id_of(f"00-{trace}-00f067aa0ba902b7-01") == trace
+    assert tracing.trace_id_of(f"00-{trace.upper()}-00f067aa0ba902b7-01") == trace
+    for stored in (None, "", "00-abc-00f067aa0ba902b7-01", f"00-{'0' * 32}-00f067aa0ba902b7-01"):
+        assert tracing.trace_id_of(stored) is None
+    assert tracing.trace_id_of(f"00-{'g' * 32}-00f067aa0ba902b7-01") is None
