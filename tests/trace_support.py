@@ -113,3 +113,36 @@ class OtlpReceiver:
                 for scope_spans in resource_spans.scope_spans:
                     found += [(service, span) for span in scope_spans.spans]
         return found
+
+
+# Attributes a trace's line shows after the span's name, in this order.
+_SHOWN = ("orquestador.action_id", "orquestador.capability")
+_ENDED = ("http.response.status_code", "orquestador.status", "orquestador.outcome")
+
+
+def trace_tree(spans: list[Any], trace_id: str) -> list[str]:
+    """One line per span of the trace (OTLP spans as received): its name, the action and
+    capability of an attempt, how it ended in parentheses; children indented under their
+    parent in the order they started."""
+    mine = [span for span in spans if span.trace_id.hex() == trace_id]
+    ids = {span.span_id for span in mine}
+    children: dict[bytes, list[Any]] = {}
+    for span in sorted(mine, key=lambda span: span.start_time_unix_nano):
+        parent = span.parent_span_id if span.parent_span_id in ids else b""
+        children.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: bytes, depth: int) -> None:
+        for span in children.get(parent, []):
+            values = {a.key: _attribute(a.value) for a in span.attributes}
+            words = [span.name, *(str(values[key]) for key in _SHOWN if key in values)]
+            ended = [str(values[key]) for key in _ENDED if key in values]
+            lines.append("  " * depth + " ".join(words) + (f" ({ended[0]})" if ended else ""))
+            walk(span.span_id, depth + 1)
+
+    walk(b"", 0)
+    return lines
+
+
+def _attribute(value: Any) -> Any:
+    return getattr(value, value.WhichOneof("value"))

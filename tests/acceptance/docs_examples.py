@@ -9,6 +9,9 @@ A block says what it is in its info string (the words after the opening fence):
                       every header shown, the JSON body
     json output       the standard output of the shell block before it, as JSON
     text output       the standard output of the shell block before it, line by line
+    text trace        the trace whose id the shell block before it printed, as the
+                      document's trace collector (below) received it: one span a line,
+                      children indented under their parent in the order they started
     json cases        a cases file of `orquestador flows test`: it is of the cases format
     json flow         a flow definition: it is published and must answer 201 with no warnings
     json context      the evaluation context of the decision tables after it
@@ -51,6 +54,12 @@ does in a second terminal: an agent token minted in the folder with
 AGENT_COMMANDS_FILE=NAME.toml orquestador agent`; it stops the agent (SIGTERM) before
 the server and expects it to exit 0.
 
+A document whose examples show a trace declares a collector with a line
+`<!-- trace collector -->`. The test then starts an OTLP/HTTP receiver on 127.0.0.1
+before the server, and the server runs with `OTEL_EXPORTER_OTLP_ENDPOINT` at it, as a
+reader runs it with a collector of their own; the spans are compared once the server
+has stopped (and exported what it still held).
+
 Any other block needs `<!-- not run: why -->` on the line above it (blank lines
 between are allowed), so nothing is skipped without a reason in the document itself.
 A shell block runs only when it says `run`: a plain `sh` block (an install, a
@@ -78,6 +87,7 @@ RUN_ROLES = {
     ("http", None),
     ("json", "output"),
     ("text", "output"),
+    ("text", "trace"),
     ("json", "cases"),
     ("json", "flow"),
     ("json", "context"),
@@ -180,6 +190,14 @@ def unaccounted(block: Block) -> str | None:
         "tests/acceptance/docs_examples.py (a shell block runs as `sh run`); give it one, "
         "or write <!-- not run: why --> on the line above it"
     )
+
+
+_TRACE_COLLECTOR = re.compile(r"^\s*<!--\s*trace collector\s*-->\s*$")
+
+
+def declares_trace_collector(document: Path, text: str | None = None) -> bool:
+    lines = (document.read_text("utf-8") if text is None else text).splitlines()
+    return any(_TRACE_COLLECTOR.match(line) for line in lines)
 
 
 _INTEGRATIONS_FILE = re.compile(

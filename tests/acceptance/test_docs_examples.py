@@ -41,6 +41,7 @@ from tests.acceptance.docs_examples import (
     Response,
     adapter_file_problem,
     adapter_modules,
+    declares_trace_collector,
     documents,
     integrations_environment,
     integrations_file,
@@ -51,6 +52,7 @@ from tests.acceptance.docs_examples import (
 )
 from tests.db_support import TestDatabase
 from tests.integration.route_provider import RouteProvider
+from tests.trace_support import OtlpReceiver, trace_tree
 
 ORQUESTADOR = [sys.executable, "-m", "orquestador.cli"]
 BLOCKS = {document: read_blocks(document) for document in documents()}
@@ -457,6 +459,11 @@ def test_examples_run_against_a_dev_server(
             shutil.copyfile(routes, folder / routes.name)
             shared = integrations_environment(routes.read_text("utf-8"), provider.url)
             settings = {**settings, "INTEGRATIONS_FILE": routes.name, **shared}
+        collector = None
+        if declares_trace_collector(document):
+            # Before the server, so that it is still there when the server exports at exit.
+            collector = stack.enter_context(OtlpReceiver().serve())
+            settings = {**settings, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
         server = stack.enter_context(_running_dev(database, folder, settings))
         agent = machine_agent(document)
         if agent is not None:
@@ -468,7 +475,7 @@ def test_examples_run_against_a_dev_server(
             return
         record = tmp_path / f"record-{document.stem}"
         _run_shell(shell, server, record, shared)
-    problems = _compare_answers(blocks, shell, record)
+    problems = _compare_answers(blocks, shell, record, collector)
     assert not problems, "\n".join(problems)
 
 
@@ -551,7 +558,9 @@ def _server_tail(server: DevServer) -> str:
     return "\nthe dev server's last lines:\n" + "".join(server.output[-20:]) + agents
 
 
-def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> list[str]:
+def _compare_answers(
+    blocks: list[Block], shell: list[Block], record: Path, collector: OtlpReceiver | None = None
+) -> list[str]:
     matcher = Matcher()
     problems = []
     last_shell = None
@@ -559,12 +568,25 @@ def _compare_answers(blocks: list[Block], shell: list[Block], record: Path) -> l
         if block.kind == ("sh", "run"):
             last_shell = shell.index(block)
             continue
-        if block.kind not in {("http", None), ("json", "output"), ("text", "output")}:
+        if block.kind not in {
+            ("http", None),
+            ("json", "output"),
+            ("text", "output"),
+            ("text", "trace"),
+        }:
             continue
         if last_shell is None:
             problems.append(f"{block.where}: an answer with no shell block before it")
             continue
-        if block.kind == ("text", "output"):
+        if block.kind == ("text", "trace"):
+            trace_id = (record / f"{last_shell}.out").read_text().strip()
+            if collector is None:
+                problem = "a trace, but the document declares no <!-- trace collector -->"
+            else:
+                lines = trace_tree([span for _, span in collector.spans()], trace_id)
+                shown = block.text.rstrip("\n").splitlines()
+                problem = None if lines == shown else f"the trace {trace_id} was {lines!r}"
+        elif block.kind == ("text", "output"):
             lines = (record / f"{last_shell}.out").read_text().rstrip("\n").splitlines()
             shown = block.text.rstrip("\n").splitlines()
             problem = None if lines == shown else f"the shell block printed {lines!r}"
