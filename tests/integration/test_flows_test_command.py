@@ -7,6 +7,7 @@ DATABASE_URL, on an embedded server in a temporary folder.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -21,58 +22,17 @@ from sqlalchemy import create_engine, pool, text
 
 from orquestador.config import libpq_url
 from tests.db_support import TestServer
+from tests.integration.api_support import DECOMMISSION
 
-POWER_OFF: dict[str, Any] = {
-    "key": "power-off",
-    "trigger": "manual",
-    "dataSchema": {
-        "type": "object",
-        "required": ["machineId"],
-        "properties": {"machineId": {"type": "string"}},
-    },
-    "initialState": "new",
-    "states": ["new", "off", "attention"],
-    "transitions": [
-        {
-            "id": "power-off",
-            "from": ["new"],
-            "actions": [
-                {
-                    "id": "send",
-                    "capability": "machine.command",
-                    "version": 1,
-                    "input": {
-                        "machineId": {"from": "/data/machineId"},
-                        "command": {"const": "poweroff"},
-                    },
-                    "onError": "attention",
-                },
-                {
-                    "id": "wait",
-                    "capability": "machine.wait",
-                    "version": 1,
-                    "input": {
-                        "commandId": {"from": "/actions/send/commandId"},
-                        "deadlineSeconds": {"const": 3600},
-                    },
-                    "onError": "attention",
-                },
-            ],
-            "decision": {
-                "hitPolicy": "FIRST",
-                "inputs": ["/actions/wait/status"],
-                "rules": [
-                    {"id": "ok", "when": ['"succeeded"'], "then": {"to": "off", "outcome": "DONE"}},
-                    {
-                        "id": "other",
-                        "when": ["-"],
-                        "then": {"to": "attention", "outcome": "REVIEW"},
-                    },
-                ],
-            },
-        }
-    ],
-}
+
+def _power_off() -> dict[str, Any]:
+    """The API tests' decommission flow, waiting an hour for its command."""
+    flow = copy.deepcopy(DECOMMISSION)
+    flow["transitions"][0]["actions"][1]["input"]["deadlineSeconds"] = {"const": 3600}
+    return flow
+
+
+POWER_OFF = _power_off()
 FAILED_COMMAND = {"commandId": "0b6c4f4e-4a7d-4a43-9d59-3f1c2f0e8a11", "status": "failed"}
 PASSING_CASES = [
     {
