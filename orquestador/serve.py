@@ -363,9 +363,21 @@ class DevRequestHandler(WSGIRequestHandler):
         super().log(type, "%s", redact_query_secrets(text))
 
 
-def serve_in_thread(app: Any, host: str, port: int) -> tuple[BaseWSGIServer, threading.Thread]:
-    """A threaded WSGI server in a daemon thread; call server.shutdown() to stop it."""
-    server = make_server(host, port, app, threaded=True, request_handler=DevRequestHandler)
+class UnloggedRequestHandler(DevRequestHandler):
+    """The same, without a line per request (errors are still logged)."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        return None
+
+
+def serve_in_thread(
+    app: Any, host: str, port: int, *, access_log: bool = True
+) -> tuple[BaseWSGIServer, threading.Thread]:
+    """A threaded WSGI server in a daemon thread; call server.shutdown() to stop it.
+
+    `access_log=False`: no line per request, for a server only its own process calls."""
+    handler = DevRequestHandler if access_log else UnloggedRequestHandler
+    server = make_server(host, port, app, threaded=True, request_handler=handler)
     thread = threading.Thread(target=server.serve_forever, name="api", daemon=True)
     thread.start()
     return server, thread

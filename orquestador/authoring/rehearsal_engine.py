@@ -129,7 +129,7 @@ def rehearsal_engine(settings: Settings) -> Iterator[RehearsalEngine]:
         )
         app = create_app(local)
         # The API on a loopback port of its own, for this process's client only.
-        server, thread = serve_in_thread(app, "127.0.0.1", 0)
+        server, thread = serve_in_thread(app, "127.0.0.1", 0, access_log=False)
         worker = build_worker(local)
         worker.start()
         token = mint_token(local, sub=AUTHOR, org=ORG, scopes=SCOPES)
