@@ -116,8 +116,8 @@ def test_cases_that_hold_pass_on_an_embedded_engine_with_a_junit_report(tmp_path
     assert lines == [f"PASS  {case['name']}" for case in PASSING_CASES] + [
         "3 cases: 3 passed, 0 failed"
     ]
-    # The engine's own API and worker keep quiet: the cases' lines are the output.
-    assert run.stderr == ""
+    # The engine's own API logs no line per request: the cases' lines are the output.
+    assert "HTTP/1.1" not in run.stderr
     # The deadline of an hour was rehearsed, not waited for.
     assert took < 60
     report = ElementTree.parse(tmp_path / "r.xml").getroot()
@@ -162,7 +162,7 @@ def test_a_case_that_does_not_hold_fails_by_name_and_the_database_is_dropped(
         "FAIL  a transition the flow lacks: the dry run was refused: TRANSITION_UNKNOWN"
     )
     assert lines[3] == "3 cases: 1 passed, 2 failed"
-    assert run.stderr == ""
+    assert "HTTP/1.1" not in run.stderr
     report = ElementTree.parse(tmp_path / "r.xml").getroot()
     failures = {case.get("name"): case.find("failure") for case in report}
     assert failures["the machine powers off"] is None
