@@ -47,14 +47,12 @@ def one_line(sql: str) -> str:
 
 
 def batched_claim() -> str:
-    """The product's claim with its UPDATE moved into a CTE, returning arrays."""
+    """The product's claim (its UPDATE is the `claimed` CTE), returning arrays of what it
+    claimed instead of a row each."""
     claim = claims._CLAIM.text
-    at = claim.index("UPDATE execution AS e")
+    at = claim.rindex("SELECT claimed.*")
     return one_line(
-        claim[:at].rstrip()
-        + ", claimed AS ("
-        + claim[at:]
-        + ") SELECT array_agg(id ORDER BY id) AS ids,"
+        claim[:at] + "SELECT array_agg(id ORDER BY id) AS ids,"
         " array_agg(fencing_token ORDER BY id) AS tokens,"
         " array_agg(request_id ORDER BY id) AS rids FROM claimed"
     )
