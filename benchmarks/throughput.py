@@ -121,6 +121,9 @@ def pgbench_rate(target: str, seconds: int, clients: int, script: Path, extra: l
         ],
         capture_output=True,
         text=True,
+        # JIT off, as every connection of the product (db/engine.py): the claim's estimated
+        # cost passes jit_above_cost, and compiling it costs more than running it.
+        env={**os.environ, "PGOPTIONS": "-c jit=off"},
     )
     if done.returncode != 0:  # 2: a client aborted (an error, or the claim found nothing)
         raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr[-2000:]}")
