@@ -61,8 +61,10 @@ def _stolen_while(
         assert release.wait(WAIT)
         return {"ok": True}
 
+    # One slot, taken by the held action: its own scheduler cannot reclaim the expired
+    # lease before the thief does.
     worker = Worker(
-        settings(worker_renew_seconds=10, worker_lease_seconds=30),
+        settings(worker_renew_seconds=10, worker_lease_seconds=30, worker_concurrency=1),
         runtime_engine,
         registry_of(Double("test.hold", Effect.READ_ONLY, output=hold)),
     )
