@@ -6,41 +6,22 @@ import io
 import json
 import logging
 import uuid
-from collections.abc import Iterator
-
-import pytest
 
 from orquestador.api.app import create_app
 from orquestador.api.tokens import mint_token
-from orquestador.logs import ContextFilter, JsonLineFormatter
 from tests.integration.api_support import api_settings
+from tests.integration.log_support import json_lines  # noqa: F401
 
 SECRET_QUERY = "query-secret-5e5e5e5e"
-
-
-@pytest.fixture
-def json_lines() -> Iterator[io.StringIO]:
-    """Every `orquestador` line as the product writes it with LOG_FORMAT=json."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLineFormatter())
-    handler.addFilter(ContextFilter())
-    logger = logging.getLogger("orquestador")
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield stream
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
 
 
 def _records(stream: io.StringIO) -> list[dict[str, object]]:
     return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
 
 
-def test_a_line_logged_while_serving_names_the_route_and_the_execution(json_lines) -> None:
+def test_a_line_logged_while_serving_names_the_route_and_the_execution(
+    json_lines: io.StringIO,  # noqa: F811
+) -> None:
     # Nothing listens on port 1: every database call fails, and the API says so.
     settings = api_settings("postgresql://orquestador@127.0.0.1:1/orquestador")
     app = create_app(settings)
@@ -66,7 +47,9 @@ def test_a_line_logged_while_serving_names_the_route_and_the_execution(json_line
     assert "route" not in _records(json_lines)[-1]
 
 
-def test_json_lines_name_the_exception_and_keep_tracebacks_for_errors(json_lines) -> None:
+def test_json_lines_name_the_exception_and_keep_tracebacks_for_errors(
+    json_lines: io.StringIO,  # noqa: F811
+) -> None:
     log = logging.getLogger("orquestador.test")
     execution_id = uuid.uuid4()
     for level in (logging.WARNING, logging.ERROR):

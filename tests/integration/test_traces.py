@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -25,10 +24,10 @@ from sqlalchemy import Engine
 from orquestador import tracing
 from orquestador.api.app import create_app
 from orquestador.config import Settings
-from orquestador.logs import ContextFilter, JsonLineFormatter
 from tests.db_support import TestDatabase
 from tests.integration.api_support import ORG, SECRET, Api, running_api
 from tests.integration.automation_support import AUTOMATION_SCOPES, moment_flow
+from tests.integration.log_support import json_lines  # noqa: F401
 from tests.integration.notice_support import outbox, set_preferences
 from tests.integration.route_provider import Answer, RouteProvider
 from tests.integration.route_support import billing_route, fast_executor, route_registry
@@ -53,24 +52,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TRANSITIONS_ROUTE = "/api/v1/requests/<uuid:request_id>/transitions"
 
 
-@pytest.fixture
-def json_lines() -> Iterator[io.StringIO]:
-    """Every `orquestador` line as the product writes it with LOG_FORMAT=json."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonLineFormatter())
-    handler.addFilter(ContextFilter())
-    logger = logging.getLogger("orquestador")
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield stream
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
-
-
 def _lines(stream: io.StringIO, message: str) -> list[dict[str, Any]]:
     records = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
     return [record for record in records if record["message"] == message]
@@ -92,7 +73,7 @@ def test_one_transition_is_one_trace_from_the_request_to_the_provider(
     runtime_engine: Engine,
     tmp_path: Path,
     recorded_spans: InMemorySpanExporter,  # noqa: F811
-    json_lines: io.StringIO,
+    json_lines: io.StringIO,  # noqa: F811
 ) -> None:
     with RouteProvider().serve() as provider:
         registry = route_registry(tmp_path, provider.url, billing_route())
