@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import Engine, text
 
 from orquestador.db.schema import KEY_LOCK_CLASS
+from orquestador.queue import require_reconciliation
 from orquestador.queue.claims import ClaimRound, claim_round
-from orquestador.queue.reconciliation import cancel
+from orquestador.queue.reconciliation import Resolution, cancel, resolve
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
 from tests.integration.execution_page_support import signed_in, text_of
@@ -225,6 +226,28 @@ def test_a_retry_wait_keeps_the_key_and_a_cancel_releases_it_in_its_transaction(
     assert cancelled.status == "CANCELLED"
     assert holders(runtime_engine) == 0
     # The cancel's own transaction left the release the next claim takes up.
+    assert ids(claim_after_release(runtime_engine)) == {waiting}
+
+
+def test_a_parked_execution_keeps_the_key_and_a_reconciliation_releases_it(api, runtime_engine):
+    """RECONCILIATION_REQUIRED holds the key: the machine may be mid-change. The
+    operator's decision ends it and hands the key on in the decision's transaction."""
+    flow = api.publish(keyed_flow())
+    holder, waiting = start(api, flow["id"]), start(api, flow["id"])
+    first = claim(runtime_engine, 10)
+    assert ids(first) == {holder} and first.blocked == 1
+    with runtime_engine.connect() as conn:
+        require_reconciliation(conn, first.claims[0], "UNCERTAIN_OUTCOME")
+    assert rows(runtime_engine, holder)[holder].status == "RECONCILIATION_REQUIRED"
+    assert claim(runtime_engine, 10).claims == []
+    assert holders(runtime_engine) == 1 and rows(runtime_engine, waiting)[waiting].key_blocked
+
+    # The decision a bulk fail by query makes: it names no step (this flow has none).
+    decision = Resolution(uuid.UUID(holder), ORG, "operator-1", "fail", "rebuilt by hand")
+    with runtime_engine.connect() as conn:
+        assert resolve(conn, decision, output_problems=lambda *_: [], claims_budget=3) == "FAILED"
+    assert rows(runtime_engine, holder)[holder].status == "FAILED"
+    assert holders(runtime_engine) == 0
     assert ids(claim_after_release(runtime_engine)) == {waiting}
 
 
