@@ -408,6 +408,7 @@ def test_priority_outside_zero_to_nine_is_refused(api):
     body = {"transition": "go", "expectedRevision": request["revision"], "priority": 10}
     response = api.post(f"/requests/{request['id']}/transitions", body)
     assert response.status_code == 422
+    assert problem(response)["code"] == "BODY_INVALID"
     assert problem(response)["problems"][0]["path"] == "/priority"
 
 
