@@ -151,6 +151,31 @@ def test_a_scope_names_approvers_and_anyone_else_finds_nothing(
 
 
 @pytest.mark.parametrize(
+    ("decider", "scopes"),
+    [("bob", DECIDE), ("dave", [*DECIDE, "ops:lead"])],
+    ids=["a-listed-subject", "a-holder-of-the-scope"],
+)
+def test_with_subjects_and_a_scope_either_one_qualifies(
+    api: Api, executor: Executor, runtime_engine: Engine, decider: str, scopes: list[str]
+) -> None:
+    execution_id = start(api, approval_flow({"subjects": ["bob"], "scope": "ops:lead"}))
+    waiting(runtime_engine, executor, execution_id)
+    # Each finds it: bob by name without the scope, dave by the scope without the name.
+    (item,) = open_approvals(api, "bob")
+    assert [a["id"] for a in open_approvals(api, "dave", [*DECIDE, "ops:lead"])] == [item["id"]]
+    # Neither named nor holding the scope: nothing listed, nothing to decide.
+    assert open_approvals(api, "carol") == []
+    assert decide(api, item["id"], "carol", "approved").status_code == 404
+
+    body = {"decision": "approved"}
+    decided = api.post(f"/approvals/{item['id']}/decision", body, sub=decider, scopes=scopes)
+    assert decided.status_code == 200, decided.get_data(as_text=True)
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).data["decidedBy"] == decider
+
+
+@pytest.mark.parametrize(
     ("body", "where"),
     [({"decision": "maybe"}, "/decision"), ({"decision": "approved", "why": "x"}, "/why")],
 )
