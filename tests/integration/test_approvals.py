@@ -151,6 +151,31 @@ def test_a_scope_names_approvers_and_anyone_else_finds_nothing(
 
 
 @pytest.mark.parametrize(
+    ("decider", "scopes"),
+    [("bob", DECIDE), ("dave", [*DECIDE, "ops:lead"])],
+    ids=["a-listed-subject", "a-holder-of-the-scope"],
+)
+def test_with_subjects_and_a_scope_either_one_qualifies(
+    api: Api, executor: Executor, runtime_engine: Engine, decider: str, scopes: list[str]
+) -> None:
+    execution_id = start(api, approval_flow({"subjects": ["bob"], "scope": "ops:lead"}))
+    waiting(runtime_engine, executor, execution_id)
+    # Each finds it: bob by name without the scope, dave by the scope without the name.
+    (item,) = open_approvals(api, "bob")
+    assert [a["id"] for a in open_approvals(api, "dave", [*DECIDE, "ops:lead"])] == [item["id"]]
+    # Neither named nor holding the scope: nothing listed, nothing to decide.
+    assert open_approvals(api, "carol") == []
+    assert decide(api, item["id"], "carol", "approved").status_code == 404
+
+    body = {"decision": "approved"}
+    decided = api.post(f"/approvals/{item['id']}/decision", body, sub=decider, scopes=scopes)
+    assert decided.status_code == 200, decided.get_data(as_text=True)
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    row = execution(runtime_engine, execution_id)
+    assert request_row(runtime_engine, row.request_id).data["decidedBy"] == decider
+
+
+@pytest.mark.parametrize(
     ("body", "where"),
     [({"decision": "maybe"}, "/decision"), ({"decision": "approved", "why": "x"}, "/why")],
 )
@@ -344,16 +369,20 @@ def _outbox(engine: Engine) -> list[Any]:
         return list(conn.execute(text("SELECT subject, recipients, body FROM email_outbox")))
 
 
-def test_approvers_are_mailed_only_when_the_node_ticks_it(
-    api: Api, executor: Executor, runtime_engine: Engine
-) -> None:
-    preferences = {"optOut": [], "recipients": ["ops@example.com"]}
+def _set_preferences(api: Api, opt_out: list[str]) -> None:
+    preferences = {"optOut": opt_out, "recipients": ["ops@example.com"]}
     saved = api.client().put(
         f"/api/v1/orgs/{ORG}/notification-preferences",
         json=preferences,
         headers=api.headers(scopes=["org:admin"]),
     )
-    assert saved.status_code == 200
+    assert saved.status_code == 200, saved.get_data(as_text=True)
+
+
+def test_approvers_are_mailed_only_when_the_node_ticks_it(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    _set_preferences(api, opt_out=[])
     quiet = start(api)
     waiting(runtime_engine, executor, quiet)
     assert _outbox(runtime_engine) == []
@@ -368,6 +397,30 @@ def test_approvers_are_mailed_only_when_the_node_ticks_it(
     make_due(runtime_engine, mailed)
     assert run_once(runtime_engine, executor) == "WAITING"
     assert len(_outbox(runtime_engine)) == 1
+
+
+def test_an_organization_that_opted_out_gets_the_notice_and_no_email(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    # Recipients are configured: the opt-out alone keeps the e-mail back.
+    _set_preferences(api, opt_out=["automation"])
+    execution_id = start(api, approval_flow(email=True))
+    waiting(runtime_engine, executor, execution_id)
+    assert _outbox(runtime_engine) == []
+
+    listed = api.get("/notices", scopes=["notices:read"])
+    assert listed.status_code == 200, listed.get_data(as_text=True)
+    (notice,) = listed.get_json()["items"]
+    assert (notice["title"], notice["email"], notice["test"], notice["executionId"]) == (
+        "Approval needed: Reboot m-1?",
+        "org_opted_out",
+        False,
+        str(execution_id),
+    )
+    (written,) = audit(runtime_engine, execution_id, "NOTICE_WRITTEN")
+    assert written.detail == {"noticeId": notice["id"], "email": "org_opted_out", "test": False}
+    # The approval itself is asked all the same.
+    assert [a["executionId"] for a in open_approvals(api, "bob")] == [str(execution_id)]
 
 
 def test_publishing_refuses_an_email_input_on_an_approval(api: Api) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from api_support import ORG, Api, running_api
 from automation_support import count
+from notice_support import set_preferences
 from route_provider import RouteProvider
 from sqlalchemy import Engine, text
 from worker_support import settings, wait_until
@@ -171,6 +172,31 @@ def api(database, registry: AdapterRegistry) -> Iterator[Api]:
         yield api
 
 
+def _dry_run(
+    api: Api, engine: Engine, registry: AdapterRegistry, flow: dict[str, Any], transition: str
+) -> dict[str, Any]:
+    """Publish `flow`, dry-run `transition` on machine m-1 with a worker: the finished view."""
+    flow_id = api.publish(flow)["id"]
+    worker = Worker(settings(database_url=api.settings.database_url), engine, registry)
+    worker.start()
+    try:
+        response = api.post(
+            f"/flows/{flow_id}/dry-runs", {"data": {"machineId": "m-1"}, "transition": transition}
+        )
+        assert response.status_code == 202, response.get_data(as_text=True)
+        location = response.headers["Location"]
+
+        def finished() -> dict[str, Any] | None:
+            view = api.client().get(location, headers=api.headers()).get_json()
+            return view if view["status"] in ("SUCCEEDED", "FAILED") else None
+
+        view = wait_until(finished, what="the dry run finished")
+    finally:
+        worker.stop(timeout=30)
+    assert view["status"] == "SUCCEEDED", json.dumps(view, indent=1)
+    return view
+
+
 def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
     api: Api,
     runtime_engine: Engine,
@@ -187,25 +213,7 @@ def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
             ),
             {"org": ORG},
         )
-    flow_id = api.publish(CHARGED_POWER_OFF)["id"]
-    worker = Worker(settings(database_url=api.settings.database_url), runtime_engine, registry)
-    worker.start()
-    try:
-        response = api.post(
-            f"/flows/{flow_id}/dry-runs", {"data": {"machineId": "m-1"}, "transition": "power-off"}
-        )
-        assert response.status_code == 202, response.get_data(as_text=True)
-        location = response.headers["Location"]
-
-        def finished() -> dict[str, Any] | None:
-            view = api.client().get(location, headers=api.headers()).get_json()
-            return view if view["status"] in ("SUCCEEDED", "FAILED") else None
-
-        view = wait_until(finished, what="the dry run finished")
-    finally:
-        worker.stop(timeout=30)
-
-    assert view["status"] == "SUCCEEDED", json.dumps(view, indent=1)
+    view = _dry_run(api, runtime_engine, registry, CHARGED_POWER_OFF, "power-off")
     assert view["simulation"] is True
     assert [(d["actionId"], d["capability"], d["effect"]) for d in view["wouldHaveDone"]] == [
         ("send", "machine.command", "IDEMPOTENT_WRITE"),
@@ -241,3 +249,104 @@ def test_a_dry_run_completes_with_would_have_done_and_touches_nothing(
     with runtime_engine.connect() as connection:
         request = connection.execute(text("SELECT state, simulation FROM request")).one()
     assert tuple(request) == ("off", True)
+
+
+def _ask_then_tell(*, approval_email: bool) -> dict[str, Any]:
+    """Ask for a yes (by name or by scope), then tell the organization, mailing it."""
+    ask: dict[str, Any] = {
+        "id": "ask",
+        "capability": "approval",
+        "version": 1,
+        "input": {
+            "title": {"const": "Reboot m-1?"},
+            "approvers": {"const": {"subjects": ["bob"], "scope": "ops:lead"}},
+            "deadlineSeconds": {"const": 3600},
+        },
+    }
+    if approval_email:
+        ask["email"] = True
+    tell = {
+        "id": "tell",
+        "capability": "notify",
+        "version": 1,
+        "email": True,
+        "input": {"title": {"const": "Rebooting m-1"}, "body": {"const": "approved"}},
+    }
+    return {
+        "key": "ask-then-tell",
+        "trigger": "manual",
+        "dataSchema": {"type": "object", "properties": {"machineId": {"type": "string"}}},
+        "initialState": "new",
+        "states": ["new", "rebooting", "refused"],
+        "transitions": [
+            {
+                "id": "reboot",
+                "from": ["new"],
+                "actions": [ask, tell],
+                "decision": {
+                    "hitPolicy": "FIRST",
+                    "inputs": ["/actions/ask/decision"],
+                    "rules": [
+                        {"id": "yes", "when": ['"approved"'], "then": {"to": "rebooting"}},
+                        {"id": "no", "when": ["-"], "then": {"to": "refused"}},
+                    ],
+                },
+            }
+        ],
+    }
+
+
+def _done(view: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["actionId"]: d for d in view["wouldHaveDone"]}
+
+
+def test_under_the_organizations_opt_out_would_send_says_so_and_names_no_recipients(
+    api: Api, runtime_engine: Engine, registry: AdapterRegistry
+) -> None:
+    # Recipients are configured: only the opt-out keeps a real run from mailing them.
+    set_preferences(runtime_engine, ORG, opt_out=["automation"], recipients=["ops@example.com"])
+    done = _done(
+        _dry_run(api, runtime_engine, registry, _ask_then_tell(approval_email=True), "reboot")
+    )
+
+    assert done["tell"]["wouldSend"] == {"email": "org_opted_out", "recipients": []}
+    assert done["tell"]["summary"] == (
+        "would notify: Rebooting m-1; no e-mail: the organization opted out of automation e-mail"
+    )
+    assert done["ask"]["wouldSend"] == {
+        "approvers": {"subjects": ["bob"], "scope": "ops:lead"},
+        "email": "org_opted_out",
+        "recipients": [],
+    }
+    assert done["ask"]["summary"] == (
+        "would ask bob or anyone holding ops:lead to approve: Reboot m-1?;"
+        " no e-mail (org_opted_out)"
+    )
+    assert count(runtime_engine, "email_outbox") == 0
+
+
+@pytest.mark.parametrize("email", [True, False], ids=["email-ticked", "email-off"])
+def test_an_approval_steps_would_send_names_its_approvers_and_whom_it_would_mail(
+    api: Api, runtime_engine: Engine, registry: AdapterRegistry, email: bool
+) -> None:
+    set_preferences(runtime_engine, ORG, recipients=["ops@example.com", "oncall@example.com"])
+    view = _dry_run(api, runtime_engine, registry, _ask_then_tell(approval_email=email), "reboot")
+    ask = _done(view)["ask"]
+
+    assert (ask["capability"], ask["effect"]) == ("approval", "READ_ONLY")
+    recipients = ["ops@example.com", "oncall@example.com"] if email else []
+    assert ask["wouldSend"] == {
+        "approvers": {"subjects": ["bob"], "scope": "ops:lead"},
+        "email": "queued" if email else "off_on_node",
+        "recipients": recipients,
+    }
+    mailed = (
+        "would e-mail ops@example.com, oncall@example.com" if email else "no e-mail (off_on_node)"
+    )
+    assert (
+        ask["summary"]
+        == f"would ask bob or anyone holding ops:lead to approve: Reboot m-1?; {mailed}"
+    )
+    # Nobody was asked: no approval row, no e-mail; the step was approved by the dry run.
+    assert count(runtime_engine, "approval") == 0
+    assert count(runtime_engine, "email_outbox") == 0
