@@ -16,19 +16,29 @@ REFRESH_SECONDS = 5
 
 
 def started_by(read: ExecutionRead) -> dict[str, Any]:
-    """Who or what asked for the execution: a schedule's fire, a platform event, a person."""
-    data = read.request.data if read.request is not None else None
+    """Who or what asked for the execution: a schedule's fire, a platform event, a person.
+
+    Only the acceptance's audit row says so (`startedBy`), never the request data: a person
+    may write lookalike data, and a later transition on an event's request is a person's.
+    The actor it names is then whom the start acts for (the schedule's author, the
+    platform's token); an acceptance recorded before `startedBy` existed shows only that.
+    """
     accepted = next((row for row in read.audit if row.kind == "TRANSITION_ACCEPTED"), None)
     actor = accepted.actor if accepted is not None else None
-    if isinstance(data, dict) and "scheduleId" in data and "fireTime" in data:
-        return {"by": "schedule", "schedule": data["scheduleId"], "fireTime": data["fireTime"]}
-    event = data.get("event") if isinstance(data, dict) else None
-    if isinstance(event, dict) and "moment" in event:
+    detail = accepted.detail if accepted is not None and isinstance(accepted.detail, dict) else {}
+    starter = detail.get("startedBy")
+    if isinstance(starter, dict) and "schedule" in starter:
+        return {
+            "by": "schedule",
+            "schedule": starter["schedule"],
+            "fireTime": starter.get("fireTime"),
+        }
+    if isinstance(starter, dict) and "moment" in starter:
         return {
             "by": "event",
-            "moment": event.get("moment"),
-            "plan": data.get("planId") if isinstance(data, dict) else None,
-            "occurredAt": event.get("occurredAt"),
+            "moment": starter["moment"],
+            "plan": starter.get("plan"),
+            "occurredAt": starter.get("occurredAt"),
             "actor": actor,
         }
     return {"by": "person", "actor": actor}
