@@ -47,7 +47,12 @@ def started_by(read: ExecutionRead) -> dict[str, Any]:
 def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
     status = read.row.status
     return {
-        "timeline": timeline(read.audit, read.attempts, read.view["steps"]),
+        "timeline": timeline(
+            read.audit,
+            read.attempts,
+            read.view["steps"],
+            flow=f"{read.row.flow_key} v{read.row.flow_version}",
+        ),
         "started": started_by(read),
         "request_now": read.request,
         "may_cancel": status in MOVING and may_cancel(caller),

@@ -35,11 +35,15 @@ class Moment:
 
 
 def timeline(
-    audit: Iterable[Any], attempts: Iterable[Any], steps: Iterable[dict[str, Any]] = ()
+    audit: Iterable[Any],
+    attempts: Iterable[Any],
+    steps: Iterable[dict[str, Any]] = (),
+    flow: str | None = None,
 ) -> list[Moment]:
     """Audit rows (kind, actor, detail, created_at), ended attempts and the waits under
-    way (the view's steps with `waitingFor`), oldest first."""
-    moments = [_audit_moment(row) for row in audit]
+    way (the view's steps with `waitingFor`), oldest first. `flow` ("checkout v3") is the
+    flow version the execution runs, which the acceptance names."""
+    moments = [_audit_moment(row, flow) for row in audit]
     moments += [_attempt_moment(row) for row in attempts]
     moments += [_wait_moment(s) for s in steps if "waitingFor" in s and s.get("startedAt")]
     # Stable: an attempt ends before the audit row its outcome wrote in the same instant.
@@ -92,8 +96,10 @@ def _wait_moment(step: dict[str, Any]) -> Moment:
     return Moment(at=datetime.fromisoformat(step["startedAt"]), kind="wait", words=words + ".")
 
 
-def _audit_moment(row: Any) -> Moment:
+def _audit_moment(row: Any, flow: str | None = None) -> Moment:
     detail: dict[str, Any] = row.detail if isinstance(row.detail, dict) else {}
+    if row.kind == "TRANSITION_ACCEPTED" and flow is not None:
+        detail = {**detail, "flow": flow}
     sentence = _SENTENCES.get(row.kind)
     words = sentence(row.actor or "someone", detail) if sentence else _unknown(row.kind)
     return Moment(
@@ -125,7 +131,21 @@ def _commands(detail: dict[str, Any]) -> str:
 def _accepted(actor: str, d: dict[str, Any]) -> str:
     revision = d.get("acceptedRevision")
     at_revision = f" at revision {revision}" if revision is not None else ""
-    return f"{actor} asked for {_get(d, 'transitionId')} from {_get(d, 'fromState')}{at_revision}."
+    of_flow = f" (flow {d['flow']})" if d.get("flow") else ""
+    return (
+        f"{_starter(actor, d.get('startedBy'))} asked for {_get(d, 'transitionId')}"
+        f" from {_get(d, 'fromState')}{at_revision}{of_flow}."
+    )
+
+
+def _starter(actor: str, started_by: Any) -> str:
+    """Who asked: the person, or the schedule's fire or platform event that acted for them."""
+    if isinstance(started_by, dict) and "schedule" in started_by:
+        return f"Schedule {started_by['schedule']}'s fire"
+    if isinstance(started_by, dict) and "moment" in started_by:
+        plan = f" of plan {started_by['plan']}" if started_by.get("plan") else ""
+        return f"Platform event {started_by['moment']}{plan}"
+    return actor
 
 
 def _completed(actor: str, d: dict[str, Any]) -> str:

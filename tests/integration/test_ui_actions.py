@@ -86,7 +86,7 @@ def test_an_operator_cancels_from_the_page_and_the_timeline_says_who_and_why(
     words = text_of(after.get_data(as_text=True))
     assert "The cancel was applied as the write rule allows." in words
     assert "alice cancelled it." in words and "customer asked on the phone" in words
-    assert "alice asked for power-off from new at revision 2." in words
+    assert "alice asked for power-off from new at revision 2 (flow decommission v1)." in words
     assert "agents asked to stop: poweroff" in words
     assert "Refresh" not in after.headers  # final: nothing left to follow
 

@@ -486,6 +486,8 @@ def test_a_fire_names_its_schedule_and_fire_time_and_lookalike_data_does_not(
     assert by_hand.status_code == 202, by_hand.get_data(as_text=True)
 
     assert _started_by(api, str(fired)) == "schedule tick, fire time 2026-03-01 09:30:00 UTC"
+    story = html.unescape(text_of(_page(signed_in(api), f"/ui/executions/{fired}")))
+    assert "Schedule tick's fire asked for run from new at revision 2 (flow tick v1)." in story
     assert _started_by(api, by_hand.get_json()["executionId"]) == "alice"
 
 

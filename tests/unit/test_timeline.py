@@ -225,3 +225,31 @@ def test_a_confirm_shows_its_output_beside_the_reason() -> None:
         ("Reason", "the dashboard shows it"),
         ("Output", '{"amount": 900, "chargeId": "ch_1"}'),
     )
+
+
+def test_the_acceptance_names_the_flow_version_and_what_asked_when_no_person_did() -> None:
+    accepted = {"transitionId": "run", "fromState": "new", "acceptedRevision": 2}
+    story = timeline(
+        [
+            _audit("TRANSITION_ACCEPTED", 0, "alice", **accepted),
+            _audit(
+                "TRANSITION_ACCEPTED", 1, "alice", **accepted,
+                startedBy={"schedule": "nightly", "fireTime": "2026-03-01T03:00:00+01:00"},
+            ),
+            _audit(
+                "TRANSITION_ACCEPTED", 2, "panel", **accepted,
+                startedBy={"event": "e-1", "moment": "provisioned", "plan": "vps"},
+            ),
+        ],
+        [],
+        flow="tick v3",
+    )  # fmt: skip
+
+    assert [m.words for m in story] == [
+        "alice asked for run from new at revision 2 (flow tick v3).",
+        "Schedule nightly's fire asked for run from new at revision 2 (flow tick v3).",
+        "Platform event provisioned of plan vps asked for run from new at revision 2"
+        " (flow tick v3).",
+    ]
+    # Whom a fire or an event acts for stays the row's actor.
+    assert [m.actor for m in story] == ["alice", "alice", "panel"]
