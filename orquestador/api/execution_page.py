@@ -9,6 +9,7 @@ from typing import Any
 from orquestador.api.auth import SCOPE_EXECUTIONS_RECONCILE, Caller
 from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.timeline import timeline
+from orquestador.domain.pointer_updates import data_before_corrections
 
 # Statuses that change without a person: the page refreshes itself while in one.
 MOVING = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
@@ -42,6 +43,40 @@ def started_by(read: ExecutionRead) -> dict[str, Any]:
             "actor": actor,
         }
     return {"by": "person", "actor": actor}
+
+
+def request_when_accepted(read: ExecutionRead) -> dict[str, Any] | None:
+    """The request data as the execution accepted it, `{revision, data, corrections}`, or
+    None when the records cannot tell.
+
+    No copy of the data is kept at acceptance, and none is needed: while an execution
+    holds its request, only that execution's corrections change the data, and each audit
+    row keeps what it replaced. So the data then is the data now with them undone, as
+    long as the request is still held by it at the revision those corrections explain.
+    """
+    now = read.request
+    accepted = next((row for row in read.audit if row.kind == "TRANSITION_ACCEPTED"), None)
+    if now is None or accepted is None or not isinstance(accepted.detail, dict):
+        return None
+    revision = accepted.detail.get("acceptedRevision")
+    corrections = [
+        row.detail["correction"]
+        for row in read.audit
+        if row.kind == "RECONCILIATION_RESOLVED"
+        and isinstance(row.detail, dict)
+        and row.detail.get("correction")
+    ]
+    if (
+        not isinstance(revision, int)
+        or now.busy_execution_id != read.row.id
+        or now.revision != revision + len(corrections)
+    ):
+        return None
+    return {
+        "revision": revision,
+        "data": data_before_corrections(now.data, corrections),
+        "corrections": [change for correction in corrections for change in correction],
+    }
 
 
 def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
