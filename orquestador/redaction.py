@@ -23,6 +23,7 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, quote_plus, urlsplit
 
 REDACTED = "[redacted]"
@@ -148,3 +149,20 @@ def redact(text: str, also: Iterable[str] = ()) -> str:
     values = set(secret_values())
     values.update(value for value in also if len(value) >= MIN_SECRET_CHARACTERS)
     return replace_values(text, dict.fromkeys(values, REDACTED))
+
+
+def redact_json(value: Any) -> Any:
+    """A copy of a JSON value with every configured secret value in its strings (keys
+    included) as `[redacted]`: for what a person typed that the audit trail keeps."""
+    replacements = dict.fromkeys(secret_values(), REDACTED)
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return replace_values(item, replacements)
+        if isinstance(item, dict):
+            return {walk(key): walk(inner) for key, inner in item.items()}
+        if isinstance(item, list):
+            return [walk(inner) for inner in item]
+        return item
+
+    return walk(value)

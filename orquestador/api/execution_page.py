@@ -9,6 +9,7 @@ from typing import Any
 from orquestador.api.auth import SCOPE_EXECUTIONS_RECONCILE, Caller
 from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.timeline import timeline
+from orquestador.domain.pointer_updates import data_before_corrections
 
 # Statuses that change without a person: the page refreshes itself while in one.
 MOVING = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
@@ -16,28 +17,77 @@ REFRESH_SECONDS = 5
 
 
 def started_by(read: ExecutionRead) -> dict[str, Any]:
-    """Who or what asked for the execution: a schedule's fire, a platform event, a person."""
-    data = read.request.data if read.request is not None else None
+    """Who or what asked for the execution: a schedule's fire, a platform event, a person.
+
+    Only the acceptance's audit row says so (`startedBy`), never the request data: a person
+    may write lookalike data, and a later transition on an event's request is a person's.
+    The actor it names is then whom the start acts for (the schedule's author, the
+    platform's token); an acceptance recorded before `startedBy` existed shows only that.
+    """
     accepted = next((row for row in read.audit if row.kind == "TRANSITION_ACCEPTED"), None)
     actor = accepted.actor if accepted is not None else None
-    if isinstance(data, dict) and "scheduleId" in data and "fireTime" in data:
-        return {"by": "schedule", "schedule": data["scheduleId"], "fireTime": data["fireTime"]}
-    event = data.get("event") if isinstance(data, dict) else None
-    if isinstance(event, dict) and "moment" in event:
+    detail = accepted.detail if accepted is not None and isinstance(accepted.detail, dict) else {}
+    starter = detail.get("startedBy")
+    if isinstance(starter, dict) and "schedule" in starter:
+        return {
+            "by": "schedule",
+            "schedule": starter["schedule"],
+            "fireTime": starter.get("fireTime"),
+        }
+    if isinstance(starter, dict) and "moment" in starter:
         return {
             "by": "event",
-            "moment": event.get("moment"),
-            "plan": data.get("planId") if isinstance(data, dict) else None,
-            "occurredAt": event.get("occurredAt"),
+            "moment": starter["moment"],
+            "plan": starter.get("plan"),
+            "occurredAt": starter.get("occurredAt"),
             "actor": actor,
         }
     return {"by": "person", "actor": actor}
 
 
+def request_when_accepted(read: ExecutionRead) -> dict[str, Any] | None:
+    """The request data as the execution accepted it, `{revision, data, corrections}`, or
+    None when the records cannot tell.
+
+    No copy of the data is kept at acceptance, and none is needed: while an execution
+    holds its request, only that execution's corrections change the data, and each audit
+    row keeps what it replaced. So the data then is the data now with them undone, as
+    long as the request is still held by it at the revision those corrections explain.
+    """
+    now = read.request
+    accepted = next((row for row in read.audit if row.kind == "TRANSITION_ACCEPTED"), None)
+    if now is None or accepted is None or not isinstance(accepted.detail, dict):
+        return None
+    revision = accepted.detail.get("acceptedRevision")
+    corrections = [
+        row.detail["correction"]
+        for row in read.audit
+        if row.kind == "RECONCILIATION_RESOLVED"
+        and isinstance(row.detail, dict)
+        and row.detail.get("correction")
+    ]
+    if (
+        not isinstance(revision, int)
+        or now.busy_execution_id != read.row.id
+        or now.revision != revision + len(corrections)
+    ):
+        return None
+    return {
+        "revision": revision,
+        "data": data_before_corrections(now.data, corrections),
+        "corrections": [change for correction in corrections for change in correction],
+    }
+
+
 def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
     status = read.row.status
     return {
-        "timeline": timeline(read.audit, read.attempts, read.view["steps"]),
+        "timeline": timeline(
+            read.audit,
+            read.attempts,
+            read.view["steps"],
+            flow=f"{read.row.flow_key} v{read.row.flow_version}",
+        ),
         "started": started_by(read),
         "request_now": read.request,
         "may_cancel": status in MOVING and may_cancel(caller),

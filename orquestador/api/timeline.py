@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from orquestador.wording import duration_in_words
@@ -35,11 +35,15 @@ class Moment:
 
 
 def timeline(
-    audit: Iterable[Any], attempts: Iterable[Any], steps: Iterable[dict[str, Any]] = ()
+    audit: Iterable[Any],
+    attempts: Iterable[Any],
+    steps: Iterable[dict[str, Any]] = (),
+    flow: str | None = None,
 ) -> list[Moment]:
     """Audit rows (kind, actor, detail, created_at), ended attempts and the waits under
-    way (the view's steps with `waitingFor`), oldest first."""
-    moments = [_audit_moment(row) for row in audit]
+    way (the view's steps with `waitingFor`), oldest first. `flow` ("checkout v3") is the
+    flow version the execution runs, which the acceptance names."""
+    moments = [_audit_moment(row, flow) for row in audit]
     moments += [_attempt_moment(row) for row in attempts]
     moments += [_wait_moment(s) for s in steps if "waitingFor" in s and s.get("startedAt")]
     # Stable: an attempt ends before the audit row its outcome wrote in the same instant.
@@ -50,7 +54,10 @@ def took(started: datetime, finished: datetime | None) -> str:
     """How long something took, as a person says it; sub-second in milliseconds."""
     if finished is None:
         return "no end recorded"
-    seconds = (finished - started).total_seconds()
+    return _seconds_in_words((finished - started).total_seconds())
+
+
+def _seconds_in_words(seconds: float) -> str:
     if seconds < 1:
         return f"{max(0, round(seconds * 1000))} ms"
     return duration_in_words(round(seconds))
@@ -89,8 +96,10 @@ def _wait_moment(step: dict[str, Any]) -> Moment:
     return Moment(at=datetime.fromisoformat(step["startedAt"]), kind="wait", words=words + ".")
 
 
-def _audit_moment(row: Any) -> Moment:
+def _audit_moment(row: Any, flow: str | None = None) -> Moment:
     detail: dict[str, Any] = row.detail if isinstance(row.detail, dict) else {}
+    if row.kind == "TRANSITION_ACCEPTED" and flow is not None:
+        detail = {**detail, "flow": flow}
     sentence = _SENTENCES.get(row.kind)
     words = sentence(row.actor or "someone", detail) if sentence else _unknown(row.kind)
     return Moment(
@@ -122,7 +131,21 @@ def _commands(detail: dict[str, Any]) -> str:
 def _accepted(actor: str, d: dict[str, Any]) -> str:
     revision = d.get("acceptedRevision")
     at_revision = f" at revision {revision}" if revision is not None else ""
-    return f"{actor} asked for {_get(d, 'transitionId')} from {_get(d, 'fromState')}{at_revision}."
+    of_flow = f" (flow {d['flow']})" if d.get("flow") else ""
+    return (
+        f"{_starter(actor, d.get('startedBy'))} asked for {_get(d, 'transitionId')}"
+        f" from {_get(d, 'fromState')}{at_revision}{of_flow}."
+    )
+
+
+def _starter(actor: str, started_by: Any) -> str:
+    """Who asked: the person, or the schedule's fire or platform event that acted for them."""
+    if isinstance(started_by, dict) and "schedule" in started_by:
+        return f"Schedule {started_by['schedule']}'s fire"
+    if isinstance(started_by, dict) and "moment" in started_by:
+        plan = f" of plan {started_by['plan']}" if started_by.get("plan") else ""
+        return f"Platform event {started_by['moment']}{plan}"
+    return actor
 
 
 def _completed(actor: str, d: dict[str, Any]) -> str:
@@ -155,6 +178,7 @@ def _email(d: dict[str, Any]) -> str:
         "failed": "its e-mail could not be delivered",
         "off_on_node": "no e-mail (the flow does not send one)",
         "org_opted_out": "no e-mail (the organization opted out)",
+        "no_recipients": "no e-mail (the organization names nobody to send it to)",
         "simulation": "no e-mail (a dry run)",
     }.get(_get(d, "email"), f"e-mail: {_get(d, 'email')}")
 
@@ -163,7 +187,7 @@ _SENTENCES = {
     "TRANSITION_ACCEPTED": _accepted,
     "RETRY_SCHEDULED": lambda actor, d: (
         f"Step {_get(d, 'actionId')} will be tried again in"
-        f" {duration_in_words(round(float(d.get('delaySeconds') or 0)))}"
+        f" {_seconds_in_words(float(d.get('delaySeconds') or 0))}"
         f" ({_get(d, 'errorCode')} on attempt {_get(d, 'attempt')})."
     ),
     "RATE_LIMITED": lambda actor, d: (
@@ -187,7 +211,13 @@ _SENTENCES = {
     ),
     "EXECUTION_CANCELLED": lambda actor, d: f"{actor} cancelled it.{_commands(d)}",
     "NOTICE_WRITTEN": lambda actor, d: f"A notice was written; {_email(d)}.",
-    "NOTICE_EMAIL_SETTLED": lambda actor, d: f"A notice's e-mail settled: {_email(d)}.",
+    "NOTICE_EMAIL_SETTLED": lambda actor, d: (
+        "A notice's e-mail was delivered."
+        if d.get("email") == "delivered"
+        else "A notice's e-mail could not be delivered."
+        if d.get("email") == "failed"
+        else f"A notice's e-mail settled: {_email(d)}."
+    ),
     "APPROVAL_DECIDED": lambda actor, d: f"{actor} {_get(d, 'decision')} the approval.",
     "APPROVAL_EXPIRED": lambda actor, d: "Nobody decided the approval before its deadline.",
 }
@@ -204,6 +234,8 @@ _FACT_LABELS: dict[str, Sequence[tuple[str, str]]] = {
     "RECONCILIATION_RESOLVED": (("reason", "Reason"), ("output", "Output")),
     "STEP_ERROR_EXIT": (("message", "Message"),),
     "APPROVAL_DECIDED": (("comment", "Comment"),),
+    "APPROVAL_EXPIRED": (("deadlineAt", "Deadline"),),
+    "RATE_LIMITED": (("dueAt", "Due again"),),
 }
 
 
@@ -216,7 +248,11 @@ def _facts(kind: str, detail: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         return tuple(
             (name, _text(value)) for name, value in sorted(detail.items()) if name not in _BULKY
         )
-    facts = tuple((label, _text(detail[name])) for name, label in labels if detail.get(name))
+    facts = tuple(
+        (label, _when(detail[name]) if name.endswith("At") else _text(detail[name]))
+        for name, label in labels
+        if detail.get(name)
+    )
     # A retry with a correction: each corrected path, what it was and what it became.
     for corrected in detail.get("correction") or ():
         before = _text(corrected["before"]) if "before" in corrected else "(absent)"
@@ -224,6 +260,17 @@ def _facts(kind: str, detail: dict[str, Any]) -> tuple[tuple[str, str], ...]:
             (f"Corrected {corrected.get('path')}", f"{before} → {_text(corrected.get('after'))}"),
         )
     return facts
+
+
+def _when(value: Any) -> str:
+    """A timestamp fact as the pages show times: UTC to the second."""
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return _text(value)
+    if moment.tzinfo is None:
+        return _text(value)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _text(value: Any) -> str:

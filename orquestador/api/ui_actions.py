@@ -27,6 +27,7 @@ from orquestador.api.auth import (
 from orquestador.api.body import checked_object, parse_json
 from orquestador.api.context import engine
 from orquestador.api.dry_run_routes import start_dry_run
+from orquestador.api.execution_page import request_when_accepted
 from orquestador.api.execution_routes import (
     cancel_as,
     read_evidence,
@@ -202,6 +203,7 @@ def reconcile_form(execution_id: str) -> Any:
         evidence=evidence,
         step=steps.get(evidence["inDoubt"] or ""),
         request_now=found.request,
+        request_then=request_when_accepted(found),
         states=FlowDefinition.from_json(flow.definition).states if flow is not None else (),
         correction_rows=range(1, CORRECTION_ROWS + 1),
         reason_limit=MAX_REASON_CHARACTERS,

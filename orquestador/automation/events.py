@@ -303,6 +303,12 @@ def process_event(
             actor=actor.sub,
             actor_snapshot=actor.snapshot,
             max_attempts=max_attempts,
+            started_by={
+                "event": event.id,
+                "moment": event.moment,
+                "plan": event.plan_id,
+                "occurredAt": data["event"]["occurredAt"],
+            },
         )
     answer = EventAnswer(event.id, STARTED, request_id=created.id, execution_id=execution_id)
     log.info(

@@ -217,6 +217,7 @@ def fire_once(
             actor=row.updated_by,
             actor_snapshot=_actor_snapshot(row),
             max_attempts=max_attempts,
+            started_by={"schedule": row.id, "fireTime": fire_time.isoformat()},
         )
     _record(connection, row, fire_time, created.id, execution_id)
     log.info(

@@ -208,6 +208,31 @@ def correct_request_data(
     return corrected, changes
 
 
+def data_before_corrections(
+    data: dict[str, Any], corrections: Sequence[Sequence[dict[str, Any]]]
+) -> dict[str, Any]:
+    """A copy of ``data`` as it was before ``corrections`` were applied to it.
+
+    Each correction is the list its audit row keeps (``CorrectedPath.as_json``), oldest
+    first; they are undone newest first, each path given back its value before, or
+    removed when it had none. An object a correction created on the way to a new path
+    (``/billing/vat`` in data without ``billing``) stays behind, empty: the audit row
+    does not say that it was created.
+    """
+    result = copy.deepcopy(data)
+    for correction in reversed(corrections):
+        for change in correction:
+            path = change["path"]
+            if "before" in change:
+                _set(result, path, change["before"])
+                continue
+            parts = _parts_of(path)
+            found, parent = find(result, parts[:-1])
+            if found and isinstance(parent, dict):
+                parent.pop(parts[-1], None)
+    return result
+
+
 def _correction_parts(entries: list[tuple[str, Any]]) -> list[list[str]]:
     """Each path's tokens; refused when malformed, or inside another path of the same
     correction: each part of the data is corrected once, so before and after are one

@@ -190,6 +190,7 @@ def queue_execution(
     priority: int | None = None,
     simulation: bool = False,
     rehearsal: dict[str, Any] | None = None,
+    started_by: dict[str, Any] | None = None,
 ) -> uuid.UUID:
     """Write an accepted transition inside the caller's transaction; return the execution id.
 
@@ -203,6 +204,8 @@ def queue_execution(
     written (`KeyMissing` when the data gives none); a dry run holds no key, so it never
     waits for a real execution nor makes one wait. `priority` None is the flow's default.
     `rehearsal`: a dry run's outcomes, played by its steps instead of their simulations.
+    `started_by`: what asked for it when no person did (a schedule's fire, a platform
+    event), kept in the audit row: the actor is then only whom the start acts for.
     """
     concurrency = definition.transitions[transition_id].concurrency
     key: str | None = None
@@ -252,6 +255,7 @@ def queue_execution(
                 "transitionId": transition_id,
                 "fromState": request_row.state,
                 "acceptedRevision": accepted_revision,
+                **({} if started_by is None else {"startedBy": started_by}),
             },
         )
     )

@@ -40,6 +40,7 @@ from orquestador.domain.pointer_updates import correct_request_data
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
 from orquestador.machines.cancel import CancelledCommands, cancel_for_execution
 from orquestador.queue.outcomes import Writes, writes_of
+from orquestador.redaction import redact_json
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +372,13 @@ def resolve_in_transaction(
             "parkedFor": execution.error_code,
             "checkpoint": _checkpoint_as_it_was(step),
             "status": status,
+            # A confirm's output is the decision itself: the timeline shows it with the
+            # reason. Any configured secret the operator pasted into it is not kept.
+            **(
+                {"output": redact_json(resolution.output)}
+                if resolution.decision == "confirm"
+                else {}
+            ),
             **corrected,
             **_bulk_detail(resolution.bulk_id),
         },

@@ -19,6 +19,7 @@ that shows different parts of it (empty, waiting, failed...).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from orquestador.approvals.store import ApprovalDraft, open_approval
 from orquestador.queue.claims import claim_round
 from tests.browser.browser_support import forget_every_cookie, serving, sign_in, start_chromium
 from tests.browser.page_quality import (
@@ -41,6 +43,8 @@ from tests.integration.execution_page_support import (
     twin,
     waiting,
 )
+from tests.integration.schedule_support import publish as publish_schedule_flow
+from tests.integration.schedule_support import put as put_schedule
 
 # Before the database and the browser: without axe-core every test here is skipped.
 pytestmark = pytest.mark.usefixtures("axe_core")
@@ -144,6 +148,45 @@ def _reconcile_form(site: Site) -> str:
     return f"/ui/executions/{ran_out}/reconcile"
 
 
+def _reconcile_form_corrected(site: Site) -> str:
+    """The decision page after a corrected retry that parked again: the request data as
+    accepted beside the data now, and the corrections between them."""
+    parked = deadline_passed(site.api, site.owner_engine, now="timed_out")
+    _requires_reconciliation(site, parked.execution_id)
+    correction = [
+        {"path": "/machineId", "before": "m-1", "after": "m-1.eu-west.example.com"},
+        {"path": "/power", "after": "graceful, then hard after 30 s"},
+    ]
+    with site.owner_engine.begin() as connection:
+        # Held again by its execution at the revision after acceptance (2) and one
+        # correction, as a corrected retry leaves it.
+        connection.execute(
+            text(
+                "UPDATE request SET busy_execution_id = CAST(:id AS uuid), revision = 3,"
+                " data = CAST(:data AS jsonb) WHERE id = CAST(:request AS uuid)"
+            ),
+            {
+                "id": parked.execution_id,
+                "request": parked.request_id,
+                "data": json.dumps({c["path"][1:]: c["after"] for c in correction}),
+            },
+        )
+        connection.execute(
+            text(
+                "INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)"
+                " SELECT org_id, 'RECONCILIATION_RESOLVED', request_id, id, 'alice',"
+                " CAST(:detail AS jsonb) FROM execution WHERE id = CAST(:id AS uuid)"
+            ),
+            {
+                "id": parked.execution_id,
+                "detail": json.dumps(
+                    {"decision": "retry", "reason": "wrong host", "correction": correction}
+                ),
+            },
+        )
+    return f"/ui/executions/{parked.execution_id}/reconcile"
+
+
 def _search(site: Site) -> str:
     deadline_passed(site.api, site.owner_engine)
     return "/ui/executions?machineId=m-1&flowKey=decommission&status=FAILED"
@@ -190,6 +233,48 @@ def _approvals(site: Site) -> str:
 
 def _schedules(site: Site) -> str:
     return "/ui/schedules"
+
+
+def _approvals_open(site: Site) -> str:
+    """An open approval the signed-in person may decide: its approve/reject form shows."""
+    asked = waiting(site.api, site.owner_engine, sub="carol")
+    draft = ApprovalDraft(
+        org_id=ORG,
+        request_id=uuid.UUID(asked.request_id),
+        execution_id=uuid.UUID(asked.execution_id),
+        action_id="ok",
+        external_key=f"{asked.execution_id}:ok",
+        title="Reboot m-1 for the kernel update?",
+        body="It has been up for 400 days; the window is tonight at 02:00 UTC.",
+        subjects=["alice"],
+        scope=None,
+        deadline_seconds=3600,
+        actor="carol",
+    )
+    with site.owner_engine.begin() as connection:
+        open_approval(connection, draft)
+    return "/ui/approvals"
+
+
+def _schedules_listed(site: Site) -> str:
+    """A paused cron schedule and an interval one, with their timing and firing state."""
+    flow_id = publish_schedule_flow(site.api)
+    paused = {"flowId": flow_id, "cron": "0 3 * * *", "timezone": "Europe/Madrid", "paused": True}
+    assert put_schedule(site.api, "nightly-report", paused).status_code == 201
+    often = {"flowId": flow_id, "everySeconds": 90, "data": {"report": "load"}}
+    assert put_schedule(site.api, "load-every-90-seconds", often).status_code == 201
+    return "/ui/schedules"
+
+
+def _sign_in_link_used(site: Site) -> str:
+    """A hosting panel's sign-in link opened a second time: the page says to ask again."""
+    body = {"sub": "carol", "org": ORG, "scope": "requests:read", "next": "/ui/executions"}
+    made = site.api.post("/auth/links", body, scopes=["auth:link", "requests:read"])
+    assert made.status_code == 201, made.get_data(as_text=True)
+    link = made.get_json()["url"]
+    path = link[link.index("/ui/") :]
+    assert site.api.client().get(path).status_code == 200  # the one use it had
+    return path
 
 
 def _reconciliation_required(site: Site) -> str:
@@ -271,6 +356,7 @@ PAGES: list[PageCase] = [
     PageCase("execution-waiting", _waiting),
     PageCase("execution-cancel-form", _cancel_form),
     PageCase("execution-reconcile-form", _reconcile_form),
+    PageCase("execution-reconcile-form-corrected", _reconcile_form_corrected),
     PageCase("executions-search", _search),
     PageCase("executions-bad-search", _bad_search),
     PageCase("request", _request),
@@ -279,7 +365,10 @@ PAGES: list[PageCase] = [
     PageCase("machine", _machine),
     PageCase("notices", _notices),
     PageCase("approvals", _approvals),
+    PageCase("approvals-open", _approvals_open),
     PageCase("schedules", _schedules),
+    PageCase("schedules-listed", _schedules_listed),
+    PageCase("sign-in-link-used", _sign_in_link_used, signed_in=False),
     PageCase("bulk-preview", _bulk_preview),
     PageCase("bulk-progress", _bulk_progress),
     PageCase("execution-reconciliation-required", _reconciliation_required),

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from orquestador.actions import UncertainError
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.errors import DecisionInvalid
 from orquestador.queue import Resolution, resolve
@@ -206,6 +207,11 @@ def test_a_request_changed_since_acceptance_is_not_corrected(
     assert problem(response)["code"] == "NOT_RECONCILABLE"
     assert "no longer as its transition accepted it" in problem(response)["detail"]
     assert _everything(runtime_engine, eid) == before
+    # The decision page does not pretend to know the data the execution accepted.
+    then, _ = _data_then_and_now(signed_in(api, **OPERATOR), eid)
+    assert then.endswith(
+        "Not known: the request changed in a way no correction of this execution explains."
+    )
 
 
 def test_two_corrected_retries_at_once_exactly_one_is_applied(
@@ -296,6 +302,46 @@ def test_an_operator_retries_with_a_correction_from_the_page(
     page = text_of(client.get(response.headers["Location"]).get_data(as_text=True))
     assert "operator-1 asked for a retry of step charge with a correction" in page
     assert "Corrected /amount 900 → 950" in page
+
+
+def _data_then_and_now(client: Any, eid: uuid.UUID) -> tuple[str, str]:
+    """The words of the decision page's then and now of the request data."""
+    page = client.get(f"/ui/executions/{eid}/reconcile").get_data(as_text=True)
+    found = re.search(
+        r'<section class="request-data">.*?<section class="then">(.*?)</section>'
+        r'\s*<section class="now">(.*?)</section>',
+        page,
+        re.S,
+    )
+    assert found, "no then and now of the request data"
+    # text_of leaves a space where a tag ended, before a comma or a colon too.
+    then, now = (
+        re.sub(r" ([,:])", r"\1", re.sub(r"\s+", " ", unescape(text_of(part)))).strip()
+        for part in found.groups()
+    )
+    return then, now
+
+
+def test_the_decision_page_shows_the_data_as_accepted_beside_the_data_now(
+    api: Api, runtime_engine: Engine
+) -> None:
+    charge = charge_double(UncertainError("reset again"))
+    eid = park(runtime_engine, charge)
+    client = signed_in(api, **OPERATOR)
+
+    then, now = _data_then_and_now(client, eid)
+    assert then.endswith("Revision 2: the same as now. Nothing has changed it since.")
+    assert now.startswith("Now In new, revision 2.") and '"amount": 900' in now
+
+    # A corrected retry that parks again: then is still the data the execution accepted.
+    assert _retry(api, eid, [{"path": "/amount", "value": 950}]).status_code == 200
+    executor = Executor(registry_of(charge), settings())
+    assert run_once(runtime_engine, executor) == "RECONCILIATION_REQUIRED"
+    then, now = _data_then_and_now(client, eid)
+
+    assert "Revision 2." in then and '"amount": 900' in then and '"amount": 950' not in then
+    assert "revision 3." in now and '"amount": 950' in now
+    assert "Corrected since: /amount: 900 → 950" in now
 
 
 def test_the_reconcile_page_is_for_holders_of_the_scope(api: Api, runtime_engine: Engine) -> None:

@@ -82,8 +82,24 @@ def test_confirm_records_the_output_and_the_execution_finishes_without_calling_a
     assert resolved.actor == "operator-1"
     assert resolved.detail["decision"] == "confirm"
     assert resolved.detail["reason"] == "checked the provider's records"
+    assert resolved.detail["output"] == {"chargeId": "ch_1"}
     assert resolved.detail["checkpoint"]["status"] == "UNKNOWN"
     assert resolved.detail["checkpoint"]["externalKey"] == f"{eid}:charge"
+
+
+def test_a_confirmed_output_keeps_no_configured_secret_in_the_audit_trail(
+    runtime_engine, monkeypatch
+):
+    monkeypatch.setenv("PROVIDER_API_KEY", "sk_live_4f9a2c")
+    _charge, eid = _parked_charge(runtime_engine)
+    output = {"chargeId": "ch_1", "receipt": "paid with key sk_live_4f9a2c"}
+
+    assert _decide(runtime_engine, eid, "confirm", output=output) == "PENDING"
+
+    (resolved,) = audit(runtime_engine, eid, "RECONCILIATION_RESOLVED")
+    assert resolved.detail["output"] == {"chargeId": "ch_1", "receipt": "paid with key [redacted]"}
+    # The step's own output is what the flow goes on with: exactly as confirmed.
+    assert checkpoints(runtime_engine, eid)["charge"].output == output
 
 
 def test_confirm_refuses_an_output_the_adapter_schema_refuses(runtime_engine):

@@ -86,7 +86,7 @@ def test_an_operator_cancels_from_the_page_and_the_timeline_says_who_and_why(
     words = text_of(after.get_data(as_text=True))
     assert "The cancel was applied as the write rule allows." in words
     assert "alice cancelled it." in words and "customer asked on the phone" in words
-    assert "alice asked for power-off from new at revision 2." in words
+    assert "alice asked for power-off from new at revision 2 (flow decommission v1)." in words
     assert "agents asked to stop: poweroff" in words
     assert "Refresh" not in after.headers  # final: nothing left to follow
 
@@ -391,6 +391,65 @@ def test_open_notices_and_approvals_carry_their_one_click_forms(
     assert rejected.headers["Location"] == "/ui/approvals?done=rejected"
     after = client.get(rejected.headers["Location"]).get_data(as_text=True)
     assert "You rejected it." in text_of(after) and 'value="approved"' not in after
+
+
+# --- every action is refused without its scope -----------------------------------------
+
+# Every table a page action writes, whole: what a refused post must leave as it was.
+_WRITTEN = ("approval", "panel_notice", "request", "execution", "bulk_action", "audit_event")
+
+
+def _everything(owner_engine: Engine) -> dict[str, list[tuple[object, ...]]]:
+    with owner_engine.connect() as conn:
+        return {
+            table: sorted(
+                (tuple(row) for row in conn.execute(text(f"SELECT * FROM {table}"))), key=repr
+            )
+            for table in _WRITTEN
+        }
+
+
+@pytest.mark.parametrize(
+    ("action", "scope"),
+    [
+        ("approval decision", "approvals:decide"),
+        ("notice dismiss", "notices:read"),
+        ("dry-run start", "flows:admin"),
+        ("bulk start", "executions:cancel"),
+    ],
+)
+def test_a_valid_form_without_the_actions_scope_is_refused_and_writes_nothing(
+    api: Api,
+    executor: Executor,
+    runtime_engine: Engine,
+    owner_engine: Engine,
+    action: str,
+    scope: str,
+) -> None:
+    if action == "approval decision":
+        approval_id, _ = _approval(api, executor, runtime_engine)
+        url, form = f"/ui/approvals/{approval_id}/decision", {"decision": "approved"}
+    elif action == "notice dismiss":
+        url, form = f"/ui/notices/{_notice(owner_engine)}/dismiss", {}
+    elif action == "dry-run start":
+        flow_id = api.publish()["id"]
+        url = f"/ui/flows/{flow_id}/dry-runs"
+        form = {"transition": "power-off", "data": '{"machineId": "m-1"}'}
+    else:
+        waiting(api, owner_engine)
+        url = "/ui/bulk"
+        form = {"action": "cancel", "status": "WAITING", "reason": "outage"}
+    # Bob may read every request and is the approver named, but holds no action's scope.
+    client = signed_in(api, sub="bob", scopes=["requests:read-all"])
+    # The CSRF token is the session's, whatever its scopes: only the scope refuses.
+    token = csrf_of(client, "/ui/executions")
+    before = _everything(owner_engine)
+
+    response = client.post(url, data={"csrf": token, **form}, headers={"Origin": HOST})
+
+    assert response.status_code == 403, response.get_data(as_text=True)
+    assert scope in response.get_data(as_text=True)
+    assert _everything(owner_engine) == before
 
 
 def test_a_wait_under_way_is_part_of_the_story(api: Api, waiting_one: str) -> None:

@@ -15,17 +15,22 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
 from orquestador.approvals.store import ApprovalDraft, open_approval
+from orquestador.automation.firing import fire_due_schedules
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION
 from orquestador.notices.writing import NoticeDraft, write_notice
+from orquestador.worker.executor import Executor
 from tests.integration.api_support import ALL_SCOPES, DECOMMISSION, ORG, OTHER_ORG, Api, running_api
+from tests.integration.automation_support import AUTOMATION_SCOPES, moment_flow
 from tests.integration.execution_page_support import (
+    accepted,
     completed,
     deadline_passed,
     signed_in,
     text_of,
     waiting,
 )
-from tests.integration.schedule_support import SCHEDULE_SCOPES, publish, put
+from tests.integration.schedule_support import SCHEDULE_SCOPES, fires, make_due, publish, put
+from tests.integration.worker_support import registry_of, run_once, settings
 
 SCRIPT = "<script>alert(1)</script>"
 NOT_FOUND = "There is no such page, or you may not see it."
@@ -402,6 +407,88 @@ def test_approvals_need_their_scope(api: Api) -> None:
 
     assert response.status_code == 403
     assert "approvals:decide" in response.get_data(as_text=True)
+
+
+# --- who started an execution -----------------------------------------------------------
+
+
+def _started_by(api: Api, execution_id: str) -> str:
+    page = _page(
+        signed_in(api, sub="viewer", scopes=["requests:read-all"]), f"/ui/executions/{execution_id}"
+    )
+    found = re.search(r'<dd class="started-by">(.*?)</dd>', page, re.S)
+    assert found, "no Started by on the execution page"
+    # text_of leaves a space where a tag ended, before a comma too.
+    return re.sub(r" ,", ",", html.unescape(text_of(found.group(1)))).strip()
+
+
+def test_the_execution_page_names_the_person_who_asked(api: Api) -> None:
+    _, _, execution_id = accepted(api, sub="carol")
+
+    assert _started_by(api, execution_id) == "carol"
+
+
+def test_an_event_names_its_moment_plan_and_time_and_a_later_transition_its_person(
+    api: Api, runtime_engine: Engine
+) -> None:
+    flow = moment_flow(
+        states=["new", "greeted", "checked"],
+        transitions=[
+            {"id": "greet", "from": ["new"], "to": "greeted"},
+            {"id": "check", "from": ["greeted"], "to": "checked"},
+        ],
+    )
+    panel = {"sub": "panel", "scopes": AUTOMATION_SCOPES}
+    api.client().put("/api/v1/plans/vps", json={"name": "vps"}, headers=api.headers(**panel))
+    flow_id = api.publish(flow, **panel)["id"]
+    bound = api.client().put(
+        "/api/v1/plans/vps/bindings/provisioned",
+        json={"flowId": flow_id},
+        headers=api.headers(**panel),
+    )
+    assert bound.status_code == 200, bound.get_data(as_text=True)
+    event = {
+        "id": "evt-1",
+        "moment": "provisioned",
+        "planId": "vps",
+        "machineId": "m-42",
+        "occurredAt": "2026-11-30T10:00:00+00:00",
+        "data": {},
+    }
+    started = api.client().post("/api/v1/events", json=event, headers=api.headers(**panel))
+    assert started.status_code == 202, started.get_data(as_text=True)
+    body = started.get_json()
+    assert run_once(runtime_engine, Executor(registry_of(), settings())) == "SUCCEEDED"
+    # The next transition of the same request, whose data still holds the event.
+    later = api.transition(body["requestId"], "check", 3, **panel)
+    assert later.status_code == 202, later.get_data(as_text=True)
+
+    assert _started_by(api, body["executionId"]) == (
+        "platform event provisioned of plan vps, at 2026-11-30 10:00:00 UTC"
+    )
+    assert _started_by(api, later.get_json()["executionId"]) == "panel"
+
+
+def test_a_fire_names_its_schedule_and_fire_time_and_lookalike_data_does_not(
+    api: Api, runtime_engine: Engine
+) -> None:
+    flow_id = publish(api)
+    assert put(api, "tick", {"flowId": flow_id, "everySeconds": 600}).status_code == 201
+    fire_time = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+    make_due(runtime_engine, "tick", fire_time)
+    fire_due_schedules(runtime_engine, max_attempts=3, now=fire_time + timedelta(seconds=1))
+    ((_, _, fired),) = fires(runtime_engine, "tick")
+    # A person's request to the same flow, with data that looks like a fire's.
+    request_id = api.create_request(
+        flow_id, {"scheduleId": "tick", "fireTime": "2026-03-01T09:30:00+00:00", "data": {}}
+    )["id"]
+    by_hand = api.transition(request_id, "run", 1)
+    assert by_hand.status_code == 202, by_hand.get_data(as_text=True)
+
+    assert _started_by(api, str(fired)) == "schedule tick, fire time 2026-03-01 09:30:00 UTC"
+    story = html.unescape(text_of(_page(signed_in(api), f"/ui/executions/{fired}")))
+    assert "Schedule tick's fire asked for run from new at revision 2 (flow tick v1)." in story
+    assert _started_by(api, by_hand.get_json()["executionId"]) == "alice"
 
 
 # --- schedules ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from orquestador.domain.pointer_updates import (
     MAX_PROBLEMS,
     apply_updates,
     correct_request_data,
+    data_before_corrections,
     validate_request_data,
 )
 from orquestador.domain.schemas import validator_for
@@ -270,6 +271,18 @@ def test_a_correction_writes_each_path_and_says_what_was_there_before():
         {"path": "/card/last4", "before": "1111", "after": "4242"},
         {"path": "/notes", "after": "fixed"},
     ]
+
+
+def test_undoing_two_corrections_newest_first_gives_the_data_as_accepted():
+    accepted = {"amount": 900, "card": {"last4": "1111"}}
+    once, first = correct_request_data(accepted, CHECKOUT, [("/amount", 950), ("/notes", "a")])
+    twice, second = correct_request_data(once, CHECKOUT, [("/amount", 990), ("/notes", "b")])
+    kept = [[c.as_json() for c in first], [c.as_json() for c in second]]
+
+    assert data_before_corrections(twice, kept) == accepted
+    assert data_before_corrections(twice, kept[1:]) == once
+    assert data_before_corrections(twice, []) == twice
+    assert twice == {"amount": 990, "card": {"last4": "1111"}, "notes": "b"}  # not mutated
 
 
 @pytest.mark.parametrize(

@@ -90,3 +90,166 @@ def test_an_interrupted_attempt_says_so_and_durations_read_as_people_say_them() 
     assert took(T0, T0 + timedelta(milliseconds=250)) == "250 ms"
     assert took(T0, T0 + timedelta(seconds=125)) == "2 min 5 s"
     assert took(T0, None) == "no end recorded"
+
+
+def test_retries_rate_limit_waits_and_look_ups_say_what_the_engine_did() -> None:
+    story = timeline(
+        [
+            _audit(
+                "RETRY_SCHEDULED", 1, "w", actionId="charge", attempt=1, errorCode="TIMEOUT",
+                delaySeconds=0.25,
+            ),
+            _audit(
+                "RETRY_SCHEDULED", 2, "w", actionId="charge", attempt=2, errorCode="TIMEOUT",
+                delaySeconds=125.4,
+            ),
+            _audit(
+                "RATE_LIMITED", 3, "w", actionId="charge", capability="test.charge",
+                dueAt="2026-03-01T10:30:05.5+01:00",
+            ),
+            _audit("RECONCILED_BY_LOOKUP", 4, "w", actionId="charge", attempt=2, externalKey="k"),
+        ],
+        [],
+    )  # fmt: skip
+
+    assert [m.words for m in story] == [
+        "Step charge will be tried again in 250 ms (TIMEOUT on attempt 1).",
+        "Step charge will be tried again in 2 min 5 s (TIMEOUT on attempt 2).",
+        "Step charge waited for its route's rate limit; no attempt spent.",
+        "A look-up found that step charge's attempt 2 had taken effect: it was not sent again.",
+    ]
+    assert story[2].facts == (("Due again", "2026-03-01 09:30:05 UTC"),)
+    assert [m.facts for m in (story[0], story[1], story[3])] == [(), (), ()]
+
+
+def test_notices_say_what_became_of_their_e_mail() -> None:
+    story = timeline(
+        [
+            _audit("NOTICE_WRITTEN", 1, "w", noticeId="n-1", email="queued", test=False),
+            _audit("NOTICE_WRITTEN", 2, "w", noticeId="n-2", email="no_recipients", test=False),
+            _audit("NOTICE_WRITTEN", 3, "w", noticeId="n-3", email="org_opted_out", test=False),
+            _audit("NOTICE_EMAIL_SETTLED", 4, None, noticeId="n-1", email="delivered"),
+            _audit("NOTICE_EMAIL_SETTLED", 5, None, noticeId="n-1", email="failed"),
+        ],
+        [],
+    )
+
+    assert [m.words for m in story] == [
+        "A notice was written; an e-mail is queued.",
+        "A notice was written; no e-mail (the organization names nobody to send it to).",
+        "A notice was written; no e-mail (the organization opted out).",
+        "A notice's e-mail was delivered.",
+        "A notice's e-mail could not be delivered.",
+    ]
+    assert all(m.facts == () for m in story)
+
+
+def test_an_error_exit_and_a_failure_name_the_step_the_code_and_where_the_request_went() -> None:
+    story = timeline(
+        [
+            _audit(
+                "STEP_ERROR_EXIT", 1, "w", actionId="wait", errorCode="WAIT_DEADLINE_EXCEEDED",
+                fromState="new", toState="attention", message="no answer in 60 s",
+                observed={"wait": {"status": "sent"}}, transitionId="power-off", revision=3,
+            ),
+            _audit("EXECUTION_FAILED", 2, "w", errorCode="INPUT_INVALID"),
+        ],
+        [],
+    )  # fmt: skip
+
+    assert [m.words for m in story] == [
+        "Step wait failed (WAIT_DEADLINE_EXCEEDED); its error exit moved the request"
+        " new → attention.",
+        "Failed (INPUT_INVALID).",
+    ]
+    assert story[0].facts == (("Message", "no answer in 60 s"),)  # not the frozen evidence
+
+
+def test_a_cancel_after_a_write_says_it_parked_and_what_it_did_on_machines() -> None:
+    commands = {
+        "cancelled": [{"command": "reboot", "machineId": "m-1"}],
+        "stopRequested": [{"command": "poweroff", "machineId": "m-1"}],
+    }
+    story = timeline(
+        [
+            _audit(
+                "RECONCILIATION_REQUIRED", 1, "alice", reason="CANCELLED_AFTER_WRITES",
+                cancelReason="customer asked on the phone", machineCommands=commands,
+                checkpoints=[{"actionId": "send"}], writesSucceeded=["send"],
+            ),
+            _audit("EXECUTION_CANCELLED", 2, "bob", reason="duplicate", machineCommands={}),
+        ],
+        [],
+    )  # fmt: skip
+
+    assert [m.words for m in story] == [
+        "alice cancelled it after a write was done or in doubt: it waits for a person to say"
+        " what happened. On machines, cancelled before any agent took them: reboot; agents"
+        " asked to stop: poweroff.",
+        "bob cancelled it.",
+    ]
+    assert story[0].facts == (("Reason", "customer asked on the phone"),)
+    assert story[1].facts == (("Reason", "duplicate"),)
+
+
+def test_an_approval_decided_or_left_past_its_deadline() -> None:
+    story = timeline(
+        [
+            _audit("APPROVAL_DECIDED", 1, "bob", decision="rejected", comment="not tonight"),
+            _audit("APPROVAL_EXPIRED", 2, "w", deadlineAt="2026-03-01T10:30:00+01:00"),
+        ],
+        [],
+    )
+
+    assert [m.words for m in story] == [
+        "bob rejected the approval.",
+        "Nobody decided the approval before its deadline.",
+    ]
+    assert story[0].facts == (("Comment", "not tonight"),)
+    assert story[1].facts == (("Deadline", "2026-03-01 09:30:00 UTC"),)
+
+
+def test_a_confirm_shows_its_output_beside_the_reason() -> None:
+    (moment,) = timeline(
+        [
+            _audit(
+                "RECONCILIATION_RESOLVED", 1, "bob", decision="confirm", actionId="charge",
+                reason="the dashboard shows it", output={"chargeId": "ch_1", "amount": 900},
+            )
+        ],
+        [],
+    )  # fmt: skip
+
+    assert moment.words == "bob confirmed step charge."
+    assert moment.facts == (
+        ("Reason", "the dashboard shows it"),
+        ("Output", '{"amount": 900, "chargeId": "ch_1"}'),
+    )
+
+
+def test_the_acceptance_names_the_flow_version_and_what_asked_when_no_person_did() -> None:
+    accepted = {"transitionId": "run", "fromState": "new", "acceptedRevision": 2}
+    story = timeline(
+        [
+            _audit("TRANSITION_ACCEPTED", 0, "alice", **accepted),
+            _audit(
+                "TRANSITION_ACCEPTED", 1, "alice", **accepted,
+                startedBy={"schedule": "nightly", "fireTime": "2026-03-01T03:00:00+01:00"},
+            ),
+            _audit(
+                "TRANSITION_ACCEPTED", 2, "panel", **accepted,
+                startedBy={"event": "e-1", "moment": "provisioned", "plan": "vps"},
+            ),
+        ],
+        [],
+        flow="tick v3",
+    )  # fmt: skip
+
+    assert [m.words for m in story] == [
+        "alice asked for run from new at revision 2 (flow tick v3).",
+        "Schedule nightly's fire asked for run from new at revision 2 (flow tick v3).",
+        "Platform event provisioned of plan vps asked for run from new at revision 2"
+        " (flow tick v3).",
+    ]
+    # Whom a fire or an event acts for stays the row's actor.
+    assert [m.actor for m in story] == ["alice", "alice", "panel"]
