@@ -87,6 +87,7 @@ def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
             read.attempts,
             read.view["steps"],
             flow=f"{read.row.flow_key} v{read.row.flow_version}",
+            outputs=caller.has_scope(SCOPE_EXECUTIONS_RECONCILE),
         ),
         "started": started_by(read),
         "request_now": read.request,

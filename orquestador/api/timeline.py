@@ -39,11 +39,14 @@ def timeline(
     attempts: Iterable[Any],
     steps: Iterable[dict[str, Any]] = (),
     flow: str | None = None,
+    outputs: bool = True,
 ) -> list[Moment]:
     """Audit rows (kind, actor, detail, created_at), ended attempts and the waits under
     way (the view's steps with `waitingFor`), oldest first. `flow` ("checkout v3") is the
-    flow version the execution runs, which the acceptance names."""
-    moments = [_audit_moment(row, flow) for row in audit]
+    flow version the execution runs, which the acceptance names. `outputs` False leaves
+    out the step outputs an operator confirmed: a step's output is shown only to those
+    who may decide on it, as the evidence is."""
+    moments = [_audit_moment(row, flow, outputs) for row in audit]
     moments += [_attempt_moment(row) for row in attempts]
     moments += [_wait_moment(s) for s in steps if "waitingFor" in s and s.get("startedAt")]
     # Stable: an attempt ends before the audit row its outcome wrote in the same instant.
@@ -96,8 +99,10 @@ def _wait_moment(step: dict[str, Any]) -> Moment:
     return Moment(at=datetime.fromisoformat(step["startedAt"]), kind="wait", words=words + ".")
 
 
-def _audit_moment(row: Any, flow: str | None = None) -> Moment:
+def _audit_moment(row: Any, flow: str | None = None, outputs: bool = True) -> Moment:
     detail: dict[str, Any] = row.detail if isinstance(row.detail, dict) else {}
+    if not outputs:
+        detail = {name: value for name, value in detail.items() if name != "output"}
     if row.kind == "TRANSITION_ACCEPTED" and flow is not None:
         detail = {**detail, "flow": flow}
     sentence = _SENTENCES.get(row.kind)

@@ -95,6 +95,11 @@ def test_a_confirm_from_the_page_goes_on_from_the_checkpoint_and_shows_its_outpu
     words = _words(client, response.headers["Location"])
     assert "operator-1 confirmed step charge. Reason " + REASON in words
     assert 'Output {"chargeId": "ch_1"}' in words
+    # A reader who may not decide sees the decision, not the step's output.
+    reader = signed_in(api, **{**OPERATOR, "sub": "reader", "scopes": ["requests:read-all"]})
+    words = _words(reader, f"/ui/executions/{eid}")
+    assert "operator-1 confirmed step charge. Reason " + REASON in words
+    assert "chargeId" not in words
 
 
 def test_a_fail_from_the_page_ends_the_transition_in_the_chosen_state(

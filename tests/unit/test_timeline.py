@@ -227,6 +227,21 @@ def test_a_confirm_shows_its_output_beside_the_reason() -> None:
     )
 
 
+def test_a_confirmed_output_is_left_out_for_who_may_not_see_outputs() -> None:
+    (moment,) = timeline(
+        [
+            _audit(
+                "RECONCILIATION_RESOLVED", 1, "bob", decision="confirm", actionId="charge",
+                reason="the dashboard shows it", output={"chargeId": "ch_1"},
+            )
+        ],
+        [],
+        outputs=False,
+    )  # fmt: skip
+
+    assert moment.facts == (("Reason", "the dashboard shows it"),)
+
+
 def test_the_acceptance_names_the_flow_version_and_what_asked_when_no_person_did() -> None:
     accepted = {"transitionId": "run", "fromState": "new", "acceptedRevision": 2}
     story = timeline(
