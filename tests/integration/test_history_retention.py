@@ -198,3 +198,16 @@ def test_months_ahead_are_made_once_and_a_purge_needs_the_function(
     # The runtime role has no way around the functions: no DDL on the history.
     with pytest.raises(ProgrammingError), runtime_engine.begin() as conn:
         conn.execute(text("DROP TABLE audit_event_p" + _month(0)))
+
+
+def test_the_leaders_pass_makes_a_missing_month_ahead_of_both_tables(
+    owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    ahead = _month(-40)
+    with owner_engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE audit_event_p{ahead}, action_attempt_p{ahead}"))
+    # The pass runs as the product does: the runtime role, holding the leader's lock.
+    assert _one_pass(runtime_engine).history_months_made == 2
+    assert "audit_event_p" + ahead in _partitions(owner_engine, "audit_event")
+    assert "action_attempt_p" + ahead in _partitions(owner_engine, "action_attempt")
+    assert _one_pass(runtime_engine).history_months_made == 0
