@@ -285,8 +285,12 @@ class _ExecutionRun(StepRunner):
             if decided.to not in flow.states:
                 self.fail("UNKNOWN_STATE", toState=decided.to)
             updates = compute_updates(transition, context, decided)
-            data = apply_updates(loaded.data, updates)
-            validate_request_data(data, loaded.data_schema)
+            # Data no update touches is the data as it was checked against this pinned
+            # schema when it was written (created, updated by a finish, corrected).
+            data = loaded.data
+            if updates:
+                data = apply_updates(loaded.data, updates)
+                validate_request_data(data, loaded.data_schema)
         except DataValidationError as exc:
             self.fail(exc.code, problems=[p.path for p in exc.problems])
         except MappingError as exc:
