@@ -1,6 +1,6 @@
 """The benchmark's adapters, declared IDEMPOTENT_WRITE so the full checkpoint path runs:
-a no-op, and one that takes `seconds` (a slow call holding its worker slot, for the
-skewed-load run)."""
+a no-op (inline, as the built-in noop), and one that takes `seconds` (a slow call holding
+its worker slot, for the skewed-load run)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def register(registry: AdapterRegistry) -> None:
             timeout_seconds=5,
             max_attempts=3,
             invoke=_nothing,
+            inline=True,  # it returns at once: no call thread needed, as the built-in noop
         )
     )
     registry.add(

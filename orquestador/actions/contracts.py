@@ -126,6 +126,12 @@ class Adapter:
     # Calls share one token bucket in the database (queue/rate_limits.py): a call with
     # no token waits RETRY_WAIT for the next one, spending no attempt.
     rate_limit: RateLimit | None = None
+    # True: `invoke` (or `simulate`) returns at once and waits on nothing outside the
+    # process (no network, no file, no lock another holds), so the job calls it on its
+    # own thread instead of handing it to a call thread. Its deadline is checked when it
+    # returns, with the same rule (an answer at or past it is late); nothing can abandon
+    # it mid-call, so an inline adapter that blocks holds its job and its lease.
+    inline: bool = False
 
     def __post_init__(self) -> None:
         # A frozen dataclass still accepts a plain string; keep the enum everywhere.

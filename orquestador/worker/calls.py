@@ -178,6 +178,21 @@ class AdapterCalls:
             raise CallTimedOut()
         return answer.result()
 
+    @staticmethod
+    def inline(function: Callable[[Any], Any], argument: Any, deadline: float) -> Any:
+        """`call` on the caller's own thread, for an adapter declared `inline` (it cannot
+        block): the same rule for the answer, checked once it returned, since nothing
+        can stop waiting for it earlier. Saves the two thread hand-offs of a call."""
+        try:
+            result = function(argument)
+        except BaseException:  # as a call thread delivers it, unless it came too late
+            if time.monotonic() >= deadline:
+                raise CallTimedOut() from None
+            raise
+        if time.monotonic() >= deadline:
+            raise CallTimedOut()
+        return result
+
     def _linger(self, key: str, answer: _Answer) -> None:
         with self._lock:
             self._lingering[key] = Lingering(answer, time.monotonic())

@@ -285,12 +285,15 @@ class StepRunner(StepOutcomes):
             first_started_at=step.first_started_at,
         )
         # No transaction is open here: the RUNNING checkpoint committed above. The call
-        # runs on its own thread; at the deadline this job stops waiting for it.
+        # runs on its own thread (an inline adapter's on this one); at the deadline this
+        # job stops waiting for it.
         began = time.monotonic()
         key = step.external_key
         try:
             if call is _simulation_unsupported:
                 output = call(ctx)  # raises; nothing to run on a thread
+            elif adapter.inline:
+                output = self.x.calls.inline(call, ctx, ctx.deadline)
             else:
                 output = self.x.calls.call(call, ctx, ctx.deadline, extra, key)
         except CallTimedOut:

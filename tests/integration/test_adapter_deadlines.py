@@ -119,3 +119,31 @@ def test_a_timed_out_write_is_handed_on_only_once_its_call_ended(runtime_engine)
     assert status == "RETRY_WAIT" and writes == [f"{eid}:s"]
     checkpoint = checkpoints(runtime_engine, eid)["s"]
     assert (checkpoint.status, checkpoint.error_code) == ("UNKNOWN", "ADAPTER_TIMEOUT")
+
+
+def test_an_inline_adapter_runs_on_the_job_thread_and_is_late_past_its_deadline(runtime_engine):
+    threads = []
+
+    def overruns(ctx):
+        threads.append(threading.current_thread())
+        while not ctx.should_stop():  # an inline adapter that overruns, cooperatively
+            pass
+        return {"late": True}
+
+    slow = Double(
+        "test.inline", Effect.READ_ONLY, timeout_seconds=0.2, output=overruns, inline=True
+    )
+    eid = start_execution(runtime_engine, flow_definition([action("s", "test.inline")]))
+
+    status = run_once(runtime_engine, Executor(registry_of(slow), settings()))
+
+    # Called by the job itself, not handed to a call thread; its late answer is not kept.
+    (thread,) = threads
+    assert not thread.name.startswith("orquestador-call-")
+    assert status == "RETRY_WAIT"
+    checkpoint = checkpoints(runtime_engine, eid)["s"]
+    assert (checkpoint.status, checkpoint.error_code, checkpoint.output) == (
+        "FAILED",
+        "ADAPTER_TIMEOUT",
+        None,
+    )

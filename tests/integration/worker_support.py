@@ -325,6 +325,7 @@ class RecordingAdapter:
     )
     input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
     output_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    inline: bool = False
     calls: list[ActionContext] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -345,6 +346,7 @@ class RecordingAdapter:
             timeout_seconds=self.timeout_seconds,
             max_attempts=self.max_attempts,
             invoke=self.invoke,
+            inline=self.inline,
         )
 
 

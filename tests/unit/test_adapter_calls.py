@@ -50,3 +50,37 @@ def test_a_call_still_running_at_its_deadline_is_abandoned_and_lingers(
     assert lingering is not None and not lingering.ended(0)
     release.set()
     assert lingering.ended(5)
+
+
+def test_an_inline_call_in_time_runs_on_the_callers_thread(calls: AdapterCalls) -> None:
+    caller = threading.current_thread()
+    assert calls.inline(
+        lambda x: (x + 1, threading.current_thread()), 41, time.monotonic() + 5
+    ) == (
+        42,
+        caller,
+    )
+
+
+def test_an_inline_answer_given_at_or_past_its_deadline_is_late(calls: AdapterCalls) -> None:
+    deadline = time.monotonic() + 0.05
+
+    def returns_at_its_deadline(_: object) -> str:
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+        return "partial"
+
+    with pytest.raises(CallTimedOut):
+        calls.inline(returns_at_its_deadline, None, deadline)
+
+
+def test_an_inline_error_is_the_adapters_in_time_and_a_timeout_once_late(
+    calls: AdapterCalls,
+) -> None:
+    def fails(_: object) -> str:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        calls.inline(fails, None, time.monotonic() + 5)
+    with pytest.raises(CallTimedOut):
+        calls.inline(fails, None, time.monotonic() - 1)

@@ -30,4 +30,5 @@ NOOP = Adapter(
     simulation_only=True,
     # Its invoke does nothing and reaches nothing, so a dry run may call it as it is.
     dry_run="call",
+    inline=True,
 )
