@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 import throughput  # noqa: E402
 
-from tests.ha.api_traffic import Traffic, api_ready, migrated, spawn, token_for  # noqa: E402
+from tests.ha.api_traffic import migrated, spawn, traffic_through  # noqa: E402
 from tests.ha.replication import ReplicatedPair, free_port, poll  # noqa: E402
 
 DATABASE = "orquestador_async"
@@ -120,11 +120,7 @@ def one_run(seconds: float, senders: int, synchronous: bool, folder: Path) -> di
             folder / "api.log",
         )
         base = f"http://127.0.0.1:{api_port}"
-        traffic = Traffic(base, token_for(JWT_SECRET), flow_id="", transition="finish")
-        poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
-        flow = traffic.call("flows", FLOW)
-        assert flow.status == 201, flow.body
-        traffic.flow_id = flow.body["id"]
+        traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
 
         lag = Lag(pair.primary.url())
         threads = [threading.Thread(target=traffic.run, daemon=True) for _ in range(senders)]

@@ -21,7 +21,7 @@ from typing import Any
 
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
-from tests.ha.replication import ReplicatedPair
+from tests.ha.replication import ReplicatedPair, poll
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,6 +125,16 @@ class Traffic:
 
     def accepted_after(self, moment: float) -> list[str]:
         return [execution for at, execution in list(self.accepted) if at > moment]
+
+
+def traffic_through(base: str, secret: str, flow: dict[str, Any], transition: str) -> Traffic:
+    """Traffic through the API at `base` once it is ready, on `flow` published through it."""
+    poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
+    traffic = Traffic(base, token_for(secret), flow_id="", transition=transition)
+    published = traffic.call("flows", flow)
+    assert published.status == 201, published.body
+    traffic.flow_id = published.body["id"]
+    return traffic
 
 
 def migrated(pair: ReplicatedPair, database: str, role: str) -> dict[str, str]:

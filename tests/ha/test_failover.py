@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.api_traffic import ROOT, Traffic, api_ready, migrated, spawn, token_for
+from tests.ha.api_traffic import ROOT, migrated, spawn, traffic_through
 from tests.ha.replication import ReplicatedPair, free_port, poll
 from tests.integration.route_provider import RouteProvider
 
@@ -157,11 +157,7 @@ def test_promoting_the_synchronous_standby_loses_no_acceptance_and_repeats_no_wr
             spawn(started, "worker", worker_env, tmp_path / f"{name}.log")
 
         base = f"http://127.0.0.1:{api_port}"
-        traffic = Traffic(base, token_for(JWT_SECRET), flow_id="", transition="bill")
-        poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
-        flow = traffic.call("flows", FLOW)
-        assert flow.status == 201, flow.body
-        traffic.flow_id = flow.body["id"]
+        traffic = traffic_through(base, JWT_SECRET, FLOW, "bill")
         traffic.answers.clear()
 
         senders = [

@@ -30,7 +30,7 @@ from sqlalchemy import text
 from orquestador.config import libpq_url
 from orquestador.db.engine import make_engine
 from tests.db_support import TestDatabase
-from tests.ha.api_traffic import ROOT, Traffic, api_ready, spawn, token_for
+from tests.ha.api_traffic import ROOT, spawn, traffic_through
 from tests.ha.replication import free_port, poll
 
 pytestmark = pytest.mark.ha
@@ -184,11 +184,7 @@ def test_the_api_and_a_worker_work_through_pgbouncer_with_session_state_direct(
     )
 
     base = f"http://127.0.0.1:{api_port}"
-    traffic = Traffic(base, token_for(JWT_SECRET), flow_id="", transition="finish")
-    poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
-    flow = traffic.call("flows", FLOW)
-    assert flow.status == 201, flow.body
-    traffic.flow_id = flow.body["id"]
+    traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
 
     sender = threading.Thread(target=traffic.run, name="api-traffic", daemon=True)
     sender.start()

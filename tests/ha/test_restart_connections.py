@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.api_traffic import ROOT, Traffic, api_ready, migrated, spawn, token_for
+from tests.ha.api_traffic import ROOT, migrated, spawn, traffic_through
 from tests.ha.replication import ReplicatedPair, free_port, poll
 
 pytestmark = pytest.mark.ha
@@ -124,11 +124,7 @@ def test_a_restart_brings_back_at_most_the_pools_connections_spread_over_time(
         tmp_path / "worker.log",
     )
     base = f"http://127.0.0.1:{api_port}"
-    traffic = Traffic(base, token_for(JWT_SECRET), flow_id="", transition="finish")
-    poll(lambda: api_ready(base), timeout=60, what="the API to be ready")
-    flow = traffic.call("flows", FLOW)
-    assert flow.status == 201, flow.body
-    traffic.flow_id = flow.body["id"]
+    traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
 
     senders = [threading.Thread(target=traffic.run, daemon=True) for _ in range(4)]
     for sender in senders:
