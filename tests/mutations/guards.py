@@ -1617,6 +1617,19 @@ EXECUTOR_GUARDS = [
         "The end of an abandoned call is seen by whoever waits for it before a lookup.",
         (_IN_FLIGHT,),
     ),
+    Mutation(
+        "inline-late-answer-dropped",
+        _CALLS_PY,
+        "        if time.monotonic() >= deadline:\n            raise CallTimedOut()\n"
+        "        return result\n",
+        "        return result\n",
+        "An inline adapter's answer at or past its deadline is late, as a call thread's is.",
+        (
+            "tests/integration/test_adapter_deadlines.py::"
+            "test_an_inline_adapter_runs_on_the_job_thread_and_is_late_past_its_deadline",
+            "tests/unit/test_adapter_calls.py::test_an_inline_answer_given_at_or_past_its_deadline_is_late",
+        ),
+    ),
 ]
 
 # --- queue/reconciliation.py: cancel obeys the write rule -------------------------------
