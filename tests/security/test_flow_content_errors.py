@@ -169,9 +169,25 @@ def test_a_stored_table_literal_with_too_many_digits_fails_the_execution_cleanly
 def test_a_stored_schema_that_cannot_be_evaluated_fails_the_execution_cleanly(
     runtime_engine: Engine, name: str
 ) -> None:
+    """A flow stored before a check existed: the finish that writes new data checks it
+    against that schema, and fails cleanly instead of crashing or hanging."""
     schema, _, data = BAD_SCHEMAS[name]
-    definition = flow_definition([], data_schema=schema)
+    seen = [{"path": "/seen", "const": True}]
+    definition = flow_definition([], data_schema=schema, updates=seen)
     execution_id = start_execution(runtime_engine, definition, data)
 
     assert run_once(runtime_engine, Executor(registry_of(), settings())) == "FAILED"
     assert execution(runtime_engine, execution_id).error_code == "DATA_SCHEMA_INVALID"
+
+
+@pytest.mark.parametrize("name", ["recursive-ref", "invalid-pattern", "huge-multiple-of"])
+def test_a_finish_that_updates_nothing_never_evaluates_the_stored_schema(
+    runtime_engine: Engine, name: str
+) -> None:
+    """Data no update touches is the data as it was checked when it was written: the
+    finish keeps it as it is and evaluates nothing."""
+    schema, _, data = BAD_SCHEMAS[name]
+    execution_id = start_execution(runtime_engine, flow_definition([], data_schema=schema), data)
+
+    assert run_once(runtime_engine, Executor(registry_of(), settings())) == "SUCCEEDED"
+    assert execution(runtime_engine, execution_id).error_code is None
