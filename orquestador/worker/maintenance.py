@@ -98,12 +98,18 @@ class LeaderLock:
             raise
 
     def release(self) -> None:
-        """Close the connection: the server drops the lock with the session."""
-        self.held = False
+        """Give the lock back, then close the connection.
+
+        Closing alone would also drop it, but only once the server has ended the
+        session, a moment later: the next leader (or the next pass of a test) could find
+        it still taken. An already broken connection has nothing left to release.
+        """
+        held, self.held = self.held, False
         conn, self._conn = self._conn, None
         if conn is not None:
-            # An already broken connection has nothing left to release.
             with contextlib.suppress(Exception):
+                if held:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
                 conn.close()
 
 
