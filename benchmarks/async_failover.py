@@ -42,8 +42,8 @@ sys.path.insert(0, str(HERE))
 
 import throughput  # noqa: E402
 
-from tests.ha.api_traffic import migrated, spawn, traffic_through  # noqa: E402
-from tests.ha.replication import ReplicatedPair, free_port, poll  # noqa: E402
+from tests.ha.api_traffic import migrated, serve_api, traffic_through  # noqa: E402
+from tests.ha.replication import ReplicatedPair, poll  # noqa: E402
 
 DATABASE = "orquestador_async"
 RUNTIME_ROLE = "orquestador_async_runtime"
@@ -101,25 +101,16 @@ def one_run(seconds: float, senders: int, synchronous: bool, folder: Path) -> di
         pair.standby.settings.update(DURABLE)
         pair.start()
         base_env = migrated(pair, DATABASE, RUNTIME_ROLE)
-        api_port = free_port()
-        spawn(
-            processes,
-            "api",
-            {
-                **base_env,
-                "PYTHONPATH": str(ROOT),
-                "DATABASE_URL": pair.primary.url(DATABASE, RUNTIME_ROLE),
-                "JWT_SECRET": JWT_SECRET,
-                "LOG_LEVEL": "WARNING",
-                "API_PORT": str(api_port),
-                "API_WORKERS": "2",
-                "API_THREADS": str(max(4, senders // 2)),
-                "REQUEST_API_ENABLED": "true",
-                "FLOW_ADMIN_ENABLED": "true",
-            },
-            folder / "api.log",
+        env = {
+            **base_env,
+            "PYTHONPATH": str(ROOT),
+            "DATABASE_URL": pair.primary.url(DATABASE, RUNTIME_ROLE),
+            "JWT_SECRET": JWT_SECRET,
+            "LOG_LEVEL": "WARNING",
+        }
+        base = serve_api(
+            processes, env, folder / "api.log", workers=2, threads=max(4, senders // 2)
         )
-        base = f"http://127.0.0.1:{api_port}"
         traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
 
         lag = Lag(pair.primary.url())

@@ -21,7 +21,7 @@ from typing import Any
 
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
-from tests.ha.replication import ReplicatedPair, poll
+from tests.ha.replication import ReplicatedPair, free_port, poll
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +41,28 @@ def spawn(
         )
     processes.append(process)
     return process
+
+
+def serve_api(
+    processes: list[subprocess.Popen],
+    env: dict[str, str],
+    log: Path,
+    workers: int,
+    threads: int | None = None,
+) -> str:
+    """`orquestador api` (gunicorn) with the request and flow routes on a free port; its URL."""
+    port = free_port()
+    api_env = {
+        **env,
+        "API_PORT": str(port),
+        "API_WORKERS": str(workers),
+        "REQUEST_API_ENABLED": "true",
+        "FLOW_ADMIN_ENABLED": "true",
+    }
+    if threads is not None:
+        api_env["API_THREADS"] = str(threads)
+    spawn(processes, "api", api_env, log)
+    return f"http://127.0.0.1:{port}"
 
 
 def token_for(secret: str) -> str:

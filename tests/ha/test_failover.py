@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.api_traffic import ROOT, migrated, spawn, traffic_through
-from tests.ha.replication import ReplicatedPair, free_port, poll
+from tests.ha.api_traffic import ROOT, migrated, serve_api, spawn, traffic_through
+from tests.ha.replication import ReplicatedPair, poll
 from tests.integration.route_provider import RouteProvider
 
 pytestmark = pytest.mark.ha
@@ -126,19 +126,7 @@ def test_promoting_the_synchronous_standby_loses_no_acceptance_and_repeats_no_wr
             "JWT_SECRET": JWT_SECRET,
             "LOG_LEVEL": "WARNING",
         }
-        api_port = free_port()
-        spawn(
-            started,
-            "api",
-            {
-                **env,
-                "API_PORT": str(api_port),
-                "API_WORKERS": "2",
-                "REQUEST_API_ENABLED": "true",
-                "FLOW_ADMIN_ENABLED": "true",
-            },
-            tmp_path / "api.log",
-        )
+        base = serve_api(started, env, tmp_path / "api.log", workers=2)
         worker_env = {
             **env,
             "WORKER_ENABLED": "true",
@@ -156,7 +144,6 @@ def test_promoting_the_synchronous_standby_loses_no_acceptance_and_repeats_no_wr
         for name in ("worker-1", "worker-2"):
             spawn(started, "worker", worker_env, tmp_path / f"{name}.log")
 
-        base = f"http://127.0.0.1:{api_port}"
         traffic = traffic_through(base, JWT_SECRET, FLOW, "bill")
         traffic.answers.clear()
 

@@ -30,7 +30,7 @@ from sqlalchemy import text
 from orquestador.config import libpq_url
 from orquestador.db.engine import make_engine
 from tests.db_support import TestDatabase
-from tests.ha.api_traffic import ROOT, spawn, traffic_through
+from tests.ha.api_traffic import ROOT, serve_api, spawn, traffic_through
 from tests.ha.replication import free_port, poll
 
 pytestmark = pytest.mark.ha
@@ -149,20 +149,7 @@ def test_the_api_and_a_worker_work_through_pgbouncer_with_session_state_direct(
         "JWT_SECRET": JWT_SECRET,
         "LOG_LEVEL": "WARNING",
     }
-    api_port = free_port()
-    spawn(
-        started,
-        "api",
-        {
-            **env,
-            "API_PORT": str(api_port),
-            "API_WORKERS": "2",
-            "API_THREADS": "4",
-            "REQUEST_API_ENABLED": "true",
-            "FLOW_ADMIN_ENABLED": "true",
-        },
-        tmp_path / "api.log",
-    )
+    base = serve_api(started, env, tmp_path / "api.log", workers=2, threads=4)
     spawn(
         started,
         "worker",
@@ -183,7 +170,6 @@ def test_the_api_and_a_worker_work_through_pgbouncer_with_session_state_direct(
         what="the worker's LISTEN",
     )
 
-    base = f"http://127.0.0.1:{api_port}"
     traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
 
     sender = threading.Thread(target=traffic.run, name="api-traffic", daemon=True)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.api_traffic import ROOT, migrated, spawn, traffic_through
-from tests.ha.replication import ReplicatedPair, free_port, poll
+from tests.ha.api_traffic import ROOT, migrated, serve_api, spawn, traffic_through
+from tests.ha.replication import ReplicatedPair, poll
 
 pytestmark = pytest.mark.ha
 
@@ -97,20 +97,7 @@ def test_a_restart_brings_back_at_most_the_pools_connections_spread_over_time(
         "JWT_SECRET": JWT_SECRET,
         "LOG_LEVEL": "WARNING",
     }
-    api_port = free_port()
-    spawn(
-        started,
-        "api",
-        {
-            **env,
-            "API_PORT": str(api_port),
-            "API_WORKERS": str(API_WORKERS),
-            "API_THREADS": str(POOL),
-            "REQUEST_API_ENABLED": "true",
-            "FLOW_ADMIN_ENABLED": "true",
-        },
-        tmp_path / "api.log",
-    )
+    base = serve_api(started, env, tmp_path / "api.log", workers=API_WORKERS, threads=POOL)
     spawn(
         started,
         "worker",
@@ -123,7 +110,6 @@ def test_a_restart_brings_back_at_most_the_pools_connections_spread_over_time(
         },
         tmp_path / "worker.log",
     )
-    base = f"http://127.0.0.1:{api_port}"
     traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
 
     senders = [threading.Thread(target=traffic.run, daemon=True) for _ in range(4)]
