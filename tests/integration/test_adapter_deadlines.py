@@ -147,3 +147,6 @@ def test_an_inline_adapter_runs_on_the_job_thread_and_is_late_past_its_deadline(
         "ADAPTER_TIMEOUT",
         None,
     )
+    # Waiting for its retry, the request stays held in its accepted state, data untouched.
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id, request.data) == ("new", eid, {})

@@ -247,6 +247,20 @@ def test_a_parked_execution_keeps_the_key_and_a_reconciliation_releases_it(api, 
     with runtime_engine.connect() as conn:
         assert resolve(conn, decision, output_problems=lambda *_: [], claims_budget=3) == "FAILED"
     assert rows(runtime_engine, holder)[holder].status == "FAILED"
+    with runtime_engine.connect() as conn:
+        request = conn.execute(
+            text(
+                "SELECT r.state, r.busy_execution_id, r.data FROM request r"
+                " JOIN execution e ON e.request_id = r.id WHERE e.id = :id"
+            ),
+            {"id": holder},
+        ).one()
+    # Released where it was, with its data: the decision named no state to go to.
+    assert (request.state, request.busy_execution_id, request.data) == (
+        "new",
+        None,
+        {"machineId": "m-1"},
+    )
     assert holders(runtime_engine) == 0
     assert ids(claim_after_release(runtime_engine)) == {waiting}
 

@@ -14,6 +14,7 @@ from tests.integration.worker_support import (
     execution,
     flow_definition,
     registry_of,
+    request_row,
     run_once,
     settings,
     start_execution,
@@ -191,3 +192,5 @@ def test_a_finish_that_updates_nothing_never_evaluates_the_stored_schema(
 
     assert run_once(runtime_engine, Executor(registry_of(), settings())) == "SUCCEEDED"
     assert execution(runtime_engine, execution_id).error_code is None
+    request = request_row(runtime_engine, execution(runtime_engine, execution_id).request_id)
+    assert (request.state, request.busy_execution_id, request.data) == ("done", None, data)
