@@ -19,7 +19,7 @@ import requests
 from api_support import Api, running_api
 from route_provider import RouteProvider
 from sqlalchemy import Engine, text
-from worker_support import action, flow_definition, settings, wait_until
+from worker_support import action, dry_run_with_worker, flow_definition, settings
 
 from orquestador.actions import (
     ActionContext,
@@ -32,7 +32,6 @@ from orquestador.actions import (
 from orquestador.actions.builtin import register_builtins
 from orquestador.integrations.http_adapter import http_adapter
 from orquestador.integrations.routes import load_routes
-from orquestador.worker.daemon import Worker
 
 ROUTES = """
 # A GET that reads, left at the default: never sent in a dry run.
@@ -160,20 +159,8 @@ def _dry_run_of(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Publish a one-step flow, dry-run it with a worker: (the view, the step's output)."""
     flow_id = api.publish(flow_definition([step]))["id"]
-    worker = Worker(settings(database_url=api.settings.database_url), runtime_engine, registry)
-    worker.start()
-    try:
-        response = api.post(f"/flows/{flow_id}/dry-runs", {"data": {}, "transition": "go"})
-        assert response.status_code == 202, response.get_data(as_text=True)
-        location = response.headers["Location"]
-
-        def finished() -> dict[str, Any] | None:
-            view = api.client().get(location, headers=api.headers()).get_json()
-            return view if view["status"] in ("SUCCEEDED", "FAILED") else None
-
-        view = wait_until(finished, what="the dry run finished")
-    finally:
-        worker.stop(timeout=30)
+    body = {"data": {}, "transition": "go"}
+    view = dry_run_with_worker(api, runtime_engine, registry, flow_id, body)
     assert view["simulation"] is True
     with runtime_engine.connect() as connection:
         output = connection.execute(

@@ -13,13 +13,12 @@ from automation_support import count
 from notice_support import set_preferences
 from route_provider import RouteProvider
 from sqlalchemy import Engine, text
-from worker_support import settings, wait_until
+from worker_support import dry_run_with_worker, settings
 
 from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.actions.builtin import register_builtins
 from orquestador.integrations.http_adapter import http_adapter
 from orquestador.integrations.routes import load_routes
-from orquestador.worker.daemon import Worker
 
 # Power a machine off, then charge for it: a command row and an invoice, were it real.
 CHARGED_POWER_OFF: dict[str, Any] = {
@@ -177,22 +176,8 @@ def _dry_run(
 ) -> dict[str, Any]:
     """Publish `flow`, dry-run `transition` on machine m-1 with a worker: the finished view."""
     flow_id = api.publish(flow)["id"]
-    worker = Worker(settings(database_url=api.settings.database_url), engine, registry)
-    worker.start()
-    try:
-        response = api.post(
-            f"/flows/{flow_id}/dry-runs", {"data": {"machineId": "m-1"}, "transition": transition}
-        )
-        assert response.status_code == 202, response.get_data(as_text=True)
-        location = response.headers["Location"]
-
-        def finished() -> dict[str, Any] | None:
-            view = api.client().get(location, headers=api.headers()).get_json()
-            return view if view["status"] in ("SUCCEEDED", "FAILED") else None
-
-        view = wait_until(finished, what="the dry run finished")
-    finally:
-        worker.stop(timeout=30)
+    body = {"data": {"machineId": "m-1"}, "transition": transition}
+    view = dry_run_with_worker(api, engine, registry, flow_id, body)
     assert view["status"] == "SUCCEEDED", json.dumps(view, indent=1)
     return view
 

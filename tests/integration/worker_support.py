@@ -16,6 +16,7 @@ from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.config import Settings
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
 from orquestador.queue import ActionAttempt, Claim, claim_due_executions
+from orquestador.worker.daemon import Worker
 
 ORG = "org-test"
 OWNER = "user-1"
@@ -407,3 +408,24 @@ def attempt_of(
     }
     values.update(fields)
     return ActionAttempt(**values)
+
+
+def dry_run_with_worker(
+    api: Any, engine: Engine, registry: AdapterRegistry, flow_id: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Start a dry run of the published flow through `api` (a running_api) and let a
+    worker with `registry` run it: its view once it has ended."""
+    worker = Worker(settings(database_url=api.settings.database_url), engine, registry)
+    worker.start()
+    try:
+        response = api.post(f"/flows/{flow_id}/dry-runs", body)
+        assert response.status_code == 202, response.get_data(as_text=True)
+        location = response.headers["Location"]
+
+        def ended() -> dict[str, Any] | None:
+            view = api.client().get(location, headers=api.headers()).get_json()
+            return view if view["status"] in ("SUCCEEDED", "FAILED") else None
+
+        return wait_until(ended, what="the dry run ended")
+    finally:
+        worker.stop(timeout=30)
