@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 import throughput  # noqa: E402
 
-from tests.ha.api_traffic import migrated, serve_api, traffic_through  # noqa: E402
+from tests.ha.api_traffic import kill_groups, migrated, serve_api, traffic_through  # noqa: E402
 from tests.ha.replication import ReplicatedPair, poll  # noqa: E402
 
 DATABASE = "orquestador_async"
@@ -160,11 +160,7 @@ def one_run(seconds: float, senders: int, synchronous: bool, folder: Path) -> di
             "samples": len(lag.behind_bytes),
         }
     finally:
-        for process in processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        kill_groups(processes)
         pair.stop()
 
 

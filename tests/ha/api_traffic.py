@@ -7,8 +7,10 @@ ids) and every other status, with when it was sent and when it came back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +43,15 @@ def spawn(
         )
     processes.append(process)
     return process
+
+
+def kill_groups(processes: list[subprocess.Popen]) -> None:
+    """SIGKILL each process's group (gunicorn's workers go with their arbiter) and reap it."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def serve_api(

@@ -1,14 +1,15 @@
-"""Fixtures of the high-availability tests: processes that never outlive their test."""
+"""Fixtures of the high-availability tests: processes that never outlive their test, and a
+lone server of the test's own."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 from collections.abc import Iterator
 
 import pytest
+
+from tests.ha.api_traffic import kill_groups
+from tests.ha.replication import ReplicatedPair
 
 
 @pytest.fixture
@@ -18,8 +19,15 @@ def started() -> Iterator[list[subprocess.Popen]]:
     try:
         yield processes
     finally:
-        for process in processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        kill_groups(processes)
+
+
+@pytest.fixture
+def server() -> Iterator[ReplicatedPair]:
+    """A primary with no standby, built with the binaries the pair builder finds."""
+    pair = ReplicatedPair()
+    try:
+        pair.start(standby=False)
+        yield pair
+    finally:
+        pair.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client import REGISTRY
@@ -29,16 +28,6 @@ pytestmark = pytest.mark.ha
 CONNECTED = "orquestador_listener_connected"
 RECONNECTS = "orquestador_listener_reconnects_total"
 LISTENER_LOGIN = re.compile(r"connection authorized: .*application_name=orquestador-listener")
-
-
-@pytest.fixture
-def server() -> Iterator[ReplicatedPair]:
-    pair = ReplicatedPair()
-    try:
-        pair.start(standby=False)
-        yield pair
-    finally:
-        pair.stop()
 
 
 def _metric(name: str) -> float:

@@ -15,7 +15,6 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -46,16 +45,6 @@ FLOW = {
 AUTHORIZED = re.compile(
     r"^(\S+ \S+) \S+ \[\d+\] LOG:  connection authorized: .*application_name=orquestador"
 )
-
-
-@pytest.fixture
-def server() -> Iterator[ReplicatedPair]:
-    pair = ReplicatedPair()
-    try:
-        pair.start(standby=False)
-        yield pair
-    finally:
-        pair.stop()
 
 
 def _product_connections(log: Path, since: datetime) -> list[datetime]:
