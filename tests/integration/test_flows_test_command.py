@@ -167,7 +167,8 @@ def test_a_case_that_does_not_hold_fails_by_name_and_the_database_is_dropped(
     failures = {case.get("name"): case.find("failure") for case in report}
     assert failures["the machine powers off"] is None
     assert failures[wrong["name"]].get("message") == "expected state off, got attention"
-    assert _throwaway_databases(pg_server) == before
+    # Nothing of this run's is left; a test running beside it may drop its own meanwhile.
+    assert _throwaway_databases(pg_server) <= before
 
 
 def test_a_flow_that_cannot_be_published_fails_with_its_problems(
