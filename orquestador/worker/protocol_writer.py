@@ -151,8 +151,10 @@ class ProtocolWriter:
     ) -> None:
         self._conninfo = conninfo
         self._prepare = prepare
+        # As the engine's connections (db/engine.py): JIT off, every wait bounded.
         self._options = (
-            f"-c lock_timeout={lock_timeout_ms} -c statement_timeout={statement_timeout_ms}"
+            f"-c jit=off -c lock_timeout={lock_timeout_ms}"
+            f" -c statement_timeout={statement_timeout_ms}"
         )
         self._busy_seconds = lock_timeout_ms / 1000 if busy_seconds is None else busy_seconds
         self._answer_seconds = answer_seconds
