@@ -170,9 +170,10 @@ def take_next() -> Response | tuple[str, int]:
     bell = bell_for(conninfo)
     share: PollShare = current_app.extensions[POLL_SHARE_EXTENSION]
     with bell.open_poll(caller.org, machine) as poll:
-        # Ending this machine's older poll frees its place a moment later: wait for it.
-        grace = REPLACED_POLL_GRACE_SECONDS if poll.replaced_older else 0.0
-        if not share.take(grace):
+        # Ending this machine's older poll frees its place a moment later: wait for it,
+        # and so for its announcement too, if it was still to make one (see the bell).
+        poll.wait_for_older(REPLACED_POLL_GRACE_SECONDS)
+        if not share.take(REPLACED_POLL_GRACE_SECONDS if poll.replaced_older else 0.0):
             raise ApiProblem(
                 429,
                 "AGENT_POLLS_BUSY",

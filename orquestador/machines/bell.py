@@ -10,7 +10,9 @@ connection delays a command, never loses it.
 The bell also keeps a machine to one open poll. A poll opened here ends this process's
 older polls of its machine at once, and `announce_poll` tells the other processes through
 POLL_OPENED_CHANNEL, whose bells end the polls of that machine announced before it (by
-the database's clock, so that a late notification never ends a newer poll). A process
+the database's clock, so that a late notification never ends a newer poll; a poll that
+ended an older one here announces itself only once that one is over, so that the older
+never announces after it). A process
 whose bell is not listening at that moment (connecting, reconnecting), or a poll not yet
 announced when the notification arrives, keeps its older poll until that poll's own
 wait ends. `stop_polls` ends every poll of the process when it shuts down; from then on
@@ -27,6 +29,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,6 +70,20 @@ class OpenPoll:
     replaced_older: bool = False
     # When it was announced, in microseconds by the database's clock; None before.
     announced_at: int | None = None
+    # The machine's polls that were open here when this one opened, and whether this one
+    # is over (set as it leaves `open_poll`, its announcement behind it if it made one).
+    older: tuple[OpenPoll, ...] = ()
+    over: threading.Event = field(default_factory=threading.Event)
+
+    def wait_for_older(self, timeout: float) -> None:
+        """Wait, at most `timeout` in all, until the older polls are over.
+
+        An older poll may not have announced itself yet: announced after this one, by the
+        database's clock it would be the newer, and its notification would end this one.
+        """
+        deadline = time.monotonic() + timeout
+        for poll in self.older:
+            poll.over.wait(max(0.0, deadline - time.monotonic()))
 
 
 # The time is the database's, one clock for every process; it rides in the payload.
@@ -140,8 +157,9 @@ class CommandBell:
         """The machine's poll in this process while inside; its older ones end at once."""
         key = (org_id, machine_id)
         with self._lock:
+            older = tuple(self._polls.get(key, {}).values())
             replaced = self._end_locked(key)
-            poll = OpenPoll(org_id, machine_id, replaced_older=replaced)
+            poll = OpenPoll(org_id, machine_id, replaced_older=replaced, older=older)
             if self._stopping:
                 poll.ended.set()
             self._polls.setdefault(key, {})[poll.id] = poll
@@ -156,6 +174,7 @@ class CommandBell:
                     open_polls.pop(poll.id, None)
                     if not open_polls:
                         del self._polls[key]
+            poll.over.set()
 
     def stop_polls(self) -> None:
         """End every open poll, and any opened from now on (the process is stopping)."""

@@ -10,14 +10,19 @@ from collections.abc import Iterator
 
 import pytest
 from api_support import ORG, OTHER_ORG, Api, problem, running_api
-from sqlalchemy import Engine, make_url, text
+from sqlalchemy import Connection, Engine, make_url, text
 from werkzeug.test import TestResponse
 
-from orquestador.api.agent_routes import POLL_SHARE_EXTENSION, PollShare
+from orquestador.api import agent_routes
+from orquestador.api.agent_routes import (
+    POLL_SHARE_EXTENSION,
+    REPLACED_POLL_GRACE_SECONDS,
+    PollShare,
+)
 from orquestador.api.openapi import openapi_document
 from orquestador.db.engine import make_engine
 from orquestador.machines import create_command, next_command
-from orquestador.machines.bell import CommandBell, announce_poll, stop_polls
+from orquestador.machines.bell import CommandBell, OpenPoll, announce_poll, stop_polls
 
 
 @pytest.fixture
@@ -241,6 +246,37 @@ def test_a_newer_poll_of_the_machine_ends_the_older_with_204_at_once(
     # The command goes to the poll that is open, never to the one that was ended.
     assert newer.ended().get_json()["id"] == command_id
     assert status_of(runtime_engine, command_id) == "sent"
+
+
+def test_an_older_poll_announced_after_the_newer_opened_does_not_end_it(
+    api: Api, runtime_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    announced: list[str] = []
+    newer_announced = threading.Event()
+
+    def late_for_the_older(conn: Connection, poll: OpenPoll) -> None:
+        if not announced:
+            # The older poll's announcement is slow (a loaded server): it comes after a
+            # newer poll of the machine has opened here and ended it, and after the newer
+            # announced itself too, unless the newer waits (at most half the grace here).
+            assert poll.ended.wait(10)
+            newer_announced.wait(REPLACED_POLL_GRACE_SECONDS / 2)
+        announced.append(poll.id)
+        announce_poll(conn, poll)
+        if len(announced) == 2:
+            newer_announced.set()
+
+    monkeypatch.setattr(agent_routes, "announce_poll", late_for_the_older)
+    older = Poller(api, agent(api))
+    assert poll_share(api).wait_until_held(1, timeout=10)
+    newer = Poller(api, agent(api))
+    assert older.ended().status_code == 204
+    command_id = command(runtime_engine)
+
+    # Announced later by the database's clock, the older would count as the newer and its
+    # notification would end the one that is open: the newer announces after it instead.
+    assert newer.ended().get_json()["id"] == command_id
+    assert len(announced) == 2
 
 
 def test_a_newer_poll_takes_the_place_of_its_machines_older_one_when_the_share_is_full(
