@@ -12,10 +12,9 @@ older polls of its machine at once, and `announce_poll` tells the other processe
 POLL_OPENED_CHANNEL, whose bells end the polls of that machine announced before it (by
 the database's clock, so that a late notification never ends a newer poll; a poll that
 ended an older one here announces itself only once that one is over, so that the older
-never announces after it). A process
-whose bell is not listening at that moment (connecting, reconnecting), or a poll not yet
-announced when the notification arrives, keeps its older poll until that poll's own
-wait ends. `stop_polls` ends every poll of the process when it shuts down; from then on
+never announces after it). A process whose bell is not listening at that moment
+(connecting, reconnecting), or a poll not yet announced when the notification arrives,
+keeps its older poll until that poll's own wait ends. `stop_polls` ends every poll of the process when it shuts down; from then on
 a lost connection ends the thread quietly (the database may stop first), where before it
 is a warning and a reconnect.
 
