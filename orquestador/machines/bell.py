@@ -14,9 +14,9 @@ the database's clock, so that a late notification never ends a newer poll; a pol
 ended an older one here announces itself only once that one is over, so that the older
 never announces after it). A process whose bell is not listening at that moment
 (connecting, reconnecting), or a poll not yet announced when the notification arrives,
-keeps its older poll until that poll's own wait ends. `stop_polls` ends every poll of the process when it shuts down; from then on
-a lost connection ends the thread quietly (the database may stop first), where before it
-is a warning and a reconnect.
+keeps its older poll until that poll's own wait ends. `stop_polls` ends every poll of
+the process when it shuts down; from then on a lost connection ends the thread quietly
+(the database may stop first), where before it is a warning and a reconnect.
 
 The thread runs while someone subscribes and ends when nobody has for a while, so an
 idle process holds no connection for it.
@@ -174,6 +174,7 @@ class CommandBell:
                     if not open_polls:
                         del self._polls[key]
             poll.over.set()
+            poll.older = ()  # each poll holding its predecessor would keep them all alive
 
     def stop_polls(self) -> None:
         """End every open poll, and any opened from now on (the process is stopping)."""

@@ -14,11 +14,7 @@ from sqlalchemy import Connection, Engine, make_url, text
 from werkzeug.test import TestResponse
 
 from orquestador.api import agent_routes
-from orquestador.api.agent_routes import (
-    POLL_SHARE_EXTENSION,
-    REPLACED_POLL_GRACE_SECONDS,
-    PollShare,
-)
+from orquestador.api.agent_routes import POLL_SHARE_EXTENSION, PollShare
 from orquestador.api.openapi import openapi_document
 from orquestador.db.engine import make_engine
 from orquestador.machines import create_command, next_command
@@ -253,14 +249,17 @@ def test_an_older_poll_announced_after_the_newer_opened_does_not_end_it(
 ) -> None:
     announced: list[str] = []
     newer_announced = threading.Event()
+    # A grace far longer than the older's delay below, so that a loaded machine cannot
+    # make the newer stop waiting before the older is over.
+    monkeypatch.setattr(agent_routes, "REPLACED_POLL_GRACE_SECONDS", 10.0)
 
     def late_for_the_older(conn: Connection, poll: OpenPoll) -> None:
         if not announced:
             # The older poll's announcement is slow (a loaded server): it comes after a
             # newer poll of the machine has opened here and ended it, and after the newer
-            # announced itself too, unless the newer waits (at most half the grace here).
+            # announced itself too, unless the newer waits for it (0.5 s at most here).
             assert poll.ended.wait(10)
-            newer_announced.wait(REPLACED_POLL_GRACE_SECONDS / 2)
+            newer_announced.wait(0.5)
         announced.append(poll.id)
         announce_poll(conn, poll)
         if len(announced) == 2:
