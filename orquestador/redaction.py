@@ -166,3 +166,20 @@ def redact_json(value: Any) -> Any:
         return item
 
     return walk(value)
+
+
+# As long as the log formatter keeps of an exception's first line.
+ERROR_LINE_MAX = 500
+
+
+def error_line(exc: BaseException) -> str:
+    """`Class: first line` of an infrastructure error (a database error's own words).
+
+    SQLAlchemy's message repeats the whole statement; the driver's first line says
+    what went wrong. Parameters are never part of either (engines hide them). Configured
+    secrets are redacted, before the cut: an adapter's exception may end a job this way.
+    """
+    cause = getattr(exc, "orig", None) or exc
+    text = replace_values(str(cause).strip(), dict.fromkeys(secret_values(), REDACTED))
+    first = text.splitlines()[0][:ERROR_LINE_MAX] if text else ""
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__

@@ -29,9 +29,9 @@ from orquestador.api.limits import (
     MAX_HEADER_FIELDS,
     MAX_REQUEST_LINE_BYTES,
 )
-from orquestador.api.problems import PROBLEM_MEDIA_TYPE, code_for_status, problem_document
 from orquestador.config import Settings
 from orquestador.logs import make_formatter
+from orquestador.problems import PROBLEM_MEDIA_TYPE, code_for_status, problem_document
 
 REDACTED = "[redacted]"
 # Query parameters whose value may be a credential (`?access_token=`, `?jwt=`,

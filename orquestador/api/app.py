@@ -24,16 +24,9 @@ from orquestador.api import (
     health_routes,
     machine_routes,
     notice_routes,
-    openapi,
     plan_routes,
     request_routes,
     schedule_routes,
-    ui_actions,  # noqa: F401  (its routes join ui_routes' blueprint)
-    ui_bulk,  # noqa: F401  (so do these)
-    # Imported for its side effect: it adds the console's read pages to ui_routes'
-    # blueprint, which must happen before create_app registers that blueprint.
-    ui_pages,  # noqa: F401
-    ui_routes,
 )
 from orquestador.api.auth import TokenVerifier
 from orquestador.api.capabilities import KnowsCapabilities, capability_checker
@@ -44,6 +37,15 @@ from orquestador.api.limits import (
     MAX_HEADER_FIELDS,
     MAX_REQUEST_LINE_BYTES,
 )
+from orquestador.api.openapi import document as openapi
+from orquestador.api.pages import (
+    actions,  # noqa: F401  (its routes join the pages' blueprint)
+    bulk,  # noqa: F401  (so do these)
+    # Imported for its side effect: it adds the console's read pages to the pages'
+    # blueprint, which must happen before create_app registers that blueprint.
+    console,  # noqa: F401
+)
+from orquestador.api.pages import routes as pages
 from orquestador.api.problems import ApiProblem, register_error_handlers
 from orquestador.config import Settings
 from orquestador.logs import bind_context, reset_context
@@ -111,7 +113,7 @@ def create_app(
         app.register_blueprint(auth_routes.blueprint)
         app.register_blueprint(agent_routes.blueprint)
         app.register_blueprint(machine_routes.blueprint)
-        app.register_blueprint(ui_routes.blueprint)
+        app.register_blueprint(pages.blueprint)
         # A person who opens the bare address lands on the pages, not on a 404.
         app.add_url_rule("/", "home", _to_executions_page, methods=["GET"])
     log.info(

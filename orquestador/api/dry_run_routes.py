@@ -12,7 +12,7 @@ from orquestador.api.auth import SCOPE_FLOWS_ADMIN, Caller, current_caller, requ
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import find_flow
-from orquestador.api.openapi_automation import DRY_RUN_BODY
+from orquestador.api.openapi.automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.request_routes import check_request_data
 from orquestador.api.views import API_PREFIX

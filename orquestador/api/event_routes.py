@@ -9,7 +9,7 @@ from flask import Blueprint, Response, jsonify
 from orquestador.api.auth import SCOPE_EVENTS_WRITE, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
-from orquestador.api.openapi_automation import EVENT_BODY
+from orquestador.api.openapi.automation import EVENT_BODY
 from orquestador.api.problems import ApiProblem
 from orquestador.api.views import API_PREFIX
 from orquestador.automation.events import Actor, PlatformEvent, receive_event

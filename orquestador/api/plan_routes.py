@@ -10,7 +10,7 @@ from flask import Blueprint, Response, jsonify
 from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import engine
-from orquestador.api.openapi_automation import BINDING_BODY, PLAN_BODY
+from orquestador.api.openapi.automation import BINDING_BODY, PLAN_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.automation.plans import (

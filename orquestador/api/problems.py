@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from http import HTTPStatus
-from typing import Any
 
 from flask import Flask, Response
 from sqlalchemy.exc import DBAPIError
@@ -15,33 +13,9 @@ from werkzeug.exceptions import HTTPException
 from orquestador.db.engine import is_retriable
 from orquestador.domain.errors import Problem
 from orquestador.errors import DatabaseUnavailable
+from orquestador.problems import PROBLEM_MEDIA_TYPE, code_for_status, problem_document
 
 log = logging.getLogger(__name__)
-
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-TYPE_BASE = "https://orquestador.dev/problems/"
-
-# The codes werkzeug's own exceptions become; anything else falls back to HTTP_<status>.
-_CODES_BY_STATUS = {
-    400: "MALFORMED_REQUEST",
-    401: "UNAUTHENTICATED",
-    403: "FORBIDDEN",
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    409: "CONFLICT",
-    413: "BODY_TOO_LARGE",
-    414: "URI_TOO_LONG",
-    415: "UNSUPPORTED_MEDIA_TYPE",
-    422: "BODY_INVALID",
-    431: "HEADERS_TOO_LARGE",
-    500: "INTERNAL",
-    503: "SERVICE_UNAVAILABLE",
-}
-
-
-def problem_type(code: str) -> str:
-    """The stable type URI of a code: lower case, hyphens for underscores."""
-    return TYPE_BASE + code.lower().replace("_", "-")
 
 
 class ApiProblem(Exception):
@@ -67,29 +41,6 @@ class ApiProblem(Exception):
         return problem_response(
             self.status, self.code, self.detail, problems=self.problems, headers=self.headers
         )
-
-
-def code_for_status(status: int) -> str:
-    """The code of an error nobody named more precisely (werkzeug's, the HTTP server's)."""
-    return _CODES_BY_STATUS.get(status, f"HTTP_{status}")
-
-
-def problem_document(
-    status: int, code: str, detail: str | None = None, *, problems: Iterable[Problem] = ()
-) -> dict[str, Any]:
-    """The problem body; the HTTP servers' own refusals (serve.py) use it too."""
-    body: dict[str, Any] = {
-        "type": problem_type(code),
-        "title": HTTPStatus(status).phrase,
-        "status": status,
-        "code": code,
-    }
-    if detail:
-        body["detail"] = detail
-    listed = [p.as_dict() for p in problems]
-    if listed:
-        body["problems"] = listed
-    return body
 
 
 def problem_response(

@@ -10,7 +10,7 @@ from flask import Blueprint, Response, jsonify
 from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import engine
-from orquestador.api.openapi_schedules import LIST_LIMIT, SCHEDULE_BODY
+from orquestador.api.openapi.schedules import LIST_LIMIT, SCHEDULE_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.automation.schedules import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from orquestador.automation.events import Actor, claim_unprocessed, process_or_reject
-from orquestador.worker.loop import Loop
+from orquestador.loop import Loop
 
 # An inserted event waits at most this long for an idle consumer; the query behind a
 # round reads a partial index of unprocessed rows, so polling this often costs little.

@@ -32,9 +32,9 @@ from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.schedule_times import Timing, plan_round
+from orquestador.loop import Loop
 from orquestador.metrics import SCHEDULE_FIRES_TOTAL
 from orquestador.queue.acceptance import insert_request, queue_execution
-from orquestador.worker.loop import Loop
 
 log = logging.getLogger(__name__)
 

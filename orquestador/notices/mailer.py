@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine
 
 from orquestador import tracing
+from orquestador.loop import Loop
 from orquestador.notices.outbox import (
     ClaimedEmail,
     claim_due_emails,
@@ -27,7 +28,6 @@ from orquestador.notices.outbox import (
     mark_sent,
 )
 from orquestador.notices.smtp import DeliveryFailed, OutgoingEmail, SmtpSender
-from orquestador.worker.loop import Loop
 
 log = logging.getLogger(__name__)
 

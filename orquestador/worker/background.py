@@ -12,10 +12,10 @@ from sqlalchemy import Engine
 from orquestador.automation.consumer import PlatformEventConsumer
 from orquestador.automation.firing import ScheduleFirer
 from orquestador.config import Settings
+from orquestador.loop import Loop
 from orquestador.notices.mailer import Mailer
 from orquestador.notices.smtp import SmtpSender, SmtpTarget
 from orquestador.worker.bulk_runner import BulkRunner
-from orquestador.worker.loop import Loop
 from orquestador.worker.maintenance import MaintenanceLoop
 
 log = logging.getLogger(__name__)

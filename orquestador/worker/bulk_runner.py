@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from orquestador.loop import Loop
 from orquestador.queue.bulk import BulkWalk, ItemHook, act_on_chunk
-from orquestador.worker.loop import Loop
 
 # An accepted bulk waits at most this long for an idle worker; the look reads a partial
 # index of running bulks, so polling this often costs little.

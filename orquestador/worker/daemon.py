@@ -21,6 +21,7 @@ from orquestador.config import Settings, libpq_url
 from orquestador.db.engine import make_engine
 from orquestador.metrics import LEASE_LOST_TOTAL
 from orquestador.queue import Claim
+from orquestador.redaction import error_line
 from orquestador.worker.background import background_loops
 from orquestador.worker.executor import Executor
 from orquestador.worker.heartbeat import Heartbeat
@@ -28,7 +29,6 @@ from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.leases import HeldLeases
 from orquestador.worker.listener import ReadyListener, libpq_conninfo
 from orquestador.worker.maintenance import MaintenanceLoop
-from orquestador.worker.messages import error_line
 from orquestador.worker.scheduler import Scheduler, Slots
 
 log = logging.getLogger(__name__)

@@ -35,12 +35,12 @@ from orquestador.queue import (
     require_reconciliation,
 )
 from orquestador.queue.batches import SucceedRow
+from orquestador.redaction import error_line
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.caches import FlowCache, SchemaCache
 from orquestador.worker.calls import AdapterCalls
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.listener import libpq_conninfo
-from orquestador.worker.messages import error_line
 from orquestador.worker.protocol_writer import ProtocolWriter, WriterStats
 from orquestador.worker.step_outcomes import ExecutionEnded
 from orquestador.worker.step_runner import StepRunner

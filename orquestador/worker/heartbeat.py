@@ -9,9 +9,9 @@ import time
 from sqlalchemy import Engine
 
 from orquestador.queue import renew_leases
+from orquestador.redaction import error_line
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.leases import HeldLeases
-from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 

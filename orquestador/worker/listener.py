@@ -13,7 +13,7 @@ from sqlalchemy.engine import URL
 from orquestador.config import libpq_url
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
 from orquestador.metrics import LISTENER_CONNECTED, LISTENER_RECONNECTS_TOTAL
-from orquestador.worker.messages import error_line
+from orquestador.redaction import error_line
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from sqlalchemy.exc import ProgrammingError
 from orquestador.config import Settings, libpq_url
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
 from orquestador.history.retention import make_months_ahead, purge_history
+from orquestador.loop import Loop
 from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
     DB_DEAD_TUPLES,
@@ -43,9 +44,8 @@ from orquestador.metrics import (
     QUEUE_STATUSES,
     RECONCILIATION_REQUIRED,
 )
+from orquestador.redaction import error_line
 from orquestador.worker.listener import libpq_conninfo
-from orquestador.worker.loop import Loop
-from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIServer, make_server
 from prometheus_client import REGISTRY, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
-from orquestador.api.problems import PROBLEM_MEDIA_TYPE, problem_document
+from orquestador.problems import PROBLEM_MEDIA_TYPE, problem_document
 
 # The worker's state for /readyz: thread name -> healthy now.
 ReadinessCheck = Callable[[], dict[str, bool]]

@@ -12,9 +12,9 @@ from sqlalchemy import Engine
 from orquestador.metrics import CLAIM_BATCH_SIZE
 from orquestador.queue import Claim
 from orquestador.queue.claims import ClaimRound, claim_round
+from orquestador.redaction import error_line
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
-from orquestador.worker.messages import error_line
 
 log = logging.getLogger(__name__)
 

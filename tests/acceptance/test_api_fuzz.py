@@ -18,7 +18,7 @@ from orquestador.actions import Adapter, AdapterRegistry, Effect
 from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
-from orquestador.api.openapi import openapi_document
+from orquestador.api.openapi.document import openapi_document
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
 

@@ -15,7 +15,7 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
-from orquestador.api.openapi_automation import paths
+from orquestador.api.openapi.automation import paths
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
 

@@ -15,7 +15,7 @@ from werkzeug.test import TestResponse
 
 from orquestador.api import agent_routes
 from orquestador.api.agent_routes import POLL_SHARE_EXTENSION, PollShare
-from orquestador.api.openapi import openapi_document
+from orquestador.api.openapi.document import openapi_document
 from orquestador.db.engine import make_engine
 from orquestador.machines import create_command, next_command
 from orquestador.machines.bell import CommandBell, OpenPoll, announce_poll, stop_polls

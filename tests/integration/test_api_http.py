@@ -12,7 +12,7 @@ from db_support import RUNTIME_ROLE
 from sqlalchemy import Engine, text
 
 from orquestador.api.app import create_app
-from orquestador.api.openapi import openapi_document
+from orquestador.api.openapi.document import openapi_document
 
 
 @pytest.fixture

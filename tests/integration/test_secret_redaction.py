@@ -21,8 +21,9 @@ from sqlalchemy import Engine
 from orquestador.actions import Effect, load_registry
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.logs import JsonLineFormatter, TextFormatter
+from orquestador.redaction import error_line
 from orquestador.worker.daemon import Worker
-from orquestador.worker.messages import attempt_message, error_line
+from orquestador.worker.messages import attempt_message
 from tests.integration.api_support import Api, running_api
 from tests.integration.worker_support import (
     ORG,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine
 
-from orquestador.api.ui_routes import SESSION_COOKIE, STATUS_LINKS
+from orquestador.api.pages.routes import SESSION_COOKIE, STATUS_LINKS
 from orquestador.db.schema import EXECUTION_STATUSES
 from tests.integration.api_support import OTHER_ORG, Api, running_api
 from tests.integration.execution_page_support import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from werkzeug.test import TestResponse
 
-from orquestador.api.ui_routes import SESSION_COOKIE
+from orquestador.api.pages.routes import SESSION_COOKIE
 from orquestador.config import Settings
 from orquestador.errors import ConfigError
 from tests.integration.api_support import Api, running_api

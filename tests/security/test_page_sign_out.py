@@ -10,7 +10,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
-from orquestador.api.ui_routes import SESSION_COOKIE
+from orquestador.api.pages.routes import SESSION_COOKIE
 from tests.integration.api_support import Api, running_api
 
 HOST = "http://localhost"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orquestador.api.openapi import openapi_document
+from orquestador.api.openapi.document import openapi_document
 from orquestador.domain import limits
 from orquestador.domain.flow_definition import definition_schema
 from tests.integration.api_support import Api, decommission, problem, running_api

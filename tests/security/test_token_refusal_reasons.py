@@ -15,7 +15,7 @@ from tests.integration.api_support import Api, bearer, raw_token, running_api
 
 HOST = "http://localhost"
 AUTH_LOGGER = "orquestador.api.auth"
-UI_LOGGER = "orquestador.api.ui_routes"
+UI_LOGGER = "orquestador.api.pages.routes"
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine
 from werkzeug.test import TestResponse
 
-from orquestador.api.ui_routes import CONTENT_SECURITY_POLICY, SESSION_COOKIE
+from orquestador.api.pages.routes import CONTENT_SECURITY_POLICY, SESSION_COOKIE
 from tests.integration.api_support import ALL_SCOPES, DECOMMISSION, Api, raw_token, running_api
 from tests.integration.execution_page_support import deadline_passed, point_audit_at
 

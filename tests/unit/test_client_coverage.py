@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from orquestador.api.openapi import openapi_document
+from orquestador.api.openapi.document import openapi_document
 from orquestador.client import ApiError, Client, NotTheApi, operation_methods
 
 # Public methods of the client that call no operation.

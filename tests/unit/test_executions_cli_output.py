@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orquestador.executions_cli import _print_execution
+from orquestador.cli.executions import _print_execution
 
 VIEW = {
     "id": "5d0c0000-0000-4000-8000-000000000001",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
-from orquestador.api.timeline import timeline, took
+from orquestador.api.pages.timeline import timeline, took
 
 T0 = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
 

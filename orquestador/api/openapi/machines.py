@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orquestador.api.openapi_parts import READ_ERRORS, SECURED, json_response, problems, ref
+from orquestador.api.openapi.parts import READ_ERRORS, SECURED, json_response, problems, ref
 
 # Component schemas this area adds, by name (referenced as #/components/schemas/NAME).
 SCHEMAS: dict[str, Any] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orquestador.api.openapi_parts import (
+from orquestador.api.openapi.parts import (
     READ_ERRORS,
     SECURED,
     WRITE_ERRORS,

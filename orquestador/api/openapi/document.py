@@ -8,18 +8,18 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api import (
-    openapi_agent,
-    openapi_approvals,
-    openapi_auth,
-    openapi_automation,
-    openapi_bulk,
-    openapi_machines,
-    openapi_notices,
-    openapi_schedules,
-    schemas,
+from orquestador.api import schemas
+from orquestador.api.openapi import (
+    agent,
+    approvals,
+    auth,
+    automation,
+    bulk,
+    machines,
+    notices,
+    schedules,
 )
-from orquestador.api.openapi_parts import (
+from orquestador.api.openapi.parts import (
     QUERY_INVALID,
     READ_ERRORS,
     SECURED,
@@ -384,14 +384,14 @@ def _core_paths() -> dict[str, Any]:
 
 # Each area of the API keeps its own paths and schemas beside its routes' concerns.
 _AREAS = (
-    openapi_agent,
-    openapi_automation,
-    openapi_bulk,
-    openapi_machines,
-    openapi_notices,
-    openapi_approvals,
-    openapi_schedules,
-    openapi_auth,
+    agent,
+    automation,
+    bulk,
+    machines,
+    notices,
+    approvals,
+    schedules,
+    auth,
 )
 
 

@@ -27,7 +27,6 @@ from orquestador.api.auth import (
 from orquestador.api.body import checked_object, parse_json
 from orquestador.api.context import engine
 from orquestador.api.dry_run_routes import start_dry_run
-from orquestador.api.execution_page import request_when_accepted
 from orquestador.api.execution_routes import (
     cancel_as,
     read_evidence,
@@ -36,11 +35,9 @@ from orquestador.api.execution_routes import (
 )
 from orquestador.api.flow_store import find_flow
 from orquestador.api.notice_routes import dismiss_as
-from orquestador.api.openapi_automation import DRY_RUN_BODY
-from orquestador.api.problems import ApiProblem
-from orquestador.api.schemas import RECONCILIATION_BODY
-from orquestador.api.sign_in_links import landing_page
-from orquestador.api.ui_routes import (
+from orquestador.api.openapi.automation import DRY_RUN_BODY
+from orquestador.api.pages.execution_page import request_when_accepted
+from orquestador.api.pages.routes import (
     blueprint,
     not_found_page,
     page_action,
@@ -49,6 +46,9 @@ from orquestador.api.ui_routes import (
     require_page_scope,
     signed_in,
 )
+from orquestador.api.problems import ApiProblem
+from orquestador.api.schemas import RECONCILIATION_BODY
+from orquestador.api.sign_in_links import landing_page
 from orquestador.approvals.store import DECISIONS
 from orquestador.domain.flow_definition import FlowDefinition
 

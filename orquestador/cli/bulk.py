@@ -16,16 +16,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orquestador.client import Client
-from orquestador.db.schema import BULK_ACTIONS, EXECUTION_STATUSES
-from orquestador.executions_cli import (
+from orquestador.cli.output import (
     EXIT_REFUSED,
     UsageProblem,
-    _cell,
-    _flow_name,
+    cell,
+    flow_name,
     print_json,
     print_table,
 )
+from orquestador.client import Client
+from orquestador.db.schema import BULK_ACTIONS, EXECUTION_STATUSES
 
 # How often the progress is asked for while the worker acts.
 POLL_SECONDS = 0.5
@@ -135,7 +135,7 @@ def _print_preview(preview: dict[str, Any], action: str) -> None:
                 item["id"],
                 item["status"],
                 item.get("errorCode"),
-                _flow_name(item),
+                flow_name(item),
                 item.get("machineId"),
                 item["createdAt"],
             )
@@ -196,5 +196,5 @@ def _print_result(found: dict[str, Any]) -> None:
         print()
         print_table(
             ("EXECUTION", "CODE", "WHY"),
-            [(item["executionId"], item["code"], _cell(item.get("detail"))) for item in refused],
+            [(item["executionId"], item["code"], cell(item.get("detail"))) for item in refused],
         )

@@ -21,8 +21,7 @@ from orquestador.api.bulk_routes import (
     start_as,
 )
 from orquestador.api.bulk_schemas import BULK_BODY, BULK_FILTER
-from orquestador.api.problems import ApiProblem
-from orquestador.api.ui_routes import (
+from orquestador.api.pages.routes import (
     blueprint,
     not_found_page,
     page_action,
@@ -30,6 +29,7 @@ from orquestador.api.ui_routes import (
     require_page_scope,
     signed_in,
 )
+from orquestador.api.problems import ApiProblem
 from orquestador.db.schema import EXECUTION_STATUSES
 
 CRITERIA = tuple(BULK_FILTER["properties"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orquestador.api.openapi_parts import (
+from orquestador.api.openapi.parts import (
     QUERY_INVALID,
     READ_ERRORS,
     SECURED,

@@ -33,20 +33,20 @@ from orquestador.api.auth import (
     InvalidToken,
 )
 from orquestador.api.context import api_context, engine
-from orquestador.api.execution_page import page_context
 from orquestador.api.execution_routes import (
     execution_filter,
     read_execution,
     read_view_facts,
 )
-from orquestador.api.page_forms import (
+from orquestador.api.page_sessions import revoke_session, session_revoked
+from orquestador.api.pages.execution_page import page_context
+from orquestador.api.pages.forms import (
     CSRF_FIELD,
     csrf_token,
     over_https,
     require_csrf,
     require_same_origin,
 )
-from orquestador.api.page_sessions import revoke_session, session_revoked
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_link

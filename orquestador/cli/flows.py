@@ -21,19 +21,18 @@ from orquestador.authoring.apply import Change, FolderInvalid, flow_files, plan
 from orquestador.authoring.cases import CasesInvalid, parse_cases
 from orquestador.authoring.junit import write_junit
 from orquestador.authoring.rehearsal_engine import rehearsal_engine
-from orquestador.client import ApiError, Client
-from orquestador.config import Settings
-from orquestador.domain.lint import lint_definition
-from orquestador.executions_cli import (
+from orquestador.cli.api_commands import CommandFactory, client_actions
+from orquestador.cli.output import (
     EXIT_USAGE,
-    CommandFactory,
     UsageProblem,
-    client_actions,
     json_argument,
     print_fields,
     print_json,
     print_table,
 )
+from orquestador.client import ApiError, Client
+from orquestador.config import Settings
+from orquestador.domain.lint import lint_definition
 from orquestador.wording import counted
 
 # Statuses a dry run still moves on from.

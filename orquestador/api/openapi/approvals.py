@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orquestador.api.approval_routes import DECISION_BODY, MAX_PAGE_SIZE, STATUSES
-from orquestador.api.openapi_parts import (
+from orquestador.api.openapi.parts import (
     QUERY_INVALID,
     READ_ERRORS,
     SECURED,

@@ -27,10 +27,8 @@ from orquestador.api.auth import (
 from orquestador.api.context import engine
 from orquestador.api.flow_routes import flow_versions
 from orquestador.api.flow_store import find_flow
-from orquestador.api.openapi_schedules import LIST_LIMIT
-from orquestador.api.paging import cursor, read_cursor
-from orquestador.api.schedule_routes import schedule_view
-from orquestador.api.ui_routes import (
+from orquestador.api.openapi.schedules import LIST_LIMIT
+from orquestador.api.pages.routes import (
     blueprint,
     not_found_page,
     page_facts,
@@ -38,6 +36,8 @@ from orquestador.api.ui_routes import (
     require_page_scope,
     signed_in,
 )
+from orquestador.api.paging import cursor, read_cursor
+from orquestador.api.schedule_routes import schedule_view
 from orquestador.api.views import execution_view, flow_version_view, flow_view
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.approvals.store import LIVE_STATUSES

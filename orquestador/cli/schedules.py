@@ -10,16 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from orquestador.cli.api_commands import CommandFactory, client_actions
+from orquestador.cli.output import json_argument, print_fields, print_json, print_table
 from orquestador.client import Client, Json
 from orquestador.domain.schedule_times import CATCH_UP_POLICIES
-from orquestador.executions_cli import (
-    CommandFactory,
-    client_actions,
-    json_argument,
-    print_fields,
-    print_json,
-    print_table,
-)
 
 
 def add_schedules_command(command: CommandFactory) -> None:

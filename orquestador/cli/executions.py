@@ -9,95 +9,35 @@ not answer).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import re
-import sys
-import textwrap
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from orquestador.client import (
-    API_PATH,
-    ApiError,
-    Client,
-    ClientError,
-    NotTheApi,
-    RequestNotSent,
+from orquestador.cli.api_commands import (
+    ClientAction,
+    CommandFactory,
+    client_actions,
+    run_client_action,
 )
-from orquestador.config import Settings
+from orquestador.cli.output import (
+    UsageProblem,
+    cell,
+    flow_name,
+    json_argument,
+    print_fields,
+    print_json,
+    print_table,
+    print_wrapped,
+)
+from orquestador.client import ApiError, Client
 from orquestador.db.schema import EXECUTION_STATUSES
-from orquestador.dev_address import recorded_dev_api
 from orquestador.wording import duration_in_words
 
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-
-DEV_TOKEN_SECONDS = 300
-DEV_EXTRA_SCOPES = ("executions:reconcile", "executions:cancel")
-# What the command reads, for its --help.
-CLIENT_SETTINGS = (
-    "ORQUESTADOR_API_URL",
-    "ORQUESTADOR_TOKEN",
-    "ORQUESTADOR_HOME",
-    "API_HOST",
-    "API_PORT",
-    "JWT_SECRET",
-    "JWT_ISSUER",
-    "JWT_AUDIENCE",
-)
 MAX_PAGE_SIZE = 200
-# The audit's detail is wrapped to this width under its row, never cut.
-AUDIT_DETAIL_WIDTH = 100
 # A short id: the first hex digits of an execution id (dashes ignored), at least this many.
 SHORT_ID_DIGITS = 8
 _HEX_ID = re.compile(r"[0-9a-fA-F-]+")
-
-
-class UsageProblem(Exception):
-    """The command cannot ask the server: a usage or configuration problem (exit 2)."""
-
-
-# --- the command line ----------------------------------------------------------------
-
-
-CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
-
-
-ClientAction = Callable[..., argparse.ArgumentParser]
-
-
-def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAction:
-    """Register a command of API client actions; the factory of its actions.
-
-    Each action takes `--json`, runs through `run_client_action` and says its exit status.
-    """
-    parser = command(name, summary, CLIENT_SETTINGS)
-    actions = parser.add_subparsers(title="actions", required=True, metavar="ACTION")
-    output = argparse.ArgumentParser(add_help=False)
-    output.add_argument(
-        "--json", action="store_true", help="print the API's JSON answer, for scripts"
-    )
-
-    def action(
-        name_: str, about: str, run: Callable[..., int], *, epilog: str | None = None
-    ) -> argparse.ArgumentParser:
-        """An action; one given its own `epilog` runs locally, `run(args)`, with no API."""
-        sub = actions.add_parser(
-            name_,
-            parents=[] if epilog else [output],
-            help=about,
-            description=about[0].upper() + about[1:] + ".",
-            epilog=epilog
-            or "Exit status: 0 done, 1 refused by the server (its problem is printed), "
-            f"2 usage or configuration. Settings: see 'orquestador {name} --help'.",
-        )
-        sub.set_defaults(handler=run if epilog else functools.partial(run_client_action, run))
-        return sub
-
-    return action
 
 
 def add_executions_command(command: CommandFactory) -> ClientAction:
@@ -205,85 +145,6 @@ def _page_size(text: str) -> int:
     return value
 
 
-def run_client_action(
-    action: Callable[[Client, argparse.Namespace], int], args: argparse.Namespace
-) -> int:
-    try:
-        client = client_from_settings(Settings.from_env())
-        return action(client, args)
-    except UsageProblem as problem:
-        print(f"orquestador: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    except ApiError as refused:
-        print_refusal(refused, as_json=args.json)
-        return EXIT_REFUSED
-    except ClientError as error:
-        print(f"orquestador: {unanswered(error)}", file=sys.stderr)
-        return EXIT_USAGE
-
-
-# --- the HTTP client -------------------------------------------------------------------
-
-
-def client_from_settings(settings: Settings) -> Client:
-    """A client of the API that ORQUESTADOR_API_URL and ORQUESTADOR_TOKEN name, else of the
-    `orquestador dev` of this folder with a development token."""
-    url, token = settings.api_url, settings.api_token
-    dev_key = settings.dev_secret_path
-    in_dev_folder = dev_key.is_file()
-    if not url:
-        # The dev server running for this folder, on whatever port it bound.
-        url = recorded_dev_api(settings.home_path) or ""
-    if not url and in_dev_folder:
-        url = f"http://{_loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
-    if not token and in_dev_folder:
-        token = _development_token(settings)
-    missing = [
-        name
-        for name, value in (("ORQUESTADOR_API_URL", url), ("ORQUESTADOR_TOKEN", token))
-        if not value
-    ]
-    if missing:
-        raise UsageProblem(
-            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, "
-            "and this is no folder where "
-            f"'orquestador dev' ran (no development key at {dev_key.resolve()}): set "
-            f"{' and '.join(missing)}, or run the command in that folder"
-        )
-    return Client(url, token)
-
-
-def unanswered(error: ClientError) -> str:
-    """What the command says of a call that gave no answer to use (exit 2)."""
-    if isinstance(error, RequestNotSent):
-        return f"ORQUESTADOR_API_URL: {error.reason}"
-    if isinstance(error, NotTheApi):
-        return f"{error}: is ORQUESTADOR_API_URL the orquestador API?"
-    return str(error)
-
-
-def _loopback(host: str) -> str:
-    # A server bound to every address answers on loopback.
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _development_token(settings: Settings) -> str:
-    from orquestador.api.tokens import mint_token
-    from orquestador.dev import DEV_ORG, DEV_SCOPES, DEV_SUBJECT
-
-    return mint_token(
-        settings,
-        sub=DEV_SUBJECT,
-        org=DEV_ORG,
-        scopes=[*DEV_SCOPES, *DEV_EXTRA_SCOPES],
-        ttl_seconds=DEV_TOKEN_SECONDS,
-    )
-
-
 def _execution_id(client: Client, text: str) -> str:
     """The id of the execution `text` names: a whole id, or a short one resolved by the
     server (`?id=`, within what the token may see, so a foreign execution is as missing
@@ -339,7 +200,7 @@ def _list(client: Client, args: argparse.Namespace) -> int:
                     item["status"],
                     item["transitionId"],
                     item.get("errorCode"),
-                    _flow_name(item),
+                    flow_name(item),
                     item.get("machineId"),
                     item["createdAt"],
                 )
@@ -423,8 +284,8 @@ def _evidence(client: Client, args: argparse.Namespace) -> int:
     if audit:
         print("\naudit")
         for event in audit:
-            print(f"  {event['at']}  {event['kind']}  {_cell(event.get('actor'))}")
-            _print_wrapped(json.dumps(event.get("detail"), ensure_ascii=False), indent="    ")
+            print(f"  {event['at']}  {event['kind']}  {cell(event.get('actor'))}")
+            print_wrapped(json.dumps(event.get("detail"), ensure_ascii=False), indent="    ")
     return 0
 
 
@@ -504,47 +365,13 @@ def correction_argument(text: str) -> dict[str, Any]:
     return {"path": path, "value": json_argument(value, f"--correct {path}")}
 
 
-def json_argument(text: str, option: str) -> Any:
-    if text.startswith("@"):
-        try:
-            text = Path(text[1:]).read_text(encoding="utf-8")
-        except OSError as error:
-            raise UsageProblem(f"{option}: cannot read {text[1:]}: {error.strerror}") from None
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise UsageProblem(f"{option} is not valid JSON: {error}") from None
-
-
-# --- printing --------------------------------------------------------------------------
-
-
-def print_json(document: Any) -> None:
-    print(json.dumps(document, indent=2, ensure_ascii=False))
-
-
-def print_refusal(refused: ApiError, *, as_json: bool) -> None:
-    problem = refused.problem or {}
-    if as_json and problem:
-        print_json(problem)
-    code = problem.get("code") or f"HTTP_{refused.status}"
-    detail = problem.get("detail") or (refused.text.strip().splitlines() or [""])[0]
-    print(
-        f"orquestador: refused ({refused.status} {code})" + (f": {detail}" if detail else ""),
-        file=sys.stderr,
-    )
-    for item in problem.get("problems", []) or []:
-        if isinstance(item, dict):
-            print(f"  {item.get('path') or '/'}: {item.get('message')}", file=sys.stderr)
-
-
 def _print_execution(view: dict[str, Any]) -> None:
     print_fields(
         [
             ("execution", view["id"]),
             ("status", view["status"]),
             ("request", view["requestId"]),
-            ("flow", _flow_name(view) or view["flowId"]),
+            ("flow", flow_name(view) or view["flowId"]),
             ("machine", view.get("machineId")),
             ("transition", view["transitionId"]),
             ("outcome", view.get("outcome")),
@@ -589,48 +416,6 @@ def _blocked_by(blocked: dict[str, Any] | None) -> str | None:
     )
 
 
-def print_fields(
-    fields: Iterable[tuple[str, Any]], *, indent: str = "", skip_empty: bool = False
-) -> None:
-    rows = [(name, value) for name, value in fields if not (skip_empty and value is None)]
-    width = max((len(name) for name, _ in rows), default=0)
-    for name, value in rows:
-        print(f"{indent}{name.ljust(width)}  {_cell(value)}")
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[_cell(value) for value in row] for row in rows]
-    widths = [
-        max([len(header), *(len(row[i]) for row in cells)]) for i, header in enumerate(headers)
-    ]
-    for row in [list(headers), *cells]:
-        print(
-            "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
-        )
-
-
-def _cell(value: Any) -> str:
-    return "-" if value is None or value == "" else str(value)
-
-
-def _print_wrapped(text: str, *, indent: str) -> None:
-    # Long words (a key, an id) are broken, never dropped: every character is printed.
-    for line in textwrap.wrap(
-        text,
-        width=AUDIT_DETAIL_WIDTH,
-        initial_indent=indent,
-        subsequent_indent=indent,
-        break_on_hyphens=False,
-    ):
-        print(line)
-
-
-def _flow_name(view: dict[str, Any]) -> str | None:
-    if not view.get("flowKey"):
-        return None
-    return f"{view['flowKey']} v{view['flowVersion']}"
-
-
 def _print_decision(view: dict[str, Any]) -> None:
     """How the destination was chosen, in the page's words."""
     decision = view.get("decision")
@@ -657,7 +442,7 @@ def _print_decision(view: dict[str, Any]) -> None:
         said = f"no rule matched ({decision['hitPolicy']})"
     else:
         said = "a fixed destination: no decision table"
-    print(f"\ndecision  {said}; to {_cell(decision.get('toState'))}")
+    print(f"\ndecision  {said}; to {cell(decision.get('toState'))}")
 
 
 def _print_then_and_now(view: dict[str, Any]) -> None:

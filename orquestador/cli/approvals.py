@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import argparse
 
+from orquestador.cli.api_commands import CommandFactory, client_actions
+from orquestador.cli.output import print_json, print_table
 from orquestador.client import Client
-from orquestador.executions_cli import (
-    CommandFactory,
-    client_actions,
-    print_json,
-    print_table,
-)
 
 # What a person types, and what the API calls it.
 DECISIONS = {"approve": "approved", "reject": "rejected"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from orquestador.api.auth import SCOPE_EXECUTIONS_RECONCILE, Caller
 from orquestador.api.execution_routes import ExecutionRead, may_cancel
-from orquestador.api.timeline import timeline
+from orquestador.api.pages.timeline import timeline
 from orquestador.domain.pointer_updates import data_before_corrections
 
 # Statuses that change without a person: the page refreshes itself while in one.

@@ -1,4 +1,4 @@
-"""A long-lived worker thread that does one thing every interval and survives database outages.
+"""A long-lived thread that does one thing every interval and survives database outages.
 
 A loop that fails (the database restarting, say) logs one line and tries again after a
 capped backoff; it never ends the process. `worker.background` lists the loops a worker
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from orquestador.worker.messages import error_line
+from orquestador.redaction import error_line
 
 log = logging.getLogger(__name__)
 

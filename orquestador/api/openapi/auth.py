@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orquestador.api.auth_routes import LINK_ANSWER, LINK_BODY
-from orquestador.api.openapi_parts import SECURED, WRITE_ERRORS, body, json_response, problems, ref
+from orquestador.api.openapi.parts import SECURED, WRITE_ERRORS, body, json_response, problems, ref
 
 SCHEMAS: dict[str, Any] = {"SignInLinkRequest": LINK_BODY, "SignInLink": LINK_ANSWER}
 

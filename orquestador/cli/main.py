@@ -1,0 +1,85 @@
+"""The one command line: dev, migrate, worker, api, token, check, health, decide, agent, ..."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from orquestador.cli.approvals import add_approvals_command
+from orquestador.cli.bulk import add_bulk_action
+from orquestador.cli.checks import add_check_commands
+from orquestador.cli.decide import add_decide_command
+from orquestador.cli.executions import add_executions_command
+from orquestador.cli.flows import add_flows_command
+from orquestador.cli.history import add_history_command
+from orquestador.cli.machines import add_machines_command
+from orquestador.cli.output import EXIT_USAGE, CommandFailed, one_line
+from orquestador.cli.processes import add_process_commands
+from orquestador.cli.schedules import add_schedules_command
+from orquestador.cli.settings_read import settings_epilog
+from orquestador.cli.tokens import add_token_command
+from orquestador.db.embedded import EmbeddedPostgresError
+from orquestador.errors import ConfigError, OrquestadorError
+
+log = logging.getLogger("orquestador")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except ConfigError as error:
+        for problem in error.problems:
+            print(f"orquestador: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except CommandFailed as error:
+        print(f"orquestador: {error}", file=sys.stderr)
+        return error.status
+    except OrquestadorError as error:
+        print(f"orquestador: {error.message}", file=sys.stderr)
+        return 1
+    except EmbeddedPostgresError as error:
+        print(f"orquestador: embedded PostgreSQL: {error}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as error:
+        print(f"orquestador: database error: {one_line(error)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orquestador",
+        description="Durable workflow orchestrator on PostgreSQL.",
+        epilog="Every setting comes from the environment; .env.example lists each one with "
+        "its default. 'orquestador COMMAND --help' names the ones a command reads.",
+    )
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, reads: Sequence[str]) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog=settings_epilog(reads),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    add_process_commands(command)
+    add_token_command(command)
+    add_check_commands(command)
+    add_decide_command(command)
+    add_bulk_action(add_executions_command(command))
+    add_approvals_command(command)
+    add_flows_command(command)
+    add_machines_command(command)
+    add_schedules_command(command)
+    add_history_command(command)
+    return parser
