@@ -9,12 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING, Any
 
 from orquestador.errors import ConfigError
+
+if TYPE_CHECKING:
+    # SQLAlchemy is imported where a URL is parsed: a command that reads no database
+    # (the API's clients) starts without it.
+    from sqlalchemy.engine import URL
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -399,6 +401,9 @@ def _convert(raw: str, kind: Any) -> Any:
 def _postgres_url_problem(url: str) -> str | None:
     if not url:
         return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(_hosts_into_query(url))
     except (ArgumentError, ValueError):
@@ -451,6 +456,8 @@ def _hosts_into_query(url: str) -> str:
 
 def sqlalchemy_url(url: str) -> URL:
     """Normalise any postgresql:// form, one host or a libpq host list, to psycopg 3."""
+    from sqlalchemy.engine import make_url
+
     parsed = make_url(_hosts_into_query(url))
     return parsed.set(drivername="postgresql+psycopg")
 

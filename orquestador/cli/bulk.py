@@ -25,7 +25,7 @@ from orquestador.cli.output import (
     print_table,
 )
 from orquestador.client import Client
-from orquestador.db.schema import BULK_ACTIONS, EXECUTION_STATUSES
+from orquestador.domain.statuses import BulkAction, ExecutionStatus, values
 
 # How often the progress is asked for while the worker acts.
 POLL_SECONDS = 0.5
@@ -54,12 +54,12 @@ def add_bulk_action(action: ActionFactory) -> None:
         "retry and fail executions:reconcile)",
         run_bulk,
     )
-    bulk.add_argument("--action", required=True, choices=BULK_ACTIONS)
+    bulk.add_argument("--action", required=True, choices=values(BulkAction))
     bulk.add_argument(
         "--reason", required=True, help="why (kept in the audit of every execution acted on)"
     )
     criteria = bulk.add_argument_group("filter (at least one; an execution must match all)")
-    criteria.add_argument("--status", choices=EXECUTION_STATUSES)
+    criteria.add_argument("--status", choices=values(ExecutionStatus))
     criteria.add_argument("--flow", metavar="ID", help="executions of this flow version")
     criteria.add_argument("--error-code", metavar="CODE", help="executions with this errorCode")
     criteria.add_argument("--machine", metavar="ID", help="executions of requests on this machine")

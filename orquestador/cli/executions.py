@@ -31,7 +31,7 @@ from orquestador.cli.output import (
     print_wrapped,
 )
 from orquestador.client import ApiError, Client
-from orquestador.db.schema import EXECUTION_STATUSES
+from orquestador.domain.statuses import ExecutionStatus, values
 from orquestador.wording import duration_in_words
 
 MAX_PAGE_SIZE = 200
@@ -48,7 +48,7 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
     )
 
     listing = action("list", "executions the token may see, newest first", _list)
-    listing.add_argument("--status", choices=EXECUTION_STATUSES, help="only this status")
+    listing.add_argument("--status", choices=values(ExecutionStatus), help="only this status")
     listing.add_argument("--flow", metavar="ID", help="only executions of this flow version")
     listing.add_argument("--request", metavar="ID", help="only executions of this request")
     listing.add_argument(

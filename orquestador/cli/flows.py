@@ -14,13 +14,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orquestador.api.body import parse_json
-from orquestador.authoring.apply import Change, FolderInvalid, flow_files, plan
-from orquestador.authoring.cases import CasesInvalid, parse_cases
-from orquestador.authoring.junit import write_junit
-from orquestador.authoring.rehearsal_engine import rehearsal_engine
 from orquestador.cli.api_commands import CommandFactory, client_actions
 from orquestador.cli.output import (
     EXIT_USAGE,
@@ -32,8 +27,10 @@ from orquestador.cli.output import (
 )
 from orquestador.client import ApiError, Client
 from orquestador.config import Settings
-from orquestador.domain.lint import lint_definition
 from orquestador.wording import counted
+
+if TYPE_CHECKING:
+    from orquestador.authoring.apply import Change
 
 # Statuses a dry run still moves on from.
 LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
@@ -134,6 +131,9 @@ def _read_text(path: Path) -> str:
 
 def _lint(args: argparse.Namespace) -> int:
     """Every finding in the flow file, one line each: exit 1 when there is one."""
+    from orquestador.api.body import parse_json
+    from orquestador.domain.lint import lint_definition
+
     path = Path(args.file)
     try:
         text = _read_text(path)
@@ -153,6 +153,10 @@ def _lint(args: argparse.Namespace) -> int:
 
 def _test(args: argparse.Namespace) -> int:
     """Every case played; one line each, then the count: exit 1 when one failed."""
+    from orquestador.authoring.cases import CasesInvalid, parse_cases
+    from orquestador.authoring.junit import write_junit
+    from orquestador.authoring.rehearsal_engine import rehearsal_engine
+
     flow_path, cases_path = Path(args.file), Path(args.cases)
     try:
         definition = _json_file(flow_path)
@@ -190,6 +194,8 @@ def _test(args: argparse.Namespace) -> int:
 
 def _apply(client: Client, args: argparse.Namespace) -> int:
     """Each file's change on a line, then the count: exit 1 when publishing refused one."""
+    from orquestador.authoring.apply import FolderInvalid, flow_files, plan
+
     try:
         files = flow_files(Path(args.folder))
     except FolderInvalid as problem:
@@ -261,6 +267,8 @@ def _print_applied(row: dict[str, Any], *, dry_run: bool) -> None:
 
 
 def _json_file(path: Path) -> Any:
+    from orquestador.api.body import parse_json
+
     try:
         return parse_json(_read_text(path))
     except ValueError as exc:

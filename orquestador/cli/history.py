@@ -7,9 +7,8 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import create_engine, pool, text
-
-from orquestador.config import Settings, sqlalchemy_url
+from orquestador.cli.database import direct_engine
+from orquestador.config import Settings
 from orquestador.errors import ConfigError
 
 CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
@@ -60,37 +59,30 @@ def parse_before(value: str) -> datetime:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from sqlalchemy import text
+
     from orquestador.history.export import export_history
 
     settings = Settings.from_env()
-    url = settings.database_url or settings.migration_database_url
-    local = None
-    if not url:
-        from orquestador.db.local import start_local_database
-
-        local = start_local_database(settings.home_path)
-        url = local.migration_url
-    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
 
     def progress(table: str, rows: int) -> None:
         print(f"orquestador: {table}: {rows} rows so far", file=sys.stderr, flush=True)
 
-    try:
-        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
-            if conn.execute(text("SELECT to_regclass('audit_event')")).scalar() is None:
-                raise ConfigError(["the database has no history yet: run 'orquestador migrate'"])
-            conn.execute(text("SET TRANSACTION READ ONLY"))
-            try:
-                counts = export_history(conn, args.before, sys.stdout, progress=progress)
-                sys.stdout.flush()
-            except BrokenPipeError:
-                # The reader went away (`| head`): what it read is all it wanted.
-                sys.stderr.write("orquestador: standard output closed; export stopped\n")
-                return 1
-    finally:
-        engine.dispose()
-        if local is not None and local.server.adopted_pid is None:
-            local.server.stop()
+    url = settings.database_url or settings.migration_database_url
+    with (
+        direct_engine(settings, url) as engine,
+        engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn,
+    ):
+        if conn.execute(text("SELECT to_regclass('audit_event')")).scalar() is None:
+            raise ConfigError(["the database has no history yet: run 'orquestador migrate'"])
+        conn.execute(text("SET TRANSACTION READ ONLY"))
+        try:
+            counts = export_history(conn, args.before, sys.stdout, progress=progress)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader went away (`| head`): what it read is all it wanted.
+            sys.stderr.write("orquestador: standard output closed; export stopped\n")
+            return 1
     summary = ", ".join(f"{table}: {rows} rows" for table, rows in counts.items())
     print(
         f"orquestador: exported before {args.before.isoformat()}: {summary}",

@@ -13,24 +13,20 @@ import getpass
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, create_engine, pool, text
-
-from orquestador.config import Settings, sqlalchemy_url
+from orquestador.cli.api_commands import CommandFactory
+from orquestador.cli.database import direct_engine
+from orquestador.config import Settings
 from orquestador.errors import ConfigError, OrquestadorError
-from orquestador.machines.credentials import (
-    Credential,
-    MachineNotEnrolled,
-    credentials_of,
-    record_enrolment,
-    revoke_credentials,
-)
 
-CommandFactory = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from orquestador.machines.credentials import Credential
 
 MACHINES_SETTINGS = (
     "MIGRATION_DATABASE_URL",
@@ -101,6 +97,7 @@ def add_machines_command(command: CommandFactory) -> None:
 def _enroll(args: argparse.Namespace) -> int:
     from orquestador.api.auth import SCOPE_AGENT
     from orquestador.api.tokens import mint_token
+    from orquestador.machines.credentials import record_enrolment
 
     settings = Settings.from_env()
     machine, org = _machine_and_org(args)
@@ -148,6 +145,8 @@ def _enroll(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
+    from orquestador.machines.credentials import MachineNotEnrolled, revoke_credentials
+
     settings = Settings.from_env()
     machine, org = _machine_and_org(args)
     with _owner_connection(settings) as conn:
@@ -174,6 +173,8 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from orquestador.machines.credentials import credentials_of
+
     settings = Settings.from_env()
     org = args.org
     with _owner_connection(settings) as conn:
@@ -245,22 +246,11 @@ def _owner_connection(settings: Settings) -> Iterator[Connection]:
                 "/api/v1/machines/M/credentials)"
             ]
         )
-    local = None
-    if not url:
-        from orquestador.db.local import start_local_database
+    from sqlalchemy import text
 
-        local = start_local_database(settings.home_path)
-        url = local.migration_url
-    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            if conn.execute(text("SELECT to_regclass('machine_credential')")).scalar() is None:
-                raise ConfigError(
-                    ["the database has no machine credentials yet: run 'orquestador migrate'"]
-                )
-            yield conn
-    finally:
-        engine.dispose()
-        # A server this command found running (a dev's) keeps running.
-        if local is not None and local.server.adopted_pid is None:
-            local.server.stop()
+    with direct_engine(settings, url) as engine, engine.begin() as conn:
+        if conn.execute(text("SELECT to_regclass('machine_credential')")).scalar() is None:
+            raise ConfigError(
+                ["the database has no machine credentials yet: run 'orquestador migrate'"]
+            )
+        yield conn

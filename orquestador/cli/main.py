@@ -7,8 +7,6 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from orquestador.cli.approvals import add_approvals_command
 from orquestador.cli.bulk import add_bulk_action
 from orquestador.cli.checks import add_check_commands
@@ -22,7 +20,6 @@ from orquestador.cli.processes import add_process_commands
 from orquestador.cli.schedules import add_schedules_command
 from orquestador.cli.settings_read import settings_epilog
 from orquestador.cli.tokens import add_token_command
-from orquestador.db.embedded import EmbeddedPostgresError
 from orquestador.errors import ConfigError, OrquestadorError
 
 log = logging.getLogger("orquestador")
@@ -44,14 +41,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OrquestadorError as error:
         print(f"orquestador: {error.message}", file=sys.stderr)
         return 1
-    except EmbeddedPostgresError as error:
-        print(f"orquestador: embedded PostgreSQL: {error}", file=sys.stderr)
-        return 1
-    except SQLAlchemyError as error:
-        print(f"orquestador: database error: {one_line(error)}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as error:
+        said = _database_error(error)
+        if said is None:
+            raise
+        print(f"orquestador: {said}", file=sys.stderr)
+        return 1
+
+
+def _database_error(error: Exception) -> str | None:
+    """One line for a database error, else None. Only a command that touched a database
+    imported the modules its errors come from: a client of the API starts without them."""
+    embedded, sqlalchemy_exc = (
+        sys.modules.get("orquestador.db.embedded"),
+        sys.modules.get("sqlalchemy.exc"),
+    )
+    if embedded is not None and isinstance(error, embedded.EmbeddedPostgresError):
+        return f"embedded PostgreSQL: {error}"
+    if sqlalchemy_exc is not None and isinstance(error, sqlalchemy_exc.SQLAlchemyError):
+        return f"database error: {one_line(error)}"
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:

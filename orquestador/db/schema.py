@@ -29,6 +29,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 
+from orquestador.domain.statuses import (
+    FINAL_COMMAND,
+    ApprovalStatus,
+    BulkAction,
+    BulkItemOutcome,
+    CheckpointStatus,
+    CommandStatus,
+    ExecutionStatus,
+    values,
+)
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -50,25 +61,16 @@ SCHEDULE_TRIGGER = "schedule"
 # What a schedule does with the fire times that passed while no worker fired them.
 CATCH_UP_POLICIES = ("skip", "one", "all")
 MOMENTS = ("provisioned", "reinstalled", "deleted")
-EXECUTION_STATUSES = (
-    "PENDING",
-    "RUNNING",
-    "RETRY_WAIT",
-    "WAITING",
-    "SUCCEEDED",
-    "FAILED",
-    "RECONCILIATION_REQUIRED",
-    "CANCELLED",
-)
-CHECKPOINT_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN")
+EXECUTION_STATUSES = values(ExecutionStatus)
+CHECKPOINT_STATUSES = values(CheckpointStatus)
 # How an attempt ended; an attempt interrupted before anyone saw its end is recorded
 # FAILED (a read) or UNKNOWN (a write) with error code INTERRUPTED.
 ATTEMPT_STATUSES = ("SUCCEEDED", "FAILED", "UNKNOWN")
 # The safe message kept per attempt is at most this many characters.
 ATTEMPT_MESSAGE_MAX = 1024
 EFFECTS = ("READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE")
-COMMAND_STATUSES = ("pending", "sent", "running", "succeeded", "failed", "timed_out", "cancelled")
-FINAL_COMMAND_STATUSES = ("succeeded", "failed", "timed_out", "cancelled")
+COMMAND_STATUSES = values(CommandStatus)
+FINAL_COMMAND_STATUSES = tuple(s for s in COMMAND_STATUSES if s in FINAL_COMMAND)
 EMAIL_STATUSES = ("pending", "sent", "failed")
 # What became of a platform event: an execution started, or why none did.
 EVENT_OUTCOMES = ("STARTED", "NO_BINDING", "REJECTED")
@@ -582,7 +584,7 @@ rate_bucket = Table(
 # first round, keyed by its external key; decided once through the API, or closed by the
 # step when its deadline passes. Both are conditional updates of the open row, so exactly
 # one of them wins.
-APPROVAL_STATUSES = ("open", "approved", "rejected", "expired")
+APPROVAL_STATUSES = values(ApprovalStatus)
 approval = Table(
     "approval",
     metadata,
@@ -699,11 +701,9 @@ SCHEDULE_UPDATE_COLUMNS = (
 # execution a filter matched. The items are fixed when the bulk is accepted; the worker
 # acts on each in a transaction of its own that records the item's outcome, so a resumed
 # bulk never acts on an item twice (queue/bulk.py).
-BULK_ACTIONS = ("cancel", "retry", "fail")
+BULK_ACTIONS = values(BulkAction)
 BULK_STATUSES = ("RUNNING", "DONE")
-# SUCCEEDED: done as asked. PARKED: a cancel the write rule turned into a park for an
-# operator (CANCELLED_AFTER_WRITES). REFUSED: the normal rules refused it (its code).
-BULK_ITEM_OUTCOMES = ("SUCCEEDED", "PARKED", "REFUSED")
+BULK_ITEM_OUTCOMES = values(BulkItemOutcome)
 
 bulk_action = Table(
     "bulk_action",

@@ -1,0 +1,92 @@
+"""Every status vocabulary, one `StrEnum` each, and one named set per idea ("unfinished").
+
+The database's CHECK constraints (db/schema.py), the API's schemas and the command line
+all take their lists from here, so a status is spelled once.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ExecutionStatus(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    WAITING = "WAITING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    RECONCILIATION_REQUIRED = "RECONCILIATION_REQUIRED"
+    CANCELLED = "CANCELLED"
+
+
+# An execution that will still move by itself: a worker holds it, will claim it, or
+# wakes it. A parked one (RECONCILIATION_REQUIRED) waits for a person, not the engine.
+UNFINISHED = frozenset(
+    {
+        ExecutionStatus.PENDING,
+        ExecutionStatus.RUNNING,
+        ExecutionStatus.RETRY_WAIT,
+        ExecutionStatus.WAITING,
+    }
+)
+# Where an execution ends: nothing moves it again.
+FINAL = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
+
+
+class CheckpointStatus(StrEnum):
+    """A step's checkpoint (`action_execution`)."""
+
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+
+
+class CommandStatus(StrEnum):
+    """A machine command, moving forward only."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+FINAL_COMMAND = frozenset(
+    {
+        CommandStatus.SUCCEEDED,
+        CommandStatus.FAILED,
+        CommandStatus.TIMED_OUT,
+        CommandStatus.CANCELLED,
+    }
+)
+
+
+class ApprovalStatus(StrEnum):
+    OPEN = "open"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class BulkAction(StrEnum):
+    CANCEL = "cancel"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+class BulkItemOutcome(StrEnum):
+    """SUCCEEDED: done as asked. PARKED: a cancel the write rule turned into a park for an
+    operator (CANCELLED_AFTER_WRITES). REFUSED: the normal rules refused it (its code)."""
+
+    SUCCEEDED = "SUCCEEDED"
+    PARKED = "PARKED"
+    REFUSED = "REFUSED"
+
+
+def values(vocabulary: type[StrEnum]) -> tuple[str, ...]:
+    """A vocabulary's values as plain strings, in declaration order (CHECKs, `choices`)."""
+    return tuple(member.value for member in vocabulary)
