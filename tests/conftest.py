@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
 from orquestador.db.engine import make_engine
-from tests import run_alone, shared_server
+from tests import shared_server
 from tests.db_support import (
     RUNTIME_ROLE,
     TestDatabase,
@@ -63,7 +63,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # The modules whose tests take longest, the longest first. A parallel run starts them
 # before the rest, so that no worker is left with a 30-second test while the others have
 # finished (with --maxschedchunk in pyproject.toml, a worker takes tests two at a time).
-# The `alone` test comes first of all: at the start there is nothing in flight to drain.
 STARTED_FIRST = (
     "tests/acceptance/test_agent_poll_capacity.py",
     "tests/acceptance/test_docs_examples.py",
@@ -93,26 +92,12 @@ STARTED_FIRST = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> tuple[int, int]:
-        if item.get_closest_marker(run_alone.MARK) is not None:
-            return (0, 0)
         module = item.nodeid.split("::", 1)[0]
         if module in STARTED_FIRST:
             return (1, STARTED_FIRST.index(module))
         return (2, 0)
 
     items.sort(key=rank)  # stable: each module keeps its own order
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(
-    item: pytest.Item, nextitem: pytest.Item | None
-) -> Generator[None, object, object]:
-    # Setup, call and teardown of one test, under the run-wide lock of tests/run_alone.py.
-    folder = getattr(item.config, "workerinput", {}).get(shared_server.WORKER_INPUT_KEY)
-    if folder is None:
-        return (yield)
-    with run_alone.turn(Path(folder), alone=item.get_closest_marker(run_alone.MARK) is not None):
-        return (yield)
 
 
 def _docker_answers() -> bool:

@@ -123,11 +123,11 @@ def test_alternatives_that_multiply_with_depth_stop_at_the_step_budget() -> None
         deepest["a"] = {}
         deepest = deepest["a"]
 
-    started = time.monotonic()
+    started = time.thread_time()
     with pytest.raises(DataValidationError) as caught:
         validate_request_data(data, schema)
 
-    assert time.monotonic() - started < FAST
+    assert time.thread_time() - started < FAST
     assert [p.path for p in caught.value.problems] == [""]
     assert "takes more than" in caught.value.problems[0].message
 
