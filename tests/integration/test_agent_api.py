@@ -209,13 +209,14 @@ def test_polls_beyond_the_share_answer_429_with_retry_after_at_once(
     assert poll_share(api).wait_until_held(2, timeout=10)
 
     started = time.monotonic()
-    refused = take(api, agent(api, machine="m-3"), wait="3")
+    refused = take(api, agent(api, machine="m-3"), wait="20")
     refused_after = time.monotonic() - started
     # A poll that does not wait holds a thread no longer than a read: never refused.
     look = take(api, agent(api, machine="m-3"), wait="0")
 
     assert refused.status_code == 429, refused.status_code
-    assert refused_after < 1
+    # Refused at once, not after the poll's wait (half of it is room for a busy machine).
+    assert refused_after < 10
     assert problem(refused)["code"] == "AGENT_POLLS_BUSY"
     assert refused.headers["Retry-After"] == "5"
     assert look.status_code == 204

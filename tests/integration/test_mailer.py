@@ -240,12 +240,15 @@ def test_a_server_that_trickles_cannot_hold_a_message_past_the_exchange_deadline
     email = OutgoingEmail("<x@orquestador>", ["ops@example.com"], "Subject", "Body")
     with trickling_server(0.15) as port:
         patient = sender_for(f"smtp://127.0.0.1:{port}", timeout_seconds=1, delivery_seconds=10)
+        started = time.monotonic()
         assert patient.send(email) == []  # every reply comes, only slowly
+        whole_exchange = time.monotonic() - started
         hurried = sender_for(f"smtp://127.0.0.1:{port}", timeout_seconds=1, delivery_seconds=0.5)
         started = time.monotonic()
         with pytest.raises(DeliveryFailed) as failed:
             hurried.send(email)
-    assert time.monotonic() - started < 1.0
+    # The deadline ended the exchange before it could finish, however busy the machine.
+    assert time.monotonic() - started < whole_exchange
     # Cut by the deadline: at a command's start, or in the middle of waiting for a reply.
     text = failed.value.safe_text
     assert ("deadline" in text or "timed out" in text) and not failed.value.permanent
