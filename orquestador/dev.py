@@ -151,6 +151,7 @@ def _run_until_stopped(
         f"  DATABASE_URL: {settings.database_url}\n"
         + (f"  data:         {data_dir}\n" if data_dir else "")
         + f"  worker:       {'on' if worker else 'off'}\n"
+        + f"  e-mail:       {_email_said(settings)}\n"
         + f"  metrics:      {metrics}\n"
         f"  token:        {token}\n"
         f"  token holder: sub {DEV_SUBJECT}, org {DEV_ORG}, scopes {' '.join(DEV_SCOPES)}\n"
@@ -170,3 +171,15 @@ def _run_until_stopped(
         worker.join(settings.worker_drain_seconds + 10)
         worker.engine.dispose()
     return 0
+
+
+def _email_said(settings: Settings) -> str:
+    """Whether notices' e-mails leave, and how to make them (docs/NOTICES.md)."""
+    if not settings.smtp_url:
+        return (
+            "off: e-mails wait in the outbox; set SMTP_URL (e.g. smtp://127.0.0.1:1025) "
+            "to deliver them, see docs/NOTICES.md"
+        )
+    from orquestador.notices.smtp import SmtpTarget
+
+    return f"on, through {SmtpTarget.parse(settings.smtp_url).describe()} as {settings.smtp_from}"

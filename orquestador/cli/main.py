@@ -15,6 +15,7 @@ from orquestador.cli.executions import add_executions_command
 from orquestador.cli.flows import add_flows_command
 from orquestador.cli.history import add_history_command
 from orquestador.cli.machines import add_machines_command
+from orquestador.cli.notices import add_notices_command
 from orquestador.cli.output import EXIT_USAGE, CommandFailed, one_line
 from orquestador.cli.processes import add_process_commands
 from orquestador.cli.schedules import add_schedules_command
@@ -92,5 +93,6 @@ def _parser() -> argparse.ArgumentParser:
     add_flows_command(command)
     add_machines_command(command)
     add_schedules_command(command)
+    add_notices_command(command)
     add_history_command(command)
     return parser

@@ -132,6 +132,8 @@ def test_dev_serves_health_and_accepts_its_own_tokens_then_stops_cleanly(folder:
     assert "token:" in output
     # The banner's caller is the one in docs/API.md's token example.
     assert "token holder: sub alice, org acme" in output
+    # No SMTP_URL: the banner says e-mails wait, and how to send them.
+    assert "e-mail:       off: e-mails wait in the outbox; set SMTP_URL" in output
     assert (folder / ".orquestador" / "pgdata" / "PG_VERSION").is_file()
     # The embedded server was stopped with the process.
     assert not (folder / ".orquestador" / "pgdata" / "postmaster.pid").exists()
