@@ -2,7 +2,9 @@
 
 It long-polls the API for its machine's commands, runs each as the argv the operator
 configured for its name in AGENT_COMMANDS_FILE (never a shell string from the server),
-and reports `running`, then `succeeded`, `failed` or `timed_out`. While a command runs it
+and reports `running`, then `succeeded`, `failed` or `timed_out`. A command it would
+start past its deliver-by time (the server says how long it had left when it handed it
+out) is never started: it reports `expired`. While a command runs it
 repeats `running` every CANCEL_CHECK_SECONDS to hear whether a cancel asked it to stop;
 then it stops the process (SIGTERM, SIGKILL after AGENT_KILL_GRACE_SECONDS) and reports
 `cancelled`. It logs one line per report it delivered. It rides out an API
@@ -444,6 +446,7 @@ class Agent:
         return 0
 
     def _handle(self, command: dict[str, Any]) -> None:
+        received = time.monotonic()
         command_id, name = str(command.get("id")), str(command.get("command"))
         extra = {"command_id": command_id, "command": name}
         if command.get("cancelRequested") is True:
@@ -460,12 +463,17 @@ class Agent:
             )
             self._report(command_id, outcome.status, outcome)
             return
+        if self._too_late(command, received, extra):
+            return
         answer = self._report(command_id, "running")
         if answer is None:
             return
         if answer.get("cancelRequested") is True:
             log.info("cancel asked before %s started: not run", name, extra=extra)
             self._report(command_id, "cancelled", Outcome("cancelled", None, ""))
+            return
+        # Checked again last thing before starting: the report may have taken a while.
+        if self._too_late(command, received, extra):
             return
         args = [str(arg) for arg in command.get("args") or []]
         started = time.monotonic()
@@ -485,6 +493,35 @@ class Agent:
             extra=extra,
         )
         self._report(command_id, outcome.status, outcome)
+
+    def _too_late(
+        self,
+        command: dict[str, Any],
+        received: float,
+        extra: dict[str, str],
+    ) -> bool:
+        """Whether the command's deliver-by time has passed; if so it is refused, never run.
+
+        Counted on this agent's monotonic clock from the answer's arrival against the time
+        the server said was left, so the two clocks need not agree. A command without a
+        deliver-by time (an older server) is never refused.
+        """
+        within = command.get("deliverWithinSeconds")
+        if isinstance(within, bool) or not isinstance(within, int | float):
+            return False
+        late = time.monotonic() - received - within
+        if late < 0:
+            return False
+        log.warning(
+            "refused %s: it arrived with %.1fs to its deliver-by time (%s), %.1fs ago; not run",
+            extra["command"],
+            within,
+            command.get("deliverBy"),
+            time.monotonic() - received,
+            extra=extra,
+        )
+        self._report(extra["command_id"], "expired", Outcome("expired", None, ""))
+        return True
 
     def _cancel_asked(self, command_id: str) -> bool:
         """Whether a cancel asked to stop the command: `running` again, one try."""

@@ -96,6 +96,8 @@ class Settings:
     agent_commands_file: str = _env("AGENT_COMMANDS_FILE", "", "machines")
     machine_token_days: int = _env("MACHINE_TOKEN_DAYS", "365", "machines")
     agent_kill_grace_seconds: float = _env("AGENT_KILL_GRACE_SECONDS", "10", "machines")
+    # A command no wait waits for is handed to no agent after this long (SPEC 23).
+    command_delivery_seconds: int = _env("COMMAND_DELIVERY_SECONDS", "900", "machines")
 
     smtp_url: str = field(
         default="",
@@ -245,6 +247,7 @@ class Settings:
             "worker_statement_timeout_ms",
             "wait_max_seconds",
             "machine_token_days",
+            "command_delivery_seconds",
             "api_port",
             "api_workers",
             "api_threads",

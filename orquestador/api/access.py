@@ -534,6 +534,7 @@ class ResourceAccess:
             machine_command.c.machine_id,
             machine_command.c.command,
             machine_command.c.args,
+            machine_command.c.deliver_by,
         ).where(
             machine_command.c.org_id == self.caller.org,
             machine_command.c.id.in_(command_ids),
@@ -559,6 +560,7 @@ class ResourceAccess:
                 machine_command.c.sent_at,
                 machine_command.c.finished_at,
                 machine_command.c.cancel_requested_at,
+                machine_command.c.deliver_by,
                 action_execution.c.execution_id,
                 action_execution.c.action_id,
             )

@@ -247,6 +247,11 @@ EXECUTION: dict[str, Any] = {
                                 "description": "The command's arguments, as sent to the agent.",
                             },
                             "status": {"enum": list(COMMAND_STATUSES)},
+                            "deliverBy": {
+                                **_TIMESTAMP,
+                                "description": "No agent is handed the command after it:"
+                                " still pending then, it ends `expired`, never delivered.",
+                            },
                             "purged": {"const": True},
                             "deadline": _TIMESTAMP,
                             "secondsLeft": {"type": "integer", "minimum": 0},
@@ -276,6 +281,7 @@ EXECUTION: dict[str, Any] = {
                                 "properties": {
                                     "status": {"enum": list(COMMAND_STATUSES)},
                                     "updatedAt": _TIMESTAMP,
+                                    "deliverBy": _TIMESTAMP,
                                 },
                             },
                             {

@@ -291,7 +291,11 @@ def _then_and_now(step: dict[str, Any], facts: ExecutionFacts) -> None:
     now = facts.commands.get(command_id) if command_id is not None else None
     # Never the frozen value as if it were current: no row, no status.
     step["current"] = (
-        {"status": now.status, "updatedAt": timestamp(now.updated_at)}
+        {
+            "status": now.status,
+            "updatedAt": timestamp(now.updated_at),
+            "deliverBy": timestamp(now.deliver_by),
+        }
         if now is not None
         else {"purged": True}
     )
@@ -321,7 +325,11 @@ def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -
     now = facts.commands.get(command_id)
     if now is not None:
         waiting.update(
-            machineId=now.machine_id, command=now.command, args=now.args, status=now.status
+            machineId=now.machine_id,
+            command=now.command,
+            args=now.args,
+            status=now.status,
+            deliverBy=timestamp(now.deliver_by),
         )
     else:
         waiting["purged"] = True

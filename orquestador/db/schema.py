@@ -370,6 +370,15 @@ machine_command = Table(
     Column("finished_at", TIMESTAMP(timezone=True)),
     # A cancel asked the agent to stop a command it had already taken (sent or running).
     Column("cancel_requested_at", TIMESTAMP(timezone=True)),
+    # No agent is handed the command after this instant (migration 0027): the deadline of
+    # the wait that waits for it, else COMMAND_DELIVERY_SECONDS after it was written. The
+    # default serves rows written without it (commands from before the column).
+    Column(
+        "deliver_by",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("(clock_timestamp() + '00:15:00'::interval)"),
+    ),
     UniqueConstraint("external_key"),
     CheckConstraint(_in("status", COMMAND_STATUSES), name="status"),
     Index(None, "org_id", "machine_id", "status"),
@@ -378,6 +387,12 @@ machine_command = Table(
         "ix_machine_command_finished",
         "finished_at",
         postgresql_where=text(f"{_in('status', FINAL_COMMAND_STATUSES)}"),
+    ),
+    # The maintenance pass expires pending commands whose deliver-by time passed.
+    Index(
+        "ix_machine_command_undelivered",
+        "deliver_by",
+        postgresql_where=text("status = 'pending'"),
     ),
 )
 
@@ -851,6 +866,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "sent_at",
         "finished_at",
         "cancel_requested_at",
+        # A wait moves its command's deliver-by time to its own deadline.
+        "deliver_by",
     ),
     "hosting_plan": ("name",),
     "plan_flow_binding": ("flow_id",),

@@ -4,6 +4,9 @@ Every look-up carries the organization in its WHERE (a command id may come from 
 flow produced), and an agent's look-ups carry its machine as well: a foreign command is
 indistinguishable from a missing one. Every status change wakes the executions waiting
 on the command in the same transaction, so the wake commits with the change.
+
+A command is handed to an agent only before its deliver-by time (SPEC 23); what happens
+to one whose time passed is machines/expiry.py's.
 """
 
 from __future__ import annotations
@@ -21,11 +24,16 @@ from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
 from orquestador.queue.waits import COMMAND_WAIT_PREFIX, wake_waiting
 
 FINAL = frozenset(FINAL_COMMAND_STATUSES)
-# What an agent may report; pending and sent belong to the server.
+# What an agent may report; pending and sent belong to the server. An agent reports
+# `expired` for a command it refused to start because its deliver-by time had passed.
 REPORTABLE = ("running", *FINAL_COMMAND_STATUSES)
 # Forward only: a status may replace one of a lower rank, never the other way round.
 _RANK = {"pending": 0, "sent": 1, "running": 2, **{status: 3 for status in FINAL}}
 assert set(_RANK) == set(COMMAND_STATUSES)
+
+# COMMAND_DELIVERY_SECONDS's default: how long a command no wait waits for may wait for
+# an agent to take it.
+DEFAULT_DELIVERY_SECONDS = 900
 
 # A command's output is kept up to this many characters; the rest is cut off and the
 # cut is marked, so a chatty command cannot fill the table.
@@ -57,6 +65,8 @@ class Command:
     created_at: datetime
     updated_at: datetime
     read_at: datetime  # the database's clock when the row was read
+    # No agent is handed the command after this instant.
+    deliver_by: datetime
 
     @property
     def final(self) -> bool:
@@ -75,11 +85,20 @@ class AgentCommand:
     command: str
     args: list[str]
     cancel_requested: bool = False
+    # The command's deliver-by time, and how long before it the server handed it out:
+    # the agent refuses to start it later than that, counted on its own monotonic clock
+    # from the answer's arrival (so the two clocks need not agree).
+    deliver_by: datetime | None = None
+    deliver_within_seconds: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         if self.cancel_requested:
             return {"id": str(self.id), "cancelRequested": True}
-        return {"id": str(self.id), "command": self.command, "args": self.args}
+        answer: dict[str, Any] = {"id": str(self.id), "command": self.command, "args": self.args}
+        if self.deliver_by is not None:
+            answer["deliverBy"] = self.deliver_by.isoformat()
+            answer["deliverWithinSeconds"] = self.deliver_within_seconds
+        return answer
 
 
 class CommandNotFound(Exception):
@@ -96,14 +115,17 @@ class StatusConflict(Exception):
 
 
 _COLUMNS = (
-    "id, machine_id, command, args, status, exit_code, created_at, updated_at,"
+    "id, machine_id, command, args, status, exit_code, created_at, updated_at, deliver_by,"
     " clock_timestamp() AS now"
 )
 
+# Its deliver-by time counts from its writing; the wait that waits for it moves it to
+# its own deadline (machines/expiry.py).
 _INSERT = text(
     """
-    INSERT INTO machine_command (org_id, machine_id, command, args, external_key)
-    VALUES (:org_id, :machine_id, :command, CAST(:args AS jsonb), :external_key)
+    INSERT INTO machine_command (org_id, machine_id, command, args, external_key, deliver_by)
+    VALUES (:org_id, :machine_id, :command, CAST(:args AS jsonb), :external_key,
+            clock_timestamp() + make_interval(secs => :delivery_seconds))
     ON CONFLICT (external_key) DO NOTHING
     RETURNING id
     """
@@ -117,7 +139,8 @@ _BY_KEY = text(
 _BY_ID = text(f"SELECT {_COLUMNS} FROM machine_command WHERE org_id = :org_id AND id = :id")
 
 
-def _command(row: Any) -> Command:
+def command_of(row: Any) -> Command:
+    """A command row (with its `now`) as the flow sees it."""
     return Command(
         id=row.id,
         machine_id=row.machine_id,
@@ -128,6 +151,7 @@ def _command(row: Any) -> Command:
         created_at=row.created_at,
         updated_at=row.updated_at,
         read_at=row.now,
+        deliver_by=row.deliver_by,
     )
 
 
@@ -139,11 +163,13 @@ def create_command(
     command: str,
     args: list[str],
     external_key: str,
+    delivery_seconds: float = DEFAULT_DELIVERY_SECONDS,
 ) -> Command:
     """Insert the command keyed by `external_key`, or return the row a first call inserted.
 
     A retry of the same step (same external key) never makes a second command, whatever
-    happened to the first call's answer.
+    happened to the first call's answer. No agent is handed it after `delivery_seconds`
+    from now, unless a wait moves that to its own deadline.
     """
     inserted = conn.execute(
         _INSERT,
@@ -153,6 +179,7 @@ def create_command(
             "command": command,
             "args": json.dumps(args),
             "external_key": external_key,
+            "delivery_seconds": delivery_seconds,
         },
     ).one_or_none()
     if inserted is not None:
@@ -168,32 +195,38 @@ def create_command(
     if row is None:
         # The key belongs to another organization's command: never show it.
         raise CommandNotFound(external_key)
-    return _command(row)
+    return command_of(row)
 
 
 def find_command(conn: Connection, *, org_id: str, command_id: uuid.UUID) -> Command | None:
     """The command with this id in this organization, or None (missing and foreign alike)."""
     row = conn.execute(_BY_ID, {"org_id": org_id, "id": command_id}).one_or_none()
-    return None if row is None else _command(row)
+    return None if row is None else command_of(row)
 
 
 # The oldest pending command of the machine, marked sent. SKIP LOCKED: two agents
 # polling for the same machine at once never take the same command; the UPDATE
-# re-checks the status in case the row changed between the two.
+# re-checks the status in case the row changed between the two. One reading of the
+# clock decides and is recorded: a command is handed out only while its deliver-by time
+# is ahead of that instant, which becomes its sent_at (a command past it stays pending
+# until a wait or the maintenance pass expires it).
 _CLAIM = text(
     """
-    WITH next AS (
-        SELECT id FROM machine_command
-        WHERE org_id = :org_id AND machine_id = :machine_id AND status = 'pending'
-        ORDER BY created_at, id
+    WITH moment AS (SELECT clock_timestamp() AS at),
+    next AS (
+        SELECT c.id FROM machine_command c, moment
+        WHERE c.org_id = :org_id AND c.machine_id = :machine_id AND c.status = 'pending'
+          AND c.deliver_by > moment.at
+        ORDER BY c.created_at, c.id
         LIMIT 1
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF c SKIP LOCKED
     )
     UPDATE machine_command AS c
-    SET status = 'sent', sent_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM next
+    SET status = 'sent', sent_at = moment.at, updated_at = moment.at
+    FROM next, moment
     WHERE c.id = next.id AND c.status = 'pending'
-    RETURNING c.id, c.command, c.args
+    RETURNING c.id, c.command, c.args, c.deliver_by,
+              extract(epoch FROM c.deliver_by - moment.at) AS within_seconds
     """
 )
 
@@ -221,7 +254,13 @@ def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentComman
     if row is None:
         return None
     wake_waiting(conn, wait_key(row.id))
-    return AgentCommand(id=row.id, command=row.command, args=list(row.args or []))
+    return AgentCommand(
+        id=row.id,
+        command=row.command,
+        args=list(row.args or []),
+        deliver_by=row.deliver_by,
+        deliver_within_seconds=float(row.within_seconds),
+    )
 
 
 _LOCK_FOR_AGENT = text(

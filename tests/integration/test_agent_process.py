@@ -93,6 +93,10 @@ class ApiServer:
         self._server = None
 
     @property
+    def app(self) -> Any:
+        return self._app
+
+    @property
     def poll_share(self) -> PollShare:
         return self._app.extensions[POLL_SHARE_EXTENSION]
 
@@ -141,9 +145,10 @@ def running_agent(
     commands_file: Path,
     machine: str = "m-1",
     wait: str = "1",
+    org: str = ORG,
     **settings: str,
 ) -> Iterator[AgentProcess]:
-    token = mint_token(api.settings, sub=f"machine:{machine}", org=ORG, scopes=["agent"])
+    token = mint_token(api.settings, sub=f"machine:{machine}", org=org, scopes=["agent"])
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
     env.update(
         ORQUESTADOR_API_URL=api.url,

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
+from orquestador import agent as agent_module
 from orquestador.agent import Agent, CommandSpec, load_commands, run_command
 
 
@@ -126,3 +129,69 @@ def test_a_command_ends_cancelled_once_a_check_says_so(tmp_path: Path) -> None:
 
     assert (outcome.status, outcome.exit_code) == ("cancelled", -15)
     assert time.monotonic() - began < 5
+
+
+def test_a_command_past_its_deliver_by_time_is_reported_expired_and_never_run(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "ran"
+    spec = CommandSpec("reboot", ("touch", str(marker)), 5)
+    client = _RecordingClient(cancel_requested=False)
+    agent = Agent(client, {"reboot": spec})  # type: ignore[arg-type]
+
+    # The server handed it out with no time left (the answer crossed its deliver-by time).
+    agent._handle(
+        {
+            "id": "c-1",
+            "command": "reboot",
+            "args": [],
+            "deliverBy": "2026-03-01T09:30:00+00:00",
+            "deliverWithinSeconds": 0,
+        }
+    )
+
+    assert client.reports == [("c-1", "expired")]
+    assert not marker.exists()
+
+
+class _SlowToReportRunning(_RecordingClient):
+    """Its report of running takes longer than the command had left (an API outage): it
+    moves the agent's clock on by `delay` seconds."""
+
+    def __init__(self, clock: list[float], delay: float) -> None:
+        super().__init__(cancel_requested=False)
+        self._clock = clock
+        self._delay = delay
+
+    def report(self, command_id: str, status: str, outcome: object = None) -> tuple[int, dict]:
+        if status == "running":
+            self._clock[0] += self._delay
+        return super().report(command_id, status, outcome)
+
+
+def test_a_command_whose_time_runs_out_while_reporting_running_is_not_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(agent_module.time, "monotonic", lambda: clock[0])
+    marker = tmp_path / "ran"
+    spec = CommandSpec("reboot", ("touch", str(marker)), 5)
+    client = _SlowToReportRunning(clock, delay=30)
+    agent = Agent(client, {"reboot": spec})  # type: ignore[arg-type]
+
+    agent._handle({"id": "c-1", "command": "reboot", "args": [], "deliverWithinSeconds": 20})
+
+    assert client.reports == [("c-1", "running"), ("c-1", "expired")]
+    assert not marker.exists()
+
+
+def test_a_command_with_time_left_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    spec = CommandSpec("reboot", ("touch", str(marker)), 5)
+    client = _RecordingClient(cancel_requested=False)
+    agent = Agent(client, {"reboot": spec})  # type: ignore[arg-type]
+
+    agent._handle({"id": "c-1", "command": "reboot", "args": [], "deliverWithinSeconds": 600})
+
+    assert client.reports == [("c-1", "running"), ("c-1", "succeeded")]
+    assert marker.exists()

@@ -314,6 +314,7 @@ def _command_facts(row: Any) -> dict[str, Any]:
         "sentAt": row.sent_at.isoformat() if row.sent_at else None,
         "finishedAt": row.finished_at.isoformat() if row.finished_at else None,
         "stopAskedAt": row.cancel_requested_at.isoformat() if row.cancel_requested_at else None,
+        "deliverBy": row.deliver_by.isoformat(),
         "executionId": str(row.execution_id),
         "actionId": row.action_id,
     }

@@ -1,0 +1,96 @@
+"""Machines an operator can see: commands that never arrive late.
+
+Revision ID: 0027
+Revises: 0025
+
+Expand only: a defaulted column, one more allowed value, an index and a grant.
+
+- machine_command.deliver_by: no agent is handed the command after it (the deadline of
+  the wait that waits for it, else COMMAND_DELIVERY_SECONDS after it was written). Its
+  default, 15 minutes from when a row is written, serves the running release's inserts
+  and gives every command written before the upgrade 15 minutes from the upgrade.
+- machine_command.status may be `expired`, a final status: never delivered. The partial
+  index retention scans covers it like the other final statuses, and a new partial
+  index finds the pending commands whose deliver-by time passed.
+- The runtime role may UPDATE deliver_by (a wait moves it to its own deadline).
+
+The downgrade reports an `expired` command as `cancelled` (final, never run: the older
+code's word for a command no agent will get) before the older check comes back.
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+from orquestador.db.grants import restrict_updates, runtime_role
+
+revision = "0027"
+down_revision = "0025"
+branch_labels = None
+depends_on = None
+
+_FINAL_BEFORE = ("succeeded", "failed", "timed_out", "cancelled")
+_FINAL_AFTER = (*_FINAL_BEFORE, "expired")
+_COMMAND_UPDATES_BEFORE = (
+    "status",
+    "exit_code",
+    "output",
+    "updated_at",
+    "sent_at",
+    "finished_at",
+    "cancel_requested_at",
+)
+_COMMAND_UPDATES_AFTER = (*_COMMAND_UPDATES_BEFORE, "deliver_by")
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+def _command_statuses(final: tuple[str, ...]) -> None:
+    op.drop_constraint("status", "machine_command", type_="check")
+    op.create_check_constraint(
+        "status",
+        "machine_command",
+        f"status IN ({_listed(('pending', 'sent', 'running', *final))})",
+    )
+    op.drop_index("ix_machine_command_finished", table_name="machine_command")
+    op.create_index(
+        "ix_machine_command_finished",
+        "machine_command",
+        ["finished_at"],
+        postgresql_where=sa.text(f"status IN ({_listed(final)})"),
+    )
+
+
+def _updates(table: str, columns: tuple[str, ...]) -> None:
+    role = runtime_role()
+    if role is not None:
+        restrict_updates(op.get_bind(), role, table, columns)
+
+
+def upgrade() -> None:
+    op.add_column(
+        "machine_command",
+        sa.Column(
+            "deliver_by",
+            sa.TIMESTAMP(timezone=True),
+            nullable=False,
+            server_default=sa.text("(clock_timestamp() + '00:15:00'::interval)"),
+        ),
+    )
+    _command_statuses(_FINAL_AFTER)
+    op.create_index(
+        "ix_machine_command_undelivered",
+        "machine_command",
+        ["deliver_by"],
+        postgresql_where=sa.text("status = 'pending'"),
+    )
+    _updates("machine_command", _COMMAND_UPDATES_AFTER)
+
+
+def downgrade() -> None:
+    _updates("machine_command", _COMMAND_UPDATES_BEFORE)
+    op.drop_index("ix_machine_command_undelivered", table_name="machine_command")
+    op.execute(sa.text("UPDATE machine_command SET status = 'cancelled' WHERE status = 'expired'"))
+    _command_statuses(_FINAL_BEFORE)
+    op.drop_column("machine_command", "deliver_by")
