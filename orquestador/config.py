@@ -98,6 +98,8 @@ class Settings:
     agent_kill_grace_seconds: float = _env("AGENT_KILL_GRACE_SECONDS", "10", "machines")
     # A command no wait waits for is handed to no agent after this long (SPEC 23).
     command_delivery_seconds: int = _env("COMMAND_DELIVERY_SECONDS", "900", "machines")
+    # The most of a command's output kept (half its head, half its latest bytes).
+    command_output_max_bytes: int = _env("COMMAND_OUTPUT_MAX_BYTES", "1048576", "machines")
 
     smtp_url: str = field(
         default="",
@@ -248,6 +250,7 @@ class Settings:
             "wait_max_seconds",
             "machine_token_days",
             "command_delivery_seconds",
+            "command_output_max_bytes",
             "api_port",
             "api_workers",
             "api_threads",

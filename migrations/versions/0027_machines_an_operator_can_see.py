@@ -1,9 +1,9 @@
-"""Machines an operator can see: commands that never arrive late.
+"""Machines an operator can see: commands that never arrive late, their output live.
 
 Revision ID: 0027
 Revises: 0025
 
-Expand only: a defaulted column, one more allowed value, an index and a grant.
+Expand only: defaulted and nullable columns, one more allowed value, an index and grants.
 
 - machine_command.deliver_by: no agent is handed the command after it (the deadline of
   the wait that waits for it, else COMMAND_DELIVERY_SECONDS after it was written). Its
@@ -12,7 +12,13 @@ Expand only: a defaulted column, one more allowed value, an index and a grant.
 - machine_command.status may be `expired`, a final status: never delivered. The partial
   index retention scans covers it like the other final statuses, and a new partial
   index finds the pending commands whose deliver-by time passed.
-- The runtime role may UPDATE deliver_by (a wait moves it to its own deadline).
+- machine_command.output_tail, output_received, output_size: an agent sends a running
+  command's output in chunks by offset; `output` keeps the head, `output_tail` the
+  latest bytes, `output_received` how far the agent's chunks were taken (a chunk sent
+  again is taken once) and `output_size` the bytes kept or dropped. A row written whole
+  by the running release (size 0, output set) is read as a head of its own length.
+- The runtime role may UPDATE deliver_by (a wait moves it to its own deadline) and the
+  three output columns.
 
 The downgrade reports an `expired` command as `cancelled` (final, never run: the older
 code's word for a command no agent will get) before the older check comes back.
@@ -39,7 +45,13 @@ _COMMAND_UPDATES_BEFORE = (
     "finished_at",
     "cancel_requested_at",
 )
-_COMMAND_UPDATES_AFTER = (*_COMMAND_UPDATES_BEFORE, "deliver_by")
+_COMMAND_UPDATES_AFTER = (
+    *_COMMAND_UPDATES_BEFORE,
+    "deliver_by",
+    "output_tail",
+    "output_received",
+    "output_size",
+)
 
 
 def _listed(values: tuple[str, ...]) -> str:
@@ -78,6 +90,12 @@ def upgrade() -> None:
             server_default=sa.text("(clock_timestamp() + '00:15:00'::interval)"),
         ),
     )
+    op.add_column("machine_command", sa.Column("output_tail", sa.Text()))
+    for column in ("output_received", "output_size"):
+        op.add_column(
+            "machine_command",
+            sa.Column(column, sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        )
     _command_statuses(_FINAL_AFTER)
     op.create_index(
         "ix_machine_command_undelivered",
@@ -93,4 +111,5 @@ def downgrade() -> None:
     op.drop_index("ix_machine_command_undelivered", table_name="machine_command")
     op.execute(sa.text("UPDATE machine_command SET status = 'cancelled' WHERE status = 'expired'"))
     _command_statuses(_FINAL_BEFORE)
-    op.drop_column("machine_command", "deliver_by")
+    for column in ("output_size", "output_received", "output_tail", "deliver_by"):
+        op.drop_column("machine_command", column)

@@ -40,6 +40,7 @@ from orquestador.db.schema import (
     machine_command,
     request,
 )
+from orquestador.machines.output import VIEW_CHARACTERS
 
 
 class Reach(enum.Enum):
@@ -102,6 +103,19 @@ class BulkFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
 
+
+# A command's output as a view reads it: the last characters of its head and of its
+# tail, and how many bytes were dropped between them (machines/output.py).
+_OUTPUT_END = (
+    func.right(machine_command.c.output, VIEW_CHARACTERS).label("output_head_end"),
+    func.right(machine_command.c.output_tail, VIEW_CHARACTERS).label("output_tail_end"),
+    machine_command.c.output_size,
+    (
+        machine_command.c.output_size
+        - func.coalesce(func.octet_length(machine_command.c.output), 0)
+        - func.coalesce(func.octet_length(machine_command.c.output_tail), 0)
+    ).label("output_dropped"),
+)
 
 # The machine the request names, else the one its data names (a moment's machineId).
 _request_machine = func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId"))
@@ -535,6 +549,7 @@ class ResourceAccess:
             machine_command.c.command,
             machine_command.c.args,
             machine_command.c.deliver_by,
+            *_OUTPUT_END,
         ).where(
             machine_command.c.org_id == self.caller.org,
             machine_command.c.id.in_(command_ids),
@@ -561,6 +576,7 @@ class ResourceAccess:
                 machine_command.c.finished_at,
                 machine_command.c.cancel_requested_at,
                 machine_command.c.deliver_by,
+                *_OUTPUT_END,
                 action_execution.c.execution_id,
                 action_execution.c.action_id,
             )

@@ -28,7 +28,6 @@ from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.config import libpq_url
 from orquestador.domain.errors import Problem
 from orquestador.machines import (
-    MAX_OUTPUT_CHARACTERS,
     CommandNotFound,
     StatusConflict,
     next_command,
@@ -118,8 +117,11 @@ STATUS_BODY: dict[str, Any] = {
     "properties": {
         "status": {"enum": list(REPORTABLE)},
         "exitCode": {"type": ["integer", "null"], "minimum": -(2**31), "maximum": 2**31 - 1},
-        # Longer output is accepted and cut to MAX_OUTPUT_CHARACTERS when stored.
+        # A chunk of the command's output, taken once by its offset; what is kept stays
+        # within COMMAND_OUTPUT_MAX_BYTES (head and tail).
         "output": {"type": ["string", "null"]},
+        # Bytes (UTF-8) of output the agent sent before this chunk; 0 when absent.
+        "outputOffset": {"type": "integer", "minimum": 0, "maximum": 2**53},
     },
 }
 
@@ -213,7 +215,7 @@ def report(command_id: str) -> Response:
     except ValueError:
         raise not_found() from None
     body = read_json_object(STATUS_BODY)
-    output = body.get("output")
+    settings = current_app.extensions[EXTENSION_KEY].settings
     try:
         with engine().begin() as conn:
             reported = report_status(
@@ -223,7 +225,9 @@ def report(command_id: str) -> Response:
                 command_id=parsed,
                 status=body["status"],
                 exit_code=body.get("exitCode"),
-                output=output,
+                output=body.get("output"),
+                output_offset=body.get("outputOffset", 0),
+                output_max_bytes=settings.command_output_max_bytes,
             )
     except CommandNotFound:
         raise not_found() from None
@@ -242,7 +246,9 @@ def report(command_id: str) -> Response:
             "updatedAt": timestamp(reported.updated_at),
             "finishedAt": timestamp(reported.finished_at),
             "changed": reported.changed,
-            "outputTruncated": output is not None and len(output) > MAX_OUTPUT_CHARACTERS,
+            # Where the agent's next chunk starts: what of its output the server has.
+            "outputOffset": reported.output_received,
+            "outputTruncated": reported.output_truncated,
             # A cancel asked to stop the command: the agent stops it and reports cancelled.
             "cancelRequested": reported.cancel_requested,
         }

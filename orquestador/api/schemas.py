@@ -252,6 +252,13 @@ EXECUTION: dict[str, Any] = {
                                 "description": "No agent is handed the command after it:"
                                 " still pending then, it ends `expired`, never delivered.",
                             },
+                            "output": {
+                                "type": "string",
+                                "description": "The command's output so far: its last 200"
+                                " lines (the dropped part marked), once there is some.",
+                            },
+                            "outputBytes": {"type": "integer", "minimum": 0},
+                            "outputTruncated": {"type": "boolean"},
                             "purged": {"const": True},
                             "deadline": _TIMESTAMP,
                             "secondsLeft": {"type": "integer", "minimum": 0},
@@ -282,6 +289,15 @@ EXECUTION: dict[str, Any] = {
                                     "status": {"enum": list(COMMAND_STATUSES)},
                                     "updatedAt": _TIMESTAMP,
                                     "deliverBy": _TIMESTAMP,
+                                    "output": {
+                                        "type": "string",
+                                        "description": "The command's output as it stands:"
+                                        " its last 200 lines (the dropped part marked), once"
+                                        " there is some. GET /machines/{machineId}/commands/"
+                                        "{commandId}/output reads all that was kept.",
+                                    },
+                                    "outputBytes": {"type": "integer", "minimum": 0},
+                                    "outputTruncated": {"type": "boolean"},
                                 },
                             },
                             {

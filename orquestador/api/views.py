@@ -12,6 +12,7 @@ from sqlalchemy import Row
 
 from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
+from orquestador.machines.output import output_end
 from orquestador.queue.waits import NOT_READY
 from orquestador.tracing import trace_id_of
 
@@ -295,10 +296,24 @@ def _then_and_now(step: dict[str, Any], facts: ExecutionFacts) -> None:
             "status": now.status,
             "updatedAt": timestamp(now.updated_at),
             "deliverBy": timestamp(now.deliver_by),
+            **command_output_view(now),
         }
         if now is not None
         else {"purged": True}
     )
+
+
+def command_output_view(row: Row) -> dict[str, Any]:
+    """A command's output as views carry it: its last lines, once there is some."""
+    if not row.output_size:
+        return {}
+    return {
+        "output": output_end(
+            row.output_head_end or "", row.output_tail_end or "", row.output_dropped
+        ),
+        "outputBytes": row.output_size,
+        "outputTruncated": row.output_dropped > 0,
+    }
 
 
 def _flow_and_machine(body: dict[str, Any], row: Row) -> None:
@@ -330,6 +345,7 @@ def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -
             args=now.args,
             status=now.status,
             deliverBy=timestamp(now.deliver_by),
+            **command_output_view(now),
         )
     else:
         waiting["purged"] = True

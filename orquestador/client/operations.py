@@ -308,6 +308,17 @@ class Client:
     def revoke_machine_credentials(self, machine_id: str) -> Json:
         return self.transport.call("DELETE", f"/machines/{segment(machine_id)}/credentials")
 
+    @operation("getCommandOutput")
+    def get_command_output(
+        self, machine_id: str, command_id: str, after: int | None = None
+    ) -> Json:
+        """What was kept of a command's output past byte `after`, and where to ask next."""
+        return self.transport.call(
+            "GET",
+            f"/machines/{segment(machine_id)}/commands/{segment(command_id)}/output",
+            params=_query(after=after),
+        )
+
     @operation("takeNextCommand")
     def take_next_command(self, wait: float | None = None) -> Json | None:
         """The next command for the token's machine, or None when none came within `wait`."""
@@ -320,8 +331,11 @@ class Client:
         status: str,
         exit_code: int | None = None,
         output: str | None = None,
+        output_offset: int | None = None,
     ) -> Json:
-        body = _present(status=status, exitCode=exit_code, output=output)
+        body = _present(
+            status=status, exitCode=exit_code, output=output, outputOffset=output_offset
+        )
         return self.transport.call(
             "POST", f"/agent/commands/{segment(command_id)}/status", json=body
         )

@@ -362,7 +362,12 @@ machine_command = Table(
     Column("external_key", Text, nullable=False),
     Column("result", JSONB_VALUE),
     Column("exit_code", Integer),
+    # The output's head (migration 0027: its tail, and how far the agent's chunks and the
+    # kept bytes go; machines/output.py).
     Column("output", Text),
+    Column("output_tail", Text),
+    Column("output_received", BigInteger, nullable=False, server_default=text("0")),
+    Column("output_size", BigInteger, nullable=False, server_default=text("0")),
     Column("simulation", Boolean, nullable=False, server_default=text("false")),
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
@@ -868,6 +873,10 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "cancel_requested_at",
         # A wait moves its command's deliver-by time to its own deadline.
         "deliver_by",
+        # The agent's output chunks, kept as head and tail.
+        "output_tail",
+        "output_received",
+        "output_size",
     ),
     "hosting_plan": ("name",),
     "plan_flow_binding": ("flow_id",),

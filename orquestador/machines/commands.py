@@ -21,6 +21,7 @@ from sqlalchemy import Connection, text
 
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
 from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
+from orquestador.machines.output import StoredOutput, append_chunk
 from orquestador.queue.waits import COMMAND_WAIT_PREFIX, wake_waiting
 
 FINAL = frozenset(FINAL_COMMAND_STATUSES)
@@ -35,21 +36,13 @@ assert set(_RANK) == set(COMMAND_STATUSES)
 # an agent to take it.
 DEFAULT_DELIVERY_SECONDS = 900
 
-# A command's output is kept up to this many characters; the rest is cut off and the
-# cut is marked, so a chatty command cannot fill the table.
-MAX_OUTPUT_CHARACTERS = 65536
-TRUNCATION_MARK = "\n[output truncated]"
+# COMMAND_OUTPUT_MAX_BYTES's default: the most of a command's output kept, head and tail.
+DEFAULT_OUTPUT_MAX_BYTES = 1048576
 
 
 def wait_key(command_id: uuid.UUID | str) -> str:
     """What an execution waiting on the command waits for (execution.wait_key)."""
     return f"{COMMAND_WAIT_PREFIX}{command_id}"
-
-
-def truncate_output(output: str) -> str:
-    if len(output) <= MAX_OUTPUT_CHARACTERS:
-        return output
-    return output[: MAX_OUTPUT_CHARACTERS - len(TRUNCATION_MARK)] + TRUNCATION_MARK
 
 
 @dataclass(frozen=True)
@@ -265,28 +258,59 @@ def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentComman
 
 _LOCK_FOR_AGENT = text(
     """
-    SELECT id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    SELECT id, status, exit_code, updated_at, finished_at, cancel_requested_at,
+           output, output_tail, output_received, output_size
     FROM machine_command
     WHERE org_id = :org_id AND machine_id = :machine_id AND id = :id
     FOR UPDATE
     """
 )
+_RETURNING = (
+    "RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at,"
+    " output, output_tail, output_received, output_size"
+)
 _SET_RUNNING = text(
-    """
+    f"""
     UPDATE machine_command SET status = 'running', updated_at = clock_timestamp()
     WHERE id = :id
-    RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    {_RETURNING}
     """
 )
 _SET_FINAL = text(
-    """
+    f"""
     UPDATE machine_command
-    SET status = :status, exit_code = :exit_code, output = :output,
+    SET status = :status, exit_code = :exit_code,
         updated_at = clock_timestamp(), finished_at = clock_timestamp()
     WHERE id = :id
-    RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    {_RETURNING}
     """
 )
+# The output as kept after a chunk: the head, the tail and how far each count goes. Not a
+# status change: updated_at stays (a park compares it with its claim to tell one).
+_SET_OUTPUT = text(
+    f"""
+    UPDATE machine_command
+    SET output = :head, output_tail = :tail, output_received = :received,
+        output_size = :size
+    WHERE id = :id
+    {_RETURNING}
+    """
+)
+
+
+def stored_output(row: Any) -> StoredOutput:
+    """A command row's output as kept (head, tail, counts)."""
+    head = row.output or ""
+    if row.output_size == 0 and head:
+        # Written whole by a release before output came in chunks (migration 0027).
+        size = len(head.encode())
+        return StoredOutput(head=head, received=size, size=size)
+    return StoredOutput(
+        head=head,
+        tail=row.output_tail or "",
+        received=row.output_received,
+        size=row.output_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -301,9 +325,14 @@ class Reported:
     changed: bool
     # A cancel asked the agent to stop the command: it should, and report `cancelled`.
     cancel_requested: bool = False
+    # How much of the agent's output was taken (the next chunk's offset), and whether
+    # some of it was dropped to stay within COMMAND_OUTPUT_MAX_BYTES.
+    output_received: int = 0
+    output_truncated: bool = False
 
     @classmethod
     def of(cls, row: Any, changed: bool) -> Reported:
+        output = stored_output(row)
         return cls(
             row.id,
             row.status,
@@ -312,6 +341,8 @@ class Reported:
             row.finished_at,
             changed,
             row.cancel_requested_at is not None,
+            output.received,
+            output.dropped > 0,
         )
 
 
@@ -324,12 +355,16 @@ def report_status(
     status: str,
     exit_code: int | None = None,
     output: str | None = None,
+    output_offset: int = 0,
+    output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES,
 ) -> Reported:
-    """Move the machine's command forward to `status`, waking whoever waits on it.
+    """Move the machine's command forward to `status`, waking whoever waits on it, and
+    take the chunk of output the report carries (at `output_offset`, once).
 
     The same status again changes nothing and succeeds (an agent repeating a report whose
-    answer it lost); a lower rank, a different final status, or any report before the
-    command was sent raises StatusConflict.
+    answer it lost, or repeating `running` with more output); a lower rank, a different
+    final status, or any report before the command was sent raises StatusConflict, and
+    then its output is not taken either.
     """
     if status not in REPORTABLE:
         raise ValueError(f"an agent cannot report {status!r}")
@@ -338,22 +373,30 @@ def report_status(
     ).one_or_none()
     if row is None:
         raise CommandNotFound(str(command_id))
-    if row.status == status:
-        return Reported.of(row, False)
-    if row.status == "pending" or _RANK[status] <= _RANK[row.status]:
+    changed = row.status != status
+    if changed and (row.status == "pending" or _RANK[status] <= _RANK[row.status]):
         raise StatusConflict(row.status, status)
+    if output:
+        before = stored_output(row)
+        after = append_chunk(before, offset=output_offset, chunk=output, max_bytes=output_max_bytes)
+        if after != before:
+            row = conn.execute(
+                _SET_OUTPUT,
+                {
+                    "id": row.id,
+                    "head": after.head,
+                    "tail": after.tail or None,
+                    "received": after.received,
+                    "size": after.size,
+                },
+            ).one()
+    if not changed:
+        return Reported.of(row, False)
     if status == "running":
         updated = conn.execute(_SET_RUNNING, {"id": row.id}).one()
     else:
-        kept = None if output is None else truncate_output(output)
         updated = conn.execute(
-            _SET_FINAL,
-            {
-                "id": row.id,
-                "status": status,
-                "exit_code": exit_code,
-                "output": kept,
-            },
+            _SET_FINAL, {"id": row.id, "status": status, "exit_code": exit_code}
         ).one()
     wake_waiting(conn, wait_key(row.id))
     return Reported.of(updated, True)

@@ -215,6 +215,41 @@ def _machine(site: Site) -> str:
     return "/ui/machines/m-1"
 
 
+OUTPUT = "".join(f"reinstall: step {n} of 300, {'disk ' * (n % 7)}ok\n" for n in range(300))
+
+
+def _running_with_output(site: Site, command_id: str) -> None:
+    with site.owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "UPDATE machine_command SET status = 'running', output = :output,"
+                " output_received = :size, output_size = :size WHERE id = CAST(:id AS uuid)"
+            ),
+            {"id": command_id, "output": OUTPUT, "size": len(OUTPUT.encode())},
+        )
+
+
+def _waiting_with_output(site: Site) -> str:
+    """A wait whose command runs and talks: the wait box shows its last 200 lines."""
+    waits = waiting(site.api, site.owner_engine)
+    _running_with_output(site, waits.command_id)
+    return f"/ui/executions/{waits.execution_id}"
+
+
+def _never_delivered(site: Site) -> str:
+    """The deadline passed before any agent took the command: expired, never delivered."""
+    gone = deadline_passed(site.api, site.owner_engine, now="expired")
+    return f"/ui/executions/{gone.execution_id}"
+
+
+def _machine_running(site: Site) -> str:
+    """A machine with a command under way (its output, the page following it) and one
+    still pending (its deliver-by time)."""
+    _running_with_output(site, waiting(site.api, site.owner_engine).command_id)
+    waiting(site.api, site.owner_engine, command_status="pending")
+    return "/ui/machines/m-1"
+
+
 def _notices(site: Site) -> str:
     with site.owner_engine.begin() as connection:
         connection.execute(
@@ -363,6 +398,9 @@ PAGES: list[PageCase] = [
     PageCase("flows", _flows),
     PageCase("flow", _flow),
     PageCase("machine", _machine),
+    PageCase("machine-command-running", _machine_running),
+    PageCase("execution-waiting-output", _waiting_with_output),
+    PageCase("execution-command-never-delivered", _never_delivered),
     PageCase("notices", _notices),
     PageCase("approvals", _approvals),
     PageCase("approvals-open", _approvals_open),

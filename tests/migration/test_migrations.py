@@ -66,7 +66,7 @@ COLUMNS_ADDED = {
     "0021": {"sign_in_link": {"used_at"}},
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
-    "0027": {"machine_command": {"deliver_by"}},
+    "0027": {"machine_command": {"deliver_by", "output_tail", "output_received", "output_size"}},
     "0017": {
         "schedule": set(SCHEDULE_UPDATE_COLUMNS),
         "schedule_fire": {"request_id", "execution_id"},
@@ -438,7 +438,7 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             text("SELECT status FROM machine_command WHERE id = :id"), {"id": expired}
         ).scalar_one()
         columns = {c["name"] for c in inspect(connection).get_columns("machine_command")}
-    assert status == "cancelled" and "deliver_by" not in columns
+    assert status == "cancelled" and not {"deliver_by", "output_tail"} & columns
     assert _update_columns(server, name) == _declared_updates(at="0025")
     step(server, name, "0027")
 

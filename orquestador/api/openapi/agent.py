@@ -15,7 +15,6 @@ from orquestador.api.openapi.parts import (
     ref,
 )
 from orquestador.db.schema import COMMAND_STATUSES
-from orquestador.machines import MAX_OUTPUT_CHARACTERS
 from orquestador.machines.commands import REPORTABLE
 
 _AGENT = (
@@ -80,8 +79,18 @@ SCHEMAS: dict[str, Any] = {
             "exitCode": {"type": ["integer", "null"], "format": "int32"},
             "output": {
                 "type": ["string", "null"],
-                "description": f"Kept up to {MAX_OUTPUT_CHARACTERS} characters; longer "
-                "output is cut and marked `[output truncated]`.",
+                "description": "A chunk of the command's output (the reference agent sends "
+                "at most 64 KiB, at most every 2 seconds, while the command runs, and the "
+                "rest with the final status). Taken once by its offset; the server keeps at "
+                "most `COMMAND_OUTPUT_MAX_BYTES` of it, the first half and the latest half, "
+                "configured secrets redacted.",
+            },
+            "outputOffset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Bytes (UTF-8) of output the agent sent before this chunk "
+                "(default 0). A chunk sent again is taken once; one starting further on "
+                "says the bytes in between were skipped (they count as dropped).",
             },
         },
     },
@@ -107,7 +116,16 @@ SCHEMAS: dict[str, Any] = {
                 "description": "false when the command already had this status (a repeated "
                 "report changes nothing).",
             },
-            "outputTruncated": {"type": "boolean"},
+            "outputOffset": {
+                "type": "integer",
+                "description": "How much of the agent's output the server has taken: the "
+                "offset of its next chunk.",
+            },
+            "outputTruncated": {
+                "type": "boolean",
+                "description": "true once part of the output was dropped to stay within "
+                "`COMMAND_OUTPUT_MAX_BYTES` (what is kept is its head and its tail).",
+            },
             "cancelRequested": {
                 "type": "boolean",
                 "description": "true when a cancel of the command's execution asked the "

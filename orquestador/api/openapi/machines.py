@@ -4,10 +4,59 @@ from __future__ import annotations
 
 from typing import Any
 
-from orquestador.api.openapi.parts import READ_ERRORS, SECURED, json_response, problems, ref
+from orquestador.api.openapi.parts import (
+    READ_ERRORS,
+    SECURED,
+    json_response,
+    problems,
+    query_parameter,
+    ref,
+)
+
+_READERS = (
+    "Scope `requests:read-all` or `machines:admin`. Machines are the caller's "
+    "organization's: a machine or command of another organization answers the same 404 as "
+    "a missing one."
+)
+
+
+def _path_parameter(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema}
+
+
+_MACHINE_ID = _path_parameter("machineId", {"type": "string", "minLength": 1, "maxLength": 200})
+_COMMAND_ID = _path_parameter("commandId", {"type": "string", "format": "uuid"})
 
 # Component schemas this area adds, by name (referenced as #/components/schemas/NAME).
 SCHEMAS: dict[str, Any] = {
+    "CommandOutput": {
+        "type": "object",
+        "required": ["output", "nextOffset", "complete", "truncated"],
+        "additionalProperties": False,
+        "properties": {
+            "output": {
+                "type": "string",
+                "description": "What was kept of the output past `after`: the head and the "
+                "latest bytes, within `COMMAND_OUTPUT_MAX_BYTES`, configured secrets "
+                "redacted; where bytes were dropped between the two, a line "
+                "`[… N bytes of output dropped …]` says so.",
+            },
+            "nextOffset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Where to ask from next time (`after`) for what comes next.",
+            },
+            "complete": {
+                "type": "boolean",
+                "description": "true once the command's status is final: no more output will come.",
+            },
+            "truncated": {
+                "type": "boolean",
+                "description": "true when part of the output was dropped to stay within "
+                "`COMMAND_OUTPUT_MAX_BYTES`.",
+            },
+        },
+    },
     "MachineCredential": {
         "type": "object",
         "required": ["id", "issuedAt", "expiresAt", "revokedAt"],
@@ -40,6 +89,36 @@ SCHEMAS: dict[str, Any] = {
 
 def paths() -> dict[str, Any]:
     return {
+        "/machines/{machineId}/commands/{commandId}/output": {
+            "get": {
+                "operationId": "getCommandOutput",
+                "summary": "Read a command's output, live",
+                "description": _READERS
+                + " The agent sends a running command's output in chunks; this reads what "
+                "was kept past byte `after` (0: from the start). Ask again with "
+                "`nextOffset` while `complete` is false to follow it as it runs.",
+                "security": SECURED,
+                "parameters": [
+                    _MACHINE_ID,
+                    _COMMAND_ID,
+                    query_parameter(
+                        "after",
+                        {"type": "integer", "minimum": 0, "default": 0},
+                        "A byte offset in what was kept: the output past it is answered.",
+                    ),
+                ],
+                "responses": {
+                    "200": json_response(ref("CommandOutput"), "The output past `after`."),
+                    **problems(
+                        "400",
+                        *READ_ERRORS,
+                        "503",
+                        s403="The token holds neither `requests:read-all` nor `machines:admin`.",
+                        s404="No such command of this machine in the caller's organization.",
+                    ),
+                },
+            }
+        },
         "/machines/{machineId}/credentials": {
             "delete": {
                 "operationId": "revokeMachineCredentials",
@@ -73,5 +152,5 @@ def paths() -> dict[str, Any]:
                     ),
                 },
             }
-        }
+        },
     }

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from flask import g, render_template, request, url_for
+from flask import Response, g, render_template, request, url_for
 
 from orquestador.api.access import ExecutionFilter, ResourceAccess
 from orquestador.api.auth import (
@@ -28,6 +28,7 @@ from orquestador.api.context import engine
 from orquestador.api.flow_routes import flow_versions
 from orquestador.api.flow_store import find_flow
 from orquestador.api.openapi.schedules import LIST_LIMIT
+from orquestador.api.pages.execution_page import REFRESH_SECONDS
 from orquestador.api.pages.routes import (
     blueprint,
     not_found_page,
@@ -38,7 +39,12 @@ from orquestador.api.pages.routes import (
 )
 from orquestador.api.paging import cursor, read_cursor
 from orquestador.api.schedule_routes import schedule_view
-from orquestador.api.views import execution_view, flow_version_view, flow_view
+from orquestador.api.views import (
+    command_output_view,
+    execution_view,
+    flow_version_view,
+    flow_view,
+)
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.approvals.store import LIVE_STATUSES
 from orquestador.automation.schedules import list_schedules
@@ -46,6 +52,8 @@ from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 
 # How many rows a page lists before it offers the next page.
 PAGE_SIZE = 50
+# Command statuses that change without a person: a machine page refreshes while one is.
+UNDER_WAY = ("pending", "sent", "running")
 RECONCILIATION = "RECONCILIATION_REQUIRED"
 
 # The console's sections: label, endpoint, query, the scope that opens it (None: any
@@ -291,16 +299,24 @@ def machine_page(machine_id: str) -> Any:
         # Nothing the person may see touched it: another organization's machine, or
         # another person's, is the same as one that never existed.
         raise not_found_page()
-    return render_template(
+    facts = [_command_facts(command) for command in commands[:PAGE_SIZE]]
+    # While a command is under way the page follows it (and its output) by itself.
+    moving = any(c["status"] in UNDER_WAY for c in facts)
+    page = render_template(
         "machine.html",
         caller=g.caller,
         machine_id=machine_id,
-        commands=[_command_facts(command) for command in commands[:PAGE_SIZE]],
+        commands=facts,
         more_commands=len(commands) > PAGE_SIZE,
         executions=_execution_items(rows[:PAGE_SIZE]),
         more_executions=len(rows) > PAGE_SIZE,
         search_url=url_for("ui.executions", machineId=machine_id),
+        refresh_seconds=REFRESH_SECONDS if moving else None,
     )
+    response = Response(page, mimetype="text/html")
+    if moving:
+        response.headers["Refresh"] = str(REFRESH_SECONDS)
+    return response
 
 
 def _command_facts(row: Any) -> dict[str, Any]:
@@ -317,6 +333,7 @@ def _command_facts(row: Any) -> dict[str, Any]:
         "deliverBy": row.deliver_by.isoformat(),
         "executionId": str(row.execution_id),
         "actionId": row.action_id,
+        **command_output_view(row),
     }
 
 
