@@ -100,6 +100,8 @@ class Settings:
     command_delivery_seconds: int = _env("COMMAND_DELIVERY_SECONDS", "900", "machines")
     # The most of a command's output kept (half its head, half its latest bytes).
     command_output_max_bytes: int = _env("COMMAND_OUTPUT_MAX_BYTES", "1048576", "machines")
+    # An agent not seen (polling or reporting) for this long is offline.
+    agent_offline_seconds: int = _env("AGENT_OFFLINE_SECONDS", "90", "machines")
 
     smtp_url: str = field(
         default="",
@@ -251,6 +253,7 @@ class Settings:
             "machine_token_days",
             "command_delivery_seconds",
             "command_output_max_bytes",
+            "agent_offline_seconds",
             "api_port",
             "api_workers",
             "api_threads",

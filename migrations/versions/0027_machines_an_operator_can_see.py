@@ -1,4 +1,5 @@
-"""Machines an operator can see: commands that never arrive late, their output live.
+"""Machines an operator can see: commands that never arrive late, their output live, and
+whether their agents are alive.
 
 Revision ID: 0027
 Revises: 0025
@@ -17,6 +18,9 @@ Expand only: defaulted and nullable columns, one more allowed value, an index an
   latest bytes, `output_received` how far the agent's chunks were taken (a chunk sent
   again is taken once) and `output_size` the bytes kept or dropped. A row written whole
   by the running release (size 0, output set) is read as a head of its own length.
+- machine_agent: when each machine's agent was last seen (its polls and reports write
+  it, at most once per machine per 10 seconds); the runtime role may insert a row and
+  update its last_seen_at.
 - The runtime role may UPDATE deliver_by (a wait moves it to its own deadline) and the
   three output columns.
 
@@ -27,7 +31,7 @@ code's word for a command no agent will get) before the older check comes back.
 import sqlalchemy as sa
 from alembic import op
 
-from orquestador.db.grants import restrict_updates, runtime_role
+from orquestador.db.grants import grant_runtime, restrict_updates, runtime_role
 
 revision = "0027"
 down_revision = "0025"
@@ -104,9 +108,20 @@ def upgrade() -> None:
         postgresql_where=sa.text("status = 'pending'"),
     )
     _updates("machine_command", _COMMAND_UPDATES_AFTER)
+    op.create_table(
+        "machine_agent",
+        sa.Column("org_id", sa.Text(), nullable=False),
+        sa.Column("machine_id", sa.Text(), nullable=False),
+        sa.Column("last_seen_at", sa.TIMESTAMP(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("org_id", "machine_id", name=op.f("pk_machine_agent")),
+    )
+    op.create_index(op.f("ix_machine_agent_last_seen_at"), "machine_agent", ["last_seen_at"])
+    grant_runtime("machine_agent", ("SELECT", "INSERT"))
+    _updates("machine_agent", ("last_seen_at",))
 
 
 def downgrade() -> None:
+    op.drop_table("machine_agent")
     _updates("machine_command", _COMMAND_UPDATES_BEFORE)
     op.drop_index("ix_machine_command_undelivered", table_name="machine_command")
     op.execute(sa.text("UPDATE machine_command SET status = 'cancelled' WHERE status = 'expired'"))

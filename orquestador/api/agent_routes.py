@@ -35,6 +35,7 @@ from orquestador.machines import (
 )
 from orquestador.machines.bell import announce_poll, bell_for
 from orquestador.machines.commands import REPORTABLE, AgentCommand
+from orquestador.machines.liveness import record_seen
 from orquestador.machines.long_poll import MAX_WAIT_SECONDS
 
 blueprint = Blueprint("agent", __name__, url_prefix=f"{API_PREFIX}/agent")
@@ -161,6 +162,9 @@ def take_next() -> Response | tuple[str, int]:
     machine = _machine_of(caller)
     wait = _wait_seconds()
     database = engine()
+    with database.begin() as conn:
+        # The agent is alive: every poll says so (written at most every few seconds).
+        record_seen(conn, org_id=caller.org, machine_id=machine)
     if wait == 0:
         # One look and no sleep: it holds a thread no longer than any read, so it takes
         # no place among the long polls and ends none.
@@ -218,6 +222,7 @@ def report(command_id: str) -> Response:
     settings = current_app.extensions[EXTENSION_KEY].settings
     try:
         with engine().begin() as conn:
+            record_seen(conn, org_id=caller.org, machine_id=machine)
             reported = report_status(
                 conn,
                 org_id=caller.org,

@@ -259,6 +259,12 @@ EXECUTION: dict[str, Any] = {
                             },
                             "outputBytes": {"type": "integer", "minimum": 0},
                             "outputTruncated": {"type": "boolean"},
+                            "agent": {
+                                "type": "object",
+                                "description": "The machine's agent as seen now: `status`"
+                                " online, offline (silent past AGENT_OFFLINE_SECONDS) or"
+                                " never seen, `lastSeenAt`, `secondsSinceSeen` and `words`.",
+                            },
                             "purged": {"const": True},
                             "deadline": _TIMESTAMP,
                             "secondsLeft": {"type": "integer", "minimum": 0},

@@ -12,6 +12,7 @@ from sqlalchemy import Row
 
 from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
+from orquestador.machines.liveness import AgentSeen
 from orquestador.machines.output import output_end
 from orquestador.queue.waits import NOT_READY
 from orquestador.tracing import trace_id_of
@@ -109,6 +110,8 @@ class ExecutionFacts:
     machine_commands: dict[str, Any] | None = None
     # A PENDING execution's concurrency key, when it waits for a place under it.
     key_wait: KeyWait | None = None
+    # The agents of the machines its commands went to, as seen now, by machine id.
+    agents: Mapping[str, AgentSeen] = field(default_factory=dict)
 
 
 FrozenFacts = tuple[
@@ -347,6 +350,8 @@ def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -
             deliverBy=timestamp(now.deliver_by),
             **command_output_view(now),
         )
+        agent = facts.agents.get(now.machine_id)
+        waiting["agent"] = (agent or AgentSeen(None, None, 0)).as_json()
     else:
         waiting["purged"] = True
     first = _first_start(checkpoint)

@@ -457,6 +457,8 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
             else:
                 what = f"command {waiting.get('command')} on machine {waiting.get('machineId')}"
             lines += [("waiting for", what), ("status now", waiting.get("status"))]
+            if waiting.get("agent"):
+                lines.append(("agent", waiting["agent"].get("words")))
             if "deadline" in waiting:
                 left = waiting.get("secondsLeft")
                 lines.append(

@@ -308,6 +308,22 @@ class Client:
     def revoke_machine_credentials(self, machine_id: str) -> Json:
         return self.transport.call("DELETE", f"/machines/{segment(machine_id)}/credentials")
 
+    @operation("listMachines")
+    def list_machines(self, limit: int | None = None, after: str | None = None) -> Json:
+        """The organization's machines, each with its agent's liveness."""
+        return self.transport.call("GET", "/machines", params=_query(limit=limit, after=after))
+
+    @operation("getMachine")
+    def get_machine(self, machine_id: str) -> Json:
+        return self.transport.call("GET", f"/machines/{segment(machine_id)}")
+
+    @operation("listMachineCommands")
+    def list_machine_commands(self, machine_id: str, limit: int | None = None) -> Json:
+        """A machine's newest commands."""
+        return self.transport.call(
+            "GET", f"/machines/{segment(machine_id)}/commands", params=_query(limit=limit)
+        )
+
     @operation("getCommandOutput")
     def get_command_output(
         self, machine_id: str, command_id: str, after: int | None = None

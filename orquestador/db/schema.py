@@ -401,6 +401,20 @@ machine_command = Table(
     ),
 )
 
+# When each machine's agent was last seen (migration 0027): written by its polls and
+# reports, at most once per machine per 10 seconds; online or offline is worked out when
+# read, against AGENT_OFFLINE_SECONDS, so no job ever flips it.
+machine_agent = Table(
+    "machine_agent",
+    metadata,
+    Column("org_id", Text, nullable=False),
+    Column("machine_id", Text, nullable=False),
+    Column("last_seen_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("org_id", "machine_id"),
+    # The gauge of offline agents counts those last seen before a moment.
+    Index(None, "last_seen_at"),
+)
+
 # Commands change status: a WAITING execution whose wait_key names the command wakes.
 COMMAND_CHANGED_CHANNEL = "orquestador_command_changed"
 
@@ -809,6 +823,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "email_outbox": ("SELECT", "INSERT", "DELETE"),
     "platform_event": ("SELECT", "INSERT"),
     "machine_credential": ("SELECT",),
+    "machine_agent": ("SELECT", "INSERT"),
     "page_session_revocation": ("SELECT", "INSERT", "DELETE"),
     "key_release": ("SELECT", "INSERT", "DELETE"),
     "rate_bucket": ("SELECT", "INSERT"),
@@ -895,6 +910,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "platform_event": ("processed_at", "outcome", "request_id", "execution_id"),
     # Revoking a credential; its machine, organization and expiry are the owner's.
     "machine_credential": ("revoked_at", "revoked_by"),
+    # An agent seen again.
+    "machine_agent": ("last_seen_at",),
     # Nothing updates a release: a claim takes rows FOR UPDATE SKIP LOCKED, which needs
     # UPDATE on one column, and an identity column can only be "updated" to its default.
     "key_release": ("id",),

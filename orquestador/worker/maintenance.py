@@ -35,8 +35,10 @@ from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
 from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.loop import Loop
 from orquestador.machines.expiry import expire_undelivered
+from orquestador.machines.liveness import count_offline
 from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
+    AGENTS_OFFLINE,
     DB_DEAD_TUPLES,
     DB_OLDEST_TRANSACTION_SECONDS,
     EMAIL_OUTBOX_DEPTH,
@@ -129,6 +131,7 @@ class PassReport:
     oldest_due_seconds: float = 0.0
     reconciliation_required: int = 0
     email_outbox_depth: int = 0
+    agents_offline: int = 0
     oldest_transaction_seconds: float = 0.0
     dead_tuples: dict[str, int] = field(default_factory=dict)
 
@@ -386,7 +389,7 @@ _HAND_OFF = text(
 )
 
 
-def sample_gauges(conn: Connection, report: PassReport) -> None:
+def sample_gauges(conn: Connection, report: PassReport, *, agent_offline_seconds: float) -> None:
     depth = {status: 0 for status in QUEUE_STATUSES}
     depth.update({status: int(n) for status, n in conn.execute(_WAITING_DEPTH).all()})
     depth["RUNNING"] = int(conn.execute(_RUNNING_DEPTH).scalar_one())
@@ -395,6 +398,7 @@ def sample_gauges(conn: Connection, report: PassReport) -> None:
     report.oldest_due_seconds = float(conn.execute(_OLDEST_DUE).scalar_one())
     report.reconciliation_required = depth["RECONCILIATION_REQUIRED"]
     report.email_outbox_depth = int(conn.execute(_OUTBOX_DEPTH).scalar_one())
+    report.agents_offline = count_offline(conn, agent_offline_seconds)
     report.oldest_transaction_seconds = float(conn.execute(_OLDEST_TRANSACTION).scalar_one())
     report.dead_tuples = {table: 0 for table in HOT_TABLES}
     report.dead_tuples.update({row.name: int(row.dead) for row in conn.execute(_DEAD_TUPLES)})
@@ -403,6 +407,7 @@ def sample_gauges(conn: Connection, report: PassReport) -> None:
     OLDEST_DUE_SECONDS.set(report.oldest_due_seconds)
     RECONCILIATION_REQUIRED.set(report.reconciliation_required)
     EMAIL_OUTBOX_DEPTH.set(report.email_outbox_depth)
+    AGENTS_OFFLINE.set(report.agents_offline)
     DB_OLDEST_TRANSACTION_SECONDS.set(report.oldest_transaction_seconds)
     for table, dead in report.dead_tuples.items():
         DB_DEAD_TUPLES.labels(table=table).set(dead)
@@ -416,6 +421,7 @@ def _zero_gauges() -> None:
     OLDEST_DUE_SECONDS.set(0)
     RECONCILIATION_REQUIRED.set(0)
     EMAIL_OUTBOX_DEPTH.set(0)
+    AGENTS_OFFLINE.set(0)
     DB_OLDEST_TRANSACTION_SECONDS.set(0)
     for table in HOT_TABLES:
         DB_DEAD_TUPLES.labels(table=table).set(0)
@@ -489,7 +495,7 @@ class MaintenanceLoop(Loop):
         with self.engine.begin() as conn:
             report.handed_off = conn.execute(_HAND_OFF).rowcount
         with self.engine.connect() as conn:
-            sample_gauges(conn, report)
+            sample_gauges(conn, report, agent_offline_seconds=self.settings.agent_offline_seconds)
         with self._lock:
             self.passes += 1
         deleted = sum(report.deleted.values())

@@ -250,6 +250,20 @@ def _machine_running(site: Site) -> str:
     return "/ui/machines/m-1"
 
 
+def _machine_offline(site: Site) -> str:
+    """A machine whose agent polled once, five minutes ago: offline."""
+    waiting(site.api, site.owner_engine, command_status="pending")
+    with site.owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO machine_agent (org_id, machine_id, last_seen_at)"
+                " VALUES (:org, 'm-1', now() - interval '5 min')"
+            ),
+            {"org": ORG},
+        )
+    return "/ui/machines/m-1"
+
+
 def _notices(site: Site) -> str:
     with site.owner_engine.begin() as connection:
         connection.execute(
@@ -399,6 +413,7 @@ PAGES: list[PageCase] = [
     PageCase("flow", _flow),
     PageCase("machine", _machine),
     PageCase("machine-command-running", _machine_running),
+    PageCase("machine-agent-offline", _machine_offline),
     PageCase("execution-waiting-output", _waiting_with_output),
     PageCase("execution-command-never-delivered", _never_delivered),
     PageCase("notices", _notices),

@@ -180,3 +180,30 @@ def test_the_page_never_shows_a_secret_the_output_carried(
             text("SELECT output FROM machine_command WHERE id = :id"), {"id": command_id}
         ).scalar_one()
     assert kept == "password: [redacted]\n"
+
+
+def test_a_stopped_agent_s_machine_shows_offline_in_the_wait_box_and_on_its_page(
+    worker: Executor, runtime_engine: Engine, owner_engine: Engine, api: Api
+) -> None:
+    execution_id, _ = waiting_on_a_command(runtime_engine, worker)
+    headers = api.headers(sub="machine:m-1", org=ORG, scopes=["agent"])
+    taken = api.client().post("/api/v1/agent/commands/next?wait=0", headers=headers)
+    assert taken.status_code == 200
+    with owner_engine.begin() as conn:  # then the agent stopped: five minutes of silence
+        conn.execute(text("UPDATE machine_agent SET last_seen_at = now() - interval '5 min'"))
+
+    view = api.get(f"/executions/{execution_id}", sub=OWNER, org=ORG).get_json()
+    [wait] = [s for s in view["steps"] if s["actionId"] == "wait"]
+    assert wait["waitingFor"]["agent"]["status"] == "offline"
+
+    client = api.client()
+    client.post(
+        "/ui/login",
+        data={"token": api.token(sub=OWNER, org=ORG, scopes=["requests:read-all"])},
+        headers={"Origin": "http://localhost"},
+    )
+    for page in (f"/ui/executions/{execution_id}", "/ui/machines/m-1"):
+        words = " ".join(re.sub(r"<[^>]+>", " ", client.get(page).get_data(as_text=True)).split())
+        assert "offline: agent last seen 5 min ago" in words or (
+            "offline : agent last seen 5 min ago" in words
+        ), page

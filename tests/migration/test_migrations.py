@@ -66,7 +66,10 @@ COLUMNS_ADDED = {
     "0021": {"sign_in_link": {"used_at"}},
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
-    "0027": {"machine_command": {"deliver_by", "output_tail", "output_received", "output_size"}},
+    "0027": {
+        "machine_command": {"deliver_by", "output_tail", "output_received", "output_size"},
+        "machine_agent": {"last_seen_at"},
+    },
     "0017": {
         "schedule": set(SCHEDULE_UPDATE_COLUMNS),
         "schedule_fire": {"request_id", "execution_id"},

@@ -24,7 +24,7 @@ from orquestador.api.auth import (
     SCOPE_PLANS_ADMIN,
     identity_claim_problem,
 )
-from orquestador.api.context import engine
+from orquestador.api.context import api_context, engine
 from orquestador.api.flow_routes import flow_versions
 from orquestador.api.flow_store import find_flow
 from orquestador.api.openapi.schedules import LIST_LIMIT
@@ -48,6 +48,7 @@ from orquestador.api.views import (
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.approvals.store import LIVE_STATUSES
 from orquestador.automation.schedules import list_schedules
+from orquestador.machines.liveness import agent_of, agents_seen
 from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 
 # How many rows a page lists before it offers the next page.
@@ -295,6 +296,13 @@ def machine_page(machine_id: str) -> Any:
             rows = access.list_executions(
                 connection, ExecutionFilter(limit=PAGE_SIZE, machine_id=machine_id)
             )
+            offline_seconds = api_context().settings.agent_offline_seconds
+            seen = agents_seen(
+                connection,
+                org_id=g.caller.org,
+                machine_ids=[machine_id],
+                offline_seconds=offline_seconds,
+            )
     if not commands and not rows:
         # Nothing the person may see touched it: another organization's machine, or
         # another person's, is the same as one that never existed.
@@ -312,6 +320,7 @@ def machine_page(machine_id: str) -> Any:
         more_executions=len(rows) > PAGE_SIZE,
         search_url=url_for("ui.executions", machineId=machine_id),
         refresh_seconds=REFRESH_SECONDS if moving else None,
+        agent=agent_of(seen, machine_id, offline_seconds).as_json(),
     )
     response = Response(page, mimetype="text/html")
     if moving:
