@@ -1,10 +1,11 @@
-"""Machines an operator can see: commands that never arrive late, their output live, and
-whether their agents are alive.
+"""Machines an operator can see: commands that never arrive late, their output live,
+whether their agents are alive, and schedules that run any flow.
 
 Revision ID: 0027
 Revises: 0025
 
-Expand only: defaulted and nullable columns, one more allowed value, an index and grants.
+Expand only: defaulted and nullable columns, a table, one more allowed value, an index,
+grants, and a schedule's flow no longer bound to the `schedule` trigger.
 
 - machine_command.deliver_by: no agent is handed the command after it (the deadline of
   the wait that waits for it, else COMMAND_DELIVERY_SECONDS after it was written). Its
@@ -23,6 +24,17 @@ Expand only: defaulted and nullable columns, one more allowed value, an index an
   update its last_seen_at.
 - The runtime role may UPDATE deliver_by (a wait moves it to its own deadline) and the
   three output columns.
+- schedule.flow_key and schedule.transition_id: a schedule names any flow, by key (each
+  fire starts its latest version) or by version, and the transition each fire accepts.
+  The composite key to flow (id, trigger) and the check that bound `flow_trigger` to
+  `schedule` give way to a key to flow (id): `flow_trigger` keeps the trigger of the
+  version the schedule was put with. The runtime role may UPDATE the three columns. The
+  running release reads schedules it put itself as before; one of a new kind that it
+  fires (its flow is not a `schedule` flow) fails that schedule's round, set aside for a
+  minute, until the workers are rolled.
+
+The downgrade deletes the schedules of flows that are not `schedule` flows (the older
+code cannot fire them) before the older key and check come back.
 
 The downgrade reports an `expired` command as `cancelled` (final, never run: the older
 code's word for a command no agent will get) before the older check comes back.
@@ -84,6 +96,24 @@ def _updates(table: str, columns: tuple[str, ...]) -> None:
         restrict_updates(op.get_bind(), role, table, columns)
 
 
+_SCHEDULE_UPDATES_BEFORE = (
+    "flow_id",
+    "cron",
+    "every_seconds",
+    "timezone",
+    "data",
+    "catch_up",
+    "paused",
+    "next_fire_at",
+    "last_fired_at",
+    "missed",
+    "retry_at",
+    "updated_by",
+    "updated_at",
+)
+_SCHEDULE_UPDATES_AFTER = (*_SCHEDULE_UPDATES_BEFORE, "flow_key", "flow_trigger", "transition_id")
+
+
 def upgrade() -> None:
     op.add_column(
         "machine_command",
@@ -118,9 +148,33 @@ def upgrade() -> None:
     op.create_index(op.f("ix_machine_agent_last_seen_at"), "machine_agent", ["last_seen_at"])
     grant_runtime("machine_agent", ("SELECT", "INSERT"))
     _updates("machine_agent", ("last_seen_at",))
+    op.add_column("schedule", sa.Column("flow_key", sa.Text()))
+    op.add_column("schedule", sa.Column("transition_id", sa.Text()))
+    op.drop_constraint("flow_trigger", "schedule", type_="check")
+    op.drop_constraint("fk_schedule_flow_id_flow_trigger_flow", "schedule", type_="foreignkey")
+    op.create_foreign_key(op.f("fk_schedule_flow_id_flow"), "schedule", "flow", ["flow_id"], ["id"])
+    _updates("schedule", _SCHEDULE_UPDATES_AFTER)
 
 
 def downgrade() -> None:
+    op.execute(
+        sa.text(
+            "DELETE FROM schedule s USING flow f WHERE f.id = s.flow_id AND f.trigger <> 'schedule'"
+        )
+    )
+    _updates("schedule", _SCHEDULE_UPDATES_BEFORE)
+    op.drop_constraint("fk_schedule_flow_id_flow", "schedule", type_="foreignkey")
+    op.execute(sa.text("UPDATE schedule SET flow_trigger = 'schedule'"))
+    op.create_foreign_key(
+        "fk_schedule_flow_id_flow_trigger_flow",
+        "schedule",
+        "flow",
+        ["flow_id", "flow_trigger"],
+        ["id", "trigger"],
+    )
+    op.create_check_constraint("flow_trigger", "schedule", "flow_trigger = 'schedule'")
+    op.drop_column("schedule", "transition_id")
+    op.drop_column("schedule", "flow_key")
     op.drop_table("machine_agent")
     _updates("machine_command", _COMMAND_UPDATES_BEFORE)
     op.drop_index("ix_machine_command_undelivered", table_name="machine_command")

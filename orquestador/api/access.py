@@ -39,6 +39,7 @@ from orquestador.db.schema import (
     flow,
     machine_command,
     request,
+    schedule_fire,
 )
 from orquestador.machines.output import VIEW_CHARACTERS
 
@@ -88,6 +89,8 @@ class ExecutionFilter:
     # Created strictly after / strictly before.
     created_after: datetime | None = None
     created_before: datetime | None = None
+    # Started by this schedule's fires (a schedule's page lists them).
+    schedule_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,18 @@ class ResourceAccess:
             conditions.append(execution.c.error_code == page.error_code)
         if page.machine_id is not None:
             conditions.append(_request_machine == page.machine_id)
+        if page.schedule_id is not None:
+            # The schedule's fire rows name what each fire started (organization and
+            # schedule in the WHERE: another organization's schedule of the same id too).
+            conditions.append(
+                execution.c.id.in_(
+                    select(schedule_fire.c.execution_id).where(
+                        schedule_fire.c.org_id == self.caller.org,
+                        schedule_fire.c.schedule_id == page.schedule_id,
+                        schedule_fire.c.execution_id.is_not(None),
+                    )
+                )
+            )
         if page.created_after is not None:
             conditions.append(execution.c.created_at > page.created_after)
         if page.created_before is not None:

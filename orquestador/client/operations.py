@@ -240,8 +240,9 @@ class Client:
     def put_schedule(
         self,
         schedule_id: str,
-        flow_id: str,
+        flow: str,
         *,
+        transition: str | None = None,
         cron: str | None = None,
         every_seconds: int | None = None,
         timezone: str | None = None,
@@ -249,9 +250,12 @@ class Client:
         catch_up: str | None = None,
         paused: bool | None = None,
     ) -> Json:
-        """Create the schedule, or replace it whole; exactly one of `cron`, `every_seconds`."""
+        """Create the schedule, or replace it whole; exactly one of `cron`, `every_seconds`.
+
+        `flow` is a key (each fire starts its latest version) or a flow version's id."""
         body = _present(
-            flowId=flow_id,
+            flow=flow,
+            transition=transition,
             cron=cron,
             everySeconds=every_seconds,
             timezone=timezone,
@@ -260,6 +264,11 @@ class Client:
             paused=paused,
         )
         return self.transport.call("PUT", f"/schedules/{segment(schedule_id)}", json=body)
+
+    @operation("runSchedule")
+    def run_schedule(self, schedule_id: str) -> Json:
+        """Fire the schedule once, now: the request and execution it started."""
+        return self.transport.call("POST", f"/schedules/{segment(schedule_id)}/runs")
 
     @operation("deleteSchedule")
     def delete_schedule(self, schedule_id: str) -> None:

@@ -647,17 +647,22 @@ approval = Table(
     Index(None, "org_id", "status", "created_at", "id"),
 )
 
-# A schedule (migration 0017): the caller's id per organization, the flow it starts
-# (whose trigger must be `schedule`: the composite key to flow (id, trigger) says so),
+# A schedule (migration 0017): the caller's id per organization, the flow it starts,
 # when (a five-field cron in a time zone, or every N seconds) and what it does after
 # downtime. `next_fire_at` is the next fire time not yet handled, NULL while paused.
+# Since migration 0027 any flow: by key (`flow_key`, each fire its latest version;
+# `flow_id` the version it was put with) or by version (`flow_id` alone), and the
+# transition each fire accepts (`transition_id`; NULL: the flow's `start`).
 schedule = Table(
     "schedule",
     metadata,
     Column("org_id", Text, nullable=False),
     Column("id", Text, nullable=False),
     Column("flow_id", UUID(as_uuid=True), nullable=False),
+    # The trigger of the flow version it was put with (no longer bound to `schedule`).
     Column("flow_trigger", Text, nullable=False, server_default=text("'schedule'")),
+    Column("flow_key", Text),
+    Column("transition_id", Text),
     Column("cron", Text),
     Column("every_seconds", Integer),
     Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
@@ -676,8 +681,7 @@ schedule = Table(
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     PrimaryKeyConstraint("org_id", "id"),
-    ForeignKeyConstraint(["flow_id", "flow_trigger"], ["flow.id", "flow.trigger"]),
-    CheckConstraint("flow_trigger = 'schedule'", name="flow_trigger"),
+    ForeignKeyConstraint(["flow_id"], ["flow.id"]),
     CheckConstraint("num_nonnulls(cron, every_seconds) = 1", name="cron_or_every"),
     CheckConstraint("every_seconds >= 1", name="every_seconds_positive"),
     CheckConstraint(_in("catch_up", CATCH_UP_POLICIES), name="catch_up"),
@@ -717,6 +721,9 @@ schedule_fire = Table(
 
 SCHEDULE_UPDATE_COLUMNS = (
     "flow_id",
+    "flow_key",
+    "flow_trigger",
+    "transition_id",
     "cron",
     "every_seconds",
     "timezone",
@@ -919,7 +926,7 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     # A decision or the deadline closes an approval; what it asks and of whom never changes.
     "approval": ("status", "decided_by", "decided_at", "comment"),
     # PUT /schedules rewrites what a schedule is; the firing loop advances it. Never its
-    # organization, id, creation or flow_trigger (the key that keeps a schedule flow's).
+    # organization, id or creation.
     "schedule": SCHEDULE_UPDATE_COLUMNS,
     # A fire row is written first (it claims the fire time), then names what it started.
     "schedule_fire": ("request_id", "execution_id"),

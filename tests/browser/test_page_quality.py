@@ -315,6 +315,31 @@ def _schedules_listed(site: Site) -> str:
     return "/ui/schedules"
 
 
+def _schedule_with_executions(site: Site) -> str:
+    """A manual flow's schedule by key, run now twice: its page lists what it started."""
+    reboot = {
+        "key": "reboot",
+        "trigger": "manual",
+        "initialState": "new",
+        "states": ["new", "done"],
+        "transitions": [{"id": "go", "from": ["new"], "to": "done"}],
+    }
+    site.api.publish(reboot, scopes=EVERY_SCOPE)
+    body = {
+        "flow": "reboot",
+        "transition": "go",
+        "everySeconds": 3600,
+        "data": {"machineId": "m-1"},
+    }
+    assert put_schedule(site.api, "hourly-reboot", body).status_code == 201
+    for _ in range(2):
+        ran = site.api.client().post(
+            "/api/v1/schedules/hourly-reboot/runs", headers=site.api.headers(scopes=EVERY_SCOPE)
+        )
+        assert ran.status_code == 201, ran.get_data(as_text=True)
+    return "/ui/schedules/hourly-reboot"
+
+
 def _sign_in_link_used(site: Site) -> str:
     """A hosting panel's sign-in link opened a second time: the page says to ask again."""
     body = {"sub": "carol", "org": ORG, "scope": "requests:read", "next": "/ui/executions"}
@@ -421,6 +446,7 @@ PAGES: list[PageCase] = [
     PageCase("approvals-open", _approvals_open),
     PageCase("schedules", _schedules),
     PageCase("schedules-listed", _schedules_listed),
+    PageCase("schedule-with-executions", _schedule_with_executions),
     PageCase("sign-in-link-used", _sign_in_link_used, signed_in=False),
     PageCase("bulk-preview", _bulk_preview),
     PageCase("bulk-progress", _bulk_progress),

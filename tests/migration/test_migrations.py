@@ -69,9 +69,10 @@ COLUMNS_ADDED = {
     "0027": {
         "machine_command": {"deliver_by", "output_tail", "output_received", "output_size"},
         "machine_agent": {"last_seen_at"},
+        "schedule": {"flow_key", "flow_trigger", "transition_id"},
     },
     "0017": {
-        "schedule": set(SCHEDULE_UPDATE_COLUMNS),
+        "schedule": set(SCHEDULE_UPDATE_COLUMNS) - {"flow_key", "flow_trigger", "transition_id"},
         "schedule_fire": {"request_id", "execution_id"},
     },
     "0018": {
@@ -435,6 +436,15 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
             ),
             {"key": f"{execution_id}:reboot"},
         ).scalar_one()
+        # A schedule may now start a manual flow, by its key and a transition.
+        connection.execute(
+            text(
+                "INSERT INTO schedule (org_id, id, flow_id, flow_key, flow_trigger,"
+                " transition_id, every_seconds, updated_by) SELECT org_id, 'manual-one', id,"
+                " key, trigger, 'go', 60, 'ana' FROM flow WHERE id = :flow"
+            ),
+            {"flow": flows["manual"]},
+        )
     step(server, name, "0025", down=True)
     with engine.connect() as connection:
         status = connection.execute(
@@ -442,6 +452,10 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
         ).scalar_one()
         columns = {c["name"] for c in inspect(connection).get_columns("machine_command")}
     assert status == "cancelled" and not {"deliver_by", "output_tail"} & columns
+    with engine.connect() as connection:
+        # The older code cannot fire a manual flow: that schedule went, the other stays.
+        kept = connection.execute(text("SELECT id FROM schedule ORDER BY id")).scalars().all()
+    assert kept == ["s"]
     assert _update_columns(server, name) == _declared_updates(at="0025")
     step(server, name, "0027")
 

@@ -454,8 +454,8 @@ SCHEDULE_GUARDS = [
     Mutation(
         "schedule-fire-time-once",
         _FIRING_PY,
-        "    if claimed is None:\n        return None\n",
-        "    if False:\n        return None\n",
+        "    return claimed is not None\n",
+        "    return True\n",
         "A fire time whose fire row is written already starts no second execution.",
         (
             f"{FIRING}::test_a_fire_time_already_handled_never_starts_a_second_execution",

@@ -47,7 +47,7 @@ from orquestador.api.views import (
 )
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.approvals.store import LIVE_STATUSES
-from orquestador.automation.schedules import list_schedules
+from orquestador.automation.schedules import find_schedule, list_schedules, schedule_id_problem
 from orquestador.machines.liveness import agent_of, agents_seen
 from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 
@@ -71,7 +71,7 @@ SECTIONS: tuple[tuple[str, str, dict[str, str], str | None, tuple[str, ...]], ..
     ("Approvals", "ui.approvals", {}, SCOPE_APPROVALS_DECIDE, ("ui.approvals",)),
     ("Notices", "ui.notices", {}, SCOPE_NOTICES_READ, ("ui.notices",)),
     ("Flows", "ui.flows", {}, SCOPE_FLOWS_ADMIN, ("ui.flows", "ui.flow_page")),
-    ("Schedules", "ui.schedules", {}, SCOPE_PLANS_ADMIN, ("ui.schedules",)),
+    ("Schedules", "ui.schedules", {}, SCOPE_PLANS_ADMIN, ("ui.schedules", "ui.schedule_page")),
 )
 
 
@@ -422,14 +422,54 @@ def schedules() -> Any:
         flows_by_id = {
             str(row.id): row for row in flow_versions(connection, org=g.caller.org, key=None)
         }
-    items = []
-    for schedule in found:
-        view = schedule_view(schedule)
-        flow_row = flows_by_id.get(view["flowId"])
-        view["flowKey"] = flow_row.key if flow_row is not None else None
-        view["flowVersion"] = flow_row.version if flow_row is not None else None
-        items.append(view)
+    items = [_schedule_facts(schedule, flows_by_id) for schedule in found]
     return render_template("schedules.html", caller=g.caller, schedules=items)
+
+
+def _schedule_facts(schedule: Any, flows_by_id: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule as the pages show it: its flow by key and version where it is known."""
+    view = schedule_view(schedule)
+    flow_row = flows_by_id.get(view["flowId"])
+    view["flowName"] = view["flowKey"] or (flow_row.key if flow_row is not None else None)
+    view["flowVersion"] = flow_row.version if flow_row is not None else None
+    return view
+
+
+@blueprint.get("/schedules/<schedule_id>")
+@signed_in
+def schedule_page(schedule_id: str) -> Any:
+    require_page_scope(SCOPE_PLANS_ADMIN, what="reading schedules")
+    if schedule_id_problem(schedule_id) is not None:
+        raise not_found_page()
+    access = ResourceAccess(g.caller)
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            found = find_schedule(connection, org=g.caller.org, key=schedule_id)
+            if found is None:
+                raise not_found_page()
+            flows_by_id = {
+                str(row.id): row for row in flow_versions(connection, org=g.caller.org, key=None)
+            }
+            rows = access.list_executions(
+                connection,
+                ExecutionFilter(
+                    limit=PAGE_SIZE, schedule_id=schedule_id, after=_after(request.args)
+                ),
+            )
+    more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
+    next_url = (
+        url_for("ui.schedule_page", schedule_id=schedule_id, after=cursor(rows[-1]))
+        if more
+        else None
+    )
+    return render_template(
+        "schedule.html",
+        caller=g.caller,
+        schedule=_schedule_facts(found, flows_by_id),
+        executions=_execution_items(rows),
+        next_url=next_url,
+    )
 
 
 @blueprint.app_template_filter("pretty_json")
