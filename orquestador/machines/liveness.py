@@ -100,14 +100,20 @@ def agent_of(seen: dict[str, AgentSeen], machine_id: str, offline_seconds: float
     return seen.get(machine_id) or AgentSeen(None, None, offline_seconds)
 
 
+# An agent silent for this long is a machine taken out of service, not one that is down:
+# the gauge stops counting it (the pages still say it is offline, and since when).
+GAUGE_FORGETS_DAYS = 7
+
 _OFFLINE = text(
-    """
+    f"""
     SELECT count(*) FROM machine_agent
     WHERE last_seen_at < clock_timestamp() - make_interval(secs => :offline_seconds)
+      AND last_seen_at >= clock_timestamp() - interval '{GAUGE_FORGETS_DAYS} days'
     """
 )
 
 
 def count_offline(conn: Connection, offline_seconds: float) -> int:
-    """Agents seen once and silent for longer than `offline_seconds`, every organization."""
+    """Agents silent for longer than `offline_seconds` (but seen within the last
+    GAUGE_FORGETS_DAYS), every organization."""
     return int(conn.execute(_OFFLINE, {"offline_seconds": offline_seconds}).scalar_one())

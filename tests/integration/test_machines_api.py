@@ -165,10 +165,11 @@ def test_a_report_is_a_sign_of_life_too(
 def test_the_maintenance_leader_counts_offline_agents(
     api: Api, owner_engine: Engine, runtime_engine: Engine
 ) -> None:
-    for machine in ("m-1", "m-2", "m-3"):
+    for machine in ("m-1", "m-2", "m-3", "m-4"):
         poll(api, machine)
     silent_for(owner_engine, "m-2", 91)
     silent_for(owner_engine, "m-3", 3600)
+    silent_for(owner_engine, "m-4", 8 * 86400)  # taken out of service: no longer counted
     reports: list[PassReport] = []
     loop = MaintenanceLoop(settings(), runtime_engine, "w-test", on_pass=reports.append)
     try:
