@@ -12,6 +12,7 @@ from sqlalchemy import Engine, text
 from orquestador.actions import AdapterRegistry
 from orquestador.actions.builtin import register_builtins
 from orquestador.machines import claim_next, report_status
+from orquestador.queue.bulk import BulkWalk, act_on_chunk
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import Api, running_api
 from tests.integration.worker_support import (
@@ -264,3 +265,32 @@ def _execution_of(engine: Engine, command_id: uuid.UUID) -> uuid.UUID:
             text("SELECT external_key FROM machine_command WHERE id = :id"), {"id": command_id}
         ).scalar_one()
     return uuid.UUID(key.split(":")[0])
+
+
+def test_a_bulk_cancel_of_waits_whose_commands_nobody_took_ends_them_all(
+    worker: Executor, runtime_engine: Engine, api: Api
+) -> None:
+    taken, taken_command = waiting_on_a_command(runtime_engine, worker)
+    assert take(runtime_engine).id == taken_command  # its agent has this one
+    second, second_command = waiting_on_a_command(runtime_engine, worker)
+    third, _ = waiting_on_a_command(runtime_engine, worker)
+
+    started = api.post(
+        "/executions/bulk",
+        {"filter": {"status": "WAITING"}, "action": "cancel", "reason": "maintenance over"},
+        org=ORG,
+        scopes=["executions:cancel"],
+    )
+    assert started.status_code == 202, started.get_data(as_text=True)
+    walk = BulkWalk()
+    while act_on_chunk(runtime_engine, walk, claims_budget=10, chunk_items=10):
+        pass
+
+    statuses = {e: execution(runtime_engine, e).status for e in (taken, second, third)}
+    # Only the one whose command an agent took parks for a person.
+    assert statuses == {
+        taken: "RECONCILIATION_REQUIRED",
+        second: "CANCELLED",
+        third: "CANCELLED",
+    }
+    assert command_row(runtime_engine, second_command).status == "cancelled"
