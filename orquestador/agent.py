@@ -2,7 +2,9 @@
 
 It long-polls the API for its machine's commands, runs each as the argv the operator
 configured for its name in AGENT_COMMANDS_FILE (never a shell string from the server),
-and reports `running`, then `succeeded`, `failed` or `timed_out`. While a command runs it
+and reports `running`, then `succeeded`, `failed` or `timed_out`. A command it would
+start past its deliver-by time (the server says how long it had left when it handed it
+out) is never started: it reports `expired`. While a command runs it
 repeats `running` every CANCEL_CHECK_SECONDS to hear whether a cancel asked it to stop;
 then it stops the process (SIGTERM, SIGKILL after AGENT_KILL_GRACE_SECONDS) and reports
 `cancelled`. It logs one line per report it delivered. It rides out an API
@@ -48,9 +50,11 @@ MAX_TIMEOUT_SECONDS = 86400
 CANCEL_CHECK_SECONDS = 2.0
 # A stopped command's process gets this long after SIGTERM before SIGKILL.
 KILL_GRACE_SECONDS = 10.0
-# Output sent with a final status, in characters (the API keeps the same amount).
-MAX_OUTPUT_CHARACTERS = 65536
-_TRUNCATED = "\n[output truncated]"
+# A running command's output goes to the API in chunks of at most this many bytes, one
+# with each report of `running` (every CANCEL_CHECK_SECONDS) and the last with the final
+# status; an output longer than that at the end is sent as its last chunk (the bytes
+# between count as dropped: the API keeps a head and a tail anyway).
+CHUNK_BYTES = 65536
 _KEYS = {"argv", "timeout_seconds", "pass_args"}
 
 
@@ -114,41 +118,103 @@ def load_commands(path: str | Path) -> tuple[dict[str, CommandSpec], list[str]]:
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str  # succeeded, failed, timed_out or cancelled
+    status: str  # succeeded, failed, timed_out, cancelled or expired
     exit_code: int | None
-    output: str
+    output: str  # the last chunk of output, sent with the final status
+    output_offset: int = 0  # bytes of output sent before it
 
 
-def _never() -> bool:
-    return False
+@dataclass(frozen=True)
+class Chunk:
+    """The next piece of a command's output: where it starts in what the agent sends
+    (UTF-8 bytes), its text, and where it ends in the output file."""
+
+    offset: int
+    text: str
+    end: int
 
 
-def truncate(output: str) -> str:
+def _as_text(raw: bytes) -> str:
     # The API stores text: a NUL (binary output) would make it refuse the whole report.
-    output = output.replace("\x00", "\ufffd")
-    if len(output) <= MAX_OUTPUT_CHARACTERS:
-        return output
-    return output[: MAX_OUTPUT_CHARACTERS - len(_TRUNCATED)] + _TRUNCATED
+    return raw.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+class OutputStream:
+    """A command's output file, read in chunks the API has not taken yet.
+
+    The file is shared with the running command, which writes at its own offset: it is
+    read with pread, which never moves that offset. A chunk counts as sent only once the
+    API took it (`taken`): one whose answer was lost is sent again, from the same offset,
+    and the API keeps it once.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._read = 0  # bytes of the file taken by the API
+        self.offset = 0  # bytes of text taken by the API: the next chunk's offset
+
+    def chunk(self, *, final: bool) -> Chunk | None:
+        """The next chunk, or None. Until the end, a chunk stops after its last whole line
+        (else its last whole character); at the end, a backlog over CHUNK_BYTES is sent
+        as its last CHUNK_BYTES, the offset saying what was skipped."""
+        size = os.fstat(self._fd).st_size
+        start = self._read
+        if final and size - start > CHUNK_BYTES:
+            start = size - CHUNK_BYTES
+            while start < size and os.pread(self._fd, 1, start)[0] & 0xC0 == 0x80:
+                start += 1  # to the first byte of a character
+        raw = os.pread(self._fd, min(CHUNK_BYTES, size - start), start)
+        if not final:
+            line_end = raw.rfind(b"\n") + 1
+            raw = raw[:line_end] if line_end else raw[: _whole_characters(raw)]
+        if not raw:
+            return None
+        return Chunk(self.offset + (start - self._read), _as_text(raw), start + len(raw))
+
+    def taken(self, chunk: Chunk) -> None:
+        self._read = chunk.end
+        self.offset = chunk.offset + len(chunk.text.encode())
+
+    def backlog(self) -> int:
+        """Bytes of the file the API has not taken yet."""
+        return os.fstat(self._fd).st_size - self._read
+
+
+def _whole_characters(raw: bytes) -> int:
+    """How much of `raw` ends on a whole UTF-8 character (a command may be mid-write)."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 != 0x80:  # the first byte of the last character
+            length = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return len(raw) if back >= length else len(raw) - back
+    return len(raw)
+
+
+def _never(stream: OutputStream) -> bool:
+    return False
 
 
 def run_command(
     spec: CommandSpec,
     args: list[str],
     *,
-    should_stop: Callable[[], bool] = _never,
+    should_stop: Callable[[OutputStream], bool] = _never,
     check_seconds: float = CANCEL_CHECK_SECONDS,
     kill_grace_seconds: float = KILL_GRACE_SECONDS,
 ) -> Outcome:
     """Run the argv with its timeout; the whole process group is killed when it runs out.
 
-    Every `check_seconds` while it runs, `should_stop` is asked; once it says so the group
-    gets SIGTERM, then SIGKILL if it is still there after `kill_grace_seconds`, and the
-    outcome is `cancelled` with the exit code the signal left (-15 or -9).
+    Every `check_seconds` while it runs, `should_stop` is asked, with the output so far
+    (to send its next chunk); once it says so the group gets SIGTERM, then SIGKILL if it
+    is still there after `kill_grace_seconds`, and the outcome is `cancelled` with the
+    exit code the signal left (-15 or -9). The outcome carries the output's last chunk;
+    with more left than that, `should_stop` is asked once more first.
     """
     argv = [*spec.argv, *(args if spec.pass_args else [])]
     # Output goes to a file, not a pipe: a command printing without end cannot fill the
-    # agent's memory, and only the first part is read back.
+    # agent's memory, and it is read back a chunk at a time.
     with tempfile.TemporaryFile() as sink:
+        stream = OutputStream(sink.fileno())
         try:
             process = subprocess.Popen(
                 argv,
@@ -159,12 +225,19 @@ def run_command(
             )
         except OSError as error:
             return Outcome("failed", None, f"cannot start {argv[0]}: {error.strerror}")
-        code, status = _wait_or_stop(process, spec.timeout_seconds, should_stop, check_seconds)
+        code, status = _wait_or_stop(
+            process, spec.timeout_seconds, lambda: should_stop(stream), check_seconds
+        )
         if status == "cancelled":
             code = _stop_group(process, kill_grace_seconds)
-        sink.seek(0)
-        output = sink.read(MAX_OUTPUT_CHARACTERS * 4 + 1).decode("utf-8", "replace")
-    return Outcome(status, code, truncate(output))
+        if stream.backlog() > CHUNK_BYTES:
+            # More is left than the last chunk holds: one more in order first, so the
+            # head of a short, chatty command's output is sent too.
+            should_stop(stream)
+        last = stream.chunk(final=True)
+    if last is None:
+        return Outcome(status, code, "", stream.offset)
+    return Outcome(status, code, last.text, last.offset)
 
 
 def _wait_or_stop(
@@ -286,6 +359,15 @@ class AgentClient:
         body: dict[str, Any] = {"status": status}
         if outcome is not None:
             body.update(exitCode=outcome.exit_code, output=outcome.output)
+            if outcome.output_offset:
+                body["outputOffset"] = outcome.output_offset
+        return self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
+
+    def report_running(self, command_id: str, chunk: Chunk | None) -> tuple[int, Any]:
+        """`running` again, with the output's next chunk if there is one."""
+        body: dict[str, Any] = {"status": "running"}
+        if chunk is not None:
+            body.update(output=chunk.text, outputOffset=chunk.offset)
         return self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
 
 
@@ -444,6 +526,7 @@ class Agent:
         return 0
 
     def _handle(self, command: dict[str, Any]) -> None:
+        received = time.monotonic()
         command_id, name = str(command.get("id")), str(command.get("command"))
         extra = {"command_id": command_id, "command": name}
         if command.get("cancelRequested") is True:
@@ -460,6 +543,8 @@ class Agent:
             )
             self._report(command_id, outcome.status, outcome)
             return
+        if self._too_late(command, received, extra):
+            return
         answer = self._report(command_id, "running")
         if answer is None:
             return
@@ -467,12 +552,15 @@ class Agent:
             log.info("cancel asked before %s started: not run", name, extra=extra)
             self._report(command_id, "cancelled", Outcome("cancelled", None, ""))
             return
+        # Checked again last thing before starting: the report may have taken a while.
+        if self._too_late(command, received, extra):
+            return
         args = [str(arg) for arg in command.get("args") or []]
         started = time.monotonic()
         outcome = run_command(
             spec,
             args,
-            should_stop=lambda: self._cancel_asked(command_id),
+            should_stop=lambda stream: self._cancel_asked(command_id, stream),
             check_seconds=self._cancel_check,
             kill_grace_seconds=self._kill_grace,
         )
@@ -486,12 +574,45 @@ class Agent:
         )
         self._report(command_id, outcome.status, outcome)
 
-    def _cancel_asked(self, command_id: str) -> bool:
-        """Whether a cancel asked to stop the command: `running` again, one try."""
+    def _too_late(
+        self,
+        command: dict[str, Any],
+        received: float,
+        extra: dict[str, str],
+    ) -> bool:
+        """Whether the command's deliver-by time has passed; if so it is refused, never run.
+
+        Counted on this agent's monotonic clock from the answer's arrival against the time
+        the server said was left, so the two clocks need not agree. A command without a
+        deliver-by time (an older server) is never refused.
+        """
+        within = command.get("deliverWithinSeconds")
+        if isinstance(within, bool) or not isinstance(within, int | float):
+            return False
+        late = time.monotonic() - received - within
+        if late < 0:
+            return False
+        log.warning(
+            "refused %s: it arrived with %.1fs to its deliver-by time (%s), %.1fs ago; not run",
+            extra["command"],
+            within,
+            command.get("deliverBy"),
+            time.monotonic() - received,
+            extra=extra,
+        )
+        self._report(extra["command_id"], "expired", Outcome("expired", None, ""))
+        return True
+
+    def _cancel_asked(self, command_id: str, stream: OutputStream) -> bool:
+        """Whether a cancel asked to stop the command: `running` again, one try, with the
+        output's next chunk (taken once the API answered; else sent again next time)."""
+        chunk = stream.chunk(final=False)
         try:
-            answer, body = self._client.report(command_id, "running")
+            answer, body = self._client.report_running(command_id, chunk)
         except ApiUnreachable:
             return False  # asked again at the next check; the command goes on meanwhile
+        if answer == 200 and chunk is not None:
+            stream.taken(chunk)
         return answer == 200 and isinstance(body, dict) and body.get("cancelRequested") is True
 
     def _report(

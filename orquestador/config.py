@@ -96,6 +96,12 @@ class Settings:
     agent_commands_file: str = _env("AGENT_COMMANDS_FILE", "", "machines")
     machine_token_days: int = _env("MACHINE_TOKEN_DAYS", "365", "machines")
     agent_kill_grace_seconds: float = _env("AGENT_KILL_GRACE_SECONDS", "10", "machines")
+    # A command no wait waits for is handed to no agent after this long (SPEC 23).
+    command_delivery_seconds: int = _env("COMMAND_DELIVERY_SECONDS", "900", "machines")
+    # The most of a command's output kept (half its head, half its latest bytes).
+    command_output_max_bytes: int = _env("COMMAND_OUTPUT_MAX_BYTES", "1048576", "machines")
+    # An agent not seen (polling or reporting) for this long is offline.
+    agent_offline_seconds: int = _env("AGENT_OFFLINE_SECONDS", "90", "machines")
 
     smtp_url: str = field(
         default="",
@@ -245,6 +251,9 @@ class Settings:
             "worker_statement_timeout_ms",
             "wait_max_seconds",
             "machine_token_days",
+            "command_delivery_seconds",
+            "command_output_max_bytes",
+            "agent_offline_seconds",
             "api_port",
             "api_workers",
             "api_threads",

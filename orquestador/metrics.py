@@ -124,6 +124,13 @@ RECONCILIATION_REQUIRED = Gauge(
     multiprocess_mode="max",
 )
 
+AGENTS_OFFLINE = Gauge(
+    "agents_offline",
+    "Machine agents seen once and silent for longer than AGENT_OFFLINE_SECONDS.",
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+
 EMAIL_OUTBOX_DEPTH = Gauge(
     "email_outbox_depth",
     "E-mails not yet delivered (pending in the outbox).",

@@ -17,3 +17,19 @@ def duration_in_words(seconds: int) -> str:
 def counted(number: int, noun: str) -> str:
     """`1 flow`, `2 flows`: a count and its noun (a regular plural)."""
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+# What a machine command's status means to a person, where the bare word does not say it.
+COMMAND_STATUS_MEANINGS = {
+    "pending": "no agent has taken it yet",
+    "sent": "its agent took it",
+    "running": "running on the machine",
+    "timed_out": "its agent stopped it when its time ran out",
+    "cancelled": "stopped, or withdrawn before any agent took it",
+    "expired": "never delivered: no agent took it before its deliver-by time",
+}
+
+
+def command_status_meaning(status: str) -> str:
+    """What a command status means, in words ('' when the status says it itself)."""
+    return COMMAND_STATUS_MEANINGS.get(status, "")

@@ -31,7 +31,24 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from orquestador.db.grants import grant_runtime, restrict_updates, runtime_role
-from orquestador.db.schema import SCHEDULE_UPDATE_COLUMNS
+
+# The columns the runtime role may UPDATE as of this revision (later ones add to them):
+# written out, so this migration grants the same whatever the schema says today.
+SCHEDULE_UPDATE_COLUMNS = (
+    "flow_id",
+    "cron",
+    "every_seconds",
+    "timezone",
+    "data",
+    "catch_up",
+    "paused",
+    "next_fire_at",
+    "last_fired_at",
+    "missed",
+    "retry_at",
+    "updated_by",
+    "updated_at",
+)
 
 revision = "0017"
 down_revision = "0016"

@@ -39,7 +39,9 @@ from orquestador.db.schema import (
     flow,
     machine_command,
     request,
+    schedule_fire,
 )
+from orquestador.machines.output import VIEW_CHARACTERS
 
 
 class Reach(enum.Enum):
@@ -87,6 +89,8 @@ class ExecutionFilter:
     # Created strictly after / strictly before.
     created_after: datetime | None = None
     created_before: datetime | None = None
+    # Started by this schedule's fires (a schedule's page lists them).
+    schedule_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,19 @@ class BulkFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
 
+
+# A command's output as a view reads it: the last characters of its head and of its
+# tail, and how many bytes were dropped between them (machines/output.py).
+_OUTPUT_END = (
+    func.right(machine_command.c.output, VIEW_CHARACTERS).label("output_head_end"),
+    func.right(machine_command.c.output_tail, VIEW_CHARACTERS).label("output_tail_end"),
+    machine_command.c.output_size,
+    (
+        machine_command.c.output_size
+        - func.coalesce(func.octet_length(machine_command.c.output), 0)
+        - func.coalesce(func.octet_length(machine_command.c.output_tail), 0)
+    ).label("output_dropped"),
+)
 
 # The machine the request names, else the one its data names (a moment's machineId).
 _request_machine = func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId"))
@@ -250,6 +267,18 @@ class ResourceAccess:
             conditions.append(execution.c.error_code == page.error_code)
         if page.machine_id is not None:
             conditions.append(_request_machine == page.machine_id)
+        if page.schedule_id is not None:
+            # The schedule's fire rows name what each fire started (organization and
+            # schedule in the WHERE: another organization's schedule of the same id too).
+            conditions.append(
+                execution.c.id.in_(
+                    select(schedule_fire.c.execution_id).where(
+                        schedule_fire.c.org_id == self.caller.org,
+                        schedule_fire.c.schedule_id == page.schedule_id,
+                        schedule_fire.c.execution_id.is_not(None),
+                    )
+                )
+            )
         if page.created_after is not None:
             conditions.append(execution.c.created_at > page.created_after)
         if page.created_before is not None:
@@ -534,6 +563,8 @@ class ResourceAccess:
             machine_command.c.machine_id,
             machine_command.c.command,
             machine_command.c.args,
+            machine_command.c.deliver_by,
+            *_OUTPUT_END,
         ).where(
             machine_command.c.org_id == self.caller.org,
             machine_command.c.id.in_(command_ids),
@@ -559,6 +590,8 @@ class ResourceAccess:
                 machine_command.c.sent_at,
                 machine_command.c.finished_at,
                 machine_command.c.cancel_requested_at,
+                machine_command.c.deliver_by,
+                *_OUTPUT_END,
                 action_execution.c.execution_id,
                 action_execution.c.action_id,
             )

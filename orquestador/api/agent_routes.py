@@ -28,7 +28,6 @@ from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.config import libpq_url
 from orquestador.domain.errors import Problem
 from orquestador.machines import (
-    MAX_OUTPUT_CHARACTERS,
     CommandNotFound,
     StatusConflict,
     next_command,
@@ -36,6 +35,7 @@ from orquestador.machines import (
 )
 from orquestador.machines.bell import announce_poll, bell_for
 from orquestador.machines.commands import REPORTABLE, AgentCommand
+from orquestador.machines.liveness import record_seen
 from orquestador.machines.long_poll import MAX_WAIT_SECONDS
 
 blueprint = Blueprint("agent", __name__, url_prefix=f"{API_PREFIX}/agent")
@@ -118,8 +118,11 @@ STATUS_BODY: dict[str, Any] = {
     "properties": {
         "status": {"enum": list(REPORTABLE)},
         "exitCode": {"type": ["integer", "null"], "minimum": -(2**31), "maximum": 2**31 - 1},
-        # Longer output is accepted and cut to MAX_OUTPUT_CHARACTERS when stored.
+        # A chunk of the command's output, taken once by its offset; what is kept stays
+        # within COMMAND_OUTPUT_MAX_BYTES (head and tail).
         "output": {"type": ["string", "null"]},
+        # Bytes (UTF-8) of output the agent sent before this chunk; 0 when absent.
+        "outputOffset": {"type": "integer", "minimum": 0, "maximum": 2**53},
     },
 }
 
@@ -159,6 +162,9 @@ def take_next() -> Response | tuple[str, int]:
     machine = _machine_of(caller)
     wait = _wait_seconds()
     database = engine()
+    with database.begin() as conn:
+        # The agent is alive: every poll says so (written at most every few seconds).
+        record_seen(conn, org_id=caller.org, machine_id=machine)
     if wait == 0:
         # One look and no sleep: it holds a thread no longer than any read, so it takes
         # no place among the long polls and ends none.
@@ -213,9 +219,10 @@ def report(command_id: str) -> Response:
     except ValueError:
         raise not_found() from None
     body = read_json_object(STATUS_BODY)
-    output = body.get("output")
+    settings = current_app.extensions[EXTENSION_KEY].settings
     try:
         with engine().begin() as conn:
+            record_seen(conn, org_id=caller.org, machine_id=machine)
             reported = report_status(
                 conn,
                 org_id=caller.org,
@@ -223,7 +230,9 @@ def report(command_id: str) -> Response:
                 command_id=parsed,
                 status=body["status"],
                 exit_code=body.get("exitCode"),
-                output=output,
+                output=body.get("output"),
+                output_offset=body.get("outputOffset", 0),
+                output_max_bytes=settings.command_output_max_bytes,
             )
     except CommandNotFound:
         raise not_found() from None
@@ -242,7 +251,9 @@ def report(command_id: str) -> Response:
             "updatedAt": timestamp(reported.updated_at),
             "finishedAt": timestamp(reported.finished_at),
             "changed": reported.changed,
-            "outputTruncated": output is not None and len(output) > MAX_OUTPUT_CHARACTERS,
+            # Where the agent's next chunk starts: what of its output the server has.
+            "outputOffset": reported.output_received,
+            "outputTruncated": reported.output_truncated,
             # A cancel asked to stop the command: the agent stops it and reports cancelled.
             "cancelRequested": reported.cancel_requested,
         }

@@ -265,16 +265,18 @@ def machine_credential_refusal(caller: Any) -> str | None:
         )
 
 
-def requires_scope(scope: str) -> Callable[[F], F]:
-    """Authenticate the bearer token and demand one scope; the caller lands in `g.caller`."""
+def requires_scope(*scopes: str) -> Callable[[F], F]:
+    """Authenticate the bearer token and demand one of `scopes`; the caller lands in
+    `g.caller`."""
+    needed = " or ".join(scopes)
 
     def decorate(view: F) -> F:
         @functools.wraps(view)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             caller = authenticate(api_context().verifier)
-            if not caller.has_scope(scope):
+            if not any(caller.has_scope(scope) for scope in scopes):
                 raise ApiProblem(
-                    403, "INSUFFICIENT_SCOPE", f"This operation needs the {scope} scope."
+                    403, "INSUFFICIENT_SCOPE", f"This operation needs the {needed} scope."
                 )
             g.caller = caller
             return view(*args, **kwargs)

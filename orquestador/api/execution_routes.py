@@ -50,6 +50,7 @@ from orquestador.errors import (
     NotCancellable,
     NotReconcilable,
 )
+from orquestador.machines.liveness import agents_seen
 from orquestador.queue.reconciliation import (
     Cancelled,
     Resolution,
@@ -284,6 +285,12 @@ def read_view_facts(
     waiting, read_at = _waits(connection, access, execution_ids, steps)
     wanted |= {c for _, commands in waiting.values() for c in commands}
     commands = access.commands_now(connection, sorted(wanted))
+    agents = agents_seen(
+        connection,
+        org_id=access.caller.org,
+        machine_ids=[row.machine_id for row in commands.values()],
+        offline_seconds=api_context().settings.agent_offline_seconds,
+    )
     key_waits = access.key_holders(connection, execution_ids)
     return {
         key: ExecutionFacts(
@@ -295,6 +302,7 @@ def read_view_facts(
             read_at=read_at,
             machine_commands=machine_commands,
             key_wait=key_waits.get(key),
+            agents=agents,
         )
         for key, (observed, decision, simulated, machine_commands) in parsed.items()
     }

@@ -1,18 +1,18 @@
-"""Schedules: put one whole, read it with where its firing stands, list and delete them."""
+"""Schedules: put one whole, read it with where its firing stands, list, run now, delete."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
 from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
-from orquestador.api.context import engine
+from orquestador.api.context import api_context, engine
 from orquestador.api.openapi.schedules import LIST_LIMIT, SCHEDULE_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
+from orquestador.automation.firing import run_now
 from orquestador.automation.schedules import (
     FlowNotFound,
     Schedule,
@@ -39,7 +39,10 @@ def schedule_view(found: Schedule) -> dict[str, Any]:
     )
     return {
         "id": found.key,
-        "flowId": str(spec.flow_id),
+        "flow": spec.flow,
+        "flowId": str(found.flow_id),
+        "flowKey": found.flow_key,
+        "transition": spec.transition,
         **when,
         "timezone": spec.timing.timezone,
         "data": spec.data,
@@ -61,10 +64,16 @@ def _known_schedule_id(schedule_id: str) -> str:
 
 
 def _spec(body: dict[str, Any]) -> ScheduleSpec:
-    try:
-        flow_id = uuid.UUID(body["flowId"])
-    except ValueError:
-        raise not_found() from None  # no flow has a malformed id
+    if ("flow" in body) == ("flowId" in body):
+        raise ApiProblem(
+            422,
+            "BODY_INVALID",
+            "The request body does not match the schema.",
+            problems=[
+                Problem("/flow", "give the flow (a key or a version's id), or flowId, not both")
+            ],
+        )
+    named = body["flow"] if "flow" in body else body["flowId"]
     cron, every = body.get("cron"), body.get("everySeconds")
     timezone = body.get("timezone", "UTC")
     problems = timing_problems(cron, every, timezone)
@@ -76,11 +85,12 @@ def _spec(body: dict[str, Any]) -> ScheduleSpec:
             problems=problems,
         )
     return ScheduleSpec(
-        flow_id=flow_id,
+        flow=named,
         timing=Timing(cron, every, timezone),
         data=body.get("data", {}),
         catch_up=body.get("catchUp", CATCH_UP_SKIP),
         paused=body.get("paused", False),
+        transition=body.get("transition"),
     )
 
 
@@ -143,3 +153,42 @@ def delete(schedule_id: str) -> tuple[str, int]:
     if not deleted:
         raise not_found()
     return "", 204
+
+
+@blueprint.post("/<schedule_id>/runs")
+@requires_scope(SCOPE_PLANS_ADMIN)
+def run(schedule_id: str) -> tuple[Response, int, dict[str, str]]:
+    caller = current_caller()
+    key = _known_schedule_id(schedule_id)
+    try:
+        with engine().begin() as connection:
+            fired = run_now(
+                connection,
+                org=caller.org,
+                key=key,
+                actor=caller.sub,
+                max_attempts=api_context().settings.execution_max_attempts,
+            )
+    except FlowNotFound:
+        raise ApiProblem(
+            422,
+            "DATA_INVALID",
+            "The schedule's flow no longer exists.",
+            problems=[Problem("/flow", "no such flow in this organization")],
+        ) from None
+    except ScheduleRefused as refused:
+        raise ApiProblem(422, refused.code, str(refused), problems=refused.problems) from None
+    if fired is None:
+        raise not_found()
+    return (
+        jsonify(
+            {
+                "scheduleId": key,
+                "fireTime": timestamp(fired.fire_time),
+                "requestId": str(fired.request_id),
+                "executionId": str(fired.execution_id),
+            }
+        ),
+        201,
+        {"Location": f"{API_PREFIX}/executions/{fired.execution_id}"},
+    )

@@ -247,6 +247,24 @@ EXECUTION: dict[str, Any] = {
                                 "description": "The command's arguments, as sent to the agent.",
                             },
                             "status": {"enum": list(COMMAND_STATUSES)},
+                            "deliverBy": {
+                                **_TIMESTAMP,
+                                "description": "No agent is handed the command after it:"
+                                " still pending then, it ends `expired`, never delivered.",
+                            },
+                            "output": {
+                                "type": "string",
+                                "description": "The command's output so far: its last 200"
+                                " lines (the dropped part marked), once there is some.",
+                            },
+                            "outputBytes": {"type": "integer", "minimum": 0},
+                            "outputTruncated": {"type": "boolean"},
+                            "agent": {
+                                "type": "object",
+                                "description": "The machine's agent as seen now: `status`"
+                                " online, offline (silent past AGENT_OFFLINE_SECONDS) or"
+                                " never seen, `lastSeenAt`, `secondsSinceSeen` and `words`.",
+                            },
                             "purged": {"const": True},
                             "deadline": _TIMESTAMP,
                             "secondsLeft": {"type": "integer", "minimum": 0},
@@ -276,6 +294,16 @@ EXECUTION: dict[str, Any] = {
                                 "properties": {
                                     "status": {"enum": list(COMMAND_STATUSES)},
                                     "updatedAt": _TIMESTAMP,
+                                    "deliverBy": _TIMESTAMP,
+                                    "output": {
+                                        "type": "string",
+                                        "description": "The command's output as it stands:"
+                                        " its last 200 lines (the dropped part marked), once"
+                                        " there is some. GET /machines/{machineId}/commands/"
+                                        "{commandId}/output reads all that was kept.",
+                                    },
+                                    "outputBytes": {"type": "integer", "minimum": 0},
+                                    "outputTruncated": {"type": "boolean"},
                                 },
                             },
                             {

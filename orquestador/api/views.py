@@ -12,6 +12,8 @@ from sqlalchemy import Row
 
 from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
+from orquestador.machines.liveness import AgentSeen
+from orquestador.machines.output import output_end
 from orquestador.queue.waits import NOT_READY
 from orquestador.tracing import trace_id_of
 
@@ -108,6 +110,8 @@ class ExecutionFacts:
     machine_commands: dict[str, Any] | None = None
     # A PENDING execution's concurrency key, when it waits for a place under it.
     key_wait: KeyWait | None = None
+    # The agents of the machines its commands went to, as seen now, by machine id.
+    agents: Mapping[str, AgentSeen] = field(default_factory=dict)
 
 
 FrozenFacts = tuple[
@@ -291,10 +295,28 @@ def _then_and_now(step: dict[str, Any], facts: ExecutionFacts) -> None:
     now = facts.commands.get(command_id) if command_id is not None else None
     # Never the frozen value as if it were current: no row, no status.
     step["current"] = (
-        {"status": now.status, "updatedAt": timestamp(now.updated_at)}
+        {
+            "status": now.status,
+            "updatedAt": timestamp(now.updated_at),
+            "deliverBy": timestamp(now.deliver_by),
+            **command_output_view(now),
+        }
         if now is not None
         else {"purged": True}
     )
+
+
+def command_output_view(row: Row) -> dict[str, Any]:
+    """A command's output as views carry it: its last lines, once there is some."""
+    if not row.output_size:
+        return {}
+    return {
+        "output": output_end(
+            row.output_head_end or "", row.output_tail_end or "", row.output_dropped
+        ),
+        "outputBytes": row.output_size,
+        "outputTruncated": row.output_dropped > 0,
+    }
 
 
 def _flow_and_machine(body: dict[str, Any], row: Row) -> None:
@@ -321,8 +343,15 @@ def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -
     now = facts.commands.get(command_id)
     if now is not None:
         waiting.update(
-            machineId=now.machine_id, command=now.command, args=now.args, status=now.status
+            machineId=now.machine_id,
+            command=now.command,
+            args=now.args,
+            status=now.status,
+            deliverBy=timestamp(now.deliver_by),
+            **command_output_view(now),
         )
+        agent = facts.agents.get(now.machine_id)
+        waiting["agent"] = (agent or AgentSeen(None, None, 0)).as_json()
     else:
         waiting["purged"] = True
     first = _first_start(checkpoint)

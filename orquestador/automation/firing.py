@@ -4,7 +4,8 @@ A round locks due schedules with SKIP LOCKED (workers share them without waiting
 other), decides under the schedule's catch-up policy which passed fire times to start
 (`domain.schedule_times.plan_round`), and for each writes, in the same transaction, the
 fire row, the request, the accepted execution of the flow's `start` transition (through
-`queue.acceptance`, as platform events do) and the schedule's next fire time. The fire
+`queue.acceptance`, as platform events do) and the schedule's next fire time. A person's
+"run now" is one more fire, at the present instant, through the same path. The fire
 row's key (organization, schedule, fire time) is what makes a fire time start at most
 one execution: a round that finds it written starts nothing for it. A crash anywhere
 before COMMIT leaves none of it, and the schedule is still due for the next round.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,14 +25,17 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
 from orquestador import tracing
-from orquestador.automation.schedules import fire_data
+from orquestador.automation.schedules import (
+    FlowNotFound,
+    ScheduleRefused,
+    latest_version,
+    resolve_flow,
+    start_of,
+)
 from orquestador.db.engine import is_retriable
-from orquestador.db.schema import audit_event, flow, schedule, schedule_fire
-from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.db.schema import audit_event, schedule, schedule_fire
+from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
-from orquestador.domain.limits import MAX_DATA_BYTES
-from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.schedule_times import Timing, plan_round
 from orquestador.loop import Loop
 from orquestador.metrics import SCHEDULE_FIRES_TOTAL
@@ -169,34 +174,103 @@ def fire_once(
     The fire row is written first: its key makes a second writer of the same fire time
     insert nothing (and wait, while the first is uncommitted, for its outcome).
     """
+    if not _claim_fire_time(connection, row, fire_time):
+        return None
+    try:
+        _start(
+            connection,
+            row,
+            timing,
+            fire_time,
+            owner=row.updated_by,
+            started_by={"schedule": row.id, "fireTime": fire_time.isoformat()},
+            max_attempts=max_attempts,
+        )
+    except (ScheduleRefused, FlowNotFound) as refused:
+        _reject(connection, row, fire_time, _problems_of(refused))
+        return REFUSED
+    return STARTED
+
+
+@dataclass(frozen=True)
+class Fired:
+    """What one fire started."""
+
+    fire_time: datetime
+    request_id: uuid.UUID
+    execution_id: uuid.UUID
+
+
+def run_now(
+    connection: Connection, *, org: str, key: str, actor: str, max_attempts: int
+) -> Fired | None:
+    """Fire the schedule once now, for a person who asked (paused or not); None when the
+    organization has no such schedule.
+
+    The fire is the database's present instant, recorded like any fire time (so its
+    execution is listed with the schedule's), owned by `actor`. ScheduleRefused or
+    FlowNotFound when the flow refuses it: then nothing is written.
+    """
+    row = connection.execute(
+        select(schedule).where(schedule.c.org_id == org, schedule.c.id == key)
+    ).one_or_none()
+    if row is None:
+        return None
+    fire_time: datetime = connection.scalar(select(func.clock_timestamp()))
+    timing = Timing(row.cron, row.every_seconds, row.timezone)
+    if not _claim_fire_time(connection, row, fire_time):
+        raise RuntimeError("a fire time of this very instant was handled already")
+    return _start(
+        connection,
+        row,
+        timing,
+        fire_time,
+        owner=actor,
+        started_by={"schedule": row.id, "fireTime": fire_time.isoformat(), "by": actor},
+        max_attempts=max_attempts,
+    )
+
+
+def _claim_fire_time(connection: Connection, row: Row, fire_time: datetime) -> bool:
     claimed = connection.execute(
         insert(schedule_fire)
         .values(org_id=row.org_id, schedule_id=row.id, fire_time=fire_time)
         .on_conflict_do_nothing()
         .returning(schedule_fire.c.fire_time)
     ).first()
-    if claimed is None:
-        return None
-    flow_row = connection.execute(
-        select(flow.c.id, flow.c.definition, flow.c.data_schema).where(
-            flow.c.id == row.flow_id, flow.c.org_id == row.org_id
-        )
-    ).one()
+    return claimed is not None
+
+
+def _start(
+    connection: Connection,
+    row: Row,
+    timing: Timing,
+    fire_time: datetime,
+    *,
+    owner: str,
+    started_by: dict[str, Any],
+    max_attempts: int,
+) -> Fired:
+    """The request and its accepted execution for one claimed fire time, and its record.
+
+    The flow version is the one the schedule names (a key: its latest now). Checked
+    again here, since a fire that starts an execution the flow refuses must not happen;
+    ScheduleRefused or FlowNotFound when it does not start.
+    """
+    if row.flow_key is not None:
+        flow_row = latest_version(connection, org=row.org_id, key=row.flow_key)
+        if flow_row is None:
+            raise FlowNotFound()
+    else:
+        flow_row, _ = resolve_flow(connection, org=row.org_id, named=str(row.flow_id))
+    start = start_of(
+        flow_row,
+        key=row.id,
+        transition=row.transition_id,
+        fire_time=timing.local(fire_time).isoformat(),
+        data=row.data,
+    )
     definition = FlowDefinition.from_json(flow_row.definition)
-    start = definition.transitions[definition.start or ""]
-    data = fire_data(row.id, timing.local(fire_time).isoformat(), row.data)
-    try:
-        # Checked when the schedule was put, against this same immutable flow; checked
-        # again, since a fire that starts an execution the flow refuses must not happen.
-        validate_request_data(data, flow_row.data_schema, max_bytes=MAX_DATA_BYTES)
-        if start.concurrency is not None:
-            key_value(start.concurrency, data)
-    except DataValidationError as invalid:
-        _reject(connection, row, fire_time, invalid.problems)
-        return REFUSED
-    except KeyMissing as missing:
-        _reject(connection, row, fire_time, [missing.problem])
-        return REFUSED
     # The execution's trace starts here: the worker's claim continues it.
     with tracing.span(
         "schedule.fire", {"orquestador.schedule_id": row.id, "orquestador.fire_time": fire_time}
@@ -204,20 +278,20 @@ def fire_once(
         created = insert_request(
             connection,
             org=row.org_id,
-            owner=row.updated_by,
+            owner=owner,
             flow_row=flow_row,
-            data=data,
-            machine_id=None,
+            data=start.data,
+            machine_id=start.machine_id,
         )
         execution_id = queue_execution(
             connection,
             request_row=created,
             definition=definition,
-            transition_id=start.id,
-            actor=row.updated_by,
-            actor_snapshot=_actor_snapshot(row),
+            transition_id=start.transition.id,
+            actor=owner,
+            actor_snapshot=_actor_snapshot(row, owner),
             max_attempts=max_attempts,
-            started_by={"schedule": row.id, "fireTime": fire_time.isoformat()},
+            started_by=started_by,
         )
     _record(connection, row, fire_time, created.id, execution_id)
     log.info(
@@ -228,12 +302,19 @@ def fire_once(
             "execution_id": str(execution_id),
         },
     )
-    return STARTED
+    return Fired(fire_time, created.id, execution_id)
 
 
-def _actor_snapshot(row: Row) -> dict[str, Any]:
-    # Whoever put the schedule owns what it starts; a fire acts with no scopes of theirs.
-    return {"sub": row.updated_by, "org": row.org_id, "scopes": []}
+def _problems_of(refused: ScheduleRefused | FlowNotFound) -> list[Problem]:
+    if isinstance(refused, FlowNotFound):
+        return [Problem("/flow", "the schedule's flow no longer exists")]
+    return refused.problems
+
+
+def _actor_snapshot(row: Row, owner: str) -> dict[str, Any]:
+    # Whoever put the schedule (or asked for this fire) owns what it starts; a fire acts
+    # with no scopes of theirs.
+    return {"sub": owner, "org": row.org_id, "scopes": []}
 
 
 def _record(

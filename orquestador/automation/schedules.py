@@ -1,8 +1,15 @@
-"""The schedules store: a schedule per caller's id in an organization, put whole and read back.
+"""The schedules store: a schedule per caller's id in an organization, put whole and read back,
+and what each fire starts: which flow version, which transition, with which request data.
+
+A schedule names its flow by key (each fire starts the key's latest version) or by a
+version's id (each fire starts that version), and the transition each fire accepts on a
+new request: a `schedule` flow's `start` by default, with the request data `{scheduleId,
+fireTime, data}`; any other flow's named transition (or its `start`), with the
+schedule's data as the request data. The request names the machine the data names
+(`machineId`), so a schedule's executions keep their machine like any other.
 
 Every statement names the organization, so another organization's schedule or flow is
-indistinguishable from a missing one. The schema, not only this code, refuses a flow whose
-trigger is not `schedule` (a composite foreign key to flow (id, trigger)).
+indistinguishable from a missing one.
 """
 
 from __future__ import annotations
@@ -14,12 +21,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import IntegrityError
 
 from orquestador.db.schema import flow, schedule
 from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import DataValidationError, Problem
-from orquestador.domain.flow_definition import SCHEDULE_TRIGGER, FlowDefinition
+from orquestador.domain.flow_definition import SCHEDULE_TRIGGER, FlowDefinition, Transition
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.schedule_times import Timing
@@ -27,22 +33,23 @@ from orquestador.domain.schedule_times import Timing
 # The caller's schedule ids arrive in URLs; bounded like the other ids.
 MAX_SCHEDULE_ID_CHARACTERS = 200
 # Refusals' codes, stable: the API answers each with 422.
-TRIGGER_MISMATCH = "SCHEDULE_TRIGGER_MISMATCH"
+TRANSITION_INVALID = "SCHEDULE_TRANSITION_INVALID"
 CONCURRENCY_KEY_MISSING = "CONCURRENCY_KEY_MISSING"
 DATA_INVALID = "DATA_INVALID"
-# SQLSTATE of a foreign key violation.
-_FOREIGN_KEY_VIOLATION = "23503"
 
 
 @dataclass(frozen=True)
 class ScheduleSpec:
     """What PUT /schedules/{id} says a schedule is."""
 
-    flow_id: uuid.UUID
+    # A flow key (its latest version at each fire) or a flow version's id.
+    flow: str
     timing: Timing
     data: dict[str, Any]
     catch_up: str
     paused: bool
+    # The transition each fire accepts; None: the flow's `start`.
+    transition: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,10 @@ class Schedule:
 
     key: str
     spec: ScheduleSpec
+    # The flow version it was put with (the one it fires, when named by id).
+    flow_id: uuid.UUID
+    # The flow's key when named by key: each fire takes the key's latest version.
+    flow_key: str | None
     next_fire_at: datetime | None
     last_fired_at: datetime | None
     missed: int
@@ -59,11 +70,11 @@ class Schedule:
 
 
 class FlowNotFound(Exception):
-    """No flow of the organization has this id."""
+    """No flow of the organization has this key or id."""
 
 
 class ScheduleRefused(Exception):
-    """The schedule cannot be put as asked: `code` and the problems say why."""
+    """The schedule cannot be put (or fired) as asked: `code` and the problems say why."""
 
     def __init__(self, code: str, message: str, problems: list[Problem]) -> None:
         super().__init__(message)
@@ -81,8 +92,108 @@ def schedule_id_problem(key: str) -> str | None:
 
 
 def fire_data(key: str, fire_time: str, data: Any) -> dict[str, Any]:
-    """The request data of a schedule's fire (SPEC: scheduleId, fireTime, data)."""
+    """The request data of a `schedule` flow's fire (SPEC: scheduleId, fireTime, data)."""
     return {"scheduleId": key, "fireTime": fire_time, "data": data}
+
+
+_FLOW_COLUMNS = (
+    flow.c.id,
+    flow.c.key,
+    flow.c.trigger,
+    flow.c.definition,
+    flow.c.data_schema,
+)
+
+
+def resolve_flow(connection: Connection, *, org: str, named: str) -> tuple[Row, str | None]:
+    """The flow version a schedule's `flow` names, and its key when named by key.
+
+    A version id names that version; anything else is a key, whose latest version it
+    names. FlowNotFound when the organization has neither.
+    """
+    try:
+        version = uuid.UUID(named)
+    except ValueError:
+        version = None
+    if version is not None:
+        row = connection.execute(
+            select(*_FLOW_COLUMNS).where(flow.c.id == version, flow.c.org_id == org)
+        ).one_or_none()
+        if row is not None:
+            return row, None
+    row = latest_version(connection, org=org, key=named)
+    if row is None:
+        raise FlowNotFound()
+    return row, named
+
+
+def latest_version(connection: Connection, *, org: str, key: str) -> Row | None:
+    return connection.execute(
+        select(*_FLOW_COLUMNS)
+        .where(flow.c.org_id == org, flow.c.key == key)
+        .order_by(flow.c.version.desc())
+        .limit(1)
+    ).one_or_none()
+
+
+@dataclass(frozen=True)
+class Start:
+    """What one fire accepts: the transition, the request data, the machine it names."""
+
+    transition: Transition
+    data: dict[str, Any]
+    machine_id: str | None
+
+
+def start_of(
+    flow_row: Row, *, key: str, transition: str | None, fire_time: str, data: Any
+) -> Start:
+    """The fire of this flow version at `fire_time`, checked as an acceptance is.
+
+    ScheduleRefused when the transition does not start from the flow's initial state (a
+    fire's request is new), or the flow's data schema or concurrency key refuses the data.
+    Problem paths are in the schedule's terms (`/transition`, `/data/...`).
+    """
+    definition = FlowDefinition.from_json(flow_row.definition)
+    chosen = definition.transitions.get(transition or definition.start or "")
+    if chosen is None or definition.initial_state not in chosen.from_states:
+        raise ScheduleRefused(
+            TRANSITION_INVALID,
+            "A fire starts a new request: the transition must leave the flow's initial state.",
+            [
+                Problem(
+                    "/transition",
+                    f"the flow has no transition {transition!r} from {definition.initial_state!r}"
+                    if transition
+                    else "the flow has no `start`: name the transition each fire starts",
+                )
+            ],
+        )
+    wrapped = flow_row.trigger == SCHEDULE_TRIGGER
+    request_data = fire_data(key, fire_time, data) if wrapped else data
+    try:
+        validate_request_data(request_data, flow_row.data_schema, max_bytes=MAX_DATA_BYTES)
+        if chosen.concurrency is not None:
+            key_value(chosen.concurrency, request_data)
+    except DataValidationError as invalid:
+        raise ScheduleRefused(
+            DATA_INVALID,
+            "The flow's dataSchema refuses the request data a fire would give it.",
+            [_in_schedule_terms(p, wrapped) for p in invalid.problems],
+        ) from None
+    except KeyMissing as missing:
+        raise ScheduleRefused(
+            CONCURRENCY_KEY_MISSING,
+            "The transition declares a concurrency key the fire's data does not give.",
+            [_in_schedule_terms(missing.problem, wrapped)],
+        ) from None
+    named = data.get("machineId") if isinstance(data, dict) else None
+    return Start(chosen, request_data, named if isinstance(named, str) and named else None)
+
+
+def _in_schedule_terms(problem: Problem, wrapped: bool) -> Problem:
+    # A schedule flow's request keeps the schedule's data under /data already.
+    return problem if wrapped else Problem(f"/data{problem.path}", problem.message)
 
 
 def put_schedule(
@@ -90,21 +201,21 @@ def put_schedule(
 ) -> tuple[Schedule, bool]:
     """Create or replace the schedule; return it and whether it was created.
 
-    `FlowNotFound` when the organization has no such flow; `ScheduleRefused` when the flow
-    is not a schedule flow or would refuse the request data a fire gives it. The next fire
-    time is kept when the timing did not change and the schedule was and stays running;
-    otherwise it is the first fire time after now (none while paused): changing when a
-    schedule fires, or resuming it, never makes up for fire times before the change.
+    `FlowNotFound` when the organization has no such flow; `ScheduleRefused` when a fire
+    of it could not start (the transition, the data). The next fire time is kept when the
+    timing did not change and the schedule was and stays running; otherwise it is the
+    first fire time after now (none while paused): changing when a schedule fires, or
+    resuming it, never makes up for fire times before the change.
     """
-    flow_row = connection.execute(
-        select(flow.c.id, flow.c.trigger, flow.c.definition, flow.c.data_schema).where(
-            flow.c.id == spec.flow_id, flow.c.org_id == org
-        )
-    ).one_or_none()
-    if flow_row is None:
-        raise FlowNotFound()
+    flow_row, flow_key = resolve_flow(connection, org=org, named=spec.flow)
     now: datetime = connection.scalar(select(func.clock_timestamp()))
-    _check_flow(flow_row, key, spec, spec.timing.local(now).isoformat())
+    start_of(
+        flow_row,
+        key=key,
+        transition=spec.transition,
+        fire_time=spec.timing.local(now).isoformat(),
+        data=spec.data,
+    )
     current = connection.execute(
         select(schedule).where(schedule.c.org_id == org, schedule.c.id == key).with_for_update()
     ).one_or_none()
@@ -116,7 +227,10 @@ def put_schedule(
     else:
         next_fire_at = spec.timing.first_after(now)
     values = {
-        "flow_id": spec.flow_id,
+        "flow_id": flow_row.id,
+        "flow_key": flow_key,
+        "flow_trigger": flow_row.trigger,
+        "transition_id": spec.transition,
         "cron": spec.timing.cron,
         "every_seconds": spec.timing.every_seconds,
         "timezone": spec.timing.timezone,
@@ -130,51 +244,36 @@ def put_schedule(
         "updated_at": now,
     }
     statement = insert(schedule).values(org_id=org, id=key, **values)
-    try:
-        written = connection.execute(
-            statement.on_conflict_do_update(
-                index_elements=[schedule.c.org_id, schedule.c.id], set_=values
-            ).returning(*schedule.c)
-        ).one()
-    except IntegrityError as error:
-        # The flow's trigger changed under us is impossible (flows are immutable): this
-        # is the schema's own check, kept as the last word.
-        if getattr(error.orig, "sqlstate", None) == _FOREIGN_KEY_VIOLATION:
-            raise _trigger_mismatch() from None
-        raise
-    return _schedule(written), current is None
+    written = connection.execute(
+        statement.on_conflict_do_update(
+            index_elements=[schedule.c.org_id, schedule.c.id], set_=values
+        ).returning(*schedule.c)
+    ).one()
+    return schedule_of(written), current is None
 
 
-def _check_flow(flow_row: Row, key: str, spec: ScheduleSpec, sample_fire_time: str) -> None:
-    if flow_row.trigger != SCHEDULE_TRIGGER:
-        raise _trigger_mismatch()
-    definition = FlowDefinition.from_json(flow_row.definition)
-    start = definition.transitions.get(definition.start or "")
-    data = fire_data(key, sample_fire_time, spec.data)
-    try:
-        validate_request_data(data, flow_row.data_schema, max_bytes=MAX_DATA_BYTES)
-        if start is not None and start.concurrency is not None:
-            key_value(start.concurrency, data)
-    except DataValidationError as invalid:
-        raise ScheduleRefused(
-            DATA_INVALID,
-            "The flow's dataSchema refuses the request data a fire would give it.",
-            invalid.problems,
-        ) from None
-    except KeyMissing as missing:
-        raise ScheduleRefused(
-            CONCURRENCY_KEY_MISSING,
-            "The flow's start transition declares a concurrency key the fire's data does not give.",
-            [missing.problem],
-        ) from None
+def set_paused(
+    connection: Connection, *, org: str, key: str, paused: bool, actor: str
+) -> Schedule | None:
+    """Pause or resume the schedule as it is; None when the organization has no such one.
 
-
-def _trigger_mismatch() -> ScheduleRefused:
-    return ScheduleRefused(
-        TRIGGER_MISMATCH,
-        "Only a flow whose trigger is 'schedule' can be scheduled.",
-        [Problem("/flowId", "the flow's trigger is not 'schedule'")],
+    Resuming starts from the first fire time after now, as putting it again would.
+    """
+    current = find_schedule(connection, org=org, key=key)
+    if current is None:
+        return None
+    if current.spec.paused == paused:
+        return current
+    spec = ScheduleSpec(
+        flow=current.flow_key or str(current.flow_id),
+        timing=current.spec.timing,
+        data=current.spec.data,
+        catch_up=current.spec.catch_up,
+        paused=paused,
+        transition=current.spec.transition,
     )
+    found, _ = put_schedule(connection, org=org, key=key, spec=spec, actor=actor)
+    return found
 
 
 def _same_timing(row: Row, timing: Timing) -> bool:
@@ -189,7 +288,7 @@ def find_schedule(connection: Connection, *, org: str, key: str) -> Schedule | N
     row = connection.execute(
         select(schedule).where(schedule.c.org_id == org, schedule.c.id == key)
     ).one_or_none()
-    return None if row is None else _schedule(row)
+    return None if row is None else schedule_of(row)
 
 
 def list_schedules(connection: Connection, *, org: str, limit: int) -> list[Schedule]:
@@ -197,7 +296,7 @@ def list_schedules(connection: Connection, *, org: str, limit: int) -> list[Sche
     rows = connection.execute(
         select(schedule).where(schedule.c.org_id == org).order_by(schedule.c.id).limit(limit)
     )
-    return [_schedule(row) for row in rows]
+    return [schedule_of(row) for row in rows]
 
 
 def delete_schedule(connection: Connection, *, org: str, key: str) -> bool:
@@ -210,16 +309,20 @@ def delete_schedule(connection: Connection, *, org: str, key: str) -> bool:
     return deleted is not None
 
 
-def _schedule(row: Row) -> Schedule:
+def schedule_of(row: Row) -> Schedule:
+    """A schedule row as the store hands it out."""
     return Schedule(
         key=row.id,
         spec=ScheduleSpec(
-            flow_id=row.flow_id,
+            flow=row.flow_key or str(row.flow_id),
             timing=Timing(row.cron, row.every_seconds, row.timezone),
             data=row.data,
             catch_up=row.catch_up,
             paused=row.paused,
+            transition=row.transition_id,
         ),
+        flow_id=row.flow_id,
+        flow_key=row.flow_key,
         next_fire_at=row.next_fire_at,
         last_fired_at=row.last_fired_at,
         missed=row.missed,

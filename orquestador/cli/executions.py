@@ -29,6 +29,7 @@ from orquestador.cli.output import (
     print_json,
     print_table,
     print_wrapped,
+    printable_line,
 )
 from orquestador.client import ApiError, Client
 from orquestador.domain.statuses import ExecutionStatus, values
@@ -456,6 +457,8 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
             else:
                 what = f"command {waiting.get('command')} on machine {waiting.get('machineId')}"
             lines += [("waiting for", what), ("status now", waiting.get("status"))]
+            if waiting.get("agent"):
+                lines.append(("agent", waiting["agent"].get("words")))
             if "deadline" in waiting:
                 left = waiting.get("secondsLeft")
                 lines.append(
@@ -478,3 +481,12 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
         if lines:
             print(f"\nstep {step['actionId']}")
             print_fields(lines, indent="  ", skip_empty=True)
+        command = step.get("current") or step.get("waitingFor") or {}
+        output = command.get("output")
+        if output:
+            dropped = (
+                " (part of a long output was dropped)" if command.get("outputTruncated") else ""
+            )
+            print(f"  output, last 200 lines{dropped}:")
+            for line in output.splitlines():
+                print(f"    {printable_line(line)}")

@@ -37,6 +37,7 @@ MACHINES_SETTINGS = (
     "JWT_ISSUER",
     "JWT_AUDIENCE",
     "MACHINE_TOKEN_DAYS",
+    "AGENT_OFFLINE_SECONDS",
 )
 SECONDS_PER_DAY = 86400
 
@@ -174,17 +175,26 @@ def _revoke(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from orquestador.machines.credentials import credentials_of
+    from orquestador.machines.liveness import agent_of, agents_seen
 
     settings = Settings.from_env()
     org = args.org
     with _owner_connection(settings) as conn:
         found = credentials_of(conn, org_id=org, machine_id=args.machine)
+        # Each machine's agent as its polls and reports last showed it (SPEC 23).
+        seen = agents_seen(
+            conn,
+            org_id=org,
+            machine_ids=[c.machine_id for c in found],
+            offline_seconds=settings.agent_offline_seconds,
+        )
     if not found:
         print(f"no enrolled machine credentials in {org}", file=sys.stderr)
         return 0
     now = datetime.now().astimezone()
-    print("MACHINE\tCREDENTIAL\tISSUED\tEXPIRES\tSTATE")
+    print("MACHINE\tCREDENTIAL\tISSUED\tEXPIRES\tSTATE\tAGENT")
     for credential in found:
+        agent = agent_of(seen, credential.machine_id, settings.agent_offline_seconds)
         print(
             "\t".join(
                 (
@@ -193,6 +203,7 @@ def _list(args: argparse.Namespace) -> int:
                     _when(credential.issued_at),
                     _when(credential.expires_at),
                     _state(credential, now),
+                    agent.in_words(),
                 )
             )
         )

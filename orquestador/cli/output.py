@@ -103,6 +103,12 @@ def cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
+def printable_line(text: str) -> str:
+    """A line of a machine's output as safe to print: a control character (an escape
+    sequence that would move the cursor or retitle the terminal) shows as `?`."""
+    return "".join(c if c == "\t" or c.isprintable() else "?" for c in text)
+
+
 def print_wrapped(text: str, *, indent: str) -> None:
     # Long words (a key, an id) are broken, never dropped: every character is printed.
     for line in textwrap.wrap(

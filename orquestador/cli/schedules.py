@@ -1,4 +1,4 @@
-"""`orquestador schedules`: put, show, list and delete schedules over the HTTP API.
+"""`orquestador schedules`: put, show, list, run now and delete schedules over the HTTP API.
 
 A client of the API like `orquestador executions` (the same settings, the same exit
 status: 0 done, 1 refused by the server with its problem printed, 2 usage or
@@ -21,12 +21,22 @@ def add_schedules_command(command: CommandFactory) -> None:
     action = client_actions(
         command,
         "schedules",
-        "put, show, list and delete schedules through the HTTP API (needs plans:admin)",
+        "put, show, list, run now and delete schedules through the HTTP API (needs plans:admin)",
     )
 
     put = action("put", "create a schedule, or replace it whole", _put)
     put.add_argument("schedule", metavar="ID", help="your id for the schedule")
-    put.add_argument("--flow", required=True, metavar="ID", help="a flow with trigger schedule")
+    put.add_argument(
+        "--flow",
+        required=True,
+        metavar="KEY|ID",
+        help="a flow key (each fire starts its latest version) or a flow version's id",
+    )
+    put.add_argument(
+        "--transition",
+        metavar="T",
+        help="the transition each fire starts (default: the flow's start)",
+    )
     when = put.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help='five fields, e.g. "30 2 * * *"')
     when.add_argument("--every", type=int, metavar="SECONDS", help="a fire every N seconds")
@@ -45,6 +55,9 @@ def add_schedules_command(command: CommandFactory) -> None:
 
     action("list", "the organization's schedules", _list)
 
+    run = action("run", "fire a schedule once, now (paused or not)", _run)
+    run.add_argument("schedule", metavar="ID")
+
     delete = action("delete", "delete a schedule (what it started stays)", _delete)
     delete.add_argument("schedule", metavar="ID")
 
@@ -53,6 +66,7 @@ def _put(client: Client, args: argparse.Namespace) -> int:
     view = client.put_schedule(
         args.schedule,
         args.flow,
+        transition=args.transition,
         cron=args.cron,
         every_seconds=args.every,
         timezone=args.timezone,
@@ -93,6 +107,22 @@ def _list(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(client: Client, args: argparse.Namespace) -> int:
+    fired = client.run_schedule(args.schedule)
+    if args.json:
+        print_json(fired)
+        return 0
+    print_fields(
+        [
+            ("schedule", fired["scheduleId"]),
+            ("fire time", fired["fireTime"]),
+            ("request", fired["requestId"]),
+            ("execution", fired["executionId"]),
+        ]
+    )
+    return 0
+
+
 def _delete(client: Client, args: argparse.Namespace) -> int:
     client.delete_schedule(args.schedule)
     if not args.json:
@@ -107,7 +137,9 @@ def _print_schedule(view: Json, *, as_json: bool) -> None:
     when = view.get("cron") or f"every {view['everySeconds']} seconds"
     fields = [
         ("schedule", view["id"]),
-        ("flow", view["flowId"]),
+        ("flow", view.get("flow") or view["flowId"]),
+        ("version", view["flowId"]),
+        ("transition", view.get("transition") or "the flow's start"),
         ("when", when),
         ("timezone", view["timezone"]),
         ("catch-up", view["catchUp"]),

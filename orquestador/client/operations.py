@@ -240,8 +240,9 @@ class Client:
     def put_schedule(
         self,
         schedule_id: str,
-        flow_id: str,
+        flow: str,
         *,
+        transition: str | None = None,
         cron: str | None = None,
         every_seconds: int | None = None,
         timezone: str | None = None,
@@ -249,9 +250,12 @@ class Client:
         catch_up: str | None = None,
         paused: bool | None = None,
     ) -> Json:
-        """Create the schedule, or replace it whole; exactly one of `cron`, `every_seconds`."""
+        """Create the schedule, or replace it whole; exactly one of `cron`, `every_seconds`.
+
+        `flow` is a key (each fire starts its latest version) or a flow version's id."""
         body = _present(
-            flowId=flow_id,
+            flow=flow,
+            transition=transition,
             cron=cron,
             everySeconds=every_seconds,
             timezone=timezone,
@@ -260,6 +264,11 @@ class Client:
             paused=paused,
         )
         return self.transport.call("PUT", f"/schedules/{segment(schedule_id)}", json=body)
+
+    @operation("runSchedule")
+    def run_schedule(self, schedule_id: str) -> Json:
+        """Fire the schedule once, now: the request and execution it started."""
+        return self.transport.call("POST", f"/schedules/{segment(schedule_id)}/runs")
 
     @operation("deleteSchedule")
     def delete_schedule(self, schedule_id: str) -> None:
@@ -308,6 +317,33 @@ class Client:
     def revoke_machine_credentials(self, machine_id: str) -> Json:
         return self.transport.call("DELETE", f"/machines/{segment(machine_id)}/credentials")
 
+    @operation("listMachines")
+    def list_machines(self, limit: int | None = None, after: str | None = None) -> Json:
+        """The organization's machines, each with its agent's liveness."""
+        return self.transport.call("GET", "/machines", params=_query(limit=limit, after=after))
+
+    @operation("getMachine")
+    def get_machine(self, machine_id: str) -> Json:
+        return self.transport.call("GET", f"/machines/{segment(machine_id)}")
+
+    @operation("listMachineCommands")
+    def list_machine_commands(self, machine_id: str, limit: int | None = None) -> Json:
+        """A machine's newest commands."""
+        return self.transport.call(
+            "GET", f"/machines/{segment(machine_id)}/commands", params=_query(limit=limit)
+        )
+
+    @operation("getCommandOutput")
+    def get_command_output(
+        self, machine_id: str, command_id: str, after: int | None = None
+    ) -> Json:
+        """What was kept of a command's output past byte `after`, and where to ask next."""
+        return self.transport.call(
+            "GET",
+            f"/machines/{segment(machine_id)}/commands/{segment(command_id)}/output",
+            params=_query(after=after),
+        )
+
     @operation("takeNextCommand")
     def take_next_command(self, wait: float | None = None) -> Json | None:
         """The next command for the token's machine, or None when none came within `wait`."""
@@ -320,8 +356,11 @@ class Client:
         status: str,
         exit_code: int | None = None,
         output: str | None = None,
+        output_offset: int | None = None,
     ) -> Json:
-        body = _present(status=status, exitCode=exit_code, output=output)
+        body = _present(
+            status=status, exitCode=exit_code, output=output, outputOffset=output_offset
+        )
         return self.transport.call(
             "POST", f"/agent/commands/{segment(command_id)}/status", json=body
         )

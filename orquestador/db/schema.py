@@ -362,7 +362,12 @@ machine_command = Table(
     Column("external_key", Text, nullable=False),
     Column("result", JSONB_VALUE),
     Column("exit_code", Integer),
+    # The output's head (migration 0027: its tail, and how far the agent's chunks and the
+    # kept bytes go; machines/output.py).
     Column("output", Text),
+    Column("output_tail", Text),
+    Column("output_received", BigInteger, nullable=False, server_default=text("0")),
+    Column("output_size", BigInteger, nullable=False, server_default=text("0")),
     Column("simulation", Boolean, nullable=False, server_default=text("false")),
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
@@ -370,6 +375,15 @@ machine_command = Table(
     Column("finished_at", TIMESTAMP(timezone=True)),
     # A cancel asked the agent to stop a command it had already taken (sent or running).
     Column("cancel_requested_at", TIMESTAMP(timezone=True)),
+    # No agent is handed the command after this instant (migration 0027): the deadline of
+    # the wait that waits for it, else COMMAND_DELIVERY_SECONDS after it was written. The
+    # default serves rows written without it (commands from before the column).
+    Column(
+        "deliver_by",
+        TIMESTAMP(timezone=True),
+        nullable=False,
+        server_default=text("(clock_timestamp() + '00:15:00'::interval)"),
+    ),
     UniqueConstraint("external_key"),
     CheckConstraint(_in("status", COMMAND_STATUSES), name="status"),
     Index(None, "org_id", "machine_id", "status"),
@@ -379,6 +393,26 @@ machine_command = Table(
         "finished_at",
         postgresql_where=text(f"{_in('status', FINAL_COMMAND_STATUSES)}"),
     ),
+    # The maintenance pass expires pending commands whose deliver-by time passed.
+    Index(
+        "ix_machine_command_undelivered",
+        "deliver_by",
+        postgresql_where=text("status = 'pending'"),
+    ),
+)
+
+# When each machine's agent was last seen (migration 0027): written by its polls and
+# reports, at most once per machine per 10 seconds; online or offline is worked out when
+# read, against AGENT_OFFLINE_SECONDS, so no job ever flips it.
+machine_agent = Table(
+    "machine_agent",
+    metadata,
+    Column("org_id", Text, nullable=False),
+    Column("machine_id", Text, nullable=False),
+    Column("last_seen_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("org_id", "machine_id"),
+    # The gauge of offline agents counts those last seen before a moment.
+    Index(None, "last_seen_at"),
 )
 
 # Commands change status: a WAITING execution whose wait_key names the command wakes.
@@ -613,17 +647,22 @@ approval = Table(
     Index(None, "org_id", "status", "created_at", "id"),
 )
 
-# A schedule (migration 0017): the caller's id per organization, the flow it starts
-# (whose trigger must be `schedule`: the composite key to flow (id, trigger) says so),
+# A schedule (migration 0017): the caller's id per organization, the flow it starts,
 # when (a five-field cron in a time zone, or every N seconds) and what it does after
 # downtime. `next_fire_at` is the next fire time not yet handled, NULL while paused.
+# Since migration 0027 any flow: by key (`flow_key`, each fire its latest version;
+# `flow_id` the version it was put with) or by version (`flow_id` alone), and the
+# transition each fire accepts (`transition_id`; NULL: the flow's `start`).
 schedule = Table(
     "schedule",
     metadata,
     Column("org_id", Text, nullable=False),
     Column("id", Text, nullable=False),
     Column("flow_id", UUID(as_uuid=True), nullable=False),
+    # The trigger of the flow version it was put with (no longer bound to `schedule`).
     Column("flow_trigger", Text, nullable=False, server_default=text("'schedule'")),
+    Column("flow_key", Text),
+    Column("transition_id", Text),
     Column("cron", Text),
     Column("every_seconds", Integer),
     Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
@@ -642,8 +681,7 @@ schedule = Table(
     _created_at(),
     Column("updated_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")),
     PrimaryKeyConstraint("org_id", "id"),
-    ForeignKeyConstraint(["flow_id", "flow_trigger"], ["flow.id", "flow.trigger"]),
-    CheckConstraint("flow_trigger = 'schedule'", name="flow_trigger"),
+    ForeignKeyConstraint(["flow_id"], ["flow.id"]),
     CheckConstraint("num_nonnulls(cron, every_seconds) = 1", name="cron_or_every"),
     CheckConstraint("every_seconds >= 1", name="every_seconds_positive"),
     CheckConstraint(_in("catch_up", CATCH_UP_POLICIES), name="catch_up"),
@@ -683,6 +721,9 @@ schedule_fire = Table(
 
 SCHEDULE_UPDATE_COLUMNS = (
     "flow_id",
+    "flow_key",
+    "flow_trigger",
+    "transition_id",
     "cron",
     "every_seconds",
     "timezone",
@@ -789,6 +830,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "email_outbox": ("SELECT", "INSERT", "DELETE"),
     "platform_event": ("SELECT", "INSERT"),
     "machine_credential": ("SELECT",),
+    "machine_agent": ("SELECT", "INSERT"),
     "page_session_revocation": ("SELECT", "INSERT", "DELETE"),
     "key_release": ("SELECT", "INSERT", "DELETE"),
     "rate_bucket": ("SELECT", "INSERT"),
@@ -851,6 +893,12 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "sent_at",
         "finished_at",
         "cancel_requested_at",
+        # A wait moves its command's deliver-by time to its own deadline.
+        "deliver_by",
+        # The agent's output chunks, kept as head and tail.
+        "output_tail",
+        "output_received",
+        "output_size",
     ),
     "hosting_plan": ("name",),
     "plan_flow_binding": ("flow_id",),
@@ -869,6 +917,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "platform_event": ("processed_at", "outcome", "request_id", "execution_id"),
     # Revoking a credential; its machine, organization and expiry are the owner's.
     "machine_credential": ("revoked_at", "revoked_by"),
+    # An agent seen again.
+    "machine_agent": ("last_seen_at",),
     # Nothing updates a release: a claim takes rows FOR UPDATE SKIP LOCKED, which needs
     # UPDATE on one column, and an identity column can only be "updated" to its default.
     "key_release": ("id",),
@@ -876,7 +926,7 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     # A decision or the deadline closes an approval; what it asks and of whom never changes.
     "approval": ("status", "decided_by", "decided_at", "comment"),
     # PUT /schedules rewrites what a schedule is; the firing loop advances it. Never its
-    # organization, id, creation or flow_trigger (the key that keeps a schedule flow's).
+    # organization, id or creation.
     "schedule": SCHEDULE_UPDATE_COLUMNS,
     # A fire row is written first (it claims the fire time), then names what it started.
     "schedule_fire": ("request_id", "execution_id"),

@@ -53,6 +53,9 @@ class CommandStatus(StrEnum):
     FAILED = "failed"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
+    # Never delivered: its deliver-by time passed before any agent took it (or the agent
+    # that was handed it late refused it).
+    EXPIRED = "expired"
 
 
 FINAL_COMMAND = frozenset(
@@ -61,6 +64,7 @@ FINAL_COMMAND = frozenset(
         CommandStatus.FAILED,
         CommandStatus.TIMED_OUT,
         CommandStatus.CANCELLED,
+        CommandStatus.EXPIRED,
     }
 )
 

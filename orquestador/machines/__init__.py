@@ -3,7 +3,6 @@
 from orquestador.machines.cancel import CancelledCommands, cancel_for_execution
 from orquestador.machines.commands import (
     FINAL,
-    MAX_OUTPUT_CHARACTERS,
     AgentCommand,
     Command,
     CommandNotFound,
@@ -19,7 +18,6 @@ from orquestador.machines.retention import delete_final_commands
 
 __all__ = [
     "FINAL",
-    "MAX_OUTPUT_CHARACTERS",
     "AgentCommand",
     "CancelledCommands",
     "Command",

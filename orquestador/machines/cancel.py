@@ -1,7 +1,8 @@
 """What a cancel does to its execution's machine commands: end those not taken, stop the rest.
 
 It runs in the cancel's transaction (queue/reconciliation.py), so the commands change
-with the execution or not at all. It imports nothing of the queue: the cancel calls it.
+with the execution or not at all. It also tells the cancel which of the execution's
+writes were only a command no agent took (SPEC 23): such a write counts as not done.
 """
 
 from __future__ import annotations
@@ -92,3 +93,33 @@ def cancel_for_execution(
             },
         )
     return CancelledCommands(cancelled, stop_requested)
+
+
+# The execution's machine.command steps whose only effect, the command, no agent ever
+# took and none ever will: final (withdrawn by this cancel a statement earlier, or
+# expired) without ever having been handed out. The step's external key is its
+# command's: the join finds exactly the row the step wrote. Locked, so no report or
+# poll changes them before the cancel commits.
+_UNTAKEN_COMMAND_STEPS = text(
+    """
+    SELECT a.action_id
+    FROM action_execution a
+    JOIN machine_command c ON c.external_key = a.external_key AND c.org_id = :org_id
+    WHERE a.execution_id = :execution_id AND a.status = 'SUCCEEDED'
+      AND a.capability = 'machine.command'
+      AND c.status IN ('cancelled', 'expired')
+      AND c.sent_at IS NULL
+    FOR UPDATE OF c
+    """
+)
+
+
+def untaken_command_steps(
+    conn: Connection, *, org_id: str, execution_id: uuid.UUID
+) -> frozenset[str]:
+    """The execution's succeeded machine.command steps whose command no agent ever took
+    and none ever will; run in the cancel's transaction, after cancel_for_execution."""
+    rows = conn.execute(
+        _UNTAKEN_COMMAND_STEPS, {"org_id": org_id, "execution_id": execution_id}
+    ).all()
+    return frozenset(row.action_id for row in rows)

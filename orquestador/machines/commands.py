@@ -4,6 +4,9 @@ Every look-up carries the organization in its WHERE (a command id may come from 
 flow produced), and an agent's look-ups carry its machine as well: a foreign command is
 indistinguishable from a missing one. Every status change wakes the executions waiting
 on the command in the same transaction, so the wake commits with the change.
+
+A command is handed to an agent only before its deliver-by time (SPEC 23); what happens
+to one whose time passed is machines/expiry.py's.
 """
 
 from __future__ import annotations
@@ -18,30 +21,28 @@ from sqlalchemy import Connection, text
 
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
 from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
+from orquestador.machines.output import StoredOutput, append_chunk
 from orquestador.queue.waits import COMMAND_WAIT_PREFIX, wake_waiting
 
 FINAL = frozenset(FINAL_COMMAND_STATUSES)
-# What an agent may report; pending and sent belong to the server.
+# What an agent may report; pending and sent belong to the server. An agent reports
+# `expired` for a command it refused to start because its deliver-by time had passed.
 REPORTABLE = ("running", *FINAL_COMMAND_STATUSES)
 # Forward only: a status may replace one of a lower rank, never the other way round.
 _RANK = {"pending": 0, "sent": 1, "running": 2, **{status: 3 for status in FINAL}}
 assert set(_RANK) == set(COMMAND_STATUSES)
 
-# A command's output is kept up to this many characters; the rest is cut off and the
-# cut is marked, so a chatty command cannot fill the table.
-MAX_OUTPUT_CHARACTERS = 65536
-TRUNCATION_MARK = "\n[output truncated]"
+# COMMAND_DELIVERY_SECONDS's default: how long a command no wait waits for may wait for
+# an agent to take it.
+DEFAULT_DELIVERY_SECONDS = 900
+
+# COMMAND_OUTPUT_MAX_BYTES's default: the most of a command's output kept, head and tail.
+DEFAULT_OUTPUT_MAX_BYTES = 1048576
 
 
 def wait_key(command_id: uuid.UUID | str) -> str:
     """What an execution waiting on the command waits for (execution.wait_key)."""
     return f"{COMMAND_WAIT_PREFIX}{command_id}"
-
-
-def truncate_output(output: str) -> str:
-    if len(output) <= MAX_OUTPUT_CHARACTERS:
-        return output
-    return output[: MAX_OUTPUT_CHARACTERS - len(TRUNCATION_MARK)] + TRUNCATION_MARK
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Command:
     created_at: datetime
     updated_at: datetime
     read_at: datetime  # the database's clock when the row was read
+    # No agent is handed the command after this instant.
+    deliver_by: datetime
 
     @property
     def final(self) -> bool:
@@ -75,11 +78,20 @@ class AgentCommand:
     command: str
     args: list[str]
     cancel_requested: bool = False
+    # The command's deliver-by time, and how long before it the server handed it out:
+    # the agent refuses to start it later than that, counted on its own monotonic clock
+    # from the answer's arrival (so the two clocks need not agree).
+    deliver_by: datetime | None = None
+    deliver_within_seconds: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         if self.cancel_requested:
             return {"id": str(self.id), "cancelRequested": True}
-        return {"id": str(self.id), "command": self.command, "args": self.args}
+        answer: dict[str, Any] = {"id": str(self.id), "command": self.command, "args": self.args}
+        if self.deliver_by is not None:
+            answer["deliverBy"] = self.deliver_by.isoformat()
+            answer["deliverWithinSeconds"] = self.deliver_within_seconds
+        return answer
 
 
 class CommandNotFound(Exception):
@@ -96,14 +108,17 @@ class StatusConflict(Exception):
 
 
 _COLUMNS = (
-    "id, machine_id, command, args, status, exit_code, created_at, updated_at,"
+    "id, machine_id, command, args, status, exit_code, created_at, updated_at, deliver_by,"
     " clock_timestamp() AS now"
 )
 
+# Its deliver-by time counts from its writing; the wait that waits for it moves it to
+# its own deadline (machines/expiry.py).
 _INSERT = text(
     """
-    INSERT INTO machine_command (org_id, machine_id, command, args, external_key)
-    VALUES (:org_id, :machine_id, :command, CAST(:args AS jsonb), :external_key)
+    INSERT INTO machine_command (org_id, machine_id, command, args, external_key, deliver_by)
+    VALUES (:org_id, :machine_id, :command, CAST(:args AS jsonb), :external_key,
+            clock_timestamp() + make_interval(secs => :delivery_seconds))
     ON CONFLICT (external_key) DO NOTHING
     RETURNING id
     """
@@ -117,7 +132,8 @@ _BY_KEY = text(
 _BY_ID = text(f"SELECT {_COLUMNS} FROM machine_command WHERE org_id = :org_id AND id = :id")
 
 
-def _command(row: Any) -> Command:
+def command_of(row: Any) -> Command:
+    """A command row (with its `now`) as the flow sees it."""
     return Command(
         id=row.id,
         machine_id=row.machine_id,
@@ -128,6 +144,7 @@ def _command(row: Any) -> Command:
         created_at=row.created_at,
         updated_at=row.updated_at,
         read_at=row.now,
+        deliver_by=row.deliver_by,
     )
 
 
@@ -139,11 +156,13 @@ def create_command(
     command: str,
     args: list[str],
     external_key: str,
+    delivery_seconds: float = DEFAULT_DELIVERY_SECONDS,
 ) -> Command:
     """Insert the command keyed by `external_key`, or return the row a first call inserted.
 
     A retry of the same step (same external key) never makes a second command, whatever
-    happened to the first call's answer.
+    happened to the first call's answer. No agent is handed it after `delivery_seconds`
+    from now, unless a wait moves that to its own deadline.
     """
     inserted = conn.execute(
         _INSERT,
@@ -153,6 +172,7 @@ def create_command(
             "command": command,
             "args": json.dumps(args),
             "external_key": external_key,
+            "delivery_seconds": delivery_seconds,
         },
     ).one_or_none()
     if inserted is not None:
@@ -168,32 +188,38 @@ def create_command(
     if row is None:
         # The key belongs to another organization's command: never show it.
         raise CommandNotFound(external_key)
-    return _command(row)
+    return command_of(row)
 
 
 def find_command(conn: Connection, *, org_id: str, command_id: uuid.UUID) -> Command | None:
     """The command with this id in this organization, or None (missing and foreign alike)."""
     row = conn.execute(_BY_ID, {"org_id": org_id, "id": command_id}).one_or_none()
-    return None if row is None else _command(row)
+    return None if row is None else command_of(row)
 
 
 # The oldest pending command of the machine, marked sent. SKIP LOCKED: two agents
 # polling for the same machine at once never take the same command; the UPDATE
-# re-checks the status in case the row changed between the two.
+# re-checks the status in case the row changed between the two. One reading of the
+# clock decides and is recorded: a command is handed out only while its deliver-by time
+# is ahead of that instant, which becomes its sent_at (a command past it stays pending
+# until a wait or the maintenance pass expires it).
 _CLAIM = text(
     """
-    WITH next AS (
-        SELECT id FROM machine_command
-        WHERE org_id = :org_id AND machine_id = :machine_id AND status = 'pending'
-        ORDER BY created_at, id
+    WITH moment AS (SELECT clock_timestamp() AS at),
+    next AS (
+        SELECT c.id FROM machine_command c, moment
+        WHERE c.org_id = :org_id AND c.machine_id = :machine_id AND c.status = 'pending'
+          AND c.deliver_by > moment.at
+        ORDER BY c.created_at, c.id
         LIMIT 1
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF c SKIP LOCKED
     )
     UPDATE machine_command AS c
-    SET status = 'sent', sent_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM next
+    SET status = 'sent', sent_at = moment.at, updated_at = moment.at
+    FROM next, moment
     WHERE c.id = next.id AND c.status = 'pending'
-    RETURNING c.id, c.command, c.args
+    RETURNING c.id, c.command, c.args, c.deliver_by,
+              extract(epoch FROM c.deliver_by - moment.at) AS within_seconds
     """
 )
 
@@ -221,33 +247,70 @@ def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentComman
     if row is None:
         return None
     wake_waiting(conn, wait_key(row.id))
-    return AgentCommand(id=row.id, command=row.command, args=list(row.args or []))
+    return AgentCommand(
+        id=row.id,
+        command=row.command,
+        args=list(row.args or []),
+        deliver_by=row.deliver_by,
+        deliver_within_seconds=float(row.within_seconds),
+    )
 
 
 _LOCK_FOR_AGENT = text(
     """
-    SELECT id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    SELECT id, status, exit_code, updated_at, finished_at, cancel_requested_at,
+           output, output_tail, output_received, output_size
     FROM machine_command
     WHERE org_id = :org_id AND machine_id = :machine_id AND id = :id
     FOR UPDATE
     """
 )
+_RETURNING = (
+    "RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at,"
+    " output, output_tail, output_received, output_size"
+)
 _SET_RUNNING = text(
-    """
+    f"""
     UPDATE machine_command SET status = 'running', updated_at = clock_timestamp()
     WHERE id = :id
-    RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    {_RETURNING}
     """
 )
 _SET_FINAL = text(
-    """
+    f"""
     UPDATE machine_command
-    SET status = :status, exit_code = :exit_code, output = :output,
+    SET status = :status, exit_code = :exit_code,
         updated_at = clock_timestamp(), finished_at = clock_timestamp()
     WHERE id = :id
-    RETURNING id, status, exit_code, updated_at, finished_at, cancel_requested_at
+    {_RETURNING}
     """
 )
+# The output as kept after a chunk: the head, the tail and how far each count goes. Not a
+# status change: updated_at stays (a park compares it with its claim to tell one).
+_SET_OUTPUT = text(
+    f"""
+    UPDATE machine_command
+    SET output = :head, output_tail = :tail, output_received = :received,
+        output_size = :size
+    WHERE id = :id
+    {_RETURNING}
+    """
+)
+
+
+def stored_output(row: Any) -> StoredOutput:
+    """A command row's output as kept (head, tail, counts)."""
+    head = row.output or ""
+    if row.output_size == 0 and head:
+        # Written whole by a release before output came in chunks (migration 0027).
+        size = len(head.encode())
+        return StoredOutput(head=head, received=size, size=size)
+    return StoredOutput(
+        head=head,
+        tail=row.output_tail or "",
+        received=row.output_received,
+        size=row.output_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -262,9 +325,14 @@ class Reported:
     changed: bool
     # A cancel asked the agent to stop the command: it should, and report `cancelled`.
     cancel_requested: bool = False
+    # How much of the agent's output was taken (the next chunk's offset), and whether
+    # some of it was dropped to stay within COMMAND_OUTPUT_MAX_BYTES.
+    output_received: int = 0
+    output_truncated: bool = False
 
     @classmethod
     def of(cls, row: Any, changed: bool) -> Reported:
+        output = stored_output(row)
         return cls(
             row.id,
             row.status,
@@ -273,6 +341,8 @@ class Reported:
             row.finished_at,
             changed,
             row.cancel_requested_at is not None,
+            output.received,
+            output.dropped > 0,
         )
 
 
@@ -285,12 +355,16 @@ def report_status(
     status: str,
     exit_code: int | None = None,
     output: str | None = None,
+    output_offset: int = 0,
+    output_max_bytes: int = DEFAULT_OUTPUT_MAX_BYTES,
 ) -> Reported:
-    """Move the machine's command forward to `status`, waking whoever waits on it.
+    """Move the machine's command forward to `status`, waking whoever waits on it, and
+    take the chunk of output the report carries (at `output_offset`, once).
 
     The same status again changes nothing and succeeds (an agent repeating a report whose
-    answer it lost); a lower rank, a different final status, or any report before the
-    command was sent raises StatusConflict.
+    answer it lost, or repeating `running` with more output); a lower rank, a different
+    final status, or any report before the command was sent raises StatusConflict, and
+    then its output is not taken either.
     """
     if status not in REPORTABLE:
         raise ValueError(f"an agent cannot report {status!r}")
@@ -299,22 +373,30 @@ def report_status(
     ).one_or_none()
     if row is None:
         raise CommandNotFound(str(command_id))
-    if row.status == status:
-        return Reported.of(row, False)
-    if row.status == "pending" or _RANK[status] <= _RANK[row.status]:
+    changed = row.status != status
+    if changed and (row.status == "pending" or _RANK[status] <= _RANK[row.status]):
         raise StatusConflict(row.status, status)
+    if output:
+        before = stored_output(row)
+        after = append_chunk(before, offset=output_offset, chunk=output, max_bytes=output_max_bytes)
+        if after != before:
+            row = conn.execute(
+                _SET_OUTPUT,
+                {
+                    "id": row.id,
+                    "head": after.head,
+                    "tail": after.tail or None,
+                    "received": after.received,
+                    "size": after.size,
+                },
+            ).one()
+    if not changed:
+        return Reported.of(row, False)
     if status == "running":
         updated = conn.execute(_SET_RUNNING, {"id": row.id}).one()
     else:
-        kept = None if output is None else truncate_output(output)
         updated = conn.execute(
-            _SET_FINAL,
-            {
-                "id": row.id,
-                "status": status,
-                "exit_code": exit_code,
-                "output": kept,
-            },
+            _SET_FINAL, {"id": row.id, "status": status, "exit_code": exit_code}
         ).one()
     wake_waiting(conn, wait_key(row.id))
     return Reported.of(updated, True)

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, text
 
+from orquestador.db.schema import FINAL_COMMAND_STATUSES
+
+_FINAL = ", ".join(f"'{status}'" for status in FINAL_COMMAND_STATUSES)
+
 # Oldest first, in a bounded batch; SKIP LOCKED leaves a row an agent is reporting on
-# to the next pass. The partial index on finished_at serves the scan.
+# to the next pass. The partial index on finished_at serves the scan (the same list).
 _DELETE_FINAL = text(
-    """
+    f"""
     DELETE FROM machine_command
     WHERE id IN (
         SELECT id FROM machine_command
-        WHERE status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+        WHERE status IN ({_FINAL})
           AND finished_at <= clock_timestamp() - make_interval(days => :days)
         ORDER BY finished_at
         LIMIT :batch

@@ -15,7 +15,9 @@ step reads the corrected data; the audit row keeps each path's value before and 
 
 A cancel obeys the write rule like a failure does: after a write that happened or
 may have happened it parks the execution for an operator instead of releasing the
-request, which a resubmission could otherwise use to write again.
+request, which a resubmission could otherwise use to write again. A write whose only
+effect is a machine command no agent took, withdrawn in the cancel's own transaction,
+counts as not done (SPEC 23): there is nothing for a person to decide.
 
 `cancel_in_transaction` and `resolve_in_transaction` are the same work inside a
 transaction the caller owns: a bulk action's item records its outcome in it
@@ -38,7 +40,11 @@ from orquestador.domain.errors import DataSchemaError, DataValidationError
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.pointer_updates import correct_request_data
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
-from orquestador.machines.cancel import CancelledCommands, cancel_for_execution
+from orquestador.machines.cancel import (
+    CancelledCommands,
+    cancel_for_execution,
+    untaken_command_steps,
+)
 from orquestador.queue.outcomes import Writes, writes_of
 from orquestador.redaction import redact_json
 
@@ -569,6 +575,9 @@ def cancel_in_transaction(
         )
     writes = writes_of(conn, execution.id)
     commands = cancel_for_execution(conn, org_id=org_id, execution_id=execution.id)
+    # A machine command no agent took, withdrawn above, is a write that did nothing.
+    untaken = untaken_command_steps(conn, org_id=org_id, execution_id=execution.id)
+    writes = replace(writes, succeeded=[a for a in writes.succeeded if a not in untaken])
     said = {"reason": reason, **_bulk_detail(bulk_id)}
     if writes.succeeded or writes.in_doubt:
         status = _park_cancelled(conn, execution, actor, said, writes, commands)

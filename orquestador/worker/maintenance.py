@@ -1,4 +1,5 @@
-"""The maintenance loop: retention, history months, queue gauges and the e-mail hand-off.
+"""The maintenance loop: retention, history months, undelivered commands, queue gauges and
+the e-mail hand-off.
 
 Every worker runs this loop (the daemon starts it beside the background loops); each
 pass, a worker first makes sure it holds the maintenance lock, a PostgreSQL session
@@ -13,7 +14,8 @@ Two passes can overlap for a moment: a leader whose lock connection dropped may 
 be in its current step when another worker takes the lock and starts. That stays safe
 because no step depends on being alone: each is its own transaction, deletes only
 rows past their age that it could lock (SKIP LOCKED, so two passes take disjoint
-rows), hands off only expired outbox leases (idempotent), or reads gauges.
+rows), expires only pending commands past their deliver-by time (SKIP LOCKED), hands
+off only expired outbox leases (idempotent), or reads gauges.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ from orquestador.config import Settings, libpq_url
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
 from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.loop import Loop
+from orquestador.machines.expiry import expire_undelivered
+from orquestador.machines.liveness import count_offline
 from orquestador.machines.retention import delete_final_commands
 from orquestador.metrics import (
+    AGENTS_OFFLINE,
     DB_DEAD_TUPLES,
     DB_OLDEST_TRANSACTION_SECONDS,
     EMAIL_OUTBOX_DEPTH,
@@ -119,11 +124,14 @@ class PassReport:
 
     deleted: dict[str, int] = field(default_factory=dict)
     history_months_made: int = 0
+    # Pending machine commands past their deliver-by time, now expired.
+    expired_commands: int = 0
     handed_off: int = 0
     queue_depth: dict[str, int] = field(default_factory=dict)
     oldest_due_seconds: float = 0.0
     reconciliation_required: int = 0
     email_outbox_depth: int = 0
+    agents_offline: int = 0
     oldest_transaction_seconds: float = 0.0
     dead_tuples: dict[str, int] = field(default_factory=dict)
 
@@ -286,6 +294,24 @@ def apply_retention(
     return deleted, more
 
 
+def expire_commands(
+    engine: Engine,
+    *,
+    batch: int = RETENTION_BATCH,
+    batches_per_pass: int = RETENTION_BATCHES_PER_PASS,
+) -> tuple[int, bool]:
+    """Expire pending commands past their deliver-by time, batch by batch; (how many,
+    more left). No agent could be handed them anyway: this only says so on every page."""
+    total = 0
+    for _ in range(batches_per_pass):
+        with engine.begin() as conn:
+            count = expire_undelivered(conn, batch)
+        total += count
+        if count < batch:
+            return total, False
+    return total, True
+
+
 def make_history_months(engine: Engine) -> int:
     """The history's months ahead (idempotent); 0 with a warning when it cannot."""
     try:
@@ -363,7 +389,7 @@ _HAND_OFF = text(
 )
 
 
-def sample_gauges(conn: Connection, report: PassReport) -> None:
+def sample_gauges(conn: Connection, report: PassReport, *, agent_offline_seconds: float) -> None:
     depth = {status: 0 for status in QUEUE_STATUSES}
     depth.update({status: int(n) for status, n in conn.execute(_WAITING_DEPTH).all()})
     depth["RUNNING"] = int(conn.execute(_RUNNING_DEPTH).scalar_one())
@@ -372,6 +398,7 @@ def sample_gauges(conn: Connection, report: PassReport) -> None:
     report.oldest_due_seconds = float(conn.execute(_OLDEST_DUE).scalar_one())
     report.reconciliation_required = depth["RECONCILIATION_REQUIRED"]
     report.email_outbox_depth = int(conn.execute(_OUTBOX_DEPTH).scalar_one())
+    report.agents_offline = count_offline(conn, agent_offline_seconds)
     report.oldest_transaction_seconds = float(conn.execute(_OLDEST_TRANSACTION).scalar_one())
     report.dead_tuples = {table: 0 for table in HOT_TABLES}
     report.dead_tuples.update({row.name: int(row.dead) for row in conn.execute(_DEAD_TUPLES)})
@@ -380,6 +407,7 @@ def sample_gauges(conn: Connection, report: PassReport) -> None:
     OLDEST_DUE_SECONDS.set(report.oldest_due_seconds)
     RECONCILIATION_REQUIRED.set(report.reconciliation_required)
     EMAIL_OUTBOX_DEPTH.set(report.email_outbox_depth)
+    AGENTS_OFFLINE.set(report.agents_offline)
     DB_OLDEST_TRANSACTION_SECONDS.set(report.oldest_transaction_seconds)
     for table, dead in report.dead_tuples.items():
         DB_DEAD_TUPLES.labels(table=table).set(dead)
@@ -393,6 +421,7 @@ def _zero_gauges() -> None:
     OLDEST_DUE_SECONDS.set(0)
     RECONCILIATION_REQUIRED.set(0)
     EMAIL_OUTBOX_DEPTH.set(0)
+    AGENTS_OFFLINE.set(0)
     DB_OLDEST_TRANSACTION_SECONDS.set(0)
     for table in HOT_TABLES:
         DB_DEAD_TUPLES.labels(table=table).set(0)
@@ -461,21 +490,26 @@ class MaintenanceLoop(Loop):
         report = PassReport()
         report.history_months_made = make_history_months(self.engine)
         report.deleted, more = apply_retention(self.engine, self.settings)
+        report.expired_commands, expiring = expire_commands(self.engine)
+        more |= expiring
         with self.engine.begin() as conn:
             report.handed_off = conn.execute(_HAND_OFF).rowcount
         with self.engine.connect() as conn:
-            sample_gauges(conn, report)
+            sample_gauges(conn, report, agent_offline_seconds=self.settings.agent_offline_seconds)
         with self._lock:
             self.passes += 1
         deleted = sum(report.deleted.values())
         log.log(
-            logging.INFO if deleted or report.handed_off else logging.DEBUG,
+            logging.INFO
+            if deleted or report.handed_off or report.expired_commands
+            else logging.DEBUG,
             "maintenance pass",
             extra={
                 "worker_id": self.worker_id,
                 "deleted": deleted,
                 **{f"deleted_{table}": n for table, n in report.deleted.items() if n},
                 "handed_off": report.handed_off,
+                "expired_commands": report.expired_commands,
                 "history_months_made": report.history_months_made,
                 "oldest_due_seconds": round(report.oldest_due_seconds, 3),
                 "reconciliation_required": report.reconciliation_required,

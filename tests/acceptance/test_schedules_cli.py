@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from orquestador.api.tokens import mint_token
 from tests.acceptance.served_api import served_api
@@ -93,3 +94,29 @@ def test_refusals_are_one_problem_and_a_non_zero_exit(env: dict[str, str], owner
 
     no_token = _run("list", env={"ORQUESTADOR_API_URL": env["ORQUESTADOR_API_URL"]}, cwd=Path("/"))
     assert no_token.returncode == 2 and "ORQUESTADOR_TOKEN" in no_token.stderr
+
+
+def test_a_manual_flow_is_scheduled_by_key_and_run_now(env: dict[str, str], owner_engine) -> None:
+    publish_flow(owner_engine, schedule_flow(key="reboot", trigger="manual", start=None))
+
+    put = _run(
+        "put", "weekly", "--flow", "reboot", "--transition", "run", "--every", "3600",
+        "--data", '{"scheduleId": "x", "fireTime": "y", "data": {"machineId": "m-2"}}',
+        env=env,
+    )  # fmt: skip
+    ran = _run("run", "weekly", "--json", env=env)
+    missing = _run("run", "nope", env=env)
+
+    assert put.returncode == 0, put.stderr
+    assert "flow        reboot" in put.stdout and "transition  run" in put.stdout
+    assert ran.returncode == 0, ran.stderr
+    fired = json.loads(ran.stdout)
+    assert fired["scheduleId"] == "weekly" and fired["executionId"]
+    with owner_engine.connect() as conn:
+        transition = conn.execute(
+            text("SELECT transition_id FROM execution WHERE id = :id"),
+            {"id": fired["executionId"]},
+        ).scalar_one()
+    assert transition == "run"
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("orquestador: refused (404 NOT_FOUND)")

@@ -215,6 +215,55 @@ def _machine(site: Site) -> str:
     return "/ui/machines/m-1"
 
 
+OUTPUT = "".join(f"reinstall: step {n} of 300, {'disk ' * (n % 7)}ok\n" for n in range(300))
+
+
+def _running_with_output(site: Site, command_id: str) -> None:
+    with site.owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "UPDATE machine_command SET status = 'running', output = :output,"
+                " output_received = :size, output_size = :size WHERE id = CAST(:id AS uuid)"
+            ),
+            {"id": command_id, "output": OUTPUT, "size": len(OUTPUT.encode())},
+        )
+
+
+def _waiting_with_output(site: Site) -> str:
+    """A wait whose command runs and talks: the wait box shows its last 200 lines."""
+    waits = waiting(site.api, site.owner_engine)
+    _running_with_output(site, waits.command_id)
+    return f"/ui/executions/{waits.execution_id}"
+
+
+def _never_delivered(site: Site) -> str:
+    """The deadline passed before any agent took the command: expired, never delivered."""
+    gone = deadline_passed(site.api, site.owner_engine, now="expired")
+    return f"/ui/executions/{gone.execution_id}"
+
+
+def _machine_running(site: Site) -> str:
+    """A machine with a command under way (its output, the page following it) and one
+    still pending (its deliver-by time)."""
+    _running_with_output(site, waiting(site.api, site.owner_engine).command_id)
+    waiting(site.api, site.owner_engine, command_status="pending")
+    return "/ui/machines/m-1"
+
+
+def _machine_offline(site: Site) -> str:
+    """A machine whose agent polled once, five minutes ago: offline."""
+    waiting(site.api, site.owner_engine, command_status="pending")
+    with site.owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO machine_agent (org_id, machine_id, last_seen_at)"
+                " VALUES (:org, 'm-1', now() - interval '5 min')"
+            ),
+            {"org": ORG},
+        )
+    return "/ui/machines/m-1"
+
+
 def _notices(site: Site) -> str:
     with site.owner_engine.begin() as connection:
         connection.execute(
@@ -264,6 +313,31 @@ def _schedules_listed(site: Site) -> str:
     often = {"flowId": flow_id, "everySeconds": 90, "data": {"report": "load"}}
     assert put_schedule(site.api, "load-every-90-seconds", often).status_code == 201
     return "/ui/schedules"
+
+
+def _schedule_with_executions(site: Site) -> str:
+    """A manual flow's schedule by key, run now twice: its page lists what it started."""
+    reboot = {
+        "key": "reboot",
+        "trigger": "manual",
+        "initialState": "new",
+        "states": ["new", "done"],
+        "transitions": [{"id": "go", "from": ["new"], "to": "done"}],
+    }
+    site.api.publish(reboot, scopes=EVERY_SCOPE)
+    body = {
+        "flow": "reboot",
+        "transition": "go",
+        "everySeconds": 3600,
+        "data": {"machineId": "m-1"},
+    }
+    assert put_schedule(site.api, "hourly-reboot", body).status_code == 201
+    for _ in range(2):
+        ran = site.api.client().post(
+            "/api/v1/schedules/hourly-reboot/runs", headers=site.api.headers(scopes=EVERY_SCOPE)
+        )
+        assert ran.status_code == 201, ran.get_data(as_text=True)
+    return "/ui/schedules/hourly-reboot"
 
 
 def _sign_in_link_used(site: Site) -> str:
@@ -363,11 +437,16 @@ PAGES: list[PageCase] = [
     PageCase("flows", _flows),
     PageCase("flow", _flow),
     PageCase("machine", _machine),
+    PageCase("machine-command-running", _machine_running),
+    PageCase("machine-agent-offline", _machine_offline),
+    PageCase("execution-waiting-output", _waiting_with_output),
+    PageCase("execution-command-never-delivered", _never_delivered),
     PageCase("notices", _notices),
     PageCase("approvals", _approvals),
     PageCase("approvals-open", _approvals_open),
     PageCase("schedules", _schedules),
     PageCase("schedules-listed", _schedules_listed),
+    PageCase("schedule-with-executions", _schedule_with_executions),
     PageCase("sign-in-link-used", _sign_in_link_used, signed_in=False),
     PageCase("bulk-preview", _bulk_preview),
     PageCase("bulk-progress", _bulk_progress),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from orquestador.api.app import create_app
 from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.tokens import mint_token
 from orquestador.machines import cancel_for_execution, create_command
+from orquestador.machines.commands import stored_output
 from orquestador.serve import serve_in_thread
 from tests.integration.worker_support import wait_until
 
@@ -56,6 +58,10 @@ timeout_seconds = 120
 
 [stubborn]
 argv = ["sh", "-c", "trap '' TERM; sleep 60"]
+timeout_seconds = 120
+
+[talking]
+argv = ["sh", "-c", "echo started; echo token=$AGENT_SEEN_SECRET; sleep 60"]
 timeout_seconds = 120
 """
 
@@ -91,6 +97,10 @@ class ApiServer:
 
         self._app.wsgi_app = counting  # type: ignore[method-assign]
         self._server = None
+
+    @property
+    def app(self) -> Any:
+        return self._app
 
     @property
     def poll_share(self) -> PollShare:
@@ -141,9 +151,10 @@ def running_agent(
     commands_file: Path,
     machine: str = "m-1",
     wait: str = "1",
+    org: str = ORG,
     **settings: str,
 ) -> Iterator[AgentProcess]:
-    token = mint_token(api.settings, sub=f"machine:{machine}", org=ORG, scopes=["agent"])
+    token = mint_token(api.settings, sub=f"machine:{machine}", org=org, scopes=["agent"])
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
     env.update(
         ORQUESTADOR_API_URL=api.url,
@@ -201,16 +212,19 @@ def send(engine: Engine, name: str, machine: str = "m-1", key: str | None = None
 
 
 def final_row(engine: Engine, command_id: str, timeout: float = 20) -> tuple:
-    """The command's (status, exit_code, output) once final; polls the database."""
+    """The command's (status, exit_code, output as kept) once final; polls the database."""
     give_up = time.monotonic() + timeout
     while True:
         with engine.connect() as conn:
             row = conn.execute(
-                text("SELECT status, exit_code, output FROM machine_command WHERE id = :id"),
+                text(
+                    "SELECT status, exit_code, output, output_tail, output_received,"
+                    " output_size FROM machine_command WHERE id = :id"
+                ),
                 {"id": command_id},
             ).one()
-        if row.status in ("succeeded", "failed", "timed_out", "cancelled"):
-            return tuple(row)
+        if row.status in ("succeeded", "failed", "timed_out", "cancelled", "expired"):
+            return (row.status, row.exit_code, stored_output(row).text)
         assert time.monotonic() < give_up, f"command still {row.status}"
         time.sleep(0.05)
 
@@ -231,11 +245,12 @@ def test_the_agent_runs_commands_and_reports_each_outcome(
         assert final_row(runtime_engine, slow)[:2] == ("timed_out", None)
         status, code, output = final_row(runtime_engine, unknown)
         assert (status, code) == ("failed", None) and "unknown command 'halt'" in output
-        # Binary output does not lose the report; long output is cut at the bound.
+        # Binary output does not lose the report; a long output keeps its head and its
+        # end, and says how much lay between.
         status, code, output = final_row(runtime_engine, chatty)
         assert (status, code) == ("succeeded", 0)
-        assert output.startswith("a\ufffdbxxx") and output.endswith("\n[output truncated]")
-        assert len(output) == 65536
+        assert output.startswith("a\ufffdbxxx") and output.endswith("xxx")
+        assert "bytes of output dropped" in output
         agent.process.send_signal(signal.SIGTERM)
         assert agent.process.wait(15) == 0
     said = "".join(agent.lines)
@@ -311,6 +326,34 @@ def test_a_cancel_stops_the_running_command_with_sigterm_then_sigkill_after_the_
     said = "".join(agent.lines)
     assert "the command ignored SIGTERM for 1s: killed" in said
     assert said.count("ignored SIGTERM") == 1
+
+
+def test_a_running_command_s_output_is_read_through_the_api_while_it_runs(
+    api: ApiServer, commands_file: Path, runtime_engine: Engine, monkeypatch
+) -> None:
+    # A secret the API process knows (a name with SECRET in it): never kept.
+    monkeypatch.setenv("AGENT_SEEN_SECRET", "do-not-keep-this-value")
+    reader = mint_token(api.settings, sub="ana", org=ORG, scopes=["machines:admin"])
+    with running_agent(api, commands_file, AGENT_SEEN_SECRET="do-not-keep-this-value") as agent:
+        execution_id = uuid.uuid4()
+        talking = send(runtime_engine, "talking", key=f"{execution_id}:talking")
+        url = f"{api.url}/machines/m-1/commands/{talking}/output?after=0"
+
+        def said_so_far() -> dict[str, Any] | None:
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {reader}"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                body = json.loads(answer.read())
+            return body if "started" in body["output"] else None
+
+        body = wait_until(said_so_far, what="the output while the command runs")
+        assert body["complete"] is False and body["truncated"] is False
+        assert body["output"] == "started\ntoken=[redacted]\n"
+        assert body["nextOffset"] == len(body["output"].encode())
+        assert running_status(runtime_engine, talking)
+        assert cancel_its_execution(runtime_engine, execution_id) == [talking]
+        assert final_row(runtime_engine, talking)[0] == "cancelled"
+        agent.process.send_signal(signal.SIGTERM)
+        assert agent.process.wait(15) == 0
 
 
 NEXT = "/api/v1/agent/commands/next"

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from api_support import OTHER_ORG, Api, problem, running_api
-from automation_support import count, moment_flow
+from automation_support import count
 from schedule_support import get, make_due, publish, put, schedule_flow, who
 from sqlalchemy import Engine
 
@@ -115,17 +115,38 @@ def test_bad_input_is_a_problem_and_writes_nothing(
     assert count(runtime_engine, "schedule") == 0
 
 
-def test_a_flow_that_is_not_a_schedule_flow_is_refused(api: Api, runtime_engine: Engine) -> None:
-    manual = api.publish(schedule_flow(trigger="manual", start=None), **who())["id"]
-    moment = api.publish(moment_flow("provisioned"), **who())["id"]
-    for flow_id in (manual, moment):
-        answer = put(api, "s", {"flowId": flow_id, "everySeconds": 60})
+def test_a_flow_of_any_trigger_needs_a_transition_from_its_initial_state(
+    api: Api, runtime_engine: Engine
+) -> None:
+    manual = api.publish(schedule_flow(trigger="manual", start=None, dataSchema=None), **who())[
+        "id"
+    ]
+
+    without = put(api, "s", {"flow": manual, "everySeconds": 60})
+    wrong = put(api, "s", {"flow": manual, "transition": "nope", "everySeconds": 60})
+
+    for answer, message in (
+        (without, "the flow has no `start`: name the transition each fire starts"),
+        (wrong, "the flow has no transition 'nope' from 'new'"),
+    ):
         assert answer.status_code == 422
         body = problem(answer)
-        assert body["code"] == "SCHEDULE_TRIGGER_MISMATCH"
-        assert body["problems"] == [
-            {"path": "/flowId", "message": "the flow's trigger is not 'schedule'"}
-        ]
+        assert body["code"] == "SCHEDULE_TRANSITION_INVALID"
+        assert body["problems"] == [{"path": "/transition", "message": message}]
+    assert count(runtime_engine, "schedule") == 0
+    named = put(api, "s", {"flow": manual, "transition": "run", "everySeconds": 60})
+    assert named.status_code == 201, named.get_data(as_text=True)
+    assert (named.get_json()["transition"], named.get_json()["flowKey"]) == ("run", None)
+
+
+def test_neither_or_both_of_flow_and_flow_id_is_refused(api: Api, runtime_engine: Engine) -> None:
+    flow_id = publish(api)
+
+    for body in ({"everySeconds": 60}, {"flow": "tick", "flowId": flow_id, "everySeconds": 60}):
+        answer = put(api, "s", body)
+        assert answer.status_code == 422
+        assert problem(answer)["code"] == "BODY_INVALID"
+        assert [p["path"] for p in problem(answer)["problems"]] == ["/flow"]
     assert count(runtime_engine, "schedule") == 0
 
 

@@ -55,7 +55,7 @@ def test_a_deadline_exit_shows_sent_then_and_the_command_s_row_now(
         "seenAt": SEEN_AT.isoformat(),
     }
     assert wait["current"]["status"] == "timed_out"
-    assert set(wait["current"]) == {"status", "updatedAt"}
+    assert set(wait["current"]) == {"status", "updatedAt", "deliverBy"}
     assert "observed" not in _step(body, "send")
     assert body["decision"] == {
         "by": "errorExit",

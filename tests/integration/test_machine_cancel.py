@@ -12,11 +12,13 @@ from sqlalchemy import Engine, text
 from orquestador.actions import AdapterRegistry
 from orquestador.actions.builtin import register_builtins
 from orquestador.machines import claim_next, report_status
+from orquestador.queue.bulk import BulkWalk, act_on_chunk
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import Api, running_api
 from tests.integration.worker_support import (
     ORG,
     OWNER,
+    action,
     audit,
     decommission,
     execution,
@@ -93,20 +95,77 @@ def test_a_pending_command_is_cancelled_with_the_execution_and_never_handed_out(
 
     answer = cancel(api, execution_id)
 
-    # machine.command is a write that succeeded: the cancel parks (the write rule), and
-    # its command ends with it all the same.
-    assert answer["status"] == "RECONCILIATION_REQUIRED"
+    # machine.command's only effect was a command no agent took, withdrawn by the cancel
+    # itself: nothing happened, so nothing is left for a person to decide (SPEC 23).
+    assert answer["status"] == "CANCELLED"
     assert answer["machineCommands"] == {"cancelled": [said(command_id)], "stopRequested": []}
     row = command_row(runtime_engine, command_id)
     assert (row.status, row.cancel_requested_at) == ("cancelled", None)
     assert row.finished_at is not None
     assert take(runtime_engine) is None  # the agent's next poll gets nothing
-    (parked,) = audit(runtime_engine, execution_id, "RECONCILIATION_REQUIRED")
-    assert parked.detail["machineCommands"] == answer["machineCommands"]
-    # The request stays busy, in its state, with its data, until a person decides.
+    (ended,) = audit(runtime_engine, execution_id, "EXECUTION_CANCELLED")
+    assert ended.detail["machineCommands"] == answer["machineCommands"]
+    assert audit(runtime_engine, execution_id, "RECONCILIATION_REQUIRED") == []
+    # The request is free again, in its state, with its data.
     request = request_row(runtime_engine, execution(runtime_engine, execution_id).request_id)
-    assert (request.state, request.busy_execution_id) == ("new", execution_id)
+    assert (request.state, request.busy_execution_id) == ("new", None)
     assert request.data == {"machineId": "m-1"}
+
+
+def test_a_command_an_agent_took_parks_the_cancel_even_once_it_ended(
+    worker: Executor, runtime_engine: Engine, api: Api
+) -> None:
+    # Taken, then stopped on the machine (or refused as late): final, but an agent had it,
+    # and it may have done part of its work. That is a write a person must look at.
+    execution_id, command_id = waiting_on_a_command(runtime_engine, worker)
+    assert take(runtime_engine).id == command_id
+    with runtime_engine.begin() as conn:
+        report_status(conn, org_id=ORG, machine_id="m-1", command_id=command_id, status="cancelled")
+
+    answer = cancel(api, execution_id)
+
+    assert answer["status"] == "RECONCILIATION_REQUIRED"
+    request = request_row(runtime_engine, execution(runtime_engine, execution_id).request_id)
+    assert request.busy_execution_id == execution_id
+
+
+def test_another_execution_s_withdrawn_command_does_not_undo_this_one_s_write(
+    worker: Executor, runtime_engine: Engine, api: Api
+) -> None:
+    # Same flow, same step names: only this execution's own command counts.
+    taken, taken_command = waiting_on_a_command(runtime_engine, worker)
+    assert take(runtime_engine).id == taken_command
+    withdrawn, _ = waiting_on_a_command(runtime_engine, worker)
+    assert cancel(api, withdrawn)["status"] == "CANCELLED"
+
+    assert cancel(api, taken)["status"] == "RECONCILIATION_REQUIRED"
+
+
+def test_a_write_besides_the_withdrawn_command_still_parks_the_cancel(
+    worker: Executor, runtime_engine: Engine, api: Api
+) -> None:
+    noted = decommission(600)
+    noted["transitions"][0]["actions"].insert(
+        0,
+        action(
+            "note",
+            "notify",
+            input={"title": {"const": "Powering off"}, "body": {"from": "/data/machineId"}},
+        ),
+    )
+    execution_id = start_execution(runtime_engine, noted, {"machineId": "m-1"})
+    for _ in range(5):
+        if (
+            run_once(runtime_engine, worker) == "WAITING"
+            and execution(runtime_engine, execution_id).wait_key
+        ):
+            break
+
+    answer = cancel(api, execution_id)
+
+    assert answer["status"] == "RECONCILIATION_REQUIRED"
+    assert answer["machineCommands"]["cancelled"]  # withdrawn all the same
+    assert execution(runtime_engine, execution_id).error_detail["writesSucceeded"] == ["note"]
 
 
 def test_a_taken_command_is_asked_to_stop_at_the_next_report_and_poll(
@@ -206,3 +265,32 @@ def _execution_of(engine: Engine, command_id: uuid.UUID) -> uuid.UUID:
             text("SELECT external_key FROM machine_command WHERE id = :id"), {"id": command_id}
         ).scalar_one()
     return uuid.UUID(key.split(":")[0])
+
+
+def test_a_bulk_cancel_of_waits_whose_commands_nobody_took_ends_them_all(
+    worker: Executor, runtime_engine: Engine, api: Api
+) -> None:
+    taken, taken_command = waiting_on_a_command(runtime_engine, worker)
+    assert take(runtime_engine).id == taken_command  # its agent has this one
+    second, second_command = waiting_on_a_command(runtime_engine, worker)
+    third, _ = waiting_on_a_command(runtime_engine, worker)
+
+    started = api.post(
+        "/executions/bulk",
+        {"filter": {"status": "WAITING"}, "action": "cancel", "reason": "maintenance over"},
+        org=ORG,
+        scopes=["executions:cancel"],
+    )
+    assert started.status_code == 202, started.get_data(as_text=True)
+    walk = BulkWalk()
+    while act_on_chunk(runtime_engine, walk, claims_budget=10, chunk_items=10):
+        pass
+
+    statuses = {e: execution(runtime_engine, e).status for e in (taken, second, third)}
+    # Only the one whose command an agent took parks for a person.
+    assert statuses == {
+        taken: "RECONCILIATION_REQUIRED",
+        second: "CANCELLED",
+        third: "CANCELLED",
+    }
+    assert command_row(runtime_engine, second_command).status == "cancelled"

@@ -194,23 +194,30 @@ def test_statuses_only_move_forward(adapters: MachineAdapters, runtime_engine: E
             report_status(conn, **where, status=later)
 
 
-def test_output_is_kept_up_to_its_bound(adapters: MachineAdapters, runtime_engine: Engine) -> None:
+def test_output_is_kept_up_to_its_bound_as_head_and_tail(
+    adapters: MachineAdapters, runtime_engine: Engine
+) -> None:
     command_id = uuid.UUID(send(adapters))
     with runtime_engine.begin() as conn:
         claim_next(conn, org_id=ORG, machine_id="m-1")
-        report_status(
+        reported = report_status(
             conn,
             org_id=ORG,
             machine_id="m-1",
             command_id=command_id,
             status="succeeded",
             exit_code=0,
-            output="x" * 100_000,
+            output="a" * 60_000 + "z" * 40_000,
+            output_max_bytes=65536,
         )
         kept = conn.execute(
-            text("SELECT output FROM machine_command WHERE id = :id"), {"id": command_id}
-        ).scalar_one()
-    assert len(kept) == 65536 and kept.endswith("[output truncated]")
+            text("SELECT output, output_tail, output_size FROM machine_command WHERE id = :id"),
+            {"id": command_id},
+        ).one()
+    assert reported.output_truncated and reported.output_received == 100_000
+    # The first half of the bound from the start, the latest half, the rest counted.
+    assert (kept.output, kept.output_tail) == ("a" * 32768, "z" * 32768)
+    assert kept.output_size == 100_000
 
 
 def test_a_status_change_wakes_the_execution_waiting_on_the_command(

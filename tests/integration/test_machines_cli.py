@@ -159,3 +159,29 @@ def test_an_ad_hoc_machine_token_lasts_a_day_at_most() -> None:
     assert day.returncode == 0, day.stderr
     assert longer.returncode == 2 and longer.stdout == ""
     assert "orquestador machines enroll m-1 --org acme" in longer.stderr
+
+
+def test_list_says_when_each_machine_s_agent_was_last_seen_or_that_it_is_offline(
+    database, api: Api, owner_engine: Engine
+) -> None:
+    alive = machines(database, "enroll", "m-1", "--org", ORG).stdout.strip()
+    machines(database, "enroll", "m-2", "--org", ORG)
+    stopped = machines(database, "enroll", "m-3", "--org", ORG).stdout.strip()
+    assert take(api, alive) == take(api, stopped) == 204  # each poll is a sign of life
+    with owner_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE machine_agent SET last_seen_at = now() - interval '5 minutes'"
+                " WHERE machine_id = 'm-3'"
+            )
+        )
+
+    listed = machines(database, "list", "--org", ORG)
+
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.strip().splitlines()
+    assert header.split("\t")[-1] == "AGENT"
+    agents = {line.split("\t")[0]: line.split("\t")[-1] for line in lines}
+    assert agents["m-1"].startswith("agent last seen ") and agents["m-1"].endswith(" s ago")
+    assert agents["m-2"] == "no agent seen yet"
+    assert agents["m-3"].startswith("offline: agent last seen 5 min")

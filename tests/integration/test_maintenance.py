@@ -524,3 +524,28 @@ def test_the_leader_reports_the_oldest_open_transaction_and_dead_tuples(
         held.close()
 
     assert _one_pass(runtime_engine).oldest_transaction_seconds == 0
+
+
+def test_a_pass_expires_pending_commands_past_their_deliver_by_time(owner_engine, runtime_engine):
+    with owner_engine.begin() as conn:
+        for key, deliver_by in (
+            ("late", "- interval '1 second'"),
+            ("on-time", "+ interval '1 hour'"),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO machine_command (org_id, machine_id, command, external_key,"
+                    f" deliver_by) VALUES ('acme', 'm-1', 'reboot', :key, now() {deliver_by})"
+                ),
+                {"key": f"{uuid.uuid4()}:{key}"},
+            )
+
+    report = _one_pass(runtime_engine)
+
+    assert report.expired_commands == 1
+    with owner_engine.connect() as conn:
+        statuses = conn.execute(
+            text("SELECT split_part(external_key, ':', 2), status FROM machine_command ORDER BY 1")
+        ).all()
+    assert [tuple(row) for row in statuses] == [("late", "expired"), ("on-time", "pending")]
+    assert _one_pass(runtime_engine).expired_commands == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -65,8 +66,13 @@ COLUMNS_ADDED = {
     "0021": {"sign_in_link": {"used_at"}},
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
+    "0027": {
+        "machine_command": {"deliver_by", "output_tail", "output_received", "output_size"},
+        "machine_agent": {"last_seen_at"},
+        "schedule": {"flow_key", "flow_trigger", "transition_id"},
+    },
     "0017": {
-        "schedule": set(SCHEDULE_UPDATE_COLUMNS),
+        "schedule": set(SCHEDULE_UPDATE_COLUMNS) - {"flow_key", "flow_trigger", "transition_id"},
         "schedule_fire": {"request_id", "execution_id"},
     },
     "0018": {
@@ -411,6 +417,47 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     for revision in ("0022", "0023", "0024", "0025"):
         step(server, name, revision)
         assert _update_columns(server, name) == _declared_updates(at=revision)
+
+    # 0027: every command has a deliver-by time (one written before it: 15 minutes from
+    # the upgrade), and a command may end `expired`; downgraded, it reads as cancelled.
+    step(server, name, "0027")
+    assert _update_columns(server, name) == _declared_updates(at="0027")
+    with engine.begin() as connection:
+        left = connection.execute(
+            text("SELECT deliver_by - clock_timestamp() FROM machine_command WHERE id = :id"),
+            {"id": command_id},
+        ).scalar_one()
+        assert timedelta(minutes=14) < left <= timedelta(minutes=15)
+        expired = connection.execute(
+            text(
+                "INSERT INTO machine_command (org_id, machine_id, command, external_key,"
+                " status, finished_at) VALUES ('acme', 'm-1', 'reboot', :key, 'expired', now())"
+                " RETURNING id"
+            ),
+            {"key": f"{execution_id}:reboot"},
+        ).scalar_one()
+        # A schedule may now start a manual flow, by its key and a transition.
+        connection.execute(
+            text(
+                "INSERT INTO schedule (org_id, id, flow_id, flow_key, flow_trigger,"
+                " transition_id, every_seconds, updated_by) SELECT org_id, 'manual-one', id,"
+                " key, trigger, 'go', 60, 'ana' FROM flow WHERE id = :flow"
+            ),
+            {"flow": flows["manual"]},
+        )
+    step(server, name, "0025", down=True)
+    with engine.connect() as connection:
+        status = connection.execute(
+            text("SELECT status FROM machine_command WHERE id = :id"), {"id": expired}
+        ).scalar_one()
+        columns = {c["name"] for c in inspect(connection).get_columns("machine_command")}
+    assert status == "cancelled" and not {"deliver_by", "output_tail"} & columns
+    with engine.connect() as connection:
+        # The older code cannot fire a manual flow: that schedule went, the other stays.
+        kept = connection.execute(text("SELECT id FROM schedule ORDER BY id")).scalars().all()
+    assert kept == ["s"]
+    assert _update_columns(server, name) == _declared_updates(at="0025")
+    step(server, name, "0027")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(

@@ -26,6 +26,13 @@ them (an equivalent mutation is noise, not a survivor):
   constraint again. Its `e.fencing_token = i.token` is listed: a stale row whose
   execution another session holds must be refused, not answered busy.
 - Migration 0010's batch function: 0011 replaces it, so no database runs it any more.
+- In `machines/cancel.py`'s untaken command steps, `a.capability = 'machine.command'`,
+  `a.status = 'SUCCEEDED'` and `c.status IN ('cancelled', 'expired')`: a step's external
+  key is its own command's only (another step's key names another action), only the
+  succeeded writes are filtered by the result, and the cancel ended every pending
+  command of the execution a statement earlier. `status = 'pending'` in
+  `machines/expiry.py`'s `_EXPIRE` and `_RETIME`: the row is locked and its status read
+  under the lock just before.
 """
 
 from __future__ import annotations
@@ -447,8 +454,8 @@ SCHEDULE_GUARDS = [
     Mutation(
         "schedule-fire-time-once",
         _FIRING_PY,
-        "    if claimed is None:\n        return None\n",
-        "    if False:\n        return None\n",
+        "    return claimed is not None\n",
+        "    return True\n",
         "A fire time whose fire row is written already starts no second execution.",
         (
             f"{FIRING}::test_a_fire_time_already_handled_never_starts_a_second_execution",
@@ -1704,6 +1711,102 @@ CANCEL_GUARDS = [
     ),
 ]
 
+# --- machines/: a command never arrives late; a withdrawn command is not a write --------
+
+_COMMANDS_PY = "orquestador/machines/commands.py"
+_EXPIRY_PY = "orquestador/machines/expiry.py"
+_MACHINE_CANCEL_PY = "orquestador/machines/cancel.py"
+EXPIRY = "tests/integration/test_command_expiry.py"
+AGENT_COMMANDS = "tests/unit/test_agent_commands.py"
+
+EXPIRY_GUARDS = [
+    Mutation(
+        "claim-never-past-deliver-by",
+        _COMMANDS_PY,
+        "          AND c.deliver_by > moment.at\n",
+        "",
+        "No agent is handed a command past its deliver-by time.",
+        (
+            f"{EXPIRY}::test_a_command_past_its_deliver_by_time_is_never_handed_out",
+            "tests/integration/test_agent_after_deadline.py",
+        ),
+    ),
+    Mutation(
+        "wait-deadline-expires-its-pending-command",
+        _EXPIRY_PY,
+        "        if row.deliver_by <= row.now or row.deadline <= row.now:\n",
+        "        if row.deliver_by <= row.now:\n",
+        "A wait whose deadline passed with its command pending expires it in the same "
+        "transaction: the flow's error exit and every agent see the same thing.",
+        (
+            f"{EXPIRY}::test_a_wait_whose_deadline_passes_expires_its_pending_command_in_the"
+            "_same_read",
+        ),
+    ),
+    Mutation(
+        "wait-never-revives-an-undelivered-command",
+        _EXPIRY_PY,
+        "        if row.deliver_by <= row.now or row.deadline <= row.now:\n",
+        "        if row.deadline <= row.now:\n",
+        "A wait never moves a deliver-by time that already passed: a command written long "
+        "before its wait started stays undelivered.",
+        (f"{EXPIRY}::test_a_wait_never_revives_a_command_whose_deliver_by_time_passed",),
+    ),
+    Mutation(
+        "sweep-expires-only-commands-past-their-time",
+        _EXPIRY_PY,
+        "        WHERE status = 'pending' AND deliver_by <= clock_timestamp()\n",
+        "        WHERE status = 'pending'\n",
+        "The maintenance pass expires only pending commands whose deliver-by time passed.",
+        (
+            f"{EXPIRY}::test_the_maintenance_sweep_expires_only_undelivered_commands_past_"
+            "their_time",
+        ),
+    ),
+    Mutation(
+        "agent-refuses-a-late-command",
+        "orquestador/agent.py",
+        "        if late < 0:\n",
+        "        if True:\n",
+        "The reference agent never starts a command past its deliver-by time, however late "
+        "the answer or its own report of running.",
+        (
+            f"{AGENT_COMMANDS}::test_a_command_past_its_deliver_by_time_is_reported_expired_and"
+            "_never_run",
+            f"{AGENT_COMMANDS}::test_a_command_whose_time_runs_out_while_reporting_running_is"
+            "_not_started",
+        ),
+    ),
+    Mutation(
+        "cancel-undone-only-if-no-agent-took-it",
+        _MACHINE_CANCEL_PY,
+        "      AND c.sent_at IS NULL\n",
+        "",
+        "A command an agent took (even one now final) is a write the cancel parks for: the "
+        "machine may have done part of it.",
+        (f"{MACHINE_CANCEL}::test_a_command_an_agent_took_parks_the_cancel_even_once_it_ended",),
+    ),
+    Mutation(
+        "cancel-undone-only-its-own-commands",
+        _MACHINE_CANCEL_PY,
+        "    WHERE a.execution_id = :execution_id AND a.status = 'SUCCEEDED'\n",
+        "    WHERE a.status = 'SUCCEEDED'\n",
+        "Only the cancelled execution's own withdrawn command undoes its write.",
+        (
+            f"{MACHINE_CANCEL}::test_another_execution_s_withdrawn_command_does_not_undo_this"
+            "_one_s_write",
+        ),
+    ),
+    Mutation(
+        "cancel-undone-only-the-withdrawn-write",
+        _RECONCILIATION_PY,
+        "succeeded=[a for a in writes.succeeded if a not in untaken]",
+        "succeeded=[]",
+        "A write besides the withdrawn command still parks the cancel.",
+        (f"{MACHINE_CANCEL}::test_a_write_besides_the_withdrawn_command_still_parks_the_cancel",),
+    ),
+]
+
 # --- queue/reconciliation.py: a retry's correction is written with the retry ------------
 
 CORRECTION = "tests/integration/test_reconcile_correction.py"
@@ -1829,6 +1932,7 @@ MUTATIONS: list[Mutation] = [
     *TIMEOUT_GUARDS,
     *EXECUTOR_GUARDS,
     *CANCEL_GUARDS,
+    *EXPIRY_GUARDS,
     *CORRECTION_GUARDS,
     *BULK_GUARDS,
 ]

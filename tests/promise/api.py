@@ -17,7 +17,7 @@ from flask import Flask
 from orquestador.api.app import create_app
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
-from tests.promise.flows import EVENT_FLOW, FLOWS, MOMENT, PLAN, definition
+from tests.promise.flows import EVENT_FLOW, FLOWS, MACHINE_FLOW, MOMENT, PLAN, definition
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Api:
 
     def set_up(self) -> None:
         """Publish every flow and bind the event flow to the plan's moment."""
-        for name in FLOWS:
+        for name in (*FLOWS, MACHINE_FLOW):
             answer = self.call("POST", "/flows", self.owner, definition(name))
             self.flows[name] = self._expect(201, answer, f"publish {name}")["id"]
         answer = self.call("PUT", f"/plans/{PLAN}", self.owner, {"name": "promise"})
@@ -98,9 +98,11 @@ class Api:
             200, self.call("PUT", f"/plans/{PLAN}/bindings/{MOMENT}", self.owner, body), "bind"
         )
 
-    def start(self, flow: str, case: str) -> tuple[uuid.UUID, uuid.UUID]:
+    def start(
+        self, flow: str, case: str, more: dict[str, Any] | None = None
+    ) -> tuple[uuid.UUID, uuid.UUID]:
         """Create the case's request and accept its transition: (request id, execution id)."""
-        body = {"flowId": self.flows[flow], "data": {"case": case}}
+        body = {"flowId": self.flows[flow], "data": {"case": case, **(more or {})}}
         created = self._expect(201, self.call("POST", "/requests", self.owner, body), "create")
         request_id = created["id"]
         accept = {"transition": "go", "expectedRevision": created["revision"]}
@@ -141,3 +143,20 @@ class Api:
         if output is not None:
             body["output"] = output
         return self.call("POST", f"/executions/{execution_id}/reconciliation", self.operator, body)
+
+    # --- a machine's agent ------------------------------------------------------------
+
+    def agent_token(self, machine: str) -> str:
+        return mint_token(
+            self.settings, sub=f"machine:{machine}", org=ORG, scopes=["agent"], ttl_seconds=3600
+        )
+
+    def take_command(self, token: str) -> tuple[int, Any]:
+        """One look for the machine's next command (no long poll)."""
+        return self.call("POST", "/agent/commands/next?wait=0", token, {})
+
+    def report_command(self, token: str, command_id: str, status: str) -> tuple[int, Any]:
+        body: dict[str, Any] = {"status": status}
+        if status != "running":
+            body["exitCode"] = 0
+        return self.call("POST", f"/agent/commands/{command_id}/status", token, body)

@@ -34,10 +34,15 @@ FLOWS: dict[str, tuple[Step, ...]] = {
     EVENT_FLOW: (Step("greet", PUT), Step("hello", READ)),
 }
 MANUAL_FLOWS = ("checkout", "blind", "provision")
+# A reboot sent to the case's machine and waited for, up to the case's own deadline: the
+# checker's agents come before it or after it (command expiry, SPEC 23).
+MACHINE_FLOW = "reboot"
 
 
 def definition(name: str) -> dict[str, Any]:
     """The flow's definition, as POST /flows takes it."""
+    if name == MACHINE_FLOW:
+        return _machine_definition()
     event = name == EVENT_FLOW
     case_pointer = "/data/machineId" if event else "/data/case"
     actions = [
@@ -64,3 +69,42 @@ def definition(name: str) -> dict[str, Any]:
     if event:
         flow["start"] = "go"
     return flow
+
+
+def _machine_definition() -> dict[str, Any]:
+    return {
+        "key": f"promise-{MACHINE_FLOW}",
+        "trigger": "manual",
+        "dataSchema": {"type": "object", "required": ["case", "deadline"]},
+        "initialState": "new",
+        "states": ["new", "done", "review"],
+        "transitions": [
+            {
+                "id": "go",
+                "from": ["new"],
+                "actions": [
+                    {
+                        "id": "send",
+                        "capability": "machine.command",
+                        "version": 1,
+                        "input": {
+                            "machineId": {"from": "/data/case"},
+                            "command": {"const": "reboot"},
+                        },
+                        "onError": "review",
+                    },
+                    {
+                        "id": "wait",
+                        "capability": "machine.wait",
+                        "version": 1,
+                        "input": {
+                            "commandId": {"from": "/actions/send/commandId"},
+                            "deadlineSeconds": {"from": "/data/deadline"},
+                        },
+                        "onError": "review",
+                    },
+                ],
+                "to": "done",
+            }
+        ],
+    }

@@ -28,6 +28,9 @@
 8. The keyed writes' route, rate limited, got no more calls than its token bucket
    allows: in any stretch of the run, at most `burst` plus `per_second` calls a second,
    give or take RATE_MARGIN_SECONDS between a token's taking and the call's sending.
+9. No machine command was handed to an agent at or after its deliver-by time (SPEC 23),
+   and no execution ended CANCELLED, its request released, with a command an agent had
+   taken: only a command nobody took may count as a write that did nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def check(
     findings.violations += waits_behind_other_rows(records, disturbances)
     findings.violations += steps_in_order(records)
     findings.violations += rate_limit_held(records)
+    findings.violations += commands_never_late(records, disturbances)
     findings.notes += notes
     findings.notes += [
         f"platform event {name}: {outcome}"
@@ -353,6 +357,48 @@ def rate_limit_held(records: Records) -> list[Violation]:
                 )
             ]
     return []
+
+
+def commands_never_late(records: Records, disturbances: ActionLog) -> list[Violation]:
+    """9: nothing handed out past its deliver-by time; no release over a taken command."""
+    found: list[Violation] = []
+    by_key = {command.external_key: command for command in records.commands}
+    for command in records.commands:
+        if command.sent_at is not None and command.sent_at >= command.deliver_by:
+            found.append(
+                records.violation(
+                    9,
+                    f"command {command.id} handed out at {_precise(command.sent_at)}, its "
+                    f"deliver-by time {_precise(command.deliver_by)} passed",
+                    _execution_of(command.external_key),
+                    command.external_key,
+                )
+            )
+    for handed in disturbances.handed:
+        row = next((c for c in records.commands if str(c.id) == handed.command_id), None)
+        if row is None or row.sent_at is None:
+            found.append(
+                records.violation(
+                    9, f"the agent of {handed.case} was handed {handed.command_id}, never sent"
+                )
+            )
+    for execution in records.executions:
+        if execution.status != "CANCELLED":
+            continue
+        for key in (c.external_key for c in records.checkpoints.get(execution.id, [])):
+            command = by_key.get(key)
+            if command is not None and command.sent_at is not None:
+                found.append(
+                    records.violation(
+                        9,
+                        f"cancelled (request released) though an agent took its command "
+                        f"{command.id} at {_precise(command.sent_at)} ({command.status} now)",
+                        execution.id,
+                        key,
+                        records.history(execution.id),
+                    )
+                )
+    return found
 
 
 def _precise(moment: datetime) -> str:

@@ -22,6 +22,7 @@ class Profile:
     poison: int  # platform events that cannot be processed
     quiet_seconds: float  # the most the quiet phase waits for everything to end or park
     clean_share: float = 0.4  # share of cases drawn with no fault at all
+    machines: int = 4  # reboots sent and waited for, their agents coming early or late
 
     def replay(self, seed: int) -> str:
         """The command that runs this profile with this seed again."""
@@ -65,4 +66,5 @@ def for_minutes(minutes: float, workers: int = 3) -> Profile:
         events=max(2, int(seconds / 10)),
         poison=max(2, int(seconds / 30)),
         quiet_seconds=90,
+        machines=max(4, int(seconds / 6)),
     )

@@ -98,6 +98,10 @@ class Records:
             "SELECT id, outcome, processed_at, execution_id FROM platform_event"
             " ORDER BY received_at"
         )
+        self.commands = database.rows(
+            "SELECT id, external_key, status, sent_at, deliver_by FROM machine_command"
+            " ORDER BY created_at"
+        )
         self.ledger: dict[str, list[LedgerLine]] = defaultdict(list)
         for line in provider.ledger():
             self.ledger[line.key].append(line)

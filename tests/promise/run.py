@@ -165,6 +165,17 @@ def _stats(
         "provider: " + ", ".join(f"{n} {e}" for e, n in sorted(calls.items())),
         "look-ups answered: " + ", ".join(f"{n} {a}" for a, n in sorted(answers.items())),
         "platform events: " + ", ".join(f"{n} {o}" for o, n in events),
+        "machine commands: "
+        + (
+            ", ".join(
+                f"{n} {s}"
+                for s, n in database.rows(
+                    "SELECT status, count(*) FROM machine_command GROUP BY 1 ORDER BY 1"
+                )
+            )
+            or "none"
+        )
+        + f"; {len(timeline.log.handed)} handed to the checker's agents",
         f"workers killed: {len(workers.killed)}",
     ]
     return lines

@@ -26,7 +26,7 @@ from tests.acceptance.provider_double import (
     Instruction,
 )
 from tests.promise.adapters import MAX_ATTEMPTS, READ
-from tests.promise.flows import EVENT_FLOW, FLOWS, MANUAL_FLOWS
+from tests.promise.flows import EVENT_FLOW, FLOWS, MACHINE_FLOW, MANUAL_FLOWS
 from tests.promise.profiles import Profile
 
 # What one call of a step may meet (the provider double plays it).
@@ -111,6 +111,8 @@ class Case:
     # end of a list (or a None in it) the provider answers plainly.
     calls: dict[str, list[Fault | None]] = field(default_factory=dict)
     lookups: dict[str, list[Fault | None]] = field(default_factory=dict)
+    # A machine case's wait deadline (the request's `deadline`), in seconds.
+    deadline: int | None = None
 
     def fault(self, step: str, lookup: bool, ordinal: int) -> Fault | None:
         planned = (self.lookups if lookup else self.calls).get(step, [])
@@ -177,6 +179,20 @@ class Lock:
 
 
 @dataclass(frozen=True)
+class AgentComes:
+    """The machine's agent starts polling for its command at `at`, for `patience` seconds.
+
+    Given the command, it reports running and, `runs_for` seconds later, succeeded. It
+    comes before the case's wait deadline or after it: after, it must be handed nothing.
+    """
+
+    at: float
+    case: str
+    patience: float
+    runs_for: float
+
+
+@dataclass(frozen=True)
 class Event:
     """The platform inserts an event row; `kind` is good or a poison (deep, nul, huge)."""
 
@@ -185,7 +201,7 @@ class Event:
     kind: str
 
 
-Action = Submit | Kill | Restart | Cancel | Decide | Lock | Event
+Action = Submit | Kill | Restart | Cancel | Decide | Lock | Event | AgentComes
 
 
 @dataclass(frozen=True)
@@ -256,6 +272,8 @@ def draw(seed: int, profile: Profile) -> Schedule:
         at = span * number + rng.uniform(0.35 * span, 0.65 * span)
         actions.append(Restart(round(at, 3), round(rng.uniform(1.0, 3.0), 3)))
 
+    actions += _draw_machines(streams.of("machines"), profile, cases)
+
     actions += _draw_cancels(streams.of("cancels"), profile, cases, actions)
 
     rng = streams.of("decisions")
@@ -323,15 +341,39 @@ def _draw_lookup_fault(rng: random.Random) -> Fault | None:
     return None
 
 
+def _draw_machines(rng: random.Random, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Reboots, each with its own deadline, and their agents: about half come too late."""
+    length = profile.fault_seconds
+    drawn: list[Action] = []
+    for number in range(profile.machines):
+        name = f"m{number:03d}"
+        deadline = rng.randint(2, 5)
+        cases[name] = Case(name, MACHINE_FLOW, deadline=deadline)
+        at = rng.uniform(0, 0.6 * length)
+        drawn.append(Submit(round(at, 3), name))
+        comes = at + rng.uniform(0.3, 2.0 * deadline + 2.0)
+        drawn.append(
+            AgentComes(
+                round(comes, 3), name, round(rng.uniform(2.0, 4.0), 3), round(rng.uniform(0, 2), 3)
+            )
+        )
+    return drawn
+
+
 def _draw_cancels(
     rng: random.Random, profile: Profile, cases: dict[str, Case], actions: list[Action]
 ) -> list[Action]:
-    """Cancels: most aim at a provision case made to wait after its first write."""
+    """Cancels: most aim at a provision case made to wait after its first write, some at
+    a reboot's wait (whose command an agent may or may not have taken)."""
     submitted = {a.case: a.at for a in actions if isinstance(a, Submit)}
     provisions = [name for name, case in cases.items() if case.flow == "provision"]
+    machines = [name for name, case in cases.items() if case.flow == MACHINE_FLOW]
     drawn: list[Action] = []
     for number in range(profile.cancels if cases else 0):
-        if provisions and number % 3 != 2:
+        if machines and number % 4 == 1:
+            name = rng.choice(machines)
+            drawn.append(Cancel(round(submitted[name] + rng.uniform(0.2, 3.0), 3), name, True))
+        elif provisions and number % 3 != 2:
             name = rng.choice(provisions)
             case = cases[name]
             # The reservation goes through, then the read keeps the execution WAITING:

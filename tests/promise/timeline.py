@@ -22,6 +22,7 @@ from tests.promise.database import CheckerDatabase
 from tests.promise.platform_events import insert_event
 from tests.promise.schedule import (
     Action,
+    AgentComes,
     Cancel,
     Decide,
     Event,
@@ -49,6 +50,16 @@ class HeldLock:
     execution_id: uuid.UUID
 
 
+@dataclass(frozen=True)
+class Handed:
+    """A command the checker's agent was handed: when (time.time()) and its deliver-by time."""
+
+    case: str
+    command_id: str
+    deliver_by: str
+    received_at: float
+
+
 @dataclass
 class ActionLog:
     """What the timeline did, line by line, with seconds since the fault phase began.
@@ -63,6 +74,7 @@ class ActionLog:
     held_locks: list[HeldLock] = field(default_factory=list)
     outages: list[tuple[float, float]] = field(default_factory=list)
     kills: list[float] = field(default_factory=list)
+    handed: list[Handed] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, text: str) -> None:
@@ -136,8 +148,10 @@ class Timeline:
     # --- the actions ------------------------------------------------------------------
 
     def _submit(self, action: Submit) -> None:
-        flow = self.schedule.cases[action.case].flow
-        request_id, execution_id = self.api.start(flow, action.case)
+        case = self.schedule.cases[action.case]
+        flow = case.flow
+        more = {"deadline": case.deadline} if case.deadline is not None else None
+        request_id, execution_id = self.api.start(flow, action.case, more)
         with self._known:
             self.requests[action.case] = request_id
             self.executions[action.case] = execution_id
@@ -264,3 +278,31 @@ class Timeline:
         outcome = insert_event(self.db.platform_conninfo(), action.name, action.kind)
         self.event_inserts[action.name] = outcome
         self.log.note(f"platform event {action.name} ({action.kind}): {outcome}")
+
+    def _agentcomes(self, action: AgentComes) -> None:
+        """The machine's agent, as the reference agent behaves: poll, run, report."""
+        token = self.api.agent_token(action.case)
+        give_up = time.monotonic() + action.patience
+        said: list[str] = []
+        while time.monotonic() < give_up:
+            code, body = self.api.take_command(token)
+            if code == 200 and isinstance(body, dict) and body.get("cancelRequested"):
+                said.append(f"stop asked for {body['id']}")
+                self.api.report_command(token, body["id"], "cancelled")
+                continue
+            if code == 200 and isinstance(body, dict):
+                received = time.time()
+                with self.log._lock:
+                    self.log.handed.append(
+                        Handed(action.case, body["id"], str(body.get("deliverBy")), received)
+                    )
+                ran = self.api.report_command(token, body["id"], "running")
+                # How long the command runs on the machine is the schedule's.
+                time.sleep(action.runs_for)
+                done = self.api.report_command(token, body["id"], "succeeded")
+                said.append(f"handed {body['id']}: running {ran[0]}, succeeded {done[0]}")
+                break
+            if code != 204:
+                said.append(f"poll answered {code} {body}")
+            time.sleep(0.2)
+        self.log.note(f"agent of {action.case}: {'; '.join(said) or 'handed nothing'}")

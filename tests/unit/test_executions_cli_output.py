@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orquestador.cli.executions import _print_execution
+from orquestador.cli.executions import _print_execution, _print_then_and_now
 
 VIEW = {
     "id": "5d0c0000-0000-4000-8000-000000000001",
@@ -44,3 +44,25 @@ def test_show_prints_no_turn_line_for_an_execution_that_waits_for_nothing(
 ) -> None:
     _print_execution(VIEW)
     assert "waits for" not in capsys.readouterr().out
+
+
+def test_show_prints_a_waiting_command_s_output_without_its_control_characters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    waiting = {
+        "commandId": "c0d30000-0000-4000-8000-000000000004",
+        "machineId": "m-7",
+        "command": "reboot",
+        "status": "running",
+        "output": "rebooting in 5\n\x1b]0;owned\x07done",
+        "outputTruncated": True,
+    }
+    step = {"actionId": "wait", "status": "WAITING", "waitingFor": waiting}
+
+    _print_then_and_now({**VIEW, "status": "WAITING", "steps": [step]})
+
+    out = capsys.readouterr().out
+    assert "output, last 200 lines (part of a long output was dropped):" in out
+    assert "    rebooting in 5" in out.splitlines()
+    assert "    ?]0;owned?done" in out.splitlines()
+    assert "\x1b" not in out

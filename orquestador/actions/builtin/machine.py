@@ -3,7 +3,9 @@
 machine.command writes one row per external key (a retry finds the first call's row);
 machine.wait reads the row and, while it is not final and the step's own deadline has
 not passed, raises NotReady so the engine parks the execution instead of holding a
-thread. The deadline is measured in database time from the step's first start.
+thread. The deadline is measured in database time from the step's first start, and is
+the command's deliver-by time: a command still pending when it passes expires in the
+transaction of the read that sees it pass, so no agent ever gets it afterwards.
 """
 
 from __future__ import annotations
@@ -18,12 +20,21 @@ from orquestador.actions.errors import NotReady, PermanentError
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
-from orquestador.machines.commands import Command, create_command, find_command, wait_key
+from orquestador.machines.commands import (
+    DEFAULT_DELIVERY_SECONDS,
+    Command,
+    create_command,
+    wait_key,
+)
+from orquestador.machines.expiry import read_for_wait
 
 COMMAND_NOT_ALLOWED = "COMMAND_NOT_ALLOWED"
 COMMAND_NOT_FOUND = "COMMAND_NOT_FOUND"
 COMMAND_CANCELLED = "COMMAND_CANCELLED"
+COMMAND_EXPIRED = "COMMAND_EXPIRED"
 WAIT_DEADLINE_EXCEEDED = "WAIT_DEADLINE_EXCEEDED"
+# Final statuses that are no answer a flow can go on from: the wait fails instead.
+NO_ANSWER = ("cancelled", "expired")
 
 # An agent's token names its machine in `sub` ("machine:<id>", at most 200 characters).
 MAX_MACHINE_ID_CHARACTERS = 192
@@ -80,8 +91,9 @@ WAIT_OUTPUT: dict[str, Any] = {
     "required": ["commandId", "status", "exitCode"],
     "properties": {
         "commandId": {"type": "string", "format": "uuid"},
-        # A cancelled command is no answer a flow can go on from: the wait fails instead.
-        "status": {"enum": [s for s in FINAL_COMMAND_STATUSES if s != "cancelled"]},
+        # A cancelled or expired command is no answer a flow can go on from: the wait
+        # fails instead.
+        "status": {"enum": [s for s in FINAL_COMMAND_STATUSES if s not in NO_ANSWER]},
         "exitCode": {"type": ["integer", "null"]},
     },
 }
@@ -90,9 +102,16 @@ WAIT_OUTPUT: dict[str, Any] = {
 class MachineAdapters:
     """The two machine adapters, bound to the allow-list and the built-ins' database."""
 
-    def __init__(self, allowed: list[str], database: BuiltinDatabase) -> None:
+    def __init__(
+        self,
+        allowed: list[str],
+        database: BuiltinDatabase,
+        *,
+        delivery_seconds: float = DEFAULT_DELIVERY_SECONDS,
+    ) -> None:
         self._allowed = frozenset(allowed)
         self._database = database
+        self._delivery_seconds = delivery_seconds
 
     # --- machine.command ---------------------------------------------------------------
 
@@ -116,6 +135,7 @@ class MachineAdapters:
                 command=command,
                 args=list(ctx.inputs.get("args", [])),
                 external_key=ctx.external_key,
+                delivery_seconds=self._delivery_seconds,
             )
         return {"commandId": str(row.id), "status": row.status}
 
@@ -144,11 +164,19 @@ class MachineAdapters:
             parsed = uuid.UUID(command_id)
         except ValueError:
             raise PermanentError(COMMAND_NOT_FOUND, "no such command") from None
-        with self._database.engine.connect() as conn:
+        with self._database.engine.begin() as conn:
             # The id comes from JSON the flow produced: the organization bounds the read.
-            command = find_command(conn, org_id=ctx.identity.org_id, command_id=parsed)
-        if command is None:
+            # A pending command past the deadline expires in this same transaction.
+            read = read_for_wait(
+                conn,
+                org_id=ctx.identity.org_id,
+                command_id=parsed,
+                first_started_at=ctx.first_started_at,
+                deadline_seconds=ctx.inputs["deadlineSeconds"],
+            )
+        if read is None:
             raise PermanentError(COMMAND_NOT_FOUND, "no such command in this organization")
+        command = read.command
         seen = _seen(command)
         if command.status == "cancelled":
             # Never an output: a flow reading `status` must not take a stopped command
@@ -159,14 +187,21 @@ class MachineAdapters:
                 "part of it",
                 observed=seen,
             )
-        if command.final:
+        if command.status == "expired" and not read.deadline_passed:
+            raise PermanentError(
+                COMMAND_EXPIRED,
+                "the command was never delivered: its deliver-by time passed before any "
+                "agent took it",
+                observed=seen,
+            )
+        if command.final and command.status != "expired":
             ctx.observe(seen)
             return {
                 "commandId": str(command.id),
                 "status": command.status,
                 "exitCode": command.exit_code,
             }
-        left = _deadline(ctx, command) - command.read_at
+        left = read.deadline - command.read_at
         if left > timedelta(0):
             waited = (command.read_at - _started(ctx, command)).total_seconds()
             interval = min(POLL_FALLBACK_SECONDS, max(FIRST_RECHECK_SECONDS, waited))
@@ -175,10 +210,13 @@ class MachineAdapters:
                 wait_key=wait_key(command.id),
                 observed=seen,
             )
-        # The command goes on: a deadline ends the wait, never the command.
+        # A command an agent took goes on: a deadline ends the wait, never a command that
+        # may be running. One nobody took expired with this read: it will never run.
         raise PermanentError(
             WAIT_DEADLINE_EXCEEDED,
-            f"the command was still {command.status} when the wait's deadline passed",
+            "the command was never delivered: no agent took it before the wait's deadline"
+            if command.status == "expired"
+            else f"the command was still {command.status} when the wait's deadline passed",
             observed=seen,
         )
 
@@ -197,12 +235,12 @@ def _started(ctx: ActionContext, command: Command) -> datetime:
     return ctx.first_started_at or command.created_at
 
 
-def _deadline(ctx: ActionContext, command: Command) -> datetime:
-    return _started(ctx, command) + timedelta(seconds=ctx.inputs["deadlineSeconds"])
-
-
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
-    adapters = MachineAdapters(settings.machine_command_list, database)
+    adapters = MachineAdapters(
+        settings.machine_command_list,
+        database,
+        delivery_seconds=settings.command_delivery_seconds,
+    )
     registry.add(
         Adapter(
             capability="machine.command",

@@ -14,7 +14,8 @@ from orquestador.api.openapi.parts import (
     query_parameter,
     ref,
 )
-from orquestador.machines import MAX_OUTPUT_CHARACTERS
+from orquestador.db.schema import COMMAND_STATUSES
+from orquestador.machines.commands import REPORTABLE
 
 _AGENT = (
     "Scope `agent`; the token's `sub` is `machine:<machineId>` and its `org` the machine's "
@@ -37,6 +38,19 @@ SCHEMAS: dict[str, Any] = {
                 "it to an argv of its own AGENT_COMMANDS_FILE.",
             },
             "args": {"type": "array", "items": {"type": "string"}},
+            "deliverBy": {
+                "type": "string",
+                "format": "date-time",
+                "description": "The command's deliver-by time: no agent may start it later "
+                "(the server hands it out only before it).",
+            },
+            "deliverWithinSeconds": {
+                "type": "number",
+                "description": "How long before `deliverBy` the server handed it out. The "
+                "reference agent counts it down on its own monotonic clock from the answer's "
+                "arrival, so clocks need not agree, and reports `expired` instead of starting "
+                "a command whose time ran out.",
+            },
         },
     },
     "AgentStopRequest": {
@@ -57,12 +71,26 @@ SCHEMAS: dict[str, Any] = {
         "required": ["status"],
         "additionalProperties": False,
         "properties": {
-            "status": {"enum": ["running", "succeeded", "failed", "timed_out", "cancelled"]},
+            "status": {
+                "enum": list(REPORTABLE),
+                "description": "`expired`: the agent did not start the command because its "
+                "deliver-by time had passed by the time it would have.",
+            },
             "exitCode": {"type": ["integer", "null"], "format": "int32"},
             "output": {
                 "type": ["string", "null"],
-                "description": f"Kept up to {MAX_OUTPUT_CHARACTERS} characters; longer "
-                "output is cut and marked `[output truncated]`.",
+                "description": "A chunk of the command's output (the reference agent sends "
+                "at most 64 KiB, at most every 2 seconds, while the command runs, and the "
+                "rest with the final status). Taken once by its offset; the server keeps at "
+                "most `COMMAND_OUTPUT_MAX_BYTES` of it, the first half and the latest half, "
+                "configured secrets redacted.",
+            },
+            "outputOffset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Bytes (UTF-8) of output the agent sent before this chunk "
+                "(default 0). A chunk sent again is taken once; one starting further on "
+                "says the bytes in between were skipped (they count as dropped).",
             },
         },
     },
@@ -79,17 +107,7 @@ SCHEMAS: dict[str, Any] = {
         ],
         "properties": {
             "id": {"type": "string", "format": "uuid"},
-            "status": {
-                "enum": [
-                    "pending",
-                    "sent",
-                    "running",
-                    "succeeded",
-                    "failed",
-                    "timed_out",
-                    "cancelled",
-                ]
-            },
+            "status": {"enum": list(COMMAND_STATUSES)},
             "exitCode": {"type": ["integer", "null"]},
             "updatedAt": {"type": "string", "format": "date-time"},
             "finishedAt": {"type": ["string", "null"], "format": "date-time"},
@@ -98,7 +116,16 @@ SCHEMAS: dict[str, Any] = {
                 "description": "false when the command already had this status (a repeated "
                 "report changes nothing).",
             },
-            "outputTruncated": {"type": "boolean"},
+            "outputOffset": {
+                "type": "integer",
+                "description": "How much of the agent's output the server has taken: the "
+                "offset of its next chunk.",
+            },
+            "outputTruncated": {
+                "type": "boolean",
+                "description": "true once part of the output was dropped to stay within "
+                "`COMMAND_OUTPUT_MAX_BYTES` (what is kept is its head and its tail).",
+            },
             "cancelRequested": {
                 "type": "boolean",
                 "description": "true when a cancel of the command's execution asked the "
@@ -118,7 +145,8 @@ def paths() -> dict[str, Any]:
                 "description": _AGENT
                 + " Hands out the machine's oldest `pending` command and marks it `sent`: "
                 "each command is handed out once, to one agent, even when several poll at "
-                "once. A command the agent took before and a cancel asked to stop comes "
+                "once, and never past its `deliverBy` (such a command ends `expired`, never "
+                "delivered). A command the agent took before and a cancel asked to stop comes "
                 "first, as `{id, cancelRequested: true}`, until the agent reports a final "
                 "status for it. With none pending, waits up to `wait` seconds for one, then "
                 "answers 204. No body.\n\nA poll that waits holds one of the API process's request "

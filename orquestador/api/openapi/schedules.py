@@ -54,21 +54,41 @@ _CATCH_UP = {
     "starts each of the latest 100. Omitted, `skip`.",
 }
 
+_FLOW = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "description": "The flow each fire starts: a key of the caller's organization (each "
+    "fire starts its latest version) or a flow version's id (each fire starts that "
+    "version). Any trigger: a `schedule` flow's request data is `{scheduleId, fireTime, "
+    "data}`, any other flow's is `data` itself. Exactly one of `flow` and `flowId`.",
+}
+_TRANSITION = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "description": "The transition each fire accepts on its new request (it must leave the "
+    "flow's initial state); omitted, the flow's `start`.",
+}
+
 SCHEDULE_BODY: dict[str, Any] = {
     "type": "object",
-    "required": ["flowId"],
     "additionalProperties": False,
     "properties": {
+        "flow": _FLOW,
         "flowId": {
             **_UUID,
-            "description": "A flow of the caller's organization, trigger `schedule`.",
+            "description": "A flow version of the caller's organization (as `flow` with a "
+            "version's id). Exactly one of `flow` and `flowId`.",
         },
+        "transition": _TRANSITION,
         "cron": _CRON,
         "everySeconds": _EVERY,
         "timezone": _TIMEZONE,
         "data": {
             "type": "object",
-            "description": "Passed to each fire's request as /data/data; omitted, {}.",
+            "description": "Each fire's request data (a `schedule` flow's: under "
+            "/data/data); omitted, {}. Its `machineId`, if any, is the requests' machine.",
         },
         "catchUp": _CATCH_UP,
         "paused": {"type": "boolean", "description": "A paused schedule never fires."},
@@ -79,7 +99,10 @@ SCHEDULE: dict[str, Any] = {
     "type": "object",
     "required": [
         "id",
+        "flow",
         "flowId",
+        "flowKey",
+        "transition",
         "timezone",
         "data",
         "catchUp",
@@ -90,7 +113,16 @@ SCHEDULE: dict[str, Any] = {
     ],
     "properties": {
         "id": {**_SCHEDULE_ID, "description": "The caller's own schedule id."},
-        "flowId": _UUID,
+        "flow": {**_FLOW, "description": "The flow as put: its key, or a version's id."},
+        "flowId": {**_UUID, "description": "The flow version the schedule was put with."},
+        "flowKey": {
+            "type": ["string", "null"],
+            "description": "The flow's key when named by key (each fire: its latest version).",
+        },
+        "transition": {
+            "type": ["string", "null"],
+            "description": "The transition each fire accepts; null: the flow's `start`.",
+        },
         "cron": _CRON,
         "everySeconds": _EVERY,
         "timezone": _TIMEZONE,
@@ -117,6 +149,18 @@ SCHEDULE: dict[str, Any] = {
     },
 }
 
+SCHEDULE_FIRED: dict[str, Any] = {
+    "type": "object",
+    "required": ["scheduleId", "fireTime", "requestId", "executionId"],
+    "additionalProperties": False,
+    "properties": {
+        "scheduleId": _SCHEDULE_ID,
+        "fireTime": {"type": "string", "format": "date-time"},
+        "requestId": _UUID,
+        "executionId": _UUID,
+    },
+}
+
 SCHEDULE_LIST: dict[str, Any] = {
     "type": "object",
     "required": ["items"],
@@ -127,6 +171,7 @@ SCHEDULE_LIST: dict[str, Any] = {
 SCHEMAS: dict[str, Any] = {
     "PutSchedule": SCHEDULE_BODY,
     "Schedule": SCHEDULE,
+    "ScheduleFired": SCHEDULE_FIRED,
     "ScheduleList": SCHEDULE_LIST,
 }
 
@@ -156,10 +201,11 @@ def paths() -> dict[str, Any]:
         "put": {
             "operationId": "putSchedule",
             "summary": "Create the schedule, or replace it",
-            "description": "Scope `plans:admin`. Each fire time starts the flow's `start` "
-            "transition once, on a new request whose data is `{scheduleId, fireTime, data}`. "
-            "The next fire time is kept when the timing is unchanged and the schedule stays "
-            "running; otherwise it is the first after now.",
+            "description": "Scope `plans:admin`. Each fire time starts the flow's transition "
+            "(`transition`, else its `start`) once, on a new request: a `schedule` flow's "
+            "data is `{scheduleId, fireTime, data}`, any other flow's is `data`. The next "
+            "fire time is kept when the timing is unchanged and the schedule stays running; "
+            "otherwise it is the first after now.",
             "security": SECURED,
             "parameters": [_SCHEDULE_PARAMETER],
             "requestBody": body(ref("PutSchedule")),
@@ -172,9 +218,11 @@ def paths() -> dict[str, Any]:
                     s404="No such flow in the caller's organization.",
                     s422="`SCHEDULE_INVALID`: the cron, period or time zone cannot be used, "
                     "or not exactly one of `cron` and `everySeconds` is given; "
-                    "`SCHEDULE_TRIGGER_MISMATCH`: the flow's trigger is not `schedule`; "
-                    "`DATA_INVALID`: the flow's dataSchema refuses the data a fire gives; "
-                    "`SCHEDULE_ID_INVALID`; or the body is invalid. Nothing is written.",
+                    "`SCHEDULE_TRANSITION_INVALID`: the transition (or the flow's `start`) "
+                    "does not leave the flow's initial state; `DATA_INVALID`: the flow's "
+                    "dataSchema refuses the data a fire gives; `CONCURRENCY_KEY_MISSING`; "
+                    "`SCHEDULE_ID_INVALID`; or the body is invalid (`BODY_INVALID`, also "
+                    "for neither or both of `flow` and `flowId`). Nothing is written.",
                 ),
             },
         },
@@ -202,4 +250,32 @@ def paths() -> dict[str, Any]:
             },
         },
     }
-    return {"/schedules": listing, "/schedules/{scheduleId}": one}
+    runs = {
+        "post": {
+            "operationId": "runSchedule",
+            "summary": "Fire the schedule once, now",
+            "description": "Scope `plans:admin`. One fire at the present instant, paused "
+            "or not, through the same path as a fire time (recorded among the schedule's "
+            "fires, its execution started by the schedule), owned by the caller. Its "
+            "timing and next fire time are left as they are.",
+            "security": SECURED,
+            "parameters": [_SCHEDULE_PARAMETER],
+            "responses": {
+                "201": json_response(ref("ScheduleFired"), "Started.", Location="The execution."),
+                **problems(
+                    *READ_ERRORS,
+                    "422",
+                    "503",
+                    s404=_SCHEDULE_404,
+                    s422="The flow refuses the fire now (`DATA_INVALID`, "
+                    "`SCHEDULE_TRANSITION_INVALID`, `CONCURRENCY_KEY_MISSING`): nothing is "
+                    "written.",
+                ),
+            },
+        }
+    }
+    return {
+        "/schedules": listing,
+        "/schedules/{scheduleId}": one,
+        "/schedules/{scheduleId}/runs": runs,
+    }

@@ -22,10 +22,11 @@ from orquestador.api.auth import (
     SCOPE_EXECUTIONS_RECONCILE,
     SCOPE_FLOWS_ADMIN,
     SCOPE_NOTICES_READ,
+    SCOPE_PLANS_ADMIN,
     SCOPE_REQUESTS_WRITE,
 )
 from orquestador.api.body import checked_object, parse_json
-from orquestador.api.context import engine
+from orquestador.api.context import api_context, engine
 from orquestador.api.dry_run_routes import start_dry_run
 from orquestador.api.execution_routes import (
     cancel_as,
@@ -50,6 +51,14 @@ from orquestador.api.problems import ApiProblem
 from orquestador.api.schemas import RECONCILIATION_BODY
 from orquestador.api.sign_in_links import landing_page
 from orquestador.approvals.store import DECISIONS
+from orquestador.automation.firing import run_now
+from orquestador.automation.schedules import (
+    FlowNotFound,
+    ScheduleRefused,
+    delete_schedule,
+    schedule_id_problem,
+    set_paused,
+)
 from orquestador.domain.flow_definition import FlowDefinition
 
 MAX_REASON_CHARACTERS = 2000
@@ -64,6 +73,10 @@ DONE = {
     "reconciled-retry": "The step runs again with the same external key.",
     "reconciled-fail": "The transition ended as failed.",
     "dry-run": "The dry run started: nothing it does reaches a machine, a provider or a mailbox.",
+    "paused": "The schedule is paused: it fires no more until it is resumed.",
+    "resumed": "The schedule runs again, from its next fire time after now.",
+    "ran": "The schedule fired now: this is the execution it started.",
+    "deleted": "The schedule was deleted; what it started stays.",
 }
 
 
@@ -248,3 +261,82 @@ def _correction_rows() -> list[dict[str, Any]]:
             )
         rows.append({"path": path, "value": value})
     return rows
+
+
+# --- schedules ---------------------------------------------------------------------------
+
+
+def _schedule_key(schedule_id: str) -> str:
+    if schedule_id_problem(schedule_id) is not None:
+        raise not_found_page()
+    return schedule_id
+
+
+@blueprint.post("/schedules/<schedule_id>/pause")
+@page_action
+def pause_schedule(schedule_id: str) -> Any:
+    return _set_paused(_schedule_key(schedule_id), paused=True)
+
+
+@blueprint.post("/schedules/<schedule_id>/resume")
+@page_action
+def resume_schedule(schedule_id: str) -> Any:
+    return _set_paused(_schedule_key(schedule_id), paused=False)
+
+
+def _set_paused(key: str, *, paused: bool) -> Any:
+    require_page_scope(SCOPE_PLANS_ADMIN, what="pausing and resuming schedules")
+    try:
+        with engine().begin() as conn:
+            found = set_paused(conn, org=g.caller.org, key=key, paused=paused, actor=g.caller.sub)
+    except (ScheduleRefused, FlowNotFound) as refused:
+        raise _schedule_refusal(refused) from None
+    if found is None:
+        raise not_found_page()
+    return _back(url_for("ui.schedule_page", schedule_id=key), "paused" if paused else "resumed")
+
+
+@blueprint.post("/schedules/<schedule_id>/run")
+@page_action
+def run_schedule(schedule_id: str) -> Any:
+    key = _schedule_key(schedule_id)
+    require_page_scope(SCOPE_PLANS_ADMIN, what="running schedules")
+    try:
+        with engine().begin() as conn:
+            fired = run_now(
+                conn,
+                org=g.caller.org,
+                key=key,
+                actor=g.caller.sub,
+                max_attempts=api_context().settings.execution_max_attempts,
+            )
+    except (ScheduleRefused, FlowNotFound) as refused:
+        raise _schedule_refusal(refused) from None
+    if fired is None:
+        raise not_found_page()
+    page = url_for("ui.execution_page", execution_id=str(fired.execution_id))
+    return redirect(f"{page}?done=ran", 303)
+
+
+@blueprint.post("/schedules/<schedule_id>/delete")
+@page_action
+def delete_schedule_page(schedule_id: str) -> Any:
+    key = _schedule_key(schedule_id)
+    require_page_scope(SCOPE_PLANS_ADMIN, what="deleting schedules")
+    with engine().begin() as conn:
+        deleted = delete_schedule(conn, org=g.caller.org, key=key)
+    if not deleted:
+        raise not_found_page()
+    return redirect(f"{url_for('ui.schedules')}?done=deleted", 303)
+
+
+def _schedule_refusal(refused: ScheduleRefused | FlowNotFound) -> ApiProblem:
+    """The flow refuses what the schedule would start: the problem page, in its words."""
+    if isinstance(refused, FlowNotFound):
+        return ApiProblem(422, "DATA_INVALID", "The schedule's flow no longer exists.")
+    return ApiProblem(
+        422,
+        refused.code,
+        f"{refused} Put the schedule again with a flow or data it accepts.",
+        problems=refused.problems,
+    )

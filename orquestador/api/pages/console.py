@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from flask import g, render_template, request, url_for
+from flask import Response, g, render_template, request, url_for
 
 from orquestador.api.access import ExecutionFilter, ResourceAccess
 from orquestador.api.auth import (
@@ -24,10 +24,11 @@ from orquestador.api.auth import (
     SCOPE_PLANS_ADMIN,
     identity_claim_problem,
 )
-from orquestador.api.context import engine
+from orquestador.api.context import api_context, engine
 from orquestador.api.flow_routes import flow_versions
 from orquestador.api.flow_store import find_flow
 from orquestador.api.openapi.schedules import LIST_LIMIT
+from orquestador.api.pages.execution_page import REFRESH_SECONDS
 from orquestador.api.pages.routes import (
     blueprint,
     not_found_page,
@@ -38,14 +39,22 @@ from orquestador.api.pages.routes import (
 )
 from orquestador.api.paging import cursor, read_cursor
 from orquestador.api.schedule_routes import schedule_view
-from orquestador.api.views import execution_view, flow_version_view, flow_view
+from orquestador.api.views import (
+    command_output_view,
+    execution_view,
+    flow_version_view,
+    flow_view,
+)
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.approvals.store import LIVE_STATUSES
-from orquestador.automation.schedules import list_schedules
+from orquestador.automation.schedules import find_schedule, list_schedules, schedule_id_problem
+from orquestador.machines.liveness import agent_of, agents_seen
 from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 
 # How many rows a page lists before it offers the next page.
 PAGE_SIZE = 50
+# Command statuses that change without a person: a machine page refreshes while one is.
+UNDER_WAY = ("pending", "sent", "running")
 RECONCILIATION = "RECONCILIATION_REQUIRED"
 
 # The console's sections: label, endpoint, query, the scope that opens it (None: any
@@ -62,7 +71,7 @@ SECTIONS: tuple[tuple[str, str, dict[str, str], str | None, tuple[str, ...]], ..
     ("Approvals", "ui.approvals", {}, SCOPE_APPROVALS_DECIDE, ("ui.approvals",)),
     ("Notices", "ui.notices", {}, SCOPE_NOTICES_READ, ("ui.notices",)),
     ("Flows", "ui.flows", {}, SCOPE_FLOWS_ADMIN, ("ui.flows", "ui.flow_page")),
-    ("Schedules", "ui.schedules", {}, SCOPE_PLANS_ADMIN, ("ui.schedules",)),
+    ("Schedules", "ui.schedules", {}, SCOPE_PLANS_ADMIN, ("ui.schedules", "ui.schedule_page")),
 )
 
 
@@ -287,20 +296,36 @@ def machine_page(machine_id: str) -> Any:
             rows = access.list_executions(
                 connection, ExecutionFilter(limit=PAGE_SIZE, machine_id=machine_id)
             )
+            offline_seconds = api_context().settings.agent_offline_seconds
+            seen = agents_seen(
+                connection,
+                org_id=g.caller.org,
+                machine_ids=[machine_id],
+                offline_seconds=offline_seconds,
+            )
     if not commands and not rows:
         # Nothing the person may see touched it: another organization's machine, or
         # another person's, is the same as one that never existed.
         raise not_found_page()
-    return render_template(
+    facts = [_command_facts(command) for command in commands[:PAGE_SIZE]]
+    # While a command is under way the page follows it (and its output) by itself.
+    moving = any(c["status"] in UNDER_WAY for c in facts)
+    page = render_template(
         "machine.html",
         caller=g.caller,
         machine_id=machine_id,
-        commands=[_command_facts(command) for command in commands[:PAGE_SIZE]],
+        commands=facts,
         more_commands=len(commands) > PAGE_SIZE,
         executions=_execution_items(rows[:PAGE_SIZE]),
         more_executions=len(rows) > PAGE_SIZE,
         search_url=url_for("ui.executions", machineId=machine_id),
+        refresh_seconds=REFRESH_SECONDS if moving else None,
+        agent=agent_of(seen, machine_id, offline_seconds).as_json(),
     )
+    response = Response(page, mimetype="text/html")
+    if moving:
+        response.headers["Refresh"] = str(REFRESH_SECONDS)
+    return response
 
 
 def _command_facts(row: Any) -> dict[str, Any]:
@@ -314,8 +339,10 @@ def _command_facts(row: Any) -> dict[str, Any]:
         "sentAt": row.sent_at.isoformat() if row.sent_at else None,
         "finishedAt": row.finished_at.isoformat() if row.finished_at else None,
         "stopAskedAt": row.cancel_requested_at.isoformat() if row.cancel_requested_at else None,
+        "deliverBy": row.deliver_by.isoformat(),
         "executionId": str(row.execution_id),
         "actionId": row.action_id,
+        **command_output_view(row),
     }
 
 
@@ -395,14 +422,54 @@ def schedules() -> Any:
         flows_by_id = {
             str(row.id): row for row in flow_versions(connection, org=g.caller.org, key=None)
         }
-    items = []
-    for schedule in found:
-        view = schedule_view(schedule)
-        flow_row = flows_by_id.get(view["flowId"])
-        view["flowKey"] = flow_row.key if flow_row is not None else None
-        view["flowVersion"] = flow_row.version if flow_row is not None else None
-        items.append(view)
+    items = [_schedule_facts(schedule, flows_by_id) for schedule in found]
     return render_template("schedules.html", caller=g.caller, schedules=items)
+
+
+def _schedule_facts(schedule: Any, flows_by_id: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule as the pages show it: its flow by key and version where it is known."""
+    view = schedule_view(schedule)
+    flow_row = flows_by_id.get(view["flowId"])
+    view["flowName"] = view["flowKey"] or (flow_row.key if flow_row is not None else None)
+    view["flowVersion"] = flow_row.version if flow_row is not None else None
+    return view
+
+
+@blueprint.get("/schedules/<schedule_id>")
+@signed_in
+def schedule_page(schedule_id: str) -> Any:
+    require_page_scope(SCOPE_PLANS_ADMIN, what="reading schedules")
+    if schedule_id_problem(schedule_id) is not None:
+        raise not_found_page()
+    access = ResourceAccess(g.caller)
+    with engine().connect() as connection:
+        connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection.begin():
+            found = find_schedule(connection, org=g.caller.org, key=schedule_id)
+            if found is None:
+                raise not_found_page()
+            flows_by_id = {
+                str(row.id): row for row in flow_versions(connection, org=g.caller.org, key=None)
+            }
+            rows = access.list_executions(
+                connection,
+                ExecutionFilter(
+                    limit=PAGE_SIZE, schedule_id=schedule_id, after=_after(request.args)
+                ),
+            )
+    more, rows = len(rows) > PAGE_SIZE, rows[:PAGE_SIZE]
+    next_url = (
+        url_for("ui.schedule_page", schedule_id=schedule_id, after=cursor(rows[-1]))
+        if more
+        else None
+    )
+    return render_template(
+        "schedule.html",
+        caller=g.caller,
+        schedule=_schedule_facts(found, flows_by_id),
+        executions=_execution_items(rows),
+        next_url=next_url,
+    )
 
 
 @blueprint.app_template_filter("pretty_json")

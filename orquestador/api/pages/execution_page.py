@@ -33,6 +33,8 @@ def started_by(read: ExecutionRead) -> dict[str, Any]:
             "by": "schedule",
             "schedule": starter["schedule"],
             "fireTime": starter.get("fireTime"),
+            # A person's "run now" names them.
+            "runBy": starter.get("by"),
         }
     if isinstance(starter, dict) and "moment" in starter:
         return {

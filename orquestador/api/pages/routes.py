@@ -54,7 +54,7 @@ from orquestador.api.tokens import mint_token
 from orquestador.api.views import execution_views
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.errors import ConfigError
-from orquestador.wording import duration_in_words
+from orquestador.wording import command_status_meaning, duration_in_words
 
 log = logging.getLogger(__name__)
 
@@ -558,6 +558,12 @@ def _when(value: str | None) -> str:
 @blueprint.app_template_filter("in_words")
 def _in_words(seconds: int | None) -> str:
     return "—" if seconds is None else duration_in_words(seconds)
+
+
+@blueprint.app_template_filter("command_meaning")
+def _command_meaning(status: Any) -> str:
+    """What a machine command's status means, in words ('' when the word says it)."""
+    return command_status_meaning(status) if isinstance(status, str) else ""
 
 
 @blueprint.app_template_filter("as_text")
