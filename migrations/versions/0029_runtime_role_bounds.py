@@ -20,6 +20,10 @@ every look-up of the history and which retention never drops.
   month count or batch is 0, a larger one the owner's most. The history purge's count
   now holds the rows of the months it dropped too (less those it kept in DEFAULT).
 - Months made beyond the bound before this revision, while still empty, are dropped.
+- PUBLIC loses TEMPORARY on the database: behind PgBouncer in transaction mode, a
+  temporary `audit_event` made by any client of the runtime role stood in for the real
+  one in other tenants' transactions on that server connection (the API's statements
+  name no schema). The downgrade leaves it revoked.
 """
 
 from typing import Any
@@ -310,6 +314,13 @@ def upgrade() -> None:
     op.execute(text(_PARTITIONS))
     op.execute(text(_PURGE))
     _definer_settings(schema)
+
+    # No temporary table can stand in for a product table on a pooled connection; only
+    # the database's owner can revoke it (for anyone else REVOKE changes nothing).
+    # Left revoked by the downgrade: the product never made one.
+    database = op.get_bind().execute(text("SELECT current_database()")).scalar_one()
+    quoted = op.get_bind().dialect.identifier_preparer.quote(database)
+    op.execute(text(f"REVOKE TEMPORARY ON DATABASE {quoted} FROM PUBLIC"))
 
     far = op.get_bind().execute(_FAR_MONTHS, {"ahead": _DEFAULTS.history_months_ahead})
     for name in far.scalars().all():

@@ -20,6 +20,7 @@ from orquestador.db.grants import (
     PlatformRoleIsRuntimeRole,
     apply_platform_grants,
     apply_runtime_grants,
+    revoke_temporary,
 )
 from orquestador.errors import OrquestadorError
 
@@ -117,8 +118,9 @@ def grant_runtime_role(
     """Re-apply every runtime grant to ROLE in one transaction; return the tables granted.
 
     The platform role (`platform_role`, else PLATFORM_DATABASE_ROLE; none when empty) is
-    left with INSERT on platform_event and nothing else, in the same transaction. The
-    functions' bounds are written too (`bounds`, else from the retention settings of
+    left with INSERT on platform_event and nothing else, in the same transaction; PUBLIC
+    and ROLE lose TEMPORARY on the database (grants.revoke_temporary). The functions'
+    bounds are written too (`bounds`, else from the retention settings of
     this environment, the owner's), once the database has their table.
     """
     if platform_role is None or bounds is None:
@@ -129,6 +131,7 @@ def grant_runtime_role(
     try:
         with _one_line_errors("grant failed"), engine.begin() as connection:
             tables = apply_runtime_grants(connection, role)
+            revoke_temporary(connection, role)
             if "function_bound" in tables:
                 apply_function_bounds(connection, bounds)
             if platform_role:

@@ -127,9 +127,13 @@ def test_a_real_request_cannot_be_made_a_simulation_and_purged(
 def test_a_temporary_table_does_not_steer_the_purge(
     runtime_engine: Engine, owner_engine: Engine, history: History
 ) -> None:
-    # (b) A simulated request due for the purge, with no execution: the bait.
+    # (b) A simulated request due for the purge, with no execution: the bait. Migrated
+    # databases give no temporary tables to the runtime role (test_temporary_tables.py);
+    # one that grants them by hand still does not steer the purge.
     with owner_engine.begin() as connection:
         bait = _request(connection, _flow(connection), simulation=True)
+        database = connection.execute(text("SELECT current_database()")).scalar_one()
+        connection.execute(text(f'GRANT TEMPORARY ON DATABASE "{database}" TO {RUNTIME_ROLE}'))
     with runtime_engine.begin() as connection:
         # pg_temp came first for tables in the function's search_path: this `execution`
         # claimed the real execution for the bait.
