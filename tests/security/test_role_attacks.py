@@ -197,3 +197,60 @@ def test_no_other_role_may_run_the_project_functions(platform_dsn: str, call: st
         pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for function"),
     ):
         connection.execute(call)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "output = '{\"charged\": 0}'",
+        "status = 'FAILED', error_code = 'RETRY_APPROVED', attempt_base = attempt",
+        "status = 'UNKNOWN'",
+    ],
+)
+def test_a_succeeded_checkpoint_keeps_its_status_and_output(
+    runtime_engine: Engine, owner_engine: Engine, history: History, change: str
+) -> None:
+    # The protocol's column grants cover both (a step's success writes them), so only a
+    # trigger stops a rewrite: later steps and the decision read the output, and a
+    # checkpoint no longer SUCCEEDED would run its payment again.
+    with (
+        pytest.raises(ProgrammingError) as refused,
+        runtime_engine.begin() as connection,
+    ):
+        connection.execute(
+            text(f"UPDATE action_execution SET {change} WHERE execution_id = :id"),
+            {"id": history.execution_id},
+        )
+    assert getattr(refused.value.orig, "sqlstate", None) == INSUFFICIENT_PRIVILEGE
+    assert "succeeded checkpoint" in str(refused.value.orig)
+    with owner_engine.connect() as connection:
+        kept = connection.execute(
+            text("SELECT status, output FROM action_execution WHERE execution_id = :id"),
+            {"id": history.execution_id},
+        ).one()
+    assert tuple(kept) == ("SUCCEEDED", None)
+
+
+def test_only_a_retry_of_the_step_a_contract_mismatch_names_may_undo_its_success(
+    runtime_engine: Engine, owner_engine: Engine, history: History
+) -> None:
+    # The operator's retry of a step recorded for another contract runs it as new: the
+    # one way back from SUCCEEDED, and only for the step the parked execution names.
+    retry = text(
+        "UPDATE action_execution SET status = 'FAILED', error_code = 'RETRY_APPROVED'"
+        " WHERE execution_id = :id AND action_id = 'charge'"
+    )
+    park = text(
+        "UPDATE execution SET status = 'RECONCILIATION_REQUIRED', finished_at = NULL,"
+        " error_code = 'CONTRACT_MISMATCH', error_detail = CAST(:detail AS jsonb)"
+        " WHERE id = :id"
+    )
+    with owner_engine.begin() as connection:
+        connection.execute(park, {"id": history.execution_id, "detail": '{"actionId": "other"}'})
+    with pytest.raises(ProgrammingError), runtime_engine.begin() as connection:
+        connection.execute(retry, {"id": history.execution_id})
+
+    with owner_engine.begin() as connection:
+        connection.execute(park, {"id": history.execution_id, "detail": '{"actionId": "charge"}'})
+    with runtime_engine.begin() as connection:
+        assert connection.execute(retry, {"id": history.execution_id}).rowcount == 1

@@ -1,5 +1,5 @@
 """The runtime role cannot rewrite history: the owner's bounds on what it may ask of the
-SECURITY DEFINER functions.
+SECURITY DEFINER functions, triggers on what stays written, no temporary tables.
 
 Revision ID: 0029
 Revises: 0025
@@ -20,6 +20,12 @@ every look-up of the history and which retention never drops.
   month count or batch is 0, a larger one the owner's most. The history purge's count
   now holds the rows of the months it dropped too (less those it kept in DEFAULT).
 - Months made beyond the bound before this revision, while still empty, are dropped.
+- What stays written, for the runtime role (its column grants would allow more), by
+  triggers that refuse with insufficient_privilege and let the table's owner through: a
+  revoked machine credential stays revoked, a used sign-in link stays used, a sign-out's
+  record stays until its token expires, and a SUCCEEDED checkpoint's output and status
+  never change (but for an operator's retry of a step recorded for another contract).
+  Their WHEN clauses keep the worker's hot path from calling them.
 - PUBLIC loses TEMPORARY on the database: behind PgBouncer in transaction mode, a
   temporary `audit_event` made by any client of the runtime role stood in for the real
   one in other tenants' transactions on that server connection (the API's statements
@@ -260,6 +266,109 @@ _FAR_MONTHS = text(
 )
 
 
+# What stays written, whatever the runtime role's column grants allow: each trigger lets
+# the table's owner through (who could drop it anyway) and refuses the rest with
+# insufficient_privilege. The WHEN clauses keep them off every other row: the worker's
+# hot path (RUNNING checkpoints becoming SUCCEEDED or FAILED) never calls a function.
+_OWNER = (
+    "pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID),"
+    " 'MEMBER')"
+)
+_GUARDS: dict[str, str] = {
+    # A revoked credential stays revoked: the column grant that lets the API revoke would
+    # also set revoked_at back to NULL (a revoked agent token answered again).
+    "orquestador_credential_stays_revoked": f"""
+BEGIN
+    IF (NEW.revoked_at, NEW.revoked_by) IS DISTINCT FROM (OLD.revoked_at, OLD.revoked_by)
+       AND NOT {_OWNER} THEN
+        RAISE EXCEPTION 'a revoked machine credential stays revoked'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+""",
+    # A used sign-in link stays used: a cleared used_at would sign its person in again.
+    "orquestador_link_stays_used": f"""
+BEGIN
+    IF NEW.used_at IS DISTINCT FROM OLD.used_at AND NOT {_OWNER} THEN
+        RAISE EXCEPTION 'a used sign-in link stays used'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+""",
+    # A sign-out's record stays until its token expires (then the token is refused on its
+    # own, and the sign-out's purge may take it): without it the session counts again.
+    "orquestador_sign_out_stays": f"""
+BEGIN
+    IF OLD.expires_at >= clock_timestamp() AND NOT {_OWNER} THEN
+        RAISE EXCEPTION 'a sign-out is kept until its token expires'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN OLD;
+END
+""",
+    # A SUCCEEDED checkpoint's output and status never change: later steps, the decision
+    # and the promise (a succeeded step never runs again) read them. The one way back is
+    # an operator's retry of a step recorded for another contract (the execution parked
+    # for CONTRACT_MISMATCH naming it): the step then runs as new, by decision, audited.
+    "orquestador_success_stays": f"""
+BEGIN
+    IF {_OWNER} THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.output IS DISTINCT FROM OLD.output THEN
+        RAISE EXCEPTION 'a succeeded checkpoint''s output never changes'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NEW.status <> 'SUCCEEDED' AND NOT (
+        NEW.status = 'FAILED' AND NEW.error_code = 'RETRY_APPROVED'
+        AND EXISTS (
+            SELECT 1 FROM execution e
+            WHERE e.id = NEW.execution_id AND e.status = 'RECONCILIATION_REQUIRED'
+              AND e.error_code = 'CONTRACT_MISMATCH'
+              AND e.error_detail ->> 'actionId' = NEW.action_id))
+    THEN
+        RAISE EXCEPTION 'a succeeded checkpoint stays succeeded'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END
+""",
+}
+# (trigger, table, event, WHEN or None, function)
+_TRIGGERS = (
+    (
+        "machine_credential_stays_revoked",
+        "machine_credential",
+        "UPDATE",
+        "OLD.revoked_at IS NOT NULL",
+        "orquestador_credential_stays_revoked",
+    ),
+    (
+        "sign_in_link_stays_used",
+        "sign_in_link",
+        "UPDATE",
+        "OLD.used_at IS NOT NULL",
+        "orquestador_link_stays_used",
+    ),
+    (
+        "page_session_revocation_stays",
+        "page_session_revocation",
+        "DELETE",
+        None,
+        "orquestador_sign_out_stays",
+    ),
+    (
+        "action_execution_success_stays",
+        "action_execution",
+        "UPDATE",
+        "OLD.status = 'SUCCEEDED'",
+        "orquestador_success_stays",
+    ),
+)
+
+
 def _schema() -> str:
     schema = op.get_bind().execute(text("SELECT current_schema()")).scalar_one()
     return op.get_bind().dialect.identifier_preparer.quote(schema)
@@ -315,6 +424,25 @@ def upgrade() -> None:
     op.execute(text(_PURGE))
     _definer_settings(schema)
 
+    for function, body in _GUARDS.items():
+        op.execute(
+            text(
+                f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql"
+                f" SET search_path = pg_catalog, {schema}, pg_temp"
+                f" AS $function${body}$function$"
+            )
+        )
+        # Fired as triggers only; nobody calls them.
+        op.execute(text(f"REVOKE ALL ON FUNCTION {schema}.{function}() FROM PUBLIC"))
+    for trigger, table, event, when, function in _TRIGGERS:
+        condition = f" WHEN ({when})" if when else ""
+        op.execute(
+            text(
+                f"CREATE TRIGGER {trigger} BEFORE {event} ON {table} FOR EACH ROW{condition}"
+                f" EXECUTE FUNCTION {function}()"
+            )
+        )
+
     # No temporary table can stand in for a product table on a pooled connection; only
     # the database's owner can revoke it (for anyone else REVOKE changes nothing).
     # Left revoked by the downgrade: the product never made one.
@@ -330,6 +458,10 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     schema = _schema()
+    for trigger, table, _, _, _ in _TRIGGERS:
+        op.execute(text(f"DROP TRIGGER {trigger} ON {table}"))
+    for function in _GUARDS:
+        op.execute(text(f"DROP FUNCTION {function}()"))
     before_purge = _revision_module("0012")
     op.execute(
         text(
