@@ -1839,8 +1839,8 @@ RUNTIME_ROLE_GUARDS = [
         "",
         "Only an operator's retry of a step parked for another contract undoes its success.",
         (
-            f"{_SUCCESS_STAYS}[status = 'FAILED', error_code = 'RETRY_APPROVED',"
-            " attempt_base = attempt]",
+            f"{ROLE_ATTACKS}::"
+            "test_only_a_retry_of_the_step_a_contract_mismatch_names_may_undo_its_success",
         ),
     ),
     Mutation(

@@ -242,15 +242,30 @@ def test_only_a_retry_of_the_step_a_contract_mismatch_names_may_undo_its_success
     )
     park = text(
         "UPDATE execution SET status = 'RECONCILIATION_REQUIRED', finished_at = NULL,"
-        " error_code = 'CONTRACT_MISMATCH', error_detail = CAST(:detail AS jsonb)"
+        " error_code = :reason, error_detail = CAST(:detail AS jsonb)"
         " WHERE id = :id"
     )
-    with owner_engine.begin() as connection:
-        connection.execute(park, {"id": history.execution_id, "detail": '{"actionId": "other"}'})
-    with pytest.raises(ProgrammingError), runtime_engine.begin() as connection:
-        connection.execute(retry, {"id": history.execution_id})
+    for reason, named in (("CONTRACT_MISMATCH", "other"), ("WRITE_IN_DOUBT", "charge")):
+        with owner_engine.begin() as connection:
+            connection.execute(
+                park,
+                {
+                    "id": history.execution_id,
+                    "reason": reason,
+                    "detail": f'{{"actionId": "{named}"}}',
+                },
+            )
+        with pytest.raises(ProgrammingError), runtime_engine.begin() as connection:
+            connection.execute(retry, {"id": history.execution_id})
 
     with owner_engine.begin() as connection:
-        connection.execute(park, {"id": history.execution_id, "detail": '{"actionId": "charge"}'})
+        connection.execute(
+            park,
+            {
+                "id": history.execution_id,
+                "reason": "CONTRACT_MISMATCH",
+                "detail": '{"actionId": "charge"}',
+            },
+        )
     with runtime_engine.begin() as connection:
         assert connection.execute(retry, {"id": history.execution_id}).rowcount == 1
