@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from orquestador.config import libpq_url
 from orquestador.db import migrate
@@ -79,9 +80,18 @@ def bouncer(database: TestDatabase) -> Iterator[Bouncer]:
         yield started
 
 
+# OPERATIONS.md's auth_file line for a role: the very SCRAM secret the server keeps.
+AUTH_FILE_LINE = text(
+    'SELECT format(\'"%s" "%s"\', rolname, rolpassword) FROM pg_authid WHERE rolname = :role'
+)
+
+
 @contextmanager
-def running_bouncer(database: TestDatabase, pool_size: int) -> Iterator[Bouncer]:
-    """PgBouncer in transaction mode, POOL_SIZE server connections for the runtime role."""
+def running_bouncer(
+    database: TestDatabase, pool_size: int, *, scram: bool = False
+) -> Iterator[Bouncer]:
+    """PgBouncer in transaction mode, POOL_SIZE server connections for the runtime role;
+    `scram`: clients checked against the auth_file OPERATIONS.md says to write."""
     if not Path(PGBOUNCER).is_file():
         pytest.skip("pgbouncer is not installed (Debian's package `pgbouncer`)")
     url = database.runtime_url
@@ -89,13 +99,20 @@ def running_bouncer(database: TestDatabase, pool_size: int) -> Iterator[Bouncer]
     folder = Path(tempfile.mkdtemp(prefix="orquestador-pgbouncer-"))
     folder.chmod(0o755)
     port = free_port()
-    (folder / "users.txt").write_text(f'"{url.username}" "{url.password}"\n')
+    users = f'"{url.username}" "{url.password}"'
+    if scram:
+        owner = make_engine(database.owner_dsn, pool_size=1)
+        with owner.connect() as conn:
+            users = conn.execute(AUTH_FILE_LINE, {"role": url.username}).scalar_one()
+        owner.dispose()
+    (folder / "users.txt").write_text(f"{users}\n")
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"{database.name} = host={host} port={url.port or 5432} dbname={database.name}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
+        f"auth_type = {'scram-sha-256' if scram else 'trust'}\n"
+        f"auth_file = {folder / 'users.txt'}\n"
         f"admin_users = {url.username}\n"
         f"pool_mode = transaction\ndefault_pool_size = {pool_size}\n"
         "ignore_startup_parameters = extra_float_digits, options\n"
@@ -289,3 +306,14 @@ def test_a_temporary_table_cannot_swallow_the_apis_audit_rows_on_a_pooled_connec
         assert list(kinds) == ["TRANSITION_ACCEPTED"]
     owner.dispose()
     assert refused is not None, "the runtime role made a temporary audit_event"
+
+
+def test_the_documented_auth_file_admits_the_runtime_role_with_its_password_only(
+    database: TestDatabase,
+) -> None:
+    with running_bouncer(database, pool_size=1, scram=True) as bouncer:
+        with psycopg.connect(bouncer.url_for_psycopg()) as connection:
+            assert connection.execute("SELECT current_user").fetchone() == (RUNTIME_ROLE,)
+        wrong = libpq_url(make_url(bouncer.url).set(password="not-the-password"))
+        with pytest.raises(psycopg.OperationalError, match="SASL authentication failed"):
+            psycopg.connect(wrong).close()
