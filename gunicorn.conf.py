@@ -6,7 +6,8 @@ LOG_LEVEL, LOG_FORMAT, PROMETHEUS_MULTIPROC_DIR, ...). gthread workers of API_TH
 threads, of which agent long polls may hold AGENT_POLL_SHARE (the worker class tells the
 app how many it runs); a graceful timeout above the worker's drain; access lines in
 LOG_FORMAT with credential-like query values redacted; a clean Prometheus multiprocess
-directory on start and dead workers marked on exit.
+directory on start and dead workers marked on exit; forwarded headers believed from
+TRUSTED_PROXIES only; /metrics on METRICS_BIND when it is set.
 """
 
 from orquestador.config import Settings
@@ -18,5 +19,6 @@ _configure_logging(_settings.log_level, fmt=_settings.log_format)
 
 # gunicorn reads this module's names: wsgi_app, bind, workers, worker_class, threads,
 # graceful_timeout, accesslog, access_log_format, logger_class, the request-head
-# limits and the on_starting / child_exit / on_exit hooks.
+# limits, forwarded_allow_ips and the on_starting / when_ready / post_fork / child_exit /
+# on_exit hooks.
 globals().update(_gunicorn_options(_settings))

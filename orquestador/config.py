@@ -85,6 +85,8 @@ class Settings:
     api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
     agent_poll_share: float = _env("AGENT_POLL_SHARE", "0.5", "api")
     trusted_proxies: str = _env("TRUSTED_PROXIES", "", "api")
+    # HOST:PORT where the API serves /metrics instead of on API_PORT; empty: API_PORT.
+    metrics_bind: str = _env("METRICS_BIND", "", "api")
 
     adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
     integrations_file: str = _env("INTEGRATIONS_FILE", "", "adapters")
@@ -196,6 +198,17 @@ class Settings:
                 if item.strip():
                     networks.append(ip_network(item.strip(), strict=False))
         return tuple(networks)
+
+    @property
+    def forwarded_allow_ips(self) -> str:
+        """TRUSTED_PROXIES as gunicorn's forwarded_allow_ips: each network written out
+        (gunicorn refuses host bits in a network); empty: no peer, loopback included."""
+        return ",".join(str(network) for network in self.trusted_proxy_networks)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """METRICS_BIND as (host, port); None when empty (or malformed: `problems` says)."""
+        return _host_port(self.metrics_bind)
 
     @property
     def jwt_algorithm_list(self) -> list[str]:
@@ -334,6 +347,11 @@ class Settings:
             self.worker_metrics_port.isdigit() and 0 < int(self.worker_metrics_port) < 65536
         ):
             problems.append("WORKER_METRICS_PORT must be a TCP port (1-65535) or empty (off)")
+        if self.metrics_bind and _host_port(self.metrics_bind) is None:
+            problems.append(
+                "METRICS_BIND must be HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464) or empty"
+                f" (/metrics on API_PORT); got {self.metrics_bind!r}"
+            )
         if self.public_base_url and not _HTTP_URL.match(self.public_base_url):
             problems.append(
                 "PUBLIC_BASE_URL must be an http:// or https:// URL, e.g. "
@@ -369,6 +387,17 @@ def _org_weights(raw: str) -> tuple[dict[str, float], list[str]]:
         else:
             refused.append(item)
     return weights, refused
+
+
+def _host_port(raw: str) -> tuple[str, int] | None:
+    """`HOST:PORT` or `[IPv6]:PORT` as (host, port); None when empty or malformed."""
+    host, separator, port = raw.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]") if host.startswith("[") else host
+    if not separator or not host or (":" in host and not raw.strip().startswith("[")):
+        return None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
 
 
 def _env_name(attribute: str) -> str:

@@ -129,7 +129,9 @@ def _run_until_stopped(
 ) -> int:
     from orquestador.api.tokens import mint_token
     from orquestador.machines.bell import stop_polls
+    from orquestador.serve import start_metrics_listener
 
+    listener = start_metrics_listener(settings)
     worker = None
     if settings.worker_enabled:
         from orquestador.worker.daemon import build_worker
@@ -139,8 +141,13 @@ def _run_until_stopped(
     token = mint_token(
         settings, sub=DEV_SUBJECT, org=DEV_ORG, scopes=DEV_SCOPES, ttl_seconds=7 * 24 * 3600
     )
-    # One process: the API's /metrics already holds the worker's series too.
-    metrics = f"http://{settings.api_host}:{server.server_port}/metrics"
+    # One process: the API's /metrics already holds the worker's series too; with
+    # METRICS_BIND it is served there (started first), not on the API's port.
+    metrics = (
+        f"http://{settings.metrics_bind}/metrics"
+        if listener is not None
+        else f"http://{settings.api_host}:{server.server_port}/metrics"
+    )
     if worker is not None and worker.metrics_port:
         metrics += f", worker http://{settings.api_host}:{worker.metrics_port}/metrics"
     print(
@@ -166,6 +173,9 @@ def _run_until_stopped(
     # Open agent polls answer 204 now, and the command bell goes quietly with the database.
     stop_polls()
     server.shutdown()
+    if listener is not None:
+        listener.shutdown()
+        listener.server_close()
     if worker is not None:
         worker.request_stop()
         worker.join(settings.worker_drain_seconds + 10)

@@ -16,6 +16,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_plus
+from wsgiref.simple_server import WSGIServer
 
 from gunicorn import util as gunicorn_util
 from gunicorn.app.base import BaseApplication
@@ -30,6 +31,7 @@ from orquestador.api.limits import (
     MAX_REQUEST_LINE_BYTES,
 )
 from orquestador.config import Settings
+from orquestador.errors import ConfigError
 from orquestador.logs import make_formatter
 from orquestador.problems import PROBLEM_MEDIA_TYPE, code_for_status, problem_document
 
@@ -231,10 +233,76 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def on_exit(server: Any) -> None:
-    """gunicorn hook (master, last): remove a metrics directory this process made."""
+    """gunicorn hook (master, last): stop the metrics listener, remove a metrics directory
+    this process made."""
+    global _metrics_listener
+    listener, _metrics_listener = _metrics_listener, None
+    if listener is not None:
+        listener.shutdown()
+        listener.server_close()
     created = os.environ.pop(_CREATED_METRICS_DIR, "")
     if created:
         shutil.rmtree(created, ignore_errors=True)
+
+
+# The master's /metrics listener on METRICS_BIND, while it serves.
+_metrics_listener: WSGIServer | None = None
+
+
+class MetricsAddressTaken(ConfigError):
+    """METRICS_BIND names an address another process listens on."""
+
+
+def start_metrics_listener(settings: Settings) -> WSGIServer | None:
+    """Serve /metrics on METRICS_BIND in a daemon thread (None when it is empty).
+
+    One listener per host, whatever the number of gunicorn workers: it reads the values
+    every process wrote (PROMETHEUS_MULTIPROC_DIR), else this process's own. Raises
+    MetricsAddressTaken, one line, when the address is in use or cannot be bound.
+    """
+    address = settings.metrics_address
+    if address is None:
+        return None
+    from orquestador.metrics_listener import serve_metrics
+
+    try:
+        return serve_metrics(*address)
+    except OSError as error:
+        raise MetricsAddressTaken(
+            [
+                f"METRICS_BIND={settings.metrics_bind}: cannot listen there"
+                f" ({error.strerror or error}); another process holds it, or the host is"
+                " not this machine's: choose a free address"
+            ]
+        ) from None
+
+
+def when_ready(server: Any) -> None:
+    """gunicorn hook (master, before any worker): /metrics on METRICS_BIND, if set.
+
+    A taken address stops the API with one line (exit status 2): a scrape that finds
+    nobody, or another program, would hide that the API is up.
+    """
+    global _metrics_listener
+    settings = Settings.from_env() if _settings_of_run is None else _settings_of_run
+    try:
+        _metrics_listener = start_metrics_listener(settings)
+    except MetricsAddressTaken as taken:
+        server.log.error("%s", taken.problems[0])
+        server.halt(exit_status=2)
+    if _metrics_listener is not None:
+        server.log.info("metrics on http://%s/metrics", settings.metrics_bind)
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """gunicorn hook (each worker): let go of the master's metrics socket, which the fork
+    copied (its thread did not come along)."""
+    if _metrics_listener is not None:
+        _metrics_listener.socket.close()
+
+
+# The settings `orquestador api` runs with (the hooks read the environment otherwise).
+_settings_of_run: Settings | None = None
 
 
 def gunicorn_options(settings: Settings) -> dict[str, Any]:
@@ -259,7 +327,12 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         # Newer gunicorn opens a control socket under $HOME; a service needs none, and
         # a hardened unit (ProtectHome) would refuse it.
         "control_socket_disable": True,
+        # X-Forwarded-Proto (and gunicorn's other forwarded headers) count only from
+        # TRUSTED_PROXIES, as the app's own checks: gunicorn's default trusts loopback.
+        "forwarded_allow_ips": settings.forwarded_allow_ips,
         "on_starting": on_starting,
+        "when_ready": when_ready,
+        "post_fork": post_fork,
         "child_exit": child_exit,
         "on_exit": on_exit,
     }
@@ -290,6 +363,8 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 
 def serve_with_gunicorn(settings: Settings) -> int:
+    global _settings_of_run
+    _settings_of_run = settings
     _Gunicorn(settings).run()
     return 0
 

@@ -7,7 +7,9 @@ hot paths pay a function call and no more.
 
 A trace crosses the queue through the W3C `traceparent` of the acceptance, stored with
 the execution (and with an e-mail's outbox row): the worker that claims it later, in
-another process, continues the same trace from there.
+another process, continues the same trace from there. A trace starts at the API's own
+request span: a caller's `traceparent` is linked to, never continued (but from a trusted
+proxy), so the configured sampler decides and no caller picks the trace id.
 """
 
 from __future__ import annotations
@@ -195,25 +197,55 @@ def carried(function: Callable[[T], R]) -> Callable[[T], R]:
 
 @contextmanager
 def request_span(
-    name: str, headers: Mapping[str, str], attributes: Attributes
+    name: str,
+    headers: Mapping[str, str],
+    attributes: Attributes,
+    *,
+    trusted_caller: bool = False,
 ) -> Iterator[Span | _NoSpan]:
-    """A server span for one API request, continuing the caller's `traceparent` if it sent one."""
+    """A server span for one API request: the root of a trace of its own.
+
+    A caller's `traceparent` is its word only: anyone reaching the port could join
+    another tenant's trace (its id would go on to the providers) or, with the sampled
+    flag, have every span of its transition exported whatever the sampler says. So it is
+    kept as a link (a tracing backend still finds the caller's trace from ours) and the
+    configured sampler decides on the new root. From one of TRUSTED_PROXIES
+    (`trusted_caller`), which sets its own, the span continues it instead. `tracestate`
+    and baggage are never read: a header's value goes on no span.
+    """
     tracer = _tracer
     if tracer is None:
         yield NO_SPAN
         return
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry import trace
+    from opentelemetry.context import Context
 
-    context = TraceContextTextMapPropagator().extract(headers)
+    caller = _caller_span_context(headers.get(TRACEPARENT))
+    if caller is not None and trusted_caller:
+        context, links = trace.set_span_in_context(trace.NonRecordingSpan(caller)), None
+    else:
+        # An empty context, not the current one: nothing of the caller's is a parent.
+        context, links = Context(), [trace.Link(caller)] if caller is not None else None
     with tracer.start_as_current_span(
         name,
         context=context,
         kind=_kind("server"),
         attributes=_values(attributes),
+        links=links,
         record_exception=False,
         set_status_on_exception=False,
     ) as current:
         yield current
+
+
+def _caller_span_context(traceparent: str | None) -> Any:
+    """The span context a W3C `traceparent` names (no trace state), or None if invalid."""
+    if not traceparent:
+        return None
+    from opentelemetry import trace
+
+    context = trace.get_current_span(_extract(traceparent)).get_span_context()
+    return context if context.is_valid else None
 
 
 def _values(attributes: Attributes | None) -> dict[str, str | int | float | bool] | None:

@@ -165,9 +165,14 @@ class Clones:
         self._next = self._make()
 
     def _make(self) -> Future[str]:
-        return self._thread.submit(
-            create_database, self._server, "orquestador_test", template=self._template
-        )
+        return self._thread.submit(self._copy)
+
+    def _copy(self) -> str:
+        name = create_database(self._server, "orquestador_test", template=self._template)
+        # A copy does not keep the template's database privileges: as `migrate` leaves a
+        # database, no temporary table for the runtime role (grants.revoke_temporary).
+        self._server.admin(f'REVOKE TEMPORARY ON DATABASE "{name}" FROM PUBLIC')
+        return name
 
     def take(self) -> str:
         name = self._next.result()

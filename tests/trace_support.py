@@ -1,7 +1,8 @@
 """Traces in tests: an in-memory exporter in place of OTLP, and a real OTLP/HTTP receiver.
 
 `recorded_spans` turns tracing on for one test with the SDK's InMemorySpanExporter
-(every span is kept as it ends) and off again afterwards. `OtlpReceiver` is a small
+(every span is kept as it ends) and off again afterwards; `spans_sampled_at_zero` does
+the same with a sampler that keeps nothing. `OtlpReceiver` is a small
 HTTP server on 127.0.0.1 that accepts `POST /v1/traces` as a collector does and
 decodes each body (protobuf, `ExportTraceServiceRequest`).
 """
@@ -27,6 +28,23 @@ from orquestador import tracing
 @pytest.fixture
 def recorded_spans() -> Iterator[InMemorySpanExporter]:
     """Tracing on for this test; the exporter holds every span that ended."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.use_provider(None)
+        provider.shutdown()
+
+
+@pytest.fixture
+def spans_sampled_at_zero(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """Tracing on with the sampler an operator set to keep no trace (the SDK reads it from
+    OTEL_TRACES_SAMPLER, as the provider `tracing.configure` makes does)."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -47,6 +47,7 @@ from orquestador.api.pages import (
 )
 from orquestador.api.pages import routes as pages
 from orquestador.api.problems import ApiProblem, register_error_handlers
+from orquestador.api.proxies import from_trusted_proxy
 from orquestador.config import Settings
 from orquestador.logs import bind_context, reset_context
 
@@ -181,6 +182,7 @@ def _start_timer() -> None:
                 f"{request.method} {fields['route']}",
                 request.headers,
                 {"http.request.method": request.method, "http.route": fields["route"]},
+                trusted_caller=from_trusted_proxy(),
             )
         )
 

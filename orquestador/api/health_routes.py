@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from flask import Blueprint, Response, jsonify
 from sqlalchemy import text
 
-from orquestador.api.context import engine
-from orquestador.api.problems import problem_response
+from orquestador.api.context import api_context, engine
+from orquestador.api.problems import not_found, problem_response
 from orquestador.api.views import API_PREFIX
 
 log = logging.getLogger(__name__)
@@ -47,21 +46,14 @@ def metrics() -> Response:
 
     With PROMETHEUS_MULTIPROC_DIR set (serve.py sets it for gunicorn) each worker
     writes its values to files there, and a scrape, whichever worker answers it, reads
-    them all; otherwise this process's own registry answers.
+    them all; otherwise this process's own registry answers. With METRICS_BIND set it
+    is served there instead (metrics_listener.py), and this port does not answer it.
     """
-    from prometheus_client import (
-        CONTENT_TYPE_LATEST,
-        REGISTRY,
-        CollectorRegistry,
-        generate_latest,
-        multiprocess,
-    )
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     import orquestador.metrics  # noqa: F401  every series is declared even before first use
+    from orquestador.metrics_listener import scrape_registry
 
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-    else:
-        registry = REGISTRY
-    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    if api_context().settings.metrics_bind:
+        raise not_found()
+    return Response(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)

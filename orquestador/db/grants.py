@@ -80,6 +80,37 @@ def apply_runtime_grants(connection: Connection, role: str) -> list[str]:
     return tables
 
 
+def revoke_temporary(connection: Connection, role: str) -> bool:
+    """Take TEMPORARY on this database from PUBLIC and from ROLE; whether ROLE lost it.
+
+    PUBLIC may create temporary tables by default, and a temporary table comes first in
+    the search path for tables: on a pooled connection (PgBouncer in transaction mode)
+    one made by any client of the runtime role would stand in for a product table in
+    every later transaction of that server connection, whoever's (an `audit_event` of
+    its own swallowed other tenants' acceptance rows). The product makes none. Only the
+    database's owner (or a superuser) can revoke it: for anyone else REVOKE changes
+    nothing, which the answer and a warning say.
+    """
+    quote = connection.dialect.identifier_preparer.quote
+    database = connection.execute(text("SELECT current_database()")).scalar_one()
+    for grantee in ("PUBLIC", quote(role)):
+        connection.execute(text(f"REVOKE TEMPORARY ON DATABASE {quote(database)} FROM {grantee}"))
+    held = connection.execute(
+        text("SELECT has_database_privilege(:role, current_database(), 'TEMPORARY')"),
+        {"role": role},
+    ).scalar_one()
+    if held:
+        log.warning(
+            "role %r may still create temporary tables in database %r (it owns it, is a"
+            " superuser, or this role does not own the database): as the database's owner,"
+            " REVOKE TEMPORARY ON DATABASE %s FROM PUBLIC",
+            role,
+            database,
+            quote(database),
+        )
+    return not held
+
+
 def restrict_updates(
     connection: Connection, role: str, table: str, columns: tuple[str, ...]
 ) -> None:

@@ -136,6 +136,7 @@ def _privilege_problems(connection: Connection) -> list[str]:
         problems.append(
             f"grant them as the owner: RUNTIME_DATABASE_ROLE={role} orquestador migrate grant"
         )
+    problems += _temporary_problem(connection, role)
     # The tables are there but the worker's write function is not: the database is at a
     # revision older than this release (every worker write would fail).
     batch = connection.execute(
@@ -147,6 +148,24 @@ def _privilege_problems(connection: Connection) -> list[str]:
             "older than this release; run 'orquestador migrate upgrade' as the owner"
         )
     return problems
+
+
+def _temporary_problem(connection: Connection, role: str) -> list[str]:
+    """The line for a runtime role that may create temporary tables, if it may: on a pooled
+    connection such a table stands in for a product table in others' transactions."""
+    database = connection.execute(text("SELECT current_database()")).scalar_one()
+    if not connection.execute(
+        text("SELECT has_database_privilege(current_database(), 'TEMPORARY')")
+    ).scalar_one():
+        return []
+    quoted = connection.dialect.identifier_preparer.quote(database)
+    return [
+        f"DATABASE_URL: role {role!r} may create temporary tables in database {database!r}"
+        " (TEMPORARY, PUBLIC's by default): on a pooled connection one can stand in for a"
+        " product table in other clients' transactions; revoke it as the database's owner:"
+        f" REVOKE TEMPORARY ON DATABASE {quoted} FROM PUBLIC ('orquestador migrate grant'"
+        " does)"
+    ]
 
 
 def _lacking_updates(connection: Connection) -> tuple[dict[str, str], list[str]]:

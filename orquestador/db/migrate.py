@@ -15,10 +15,12 @@ from sqlalchemy import Connection, create_engine, pool, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from orquestador.config import Settings, sqlalchemy_url
+from orquestador.db.bounds import FunctionBounds, apply_function_bounds
 from orquestador.db.grants import (
     PlatformRoleIsRuntimeRole,
     apply_platform_grants,
     apply_runtime_grants,
+    revoke_temporary,
 )
 from orquestador.errors import OrquestadorError
 
@@ -107,18 +109,31 @@ def role_exists(url: str, role: str) -> bool:
         engine.dispose()
 
 
-def grant_runtime_role(url: str, role: str, platform_role: str | None = None) -> list[str]:
+def grant_runtime_role(
+    url: str,
+    role: str,
+    platform_role: str | None = None,
+    bounds: FunctionBounds | None = None,
+) -> list[str]:
     """Re-apply every runtime grant to ROLE in one transaction; return the tables granted.
 
     The platform role (`platform_role`, else PLATFORM_DATABASE_ROLE; none when empty) is
-    left with INSERT on platform_event and nothing else, in the same transaction.
+    left with INSERT on platform_event and nothing else, in the same transaction; PUBLIC
+    and ROLE lose TEMPORARY on the database (grants.revoke_temporary). The functions'
+    bounds are written too (`bounds`, else from the retention settings of
+    this environment, the owner's), once the database has their table.
     """
-    if platform_role is None:
-        platform_role = Settings.from_env().platform_database_role
+    if platform_role is None or bounds is None:
+        settings = Settings.from_env()
+        platform_role = settings.platform_database_role if platform_role is None else platform_role
+        bounds = FunctionBounds.from_settings(settings) if bounds is None else bounds
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     try:
         with _one_line_errors("grant failed"), engine.begin() as connection:
             tables = apply_runtime_grants(connection, role)
+            revoke_temporary(connection, role)
+            if "function_bound" in tables:
+                apply_function_bounds(connection, bounds)
             if platform_role:
                 try:
                     apply_platform_grants(connection, platform_role, runtime_role=role)

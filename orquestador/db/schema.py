@@ -812,6 +812,17 @@ sign_in_link = Table(
     Index(None, "expires_at"),
 )
 
+# The bounds the owner sets at migrate time on what the runtime role may ask of the
+# SECURITY DEFINER functions (db/bounds.py): the least retention of each period, the most
+# months ahead and rows a call. Written by the owner only; the runtime role reads them.
+function_bound = Table(
+    "function_bound",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Integer, nullable=False),
+    CheckConstraint("value >= 0", name="value_not_negative"),
+)
+
 # What the runtime role may do, table by table: DML only, audit append-only, flows immutable.
 # No table-level UPDATE: what it may change is RUNTIME_UPDATE_COLUMNS, column by column.
 RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
@@ -840,6 +851,7 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "bulk_action": ("SELECT", "INSERT", "DELETE"),
     "bulk_item": ("SELECT", "INSERT", "DELETE"),
     "sign_in_link": ("SELECT", "INSERT", "DELETE"),
+    "function_bound": ("SELECT",),
 }
 
 # The columns the runtime role may UPDATE: exactly those the protocol's statements set

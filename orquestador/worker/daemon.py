@@ -19,6 +19,7 @@ from orquestador import tracing
 from orquestador.actions import AdapterRegistry, load_registry
 from orquestador.config import Settings, libpq_url
 from orquestador.db.engine import make_engine
+from orquestador.errors import ConfigError
 from orquestador.metrics import LEASE_LOST_TOTAL
 from orquestador.queue import Claim
 from orquestador.redaction import error_line
@@ -168,7 +169,20 @@ class Worker:
         import orquestador.metrics  # noqa: F401  every series is declared before the first scrape
         from orquestador.worker.probe import start_probe_server
 
-        self.metrics_server = start_probe_server(self.settings.api_host, int(port), self.readiness)
+        try:
+            self.metrics_server = start_probe_server(
+                self.settings.api_host, int(port), self.readiness
+            )
+        except OSError as error:
+            # One line and exit status 2, not a traceback: a second worker on this host
+            # needs a port of its own (or none).
+            raise ConfigError(
+                [
+                    f"WORKER_METRICS_PORT={port}: cannot listen on {self.settings.api_host}:{port}"
+                    f" ({error.strerror or error}); another process holds it: give this worker"
+                    " a free port, or none"
+                ]
+            ) from None
         log.info(
             "worker metrics on http://%s:%d/metrics",
             self.settings.api_host,

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, Engine, TextClause, text
 from sqlalchemy.exc import ProgrammingError
 
 from orquestador.config import Settings, libpq_url
+from orquestador.db.bounds import floors_above, read_function_bounds
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
 from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.loop import Loop
@@ -267,6 +268,7 @@ def apply_retention(
     batches_per_pass: int = RETENTION_BATCHES_PER_PASS,
 ) -> tuple[dict[str, int], bool]:
     """Delete what is past its age, batch by batch; (deleted per table, more left)."""
+    _warn_below_floors(engine, settings)
     deleted: dict[str, int] = {}
     more = False
     for table, days, delete_batch in retention_rules(settings):
@@ -310,6 +312,27 @@ def expire_commands(
         if count < batch:
             return total, False
     return total, True
+
+
+def _warn_below_floors(engine: Engine, settings: Settings) -> None:
+    """One line a pass for each retention setting below the owner's floor: the functions
+    keep the floor's days, so this worker's setting does not take effect."""
+    try:
+        with engine.connect() as conn:
+            bounds = read_function_bounds(conn)
+    except ProgrammingError:
+        return  # no SELECT on the bounds: the retention's own warnings say what is missing
+    for setting, value, floor in floors_above(settings, bounds) if bounds else ():
+        log.warning(
+            "%s=%d is below the %d days the owner allows (set when it migrated): kept %d"
+            " days; to go lower, run 'orquestador migrate grant' as the owner with %s=%d",
+            setting,
+            value,
+            floor,
+            floor,
+            setting,
+            value,
+        )
 
 
 def make_history_months(engine: Engine) -> int:

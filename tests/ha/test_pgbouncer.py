@@ -20,16 +20,19 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from orquestador.config import libpq_url
+from orquestador.db import migrate
 from orquestador.db.engine import make_engine
-from tests.db_support import TestDatabase
+from tests.db_support import RUNTIME_ROLE, TestDatabase
 from tests.ha.api_traffic import ROOT, serve_api, spawn, traffic_through
 from tests.ha.replication import free_port, poll
 
@@ -54,6 +57,9 @@ class Bouncer:
     url: str  # the runtime role's URL through PgBouncer
     admin: str  # PgBouncer's admin console
 
+    def url_for_psycopg(self) -> str:
+        return libpq_url(self.url)
+
     def server_ports(self) -> set[int]:
         """Local ports of PgBouncer's connections to the server (SHOW SERVERS)."""
         # The admin console speaks only the simple query protocol: a client-side cursor.
@@ -70,6 +76,22 @@ class Bouncer:
 @pytest.fixture
 def bouncer(database: TestDatabase) -> Iterator[Bouncer]:
     """A PgBouncer in transaction mode in front of the test server, for the runtime role."""
+    with running_bouncer(database, pool_size=5) as started:
+        yield started
+
+
+# OPERATIONS.md's auth_file line for a role: the very SCRAM secret the server keeps.
+AUTH_FILE_LINE = text(
+    'SELECT format(\'"%s" "%s"\', rolname, rolpassword) FROM pg_authid WHERE rolname = :role'
+)
+
+
+@contextmanager
+def running_bouncer(
+    database: TestDatabase, pool_size: int, *, scram: bool = False
+) -> Iterator[Bouncer]:
+    """PgBouncer in transaction mode, POOL_SIZE server connections for the runtime role;
+    `scram`: clients checked against the auth_file OPERATIONS.md says to write."""
     if not Path(PGBOUNCER).is_file():
         pytest.skip("pgbouncer is not installed (Debian's package `pgbouncer`)")
     url = database.runtime_url
@@ -77,15 +99,22 @@ def bouncer(database: TestDatabase) -> Iterator[Bouncer]:
     folder = Path(tempfile.mkdtemp(prefix="orquestador-pgbouncer-"))
     folder.chmod(0o755)
     port = free_port()
-    (folder / "users.txt").write_text(f'"{url.username}" "{url.password}"\n')
+    users = f'"{url.username}" "{url.password}"'
+    if scram:
+        owner = make_engine(database.owner_dsn, pool_size=1)
+        with owner.connect() as conn:
+            users = conn.execute(AUTH_FILE_LINE, {"role": url.username}).scalar_one()
+        owner.dispose()
+    (folder / "users.txt").write_text(f"{users}\n")
     (folder / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"{database.name} = host={host} port={url.port or 5432} dbname={database.name}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
+        f"auth_type = {'scram-sha-256' if scram else 'trust'}\n"
+        f"auth_file = {folder / 'users.txt'}\n"
         f"admin_users = {url.username}\n"
-        "pool_mode = transaction\ndefault_pool_size = 5\n"
+        f"pool_mode = transaction\ndefault_pool_size = {pool_size}\n"
         "ignore_startup_parameters = extra_float_digits, options\n"
     )
     for path in folder.iterdir():
@@ -228,3 +257,63 @@ def test_the_api_and_a_worker_work_through_pgbouncer_with_session_state_direct(
     assert through_bouncer, "PgBouncer holds no server connection: the product bypassed it"
     assert len(listener) == 1 and listener[0][0] not in through_bouncer, listener
     assert len(leader) == 1 and leader[0][0] not in through_bouncer, leader
+
+
+def test_a_temporary_table_cannot_swallow_the_apis_audit_rows_on_a_pooled_connection(
+    database: TestDatabase, started: list[subprocess.Popen], tmp_path: Path
+) -> None:
+    # The database as `orquestador migrate grant` leaves it, PUBLIC's default given back
+    # first (a test database is a copy, which keeps no database privileges).
+    owner = make_engine(database.owner_dsn, pool_size=1)
+    with owner.begin() as conn:
+        conn.execute(text(f'GRANT TEMPORARY ON DATABASE "{database.name}" TO PUBLIC'))
+    migrate.grant_runtime_role(database.owner_dsn, RUNTIME_ROLE, platform_role="")
+    with running_bouncer(database, pool_size=1) as bouncer:
+        # One server connection behind PgBouncer: whatever a client leaves in its session
+        # meets every later transaction, another tenant's included.
+        refused: Exception | None = None
+        with psycopg.connect(bouncer.url_for_psycopg(), autocommit=True) as attacker:
+            try:
+                attacker.execute(
+                    "CREATE TEMPORARY TABLE audit_event (id bigint, org_id text, kind text,"
+                    " request_id uuid, execution_id uuid, actor text, detail jsonb,"
+                    " created_at timestamptz)"
+                )
+            except psycopg.errors.InsufficientPrivilege as error:
+                refused = error
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("PG")},
+            "PYTHONPATH": str(ROOT),
+            "DATABASE_URL": bouncer.url,
+            "DB_PREPARE": "false",
+            "DB_POOL_SIZE": "1",
+            "JWT_SECRET": JWT_SECRET,
+            "LOG_LEVEL": "WARNING",
+        }
+        base = serve_api(started, env, tmp_path / "api.log", workers=1, threads=2)
+        traffic = traffic_through(base, JWT_SECRET, FLOW, "finish")
+        created = traffic.call("requests", {"flowId": traffic.flow_id, "data": {}})
+        accepted = traffic.call(
+            f"requests/{created.body['id']}/transitions",
+            {"transition": "finish", "expectedRevision": created.body["revision"]},
+        )
+    assert accepted.status == 202, accepted.body
+    with owner.connect() as conn:
+        kinds = conn.execute(
+            text("SELECT kind FROM audit_event WHERE execution_id = :id"),
+            {"id": accepted.body["executionId"]},
+        ).scalars()
+        assert list(kinds) == ["TRANSITION_ACCEPTED"]
+    owner.dispose()
+    assert refused is not None, "the runtime role made a temporary audit_event"
+
+
+def test_the_documented_auth_file_admits_the_runtime_role_with_its_password_only(
+    database: TestDatabase,
+) -> None:
+    with running_bouncer(database, pool_size=1, scram=True) as bouncer:
+        with psycopg.connect(bouncer.url_for_psycopg()) as connection:
+            assert connection.execute("SELECT current_user").fetchone() == (RUNTIME_ROLE,)
+        wrong = libpq_url(make_url(bouncer.url).set(password="not-the-password"))
+        with pytest.raises(psycopg.OperationalError, match="SASL authentication failed"):
+            psycopg.connect(wrong).close()

@@ -265,7 +265,8 @@ def test_check_on_a_database_behind_this_release_says_to_upgrade(
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     missing = (
-        "approval, bulk_action, bulk_item, key_release, machine_agent, machine_credential,"
+        "approval, bulk_action, bulk_item, function_bound, key_release, machine_agent,"
+        " machine_credential,"
         " page_session_revocation, rate_bucket, schedule, schedule_fire, sign_in_link"
     )
     assert f"sees no table {missing}" in line

@@ -47,10 +47,16 @@ def runtime(database: TestDatabase) -> Iterator[Engine]:
         engine.dispose()
 
 
+# Any write the runtime role may make.
+PROBE_WRITE = text(
+    "INSERT INTO page_session_revocation (token_sha256, org_id, subject, expires_at)"
+    " VALUES (gen_random_uuid()::text, 'acme', 'probe', now())"
+)
+
+
 def write(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("CREATE TEMP TABLE IF NOT EXISTS probe (n int)"))
-        conn.execute(text("INSERT INTO probe VALUES (1)"))
+        conn.execute(PROBE_WRITE)
 
 
 def test_a_refused_write_recycles_every_connection_of_the_pool(runtime: Engine) -> None:
@@ -59,7 +65,7 @@ def test_a_refused_write_recycles_every_connection_of_the_pool(runtime: Engine) 
         conn.execute(text("SET default_transaction_read_only = on"))
         conn.commit()
         with pytest.raises(Exception) as refused:
-            conn.execute(text("CREATE TEMP TABLE refused (n int)"))
+            conn.execute(PROBE_WRITE)
     assert getattr(refused.value.orig, "sqlstate", None) == "25006"
     assert refused.value.connection_invalidated and is_retriable(refused.value)
     after = backends(runtime, 3)

@@ -274,3 +274,23 @@ def test_an_enrolment_is_audited_without_the_token(api: Api, owner_engine: Engin
 
     assert credential_id in stored
     assert token not in stored and token.split(".")[2] not in stored
+
+
+def test_the_runtime_role_cannot_take_a_revocation_back(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    credential_id, token = enroll(api, owner_engine)
+    assert revoke_over_http(api, "m-1").status_code == 200
+
+    # The column grant that lets the API revoke would also set the revocation back.
+    for change in ("revoked_at = NULL, revoked_by = NULL", "revoked_by = 'someone else'"):
+        with (
+            pytest.raises(ProgrammingError, match="a revoked machine credential stays revoked"),
+            runtime_engine.begin() as conn,
+        ):
+            conn.execute(
+                text(f"UPDATE machine_credential SET {change} WHERE id = :id"),
+                {"id": credential_id},
+            )
+
+    assert take(api, token).status_code == 401

@@ -30,6 +30,7 @@ from tests.integration.worker_support import (
     accept_transition,
     create_request,
     flow_definition,
+    migrated_with,
     publish_flow,
     settings,
     wait_until,
@@ -184,6 +185,7 @@ def test_retention_deletes_what_is_past_its_age_and_nothing_else(owner_engine, r
         owner_engine, simulation=False, created_days_ago=300, finished=True
     )
     audit_before = _count(owner_engine, "SELECT count(*) FROM audit_event")
+    migrated_with(owner_engine, simulation_retention_days=1)
 
     report = _one_pass(
         runtime_engine,
@@ -324,6 +326,7 @@ def test_zero_days_deletes_every_final_row_at_the_next_pass(owner_engine, runtim
     new_real, _ = _request_with_execution(
         owner_engine, simulation=False, created_days_ago=0, finished=True
     )
+    migrated_with(owner_engine, simulation_retention_days=0)
 
     report = _one_pass(
         runtime_engine,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import ProgrammingError
 
 from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
 
@@ -102,3 +103,18 @@ def test_a_link_secret_is_no_bearer_token(api: Api) -> None:
     secret = _link_path(_ask(api)).split("?t=", 1)[1]
     refused = api.client().get("/api/v1/executions", headers={"Authorization": f"Bearer {secret}"})
     assert refused.status_code == 401
+
+
+def test_the_runtime_role_cannot_make_a_used_link_usable_again(
+    api: Api, runtime_engine: Engine
+) -> None:
+    path = _link_path(_ask(api))
+    assert api.client().get(path).status_code == 200
+
+    with (
+        pytest.raises(ProgrammingError, match="a used sign-in link stays used"),
+        runtime_engine.begin() as conn,
+    ):
+        conn.execute(text("UPDATE sign_in_link SET used_at = NULL"))
+
+    assert api.client().get(path).status_code == 410

@@ -46,6 +46,7 @@ from tests.trace_support import (
     hex_trace_id,
     one_span,
     recorded_spans,  # noqa: F401  (a fixture)
+    spans_sampled_at_zero,  # noqa: F401  (a fixture)
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -319,3 +320,108 @@ def test_a_platform_event_starts_the_trace_its_execution_continues(
     assert start.attributes["orquestador.event_id"] == "evt-1"
     stored = execution(runtime_engine, answered.get_json()["executionId"]).trace_parent
     assert stored.split("-")[1:3] == [hex_trace_id(start), hex_span_id(start)]
+
+
+# Another tenant's trace, sampled, with what a caller might try to slip onto our spans.
+CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+HOSTILE = {
+    "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+    "tracestate": "probe=ana@example.com",
+    "baggage": "user=ana@example.com",
+}
+
+
+def _charge_with_headers(api: Api, headers: dict[str, str]) -> str:
+    """_charge_through_the_api, the transition sent with HEADERS besides the token."""
+    flow = api.publish(
+        flow_definition([action("charge", "billing.invoice", input={"amount": {"const": 42}})])
+    )
+    created = api.create_request(flow["id"], {})
+    accepted = api.client().post(
+        f"/api/v1/requests/{created['id']}/transitions",
+        json={"transition": "go", "expectedRevision": created["revision"]},
+        headers={**api.headers(), **headers},
+    )
+    assert accepted.status_code == 202, accepted.get_data(as_text=True)
+    return accepted.get_json()["executionId"]
+
+
+def test_a_callers_sampled_flag_does_not_override_a_sampler_that_keeps_nothing(
+    database: TestDatabase,
+    runtime_engine: Engine,
+    tmp_path: Path,
+    spans_sampled_at_zero: InMemorySpanExporter,  # noqa: F811
+) -> None:
+    with RouteProvider().serve() as provider:
+        registry = route_registry(tmp_path, provider.url, billing_route())
+        with running_api(database.runtime_dsn, registry=registry) as api:
+            execution_id = _charge_with_headers(api, HOSTILE)
+            assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+        (sent,) = provider.writes()
+
+    # Not a span of the request, its acceptance, claim, attempt or call is exported.
+    assert spans_sampled_at_zero.get_finished_spans() == ()
+    stored = execution(runtime_engine, execution_id).trace_parent
+    # What the worker continues is our own root, not sampled (flags' lowest bit).
+    assert CALLER_TRACE not in stored and int(stored.split("-")[3], 16) & 1 == 0
+    assert CALLER_TRACE not in sent.headers.get("traceparent", "")
+
+
+def test_a_callers_traceparent_is_only_a_link_from_a_trace_of_our_own(
+    database: TestDatabase,
+    runtime_engine: Engine,
+    tmp_path: Path,
+    recorded_spans: InMemorySpanExporter,  # noqa: F811
+) -> None:
+    with RouteProvider().serve() as provider:
+        registry = route_registry(tmp_path, provider.url, billing_route())
+        with running_api(database.runtime_dsn, registry=registry) as api:
+            _charge_with_headers(api, HOSTILE)
+            assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+        (sent,) = provider.writes()
+
+    spans = recorded_spans.get_finished_spans()
+    request = next(s for s in spans if s.attributes.get("http.route") == TRANSITIONS_ROUTE)
+    assert request.parent is None and hex_trace_id(request) != CALLER_TRACE
+    (link,) = request.links
+    assert (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") == (
+        CALLER_TRACE,
+        CALLER_SPAN,
+    )
+    # The acceptance, the claim across the queue, the attempt and the call: our trace.
+    assert {s.context.trace_id for s in spans if s.name != "POST /api/v1/flows"} >= {
+        request.context.trace_id
+    }
+    call = one_span(spans, "route.call")
+    assert call.context.trace_id == request.context.trace_id
+    assert sent.headers["traceparent"].split("-")[1] == hex_trace_id(request)
+    # Neither tracestate nor baggage reaches a span, a link or the provider.
+    assert "tracestate" not in sent.headers and "baggage" not in sent.headers
+    for span in spans:
+        assert not span.context.trace_state and "ana@example.com" not in repr(span.to_json())
+
+
+def test_a_trusted_proxys_traceparent_is_continued_without_its_tracestate(
+    database: TestDatabase,
+    runtime_engine: Engine,
+    tmp_path: Path,
+    recorded_spans: InMemorySpanExporter,  # noqa: F811
+) -> None:
+    with RouteProvider().serve() as provider:
+        registry = route_registry(tmp_path, provider.url, billing_route())
+        # The test client's peer is 127.0.0.1.
+        with running_api(
+            database.runtime_dsn, registry=registry, trusted_proxies="127.0.0.1"
+        ) as api:
+            _charge_with_headers(api, HOSTILE)
+            assert run_once(runtime_engine, fast_executor(registry)) == "SUCCEEDED"
+        (sent,) = provider.writes()
+
+    spans = recorded_spans.get_finished_spans()
+    request = next(s for s in spans if s.attributes.get("http.route") == TRANSITIONS_ROUTE)
+    assert hex_trace_id(request) == CALLER_TRACE
+    assert f"{request.parent.span_id:016x}" == CALLER_SPAN and not request.links
+    assert sent.headers["traceparent"].split("-")[1] == CALLER_TRACE
+    assert "tracestate" not in sent.headers
+    assert all(not span.context.trace_state for span in spans)

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, text
 
 from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.config import Settings
+from orquestador.db.bounds import FunctionBounds, apply_function_bounds
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
 from orquestador.queue import ActionAttempt, Claim, claim_due_executions
 from orquestador.worker.daemon import Worker
@@ -35,6 +36,13 @@ def settings(**overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings.from_env({}, **values)
+
+
+def migrated_with(owner: Engine, **retention: Any) -> None:
+    """The functions' bounds as `orquestador migrate` writes them for these retention
+    settings (the owner's floors: a pass of the same settings then keeps no more)."""
+    with owner.begin() as conn:
+        apply_function_bounds(conn, FunctionBounds.from_settings(settings(**retention)))
 
 
 def flow_definition(

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 from sqlalchemy.engine import URL
 
@@ -89,3 +90,35 @@ def test_the_documented_first_install_leaves_a_runtime_role_that_passes_check(
     assert f"runtime role '{install.runtime_role}': grants in place" in migrated.stdout
     checked = _run(["check"], env)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_check_names_temporary_tables_for_the_runtime_role_and_migrate_grant_takes_them(
+    install: Install, server: TestServer
+) -> None:
+    env = {
+        "MIGRATION_DATABASE_URL": install.owner_url.render_as_string(hide_password=False),
+        "DATABASE_URL": install.runtime_url.render_as_string(hide_password=False),
+    }
+    assert _run(["migrate"], env).returncode == 0
+    database = install.owner_url.database
+    # PUBLIC's by default: a database made (or restored) without the revoke.
+    server.admin(f'GRANT TEMPORARY ON DATABASE "{database}" TO PUBLIC')
+
+    checked = _run(["check"], env)
+    assert checked.returncode == 1
+    assert (
+        f"role '{install.runtime_role}' may create temporary tables in database '{database}'"
+        in checked.stderr
+    )
+    assert f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC" in checked.stderr
+
+    granted = _run(["migrate", "grant"], env)
+    assert granted.returncode == 0, granted.stderr
+    assert _run(["check"], env).returncode == 0
+    with (
+        psycopg.connect(
+            install.runtime_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        ) as connection,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        connection.execute("CREATE TEMPORARY TABLE audit_event (id bigint)")

@@ -413,8 +413,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     # 0022: who dismissed a notice; 0023: a retry with a correction moves the execution's
     # accepted revision; 0024: the history tables partitioned by month (grants unchanged);
-    # 0025: the traceparent an execution and an e-mail continue (inserted only).
-    for revision in ("0022", "0023", "0024", "0025"):
+    # 0025: the traceparent an execution and an e-mail continue (inserted only); 0029:
+    # the owner's bounds on the definer functions (the runtime role reads them).
+    for revision in ("0022", "0023", "0024", "0025", "0029"):
         step(server, name, revision)
         assert _update_columns(server, name) == _declared_updates(at=revision)
 

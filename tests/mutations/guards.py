@@ -1912,6 +1912,95 @@ BULK_GUARDS = [
     ),
 ]
 
+# --- migration 0029: what stays written, whatever the runtime role's grants allow ---------
+
+_LIMITS_SQL = "migrations/versions/0029_runtime_role_limits.py"
+ROLE_ATTACKS = "tests/security/test_role_attacks.py"
+_SUCCESS_STAYS = f"{ROLE_ATTACKS}::test_a_succeeded_checkpoint_keeps_its_status_and_output"
+
+RUNTIME_ROLE_GUARDS = [
+    Mutation(
+        "success-output-stays",
+        _LIMITS_SQL,
+        "    IF NEW.output IS DISTINCT FROM OLD.output THEN\n",
+        "    IF false THEN\n",
+        "A SUCCEEDED checkpoint's output never changes, whatever the runtime role writes.",
+        (f"{_SUCCESS_STAYS}[output = '{{\"charged\": 0}}']",),
+    ),
+    Mutation(
+        "success-status-stays",
+        _LIMITS_SQL,
+        "    IF NEW.status <> 'SUCCEEDED' AND NOT (\n",
+        "    IF false AND NOT (\n",
+        "A SUCCEEDED checkpoint stays SUCCEEDED, so its step never runs again.",
+        (f"{_SUCCESS_STAYS}[status = 'UNKNOWN']",),
+    ),
+    Mutation(
+        "success-undone-only-by-a-mismatch-retry",
+        _LIMITS_SQL,
+        "              AND e.error_code = 'CONTRACT_MISMATCH'\n",
+        "",
+        "Only an operator's retry of a step parked for another contract undoes its success.",
+        (
+            f"{ROLE_ATTACKS}::"
+            "test_only_a_retry_of_the_step_a_contract_mismatch_names_may_undo_its_success",
+        ),
+    ),
+    Mutation(
+        "success-undone-only-for-the-named-step",
+        _LIMITS_SQL,
+        "              AND e.error_detail ->> 'actionId' = NEW.action_id))\n",
+        "))\n",
+        "A contract mismatch undoes the success of the step it names, never another's.",
+        (
+            f"{ROLE_ATTACKS}::"
+            "test_only_a_retry_of_the_step_a_contract_mismatch_names_may_undo_its_success",
+        ),
+    ),
+    Mutation(
+        "success-trigger-fires-on-succeeded-rows",
+        _LIMITS_SQL,
+        "        \"OLD.status = 'SUCCEEDED'\",\n",
+        "        \"OLD.status = 'FAILED'\",\n",
+        "The guard fires on every SUCCEEDED checkpoint.",
+        (f"{_SUCCESS_STAYS}[status = 'UNKNOWN']",),
+    ),
+    Mutation(
+        "credential-stays-revoked",
+        _LIMITS_SQL,
+        "    IF (NEW.revoked_at, NEW.revoked_by) IS DISTINCT FROM"
+        " (OLD.revoked_at, OLD.revoked_by)\n",
+        "    IF false\n",
+        "A revoked machine credential stays revoked.",
+        (
+            "tests/integration/test_machine_credentials.py::"
+            "test_the_runtime_role_cannot_take_a_revocation_back",
+        ),
+    ),
+    Mutation(
+        "link-stays-used",
+        _LIMITS_SQL,
+        "    IF NEW.used_at IS DISTINCT FROM OLD.used_at AND NOT",
+        "    IF false AND NOT",
+        "A used sign-in link stays used.",
+        (
+            "tests/integration/test_sign_in_links.py::"
+            "test_the_runtime_role_cannot_make_a_used_link_usable_again",
+        ),
+    ),
+    Mutation(
+        "sign-out-stays",
+        _LIMITS_SQL,
+        "    IF OLD.expires_at >= clock_timestamp() AND NOT",
+        "    IF false AND NOT",
+        "A sign-out's record stays until its token expires.",
+        (
+            "tests/security/test_page_sign_out.py::"
+            "test_the_runtime_role_cannot_delete_a_sign_out_before_its_token_expires",
+        ),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -1935,6 +2024,7 @@ MUTATIONS: list[Mutation] = [
     *EXPIRY_GUARDS,
     *CORRECTION_GUARDS,
     *BULK_GUARDS,
+    *RUNTIME_ROLE_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import ProgrammingError
 
 from orquestador.api.pages.routes import SESSION_COOKIE
 from tests.integration.api_support import Api, running_api
@@ -102,3 +103,20 @@ def test_records_past_their_token_expiry_are_purged_at_a_later_sign_out(
             .all()
         )
     assert "bob:old" not in kept and "bob:live" in kept and len(kept) == 2
+
+
+def test_the_runtime_role_cannot_delete_a_sign_out_before_its_token_expires(
+    api: Api, runtime_engine: Engine
+) -> None:
+    client = _signed_in(api, api.token())
+    copied = client.get_cookie(SESSION_COOKIE, path="/ui")
+    assert copied is not None
+    assert client.post("/ui/logout", headers={"Origin": HOST}).status_code == 303
+
+    with (
+        pytest.raises(ProgrammingError, match="a sign-out is kept until its token expires"),
+        runtime_engine.begin() as conn,
+    ):
+        conn.execute(text("DELETE FROM page_session_revocation"))
+
+    assert _with_cookie(api, copied.value).get("/ui/executions").status_code == 303

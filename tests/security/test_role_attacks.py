@@ -127,9 +127,13 @@ def test_a_real_request_cannot_be_made_a_simulation_and_purged(
 def test_a_temporary_table_does_not_steer_the_purge(
     runtime_engine: Engine, owner_engine: Engine, history: History
 ) -> None:
-    # (b) A simulated request due for the purge, with no execution: the bait.
+    # (b) A simulated request due for the purge, with no execution: the bait. Migrated
+    # databases give no temporary tables to the runtime role (test_temporary_tables.py);
+    # one that grants them by hand still does not steer the purge.
     with owner_engine.begin() as connection:
         bait = _request(connection, _flow(connection), simulation=True)
+        database = connection.execute(text("SELECT current_database()")).scalar_one()
+        connection.execute(text(f'GRANT TEMPORARY ON DATABASE "{database}" TO {RUNTIME_ROLE}'))
     with runtime_engine.begin() as connection:
         # pg_temp came first for tables in the function's search_path: this `execution`
         # claimed the real execution for the bait.
@@ -193,3 +197,75 @@ def test_no_other_role_may_run_the_project_functions(platform_dsn: str, call: st
         pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for function"),
     ):
         connection.execute(call)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "output = '{\"charged\": 0}'",
+        "status = 'FAILED', error_code = 'RETRY_APPROVED', attempt_base = attempt",
+        "status = 'UNKNOWN'",
+    ],
+)
+def test_a_succeeded_checkpoint_keeps_its_status_and_output(
+    runtime_engine: Engine, owner_engine: Engine, history: History, change: str
+) -> None:
+    # The protocol's column grants cover both (a step's success writes them), so only a
+    # trigger stops a rewrite: later steps and the decision read the output, and a
+    # checkpoint no longer SUCCEEDED would run its payment again.
+    with (
+        pytest.raises(ProgrammingError) as refused,
+        runtime_engine.begin() as connection,
+    ):
+        connection.execute(
+            text(f"UPDATE action_execution SET {change} WHERE execution_id = :id"),
+            {"id": history.execution_id},
+        )
+    assert getattr(refused.value.orig, "sqlstate", None) == INSUFFICIENT_PRIVILEGE
+    assert "succeeded checkpoint" in str(refused.value.orig)
+    with owner_engine.connect() as connection:
+        kept = connection.execute(
+            text("SELECT status, output FROM action_execution WHERE execution_id = :id"),
+            {"id": history.execution_id},
+        ).one()
+    assert tuple(kept) == ("SUCCEEDED", None)
+
+
+def test_only_a_retry_of_the_step_a_contract_mismatch_names_may_undo_its_success(
+    runtime_engine: Engine, owner_engine: Engine, history: History
+) -> None:
+    # The operator's retry of a step recorded for another contract runs it as new: the
+    # one way back from SUCCEEDED, and only for the step the parked execution names.
+    retry = text(
+        "UPDATE action_execution SET status = 'FAILED', error_code = 'RETRY_APPROVED'"
+        " WHERE execution_id = :id AND action_id = 'charge'"
+    )
+    park = text(
+        "UPDATE execution SET status = 'RECONCILIATION_REQUIRED', finished_at = NULL,"
+        " error_code = :reason, error_detail = CAST(:detail AS jsonb)"
+        " WHERE id = :id"
+    )
+    for reason, named in (("CONTRACT_MISMATCH", "other"), ("WRITE_IN_DOUBT", "charge")):
+        with owner_engine.begin() as connection:
+            connection.execute(
+                park,
+                {
+                    "id": history.execution_id,
+                    "reason": reason,
+                    "detail": f'{{"actionId": "{named}"}}',
+                },
+            )
+        with pytest.raises(ProgrammingError), runtime_engine.begin() as connection:
+            connection.execute(retry, {"id": history.execution_id})
+
+    with owner_engine.begin() as connection:
+        connection.execute(
+            park,
+            {
+                "id": history.execution_id,
+                "reason": "CONTRACT_MISMATCH",
+                "detail": '{"actionId": "charge"}',
+            },
+        )
+    with runtime_engine.begin() as connection:
+        assert connection.execute(retry, {"id": history.execution_id}).rowcount == 1

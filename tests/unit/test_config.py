@@ -101,3 +101,19 @@ def test_org_weights_are_organization_weight_pairs_and_a_bad_item_is_named() -> 
         "ORG_WEIGHTS: 'initech=0' is not organization=weight with a weight above 0"
         " (e.g. acme=3,globex=0.5)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "address"),
+    [("127.0.0.1:9464", ("127.0.0.1", 9464)), ("[::1]:9464", ("::1", 9464)), ("", None)],
+)
+def test_metrics_bind_is_a_host_and_port(raw: str, address: tuple[str, int] | None) -> None:
+    assert Settings.from_env({"METRICS_BIND": raw}).metrics_address == address
+
+
+@pytest.mark.parametrize("raw", ["9464", "::1:9464", "localhost:0", "host:65536", ":9464"])
+def test_a_bad_metrics_bind_is_one_line(raw: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"METRICS_BIND": raw})
+    (line,) = refused.value.problems
+    assert line.startswith("METRICS_BIND must be HOST:PORT")

@@ -12,6 +12,7 @@ import re
 import runpy
 import shutil
 import subprocess
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,21 @@ def test_gunicorn_conf_runs_gthread_workers_with_a_graceful_timeout_above_the_dr
     # Prometheus multiprocess directory.
     assert issubclass(config.logger_class, RedactingGunicornLogger)
     assert config.accesslog == "-"
-    for hook in ("on_starting", "child_exit", "on_exit"):
+    for hook in ("on_starting", "when_ready", "post_fork", "child_exit", "on_exit"):
         assert getattr(config, hook).__module__ == "orquestador.serve"
+
+
+@pytest.mark.parametrize(
+    ("trusted", "allowed"),
+    [("", []), ("10.0.0.5/24, ::1", ["10.0.0.0/24", "::1/128"]), ("192.0.2.7", ["192.0.2.7/32"])],
+)
+def test_gunicorn_believes_forwarded_headers_from_trusted_proxies_only(
+    monkeypatch: pytest.MonkeyPatch, trusted: str, allowed: list[str]
+) -> None:
+    # gunicorn's own default is loopback; empty TRUSTED_PROXIES means nobody, loopback too.
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    config = _gunicorn_config(monkeypatch, TRUSTED_PROXIES=trusted)
+    assert config.forwarded_allow_ips == allowed
 
 
 def test_orquestador_api_and_gunicorn_conf_apply_the_same_settings(
@@ -220,15 +234,42 @@ def test_compose_gives_the_worker_an_smtp_sink_with_a_web_ui_and_its_metrics_por
     services = _compose()["services"]
     sink = services["mailpit"]
     assert sink["image"].startswith("axllent/mailpit")
-    assert "8025:8025" in sink["ports"]
+    assert "127.0.0.1:8025:8025" in sink["ports"]
     worker = services["worker"]
     assert worker["environment"]["SMTP_URL"] == "smtp://mailpit:1025"
     port = worker["environment"]["WORKER_METRICS_PORT"]
-    assert f"{port}:{port}" in worker["ports"]
+    assert f"127.0.0.1:{port}:{port}" in worker["ports"]
     # Stop timeouts above the drain (worker) and gunicorn's graceful timeout (API).
     assert int(worker["stop_grace_period"].rstrip("s")) > 20
     graceful = gunicorn_options(Settings.from_env({}))["graceful_timeout"]
     assert int(services["api"]["stop_grace_period"].rstrip("s")) > graceful
+
+
+def test_compose_publishes_only_the_proxy_and_metrics_on_loopback() -> None:
+    compose = _compose()
+    services = compose["services"]
+    proxy, api = services["proxy"], services["api"]
+    # nginx with the shipped configuration, in front of gunicorn, is the one public port.
+    assert proxy["image"].startswith("nginx:")
+    assert (
+        "./docs/deploy/nginx.conf.template:/etc/nginx/templates/default.conf.template:ro"
+        in proxy["volumes"]
+    )
+    assert proxy["environment"]["ORQUESTADOR_API"] == f"api:{api['expose'][0]}"
+    assert proxy["ports"] == [f"{proxy['environment']['ORQUESTADOR_LISTEN']}:8080"]
+    # The API believes forwarded headers from the proxy's fixed address and nobody else,
+    # inside the stack's subnet.
+    address = proxy["networks"]["default"]["ipv4_address"]
+    assert api["environment"]["TRUSTED_PROXIES"] == address
+    (subnet,) = compose["networks"]["default"]["ipam"]["config"]
+    assert ip_address(address) in ip_network(subnet["subnet"])
+    # The API's /metrics is on its own address, published on loopback like every other
+    # port but the proxy's; PostgreSQL is not published at all.
+    bind = api["environment"]["METRICS_BIND"]
+    assert api["ports"] == [f"127.0.0.1:{bind.rsplit(':', 1)[1]}:{bind.rsplit(':', 1)[1]}"]
+    for name, service in services.items():
+        if name != "proxy":
+            assert all(port.startswith("127.0.0.1:") for port in service.get("ports", [])), name
 
 
 def _docker_compose_exists() -> bool:

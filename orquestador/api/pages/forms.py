@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from ipaddress import IPv6Address, ip_address
 from urllib.parse import urlsplit
 
 from flask import request
 
-from orquestador.api.context import api_context
 from orquestador.api.problems import ApiProblem
+from orquestador.api.proxies import from_trusted_proxy
 
 CSRF_FIELD = "csrf"
 _CSRF_PURPOSE = b"orquestador page form"
@@ -64,23 +63,9 @@ def _same_origin() -> bool:
 
 def _forwarded(name: str) -> str:
     """The first (the client-facing) value of an X-Forwarded-* header from a trusted proxy."""
-    if not _from_trusted_proxy():
+    if not from_trusted_proxy():
         return ""
     return request.headers.get(name, "").split(",")[0].strip()
-
-
-def _from_trusted_proxy() -> bool:
-    """Whether the direct peer (not any forwarded address) is one of TRUSTED_PROXIES."""
-    networks = api_context().settings.trusted_proxy_networks
-    if not networks:
-        return False
-    try:
-        peer = ip_address(request.remote_addr or "")
-    except ValueError:
-        return False  # a unix socket, say: no address to trust
-    if isinstance(peer, IPv6Address) and peer.ipv4_mapped is not None:
-        peer = peer.ipv4_mapped
-    return any(peer in network for network in networks)
 
 
 def over_https() -> bool:
