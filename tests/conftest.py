@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
@@ -33,6 +34,11 @@ from tests.db_support import (
 )
 
 log = logging.getLogger(__name__)
+
+# Hypothesis fails an example slower than 200 ms by default: on a busy machine that is
+# load, not a bug. Property tests bound their own work (sizes, steps) instead.
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 TEMPLATE_PREFIX = "orquestador_template"
 FOLDER_KEY = pytest.StashKey[Path]()
