@@ -84,6 +84,7 @@ class Settings:
     api_threads: int = _env("API_THREADS", "4", "api")
     api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
     agent_poll_share: float = _env("AGENT_POLL_SHARE", "0.5", "api")
+    execution_wait_share: float = _env("EXECUTION_WAIT_SHARE", "0.25", "api")
     trusted_proxies: str = _env("TRUSTED_PROXIES", "", "api")
 
     adapter_modules: str = _env("ADAPTER_MODULES", "", "adapters")
@@ -285,6 +286,11 @@ class Settings:
             problems.append(
                 f"AGENT_POLL_SHARE={self.agent_poll_share} must be a share of the request "
                 "threads above 0 and at most 1"
+            )
+        if not 0 <= self.execution_wait_share <= 1:
+            problems.append(
+                f"EXECUTION_WAIT_SHARE={self.execution_wait_share} must be a share of the "
+                "request threads from 0 to 1"
             )
         for item in filter(None, (i.strip() for i in self.trusted_proxies.split(","))):
             try:

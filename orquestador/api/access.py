@@ -22,18 +22,23 @@ from sqlalchemy import (
     Row,
     Select,
     and_,
+    case,
+    cast,
     false,
     func,
     select,
     text,
     tuple_,
 )
+from sqlalchemy.dialects.postgresql import UUID
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
+from orquestador.approvals.store import WAIT_PREFIX as APPROVAL_WAIT_PREFIX
 from orquestador.db.schema import (
     KEY_HOLDING,
     action_attempt,
     action_execution,
+    approval,
     audit_event,
     execution,
     flow,
@@ -106,6 +111,28 @@ class BulkFilter:
 # The machine the request names, else the one its data names (a moment's machineId).
 _request_machine = func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId"))
 
+# The approval a WAITING execution waits on, while a person can still decide it (open,
+# before its deadline): until then nothing but a person moves the execution. Its wait key
+# names it; another key names no approval (the CASE keeps its text from the cast).
+_WAITED_APPROVAL = case(
+    (
+        execution.c.wait_key.startswith(APPROVAL_WAIT_PREFIX, autoescape=True),
+        cast(func.substr(execution.c.wait_key, len(APPROVAL_WAIT_PREFIX) + 1), UUID),
+    ),
+    else_=None,
+)
+_OPEN_APPROVAL = (
+    select(approval.c.id)
+    .where(
+        execution.c.status == "WAITING",
+        approval.c.id == _WAITED_APPROVAL,
+        approval.c.org_id == execution.c.org_id,
+        approval.c.status == "open",
+        approval.c.deadline_at > func.clock_timestamp(),
+    )
+    .scalar_subquery()
+)
+
 _EXECUTION_COLUMNS = (
     execution.c.id,
     execution.c.request_id,
@@ -123,6 +150,7 @@ _EXECUTION_COLUMNS = (
     execution.c.updated_at,
     execution.c.priority,
     execution.c.trace_parent,
+    _OPEN_APPROVAL.label("open_approval_id"),
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     _request_machine.label("machine_id"),

@@ -57,6 +57,50 @@ TRANSITION_BODY: dict[str, Any] = {
     },
 }
 
+RUN_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["flow", "transition", "data"],
+    "additionalProperties": False,
+    "properties": {
+        "flow": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "A flow key (its latest version starts) or a flow version's id.",
+        },
+        "transition": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "A transition that leaves the flow's initial state.",
+        },
+        "data": {
+            "type": "object",
+            "description": "Validated against the flow's dataSchema; at most 256 KiB as JSON.",
+        },
+        "priority": TRANSITION_BODY["properties"]["priority"],
+        "machineId": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "The request's machine; omitted, the `machineId` of the data.",
+        },
+    },
+}
+
+RUN_STARTED: dict[str, Any] = {
+    "type": "object",
+    "required": ["requestId", "executionId", "flowId", "flowKey", "flowVersion"],
+    "additionalProperties": False,
+    "properties": {
+        "requestId": _UUID,
+        "executionId": _UUID,
+        "flowId": {**_UUID, "description": "The flow version that runs (a key's latest)."},
+        "flowKey": {"type": "string"},
+        "flowVersion": {"type": "integer", "minimum": 1},
+    },
+}
+
 FLOW_CREATED: dict[str, Any] = {
     "type": "object",
     "required": ["id", "key", "version", "trigger"],
@@ -176,6 +220,14 @@ EXECUTION: dict[str, Any] = {
         "nextAttemptAt": {
             **_TIMESTAMP,
             "description": "When a RETRY_WAIT execution becomes due again.",
+        },
+        "waitingForApproval": {
+            **_UUID,
+            "description": (
+                "A WAITING execution whose step waits on a person's approval that can still be"
+                " decided (open, before its deadline): that approval (`GET /approvals/{id}`)."
+                " It moves again once someone decides, or at the deadline."
+            ),
         },
         "attempts": {"type": "integer", "minimum": 0},
         "priority": {

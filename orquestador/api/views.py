@@ -234,6 +234,9 @@ def execution_view(
     if row.error_detail:
         # Where it failed (action, pointer, schema paths); the worker stores no values.
         body["errorDetail"] = row.error_detail
+    approval_id = getattr(row, "open_approval_id", None)
+    if approval_id is not None:
+        body["waitingForApproval"] = str(approval_id)
     waiting = row.status == "RETRY_WAIT"
     if waiting:
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)

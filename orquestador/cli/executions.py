@@ -145,7 +145,7 @@ def _page_size(text: str) -> int:
     return value
 
 
-def _execution_id(client: Client, text: str) -> str:
+def resolve_execution_id(client: Client, text: str) -> str:
     """The id of the execution `text` names: a whole id, or a short one resolved by the
     server (`?id=`, within what the token may see, so a foreign execution is as missing
     as one that does not exist)."""
@@ -213,18 +213,18 @@ def _list(client: Client, args: argparse.Namespace) -> int:
 
 
 def _show(client: Client, args: argparse.Namespace) -> int:
-    view = client.get_execution(_execution_id(client, args.execution))
+    view = client.get_execution(resolve_execution_id(client, args.execution))
     if args.json:
         print_json(view)
     else:
-        _print_execution(view)
+        print_execution(view)
         _print_decision(view)
         _print_then_and_now(view)
     return 0
 
 
 def _evidence(client: Client, args: argparse.Namespace) -> int:
-    found = client.get_execution_evidence(_execution_id(client, args.execution))
+    found = client.get_execution_evidence(resolve_execution_id(client, args.execution))
     if args.json:
         print_json(found)
         return 0
@@ -293,7 +293,7 @@ def _reconcile(client: Client, args: argparse.Namespace) -> int:
     output = None if args.output is None else json_argument(args.output, "--output")
     correction = [correction_argument(text) for text in args.correct or ()] or None
     view = client.reconcile_execution(
-        _execution_id(client, args.execution),
+        resolve_execution_id(client, args.execution),
         action_id=args.action,
         decision=args.decision,
         reason=args.reason,
@@ -308,12 +308,12 @@ def _reconcile(client: Client, args: argparse.Namespace) -> int:
         if args.correct:
             paths = ", ".join(entry["path"] for entry in correction or ())
             print(f"corrected: {paths} (the evidence's audit keeps each value before and after)")
-        _print_execution(view)
+        print_execution(view)
     return 0
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
-    view = client.cancel_execution(_execution_id(client, args.execution), args.reason)
+    view = client.cancel_execution(resolve_execution_id(client, args.execution), args.reason)
     if args.json:
         print_json(view)
     elif view["status"] == "RECONCILIATION_REQUIRED":
@@ -324,10 +324,10 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
             "the request stays busy until an operator decides; see: orquestador executions "
             f"evidence {view['id']}"
         )
-        _print_execution(view)
+        print_execution(view)
     else:
         print(f"cancelled; the execution is {view['status']}")
-        _print_execution(view)
+        print_execution(view)
     if not args.json:
         for line in _machine_commands_said(view.get("machineCommands") or {}):
             print(line)
@@ -365,7 +365,8 @@ def correction_argument(text: str) -> dict[str, Any]:
     return {"path": path, "value": json_argument(value, f"--correct {path}")}
 
 
-def _print_execution(view: dict[str, Any]) -> None:
+def print_execution(view: dict[str, Any]) -> None:
+    """The execution's fields a person reads first, then its steps."""
     print_fields(
         [
             ("execution", view["id"]),

@@ -14,6 +14,10 @@ from orquestador.client import ApiError
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
+# A command that follows an execution (`run --wait`, `executions wait`) also ends with
+# these: 0 it SUCCEEDED, 1 it FAILED or was CANCELLED, 2 refused or bad input.
+EXIT_PARKED = 3  # it waits for a person: parked for a decision, or on an approval
+EXIT_TIMED_OUT = 4  # it had not settled when the wait's time was up
 
 # The audit's detail is wrapped to this width under its row, never cut.
 AUDIT_DETAIL_WIDTH = 100
