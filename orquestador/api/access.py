@@ -101,6 +101,8 @@ class BulkFilter:
 
     status: str | None = None
     flow_id: uuid.UUID | None = None
+    # Every version of the key.
+    flow_key: str | None = None
     error_code: str | None = None
     machine_id: str | None = None
     # Created strictly after / strictly before.
@@ -301,6 +303,11 @@ class ResourceAccess:
             conditions.append(execution.c.status == found.status)
         if found.flow_id is not None:
             conditions.append(execution.c.flow_id == found.flow_id)
+        if found.flow_key is not None:
+            versions = select(flow.c.id).where(
+                flow.c.org_id == self.caller.org, flow.c.key == found.flow_key
+            )
+            conditions.append(execution.c.flow_id.in_(versions))
         if found.error_code is not None:
             conditions.append(execution.c.error_code == found.error_code)
         if found.machine_id is not None:

@@ -7,7 +7,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, text
 
+from orquestador.api.body import unstorable_text
 from orquestador.db.schema import flow
+
+# The longest key a definition may have (its schema's pattern).
+MAX_KEY_CHARACTERS = 100
 
 
 def publish_flow(
@@ -93,5 +97,7 @@ def flow_by_reference(connection: Connection, *, org: str, reference: str) -> Ro
     try:
         flow_id = uuid.UUID(reference)
     except ValueError:
+        if not 0 < len(reference) <= MAX_KEY_CHARACTERS or unstorable_text(reference):
+            return None  # no key is that: nothing to look for
         return latest_flow(connection, org=org, key=reference)
     return find_flow(connection, org=org, flow_id=flow_id)

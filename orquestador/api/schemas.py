@@ -23,7 +23,13 @@ CREATE_REQUEST_BODY: dict[str, Any] = {
     "required": ["flowId", "data"],
     "additionalProperties": False,
     "properties": {
-        "flowId": {**_UUID, "description": "A flow of the caller's organization."},
+        "flowId": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "A flow of the caller's organization: a version's id, or a key "
+            "(its latest version).",
+        },
         "data": {
             "type": "object",
             "description": "Validated against the flow's dataSchema; at most 256 KiB as JSON.",

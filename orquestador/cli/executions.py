@@ -23,6 +23,7 @@ from orquestador.cli.api_commands import (
 from orquestador.cli.output import (
     UsageProblem,
     cell,
+    flow_filter,
     flow_name,
     json_argument,
     print_fields,
@@ -49,7 +50,11 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
 
     listing = action("list", "executions the token may see, newest first", _list)
     listing.add_argument("--status", choices=values(ExecutionStatus), help="only this status")
-    listing.add_argument("--flow", metavar="ID", help="only executions of this flow version")
+    listing.add_argument(
+        "--flow",
+        metavar="KEY|ID",
+        help="only executions of this flow: a key (every version) or a version's id",
+    )
     listing.add_argument("--request", metavar="ID", help="only executions of this request")
     listing.add_argument(
         "--limit",
@@ -178,9 +183,11 @@ def resolve_execution_id(client: Client, text: str) -> str:
 
 
 def _list(client: Client, args: argparse.Namespace) -> int:
+    flow = dict([flow_filter(args.flow)]) if args.flow else {}
     page = client.list_executions(
         status=args.status,
-        flow_id=args.flow,
+        flow_id=flow.get("flowId"),
+        flow_key=flow.get("flowKey"),
         request_id=args.request,
         limit=args.limit,
         after=args.after,

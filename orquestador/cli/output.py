@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,15 @@ def print_wrapped(text: str, *, indent: str) -> None:
         break_on_hyphens=False,
     ):
         print(line)
+
+
+def flow_filter(text: str) -> tuple[str, str]:
+    """A `--flow` option as a filter: a version's id names that version (`flowId`),
+    anything else a key, every version of it (`flowKey`)."""
+    try:
+        return "flowId", str(uuid.UUID(text))
+    except ValueError:
+        return "flowKey", text
 
 
 def flow_name(view: dict[str, Any]) -> str | None:

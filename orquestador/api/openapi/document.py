@@ -25,6 +25,7 @@ from orquestador.api.openapi.parts import (
     SECURED,
     WRITE_ERRORS,
     body,
+    flow_parameter,
     id_parameter,
     json_response,
     problems,
@@ -130,9 +131,10 @@ def _core_paths() -> dict[str, Any]:
             "get": {
                 "operationId": "getFlow",
                 "summary": "A published flow of the caller's organization",
-                "description": "Scope `flows:admin`.",
+                "description": "Scope `flows:admin`. By a version's id, or by a key: its "
+                "latest version.",
                 "security": SECURED,
-                "parameters": [id_parameter("flowId")],
+                "parameters": [flow_parameter()],
                 "responses": {
                     "200": json_response(ref("Flow"), "The flow."),
                     **problems(*READ_ERRORS),
