@@ -62,6 +62,7 @@ class Settings:
     worker_statement_timeout_ms: int = _env("WORKER_STATEMENT_TIMEOUT_MS", "10000", "worker")
     adapter_abandon_grace_seconds: float = _env("ADAPTER_ABANDON_GRACE_SECONDS", "30", "worker")
     wait_max_seconds: int = _env("WAIT_MAX_SECONDS", "604800", "worker")
+    max_continuations: int = _env("MAX_CONTINUATIONS", "50", "worker")
     # Shares of the free slots: "acme=3,globex=0.5"; an organization not named weighs 1.
     org_weights: str = _env("ORG_WEIGHTS", "", "worker")
 
@@ -259,6 +260,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
+            "max_continuations",
             "db_pool_size",
             "worker_drain_seconds",
             "adapter_abandon_grace_seconds",

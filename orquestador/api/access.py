@@ -135,6 +135,15 @@ _OPEN_APPROVAL = (
     .scalar_subquery()
 )
 
+# The execution this one's finish continued into (at most one: a unique index says so).
+_continuation = execution.alias("continuation")
+_CONTINUED_BY = (
+    select(_continuation.c.id)
+    .where(_continuation.c.continued_from == execution.c.id)
+    .limit(1)
+    .scalar_subquery()
+)
+
 _EXECUTION_COLUMNS = (
     execution.c.id,
     execution.c.request_id,
@@ -153,14 +162,17 @@ _EXECUTION_COLUMNS = (
     execution.c.priority,
     execution.c.trace_parent,
     _OPEN_APPROVAL.label("open_approval_id"),
+    execution.c.continued_from,
+    _CONTINUED_BY.label("continued_by"),
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     _request_machine.label("machine_id"),
 )
 
 # The audit rows that froze what a step saw, explain a decision, list a dry run's
-# simulated calls or say what a cancel did to the machine commands.
+# simulated calls (and its continuation), or say what a cancel did to the machine commands.
 VIEW_AUDIT_KINDS = (
+    "TRANSITION_CONTINUED",
     "TRANSITION_COMPLETED",
     "STEP_ERROR_EXIT",
     "TRANSITION_FAILED",

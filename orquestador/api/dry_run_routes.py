@@ -16,6 +16,7 @@ from orquestador.api.openapi.automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.request_routes import check_request_data
 from orquestador.api.views import API_PREFIX
+from orquestador.domain.continuations import followed_by
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.queue.acceptance import insert_request, queue_execution
@@ -101,8 +102,12 @@ def _check_state_and_transition(definition: FlowDefinition, state: str, transiti
 
 
 def _check_outcomes(definition: FlowDefinition, transition: str, outcomes: dict[str, Any]) -> None:
+    # The dry run follows its continuations: their steps may be rehearsed too (an action
+    # id names the same answer in each transition that has it).
     actions = {
-        action.id: action.capability for action in definition.transitions[transition].actions
+        action.id: action.capability
+        for name in (transition, *followed_by(definition.raw, transition))
+        for action in definition.transitions[name].actions
     }
     problems = outcome_problems(outcomes, actions)
     if problems:

@@ -227,6 +227,20 @@ EXECUTION: dict[str, Any] = {
             **_TIMESTAMP,
             "description": "When a RETRY_WAIT execution becomes due again.",
         },
+        "continuedFrom": {
+            **_UUID,
+            "description": (
+                "The execution whose finish moved the request into a state the flow"
+                " continues from, and accepted this one in the same transaction."
+            ),
+        },
+        "continuedBy": {
+            **_UUID,
+            "description": (
+                "The execution this one's finish continued into (the flow's `continue`):"
+                " follow it to the end of the run."
+            ),
+        },
         "waitingForApproval": {
             **_UUID,
             "description": (
@@ -415,6 +429,11 @@ EXECUTION: dict[str, Any] = {
                     "capability": {"type": ["string", "null"]},
                     "effect": {"type": ["string", "null"]},
                     "summary": {"type": ["string", "null"]},
+                    "continuesAs": {
+                        **_UUID,
+                        "description": "The dry run's continuation: the simulated execution"
+                        " that carries on from the state this one reached.",
+                    },
                     "wouldSend": {
                         "type": "object",
                         "description": "What a real run would have sent, as facts: "

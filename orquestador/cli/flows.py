@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -365,8 +366,17 @@ def _dry_run(client: Client, args: argparse.Namespace) -> int:
         outcomes=None if args.outcomes is None else json_argument(args.outcomes, "--outcomes"),
     )
     execution_id = accepted["executionId"]
-    # The server holds each wait until the dry run ends (a dry run asks no approver).
-    view = client.wait_execution(execution_id, args.timeout)
+    give_up_at = time.monotonic() + args.timeout
+    done: list[dict[str, Any]] = []
+    while True:
+        # The server holds each wait until the dry run ends (a dry run asks no approver);
+        # a state that continues by itself is followed into its continuation.
+        view = client.wait_execution(execution_id, max(0.0, give_up_at - time.monotonic()))
+        done += view.get("wouldHaveDone") or []
+        if view["status"] == "SUCCEEDED" and view.get("continuedBy"):
+            execution_id = view["continuedBy"]
+            continue
+        break
     if view["status"] in LIVE_STATUSES:
         raise UsageProblem(
             f"the dry run {execution_id} is still {view['status']} after {args.timeout:g} s;"
@@ -377,13 +387,12 @@ def _dry_run(client: Client, args: argparse.Namespace) -> int:
         return 0
     print_fields(
         [
-            ("dry run", execution_id),
+            ("dry run", accepted["executionId"]),
             ("status", view["status"]),
             ("to state", view.get("toState")),
             ("error", view.get("errorCode")),
         ]
     )
-    done = view.get("wouldHaveDone") or []
     if done:
         print()
         print_table(

@@ -20,6 +20,12 @@ from orquestador.domain.action_contracts import (
     output_can_have,
 )
 from orquestador.domain.concurrency import DEFAULT_PRIORITY, Concurrency, key_pointer_problem
+from orquestador.domain.continuations import (
+    continuation_problems,
+    cycle_warnings,
+    declared,
+    writes_after_approval,
+)
 from orquestador.domain.decision import DecisionResult, check_table, decision_view, evaluate
 from orquestador.domain.errors import DecisionError, MappingError, Problem
 from orquestador.domain.limits import number_problems
@@ -397,7 +403,23 @@ def validate_definition(
             seen.add(transition["id"])
         _check_transition(transition, here, report)
     _check_start(definition, report)
+    if report.shaped("/continue"):
+        report.errors.extend(continuation_problems(definition, report.states))
+        report.warnings.extend(cycle_warnings(definition))
+    report.warnings.extend(writes_after_approval(definition, _reads_only(contract_of)))
     return report.errors, report.warnings
+
+
+def _reads_only(contract_of: ContractOf | None) -> Callable[[str, int], bool | None] | None:
+    """Whether an adapter only reads, as its contract declares (None: not known)."""
+    if contract_of is None:
+        return None
+
+    def reads_only(capability: str, version: int) -> bool | None:
+        contract = contract_of(capability, version)
+        return None if contract is None else contract.reads_only
+
+    return reads_only
 
 
 # --- typed access -----------------------------------------------------------
@@ -487,6 +509,8 @@ class FlowDefinition:
     start: str | None = None
     # Its executions' priority unless a transition request gives one.
     priority: int = DEFAULT_PRIORITY
+    # State -> the transition a finish into that state continues with (`"continue"`).
+    continuations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, definition: Mapping[str, Any]) -> FlowDefinition:
@@ -501,6 +525,7 @@ class FlowDefinition:
             raw=dict(definition),
             start=definition.get("start"),
             priority=definition.get("priority", DEFAULT_PRIORITY),
+            continuations=declared(definition),
         )
 
 

@@ -65,6 +65,7 @@ COLUMNS_ADDED = {
     "0021": {"sign_in_link": {"used_at"}},
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
+    "0026": {"execution": {"continuations"}},
     "0017": {
         "schedule": set(SCHEDULE_UPDATE_COLUMNS),
         "schedule_fire": {"request_id", "execution_id"},
@@ -407,8 +408,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
 
     # 0022: who dismissed a notice; 0023: a retry with a correction moves the execution's
     # accepted revision; 0024: the history tables partitioned by month (grants unchanged);
-    # 0025: the traceparent an execution and an e-mail continue (inserted only).
-    for revision in ("0022", "0023", "0024", "0025"):
+    # 0025: the traceparent an execution and an e-mail continue (inserted only); 0026: the
+    # execution a continuation continues, and the count an operator's retry starts again.
+    for revision in ("0022", "0023", "0024", "0025", "0026"):
         step(server, name, revision)
         assert _update_columns(server, name) == _declared_updates(at=revision)
 

@@ -757,8 +757,7 @@ OUTCOME_GUARDS = [
     Mutation(
         "finish-rechecks-after-seam",
         _OUTCOMES_PY,
-        "            if not conn.execute(_STILL_VALID, "
-        '{"lease": execution.lease_expires_at}).scalar():\n'
+        "            if not lease_still_valid(conn, finished):\n"
         '                raise refuse_stale(claim, "finish")',
         "            if False:\n                pass",
         "A finish whose commit was delayed past the lease is refused and rolled back.",
@@ -803,8 +802,8 @@ OUTCOME_GUARDS = [
     Mutation(
         "finish-expected-succeeded",
         _OUTCOMES_PY,
-        "        missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]",
-        "        missing: list[str] = []",
+        "    missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]",
+        "    missing: list[str] = []",
         "A finish is refused unless every expected checkpoint is SUCCEEDED.",
         (guard("test_a_finish_is_refused_while_a_checkpoint_is_not_succeeded"),),
     ),
