@@ -7,7 +7,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
 
 from orquestador.actions import Effect, PermanentError
 from orquestador.queue.reconciliation import Resolution, resolve
@@ -239,3 +241,42 @@ def test_an_error_exit_into_a_continuing_state_does_not_continue(runtime_engine:
     assert continued_from(runtime_engine, first) == []
     request = request_row(runtime_engine, execution(runtime_engine, first).request_id)
     assert (request.state, request.busy_execution_id) == ("ready", None)
+
+
+def test_a_continuation_to_a_transition_that_does_not_leave_its_state_is_refused(
+    runtime_engine: Engine,
+) -> None:
+    # Published before publishing refused it (the helper writes the row as it is).
+    check, send = doubles()
+    definition = approve_then_reboot()
+    definition["transitions"][1]["from"] = ["new"]
+    first = start_execution(runtime_engine, definition, {"machineId": "m-1"})
+
+    assert run_once(runtime_engine, Executor(registry_of(check, send), settings())) == "SUCCEEDED"
+
+    assert continued_from(runtime_engine, first) == []
+    (refused,) = audit(runtime_engine, first, "CONTINUATION_REFUSED")
+    assert refused.detail["code"] == "TRANSITION_NOT_ALLOWED"
+    request = request_row(runtime_engine, execution(runtime_engine, first).request_id)
+    assert (request.state, request.busy_execution_id) == ("ready", None)
+
+
+def test_no_finish_is_continued_twice_whoever_writes(
+    runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    check, send = doubles()
+    first = start_execution(runtime_engine, approve_then_reboot(), {"machineId": "m-1"})
+    assert run_once(runtime_engine, Executor(registry_of(check, send), settings())) == "SUCCEEDED"
+    (second,) = continued_from(runtime_engine, first)
+
+    with pytest.raises(IntegrityError), owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO execution (request_id, org_id, flow_id, transition_id,"
+                " accepted_revision, accepted_state, actor_snapshot, continued_from,"
+                " continuations) SELECT request_id, org_id, flow_id, transition_id, 9,"
+                " accepted_state, actor_snapshot, continued_from, 1 FROM execution"
+                " WHERE id = :id"
+            ),
+            {"id": second.id},
+        )
