@@ -233,3 +233,21 @@ def test_waiting_on_an_execution_nobody_may_see_exits_2(served: Served) -> None:
 
     assert done.returncode == 2
     assert "refused (404 NOT_FOUND)" in done.stderr
+
+
+def test_a_run_that_continues_by_itself_is_followed_to_its_end(
+    served: Served, runtime_engine: Engine
+) -> None:
+    chained = flow_definition([], to="ready", states=("new", "ready", "done"))
+    chained["transitions"].append({"id": "finish", "from": ["ready"], "actions": [], "to": "done"})
+    chained["continue"] = {"ready": "finish"}
+    key = published(runtime_engine, chained)
+
+    done = orquestador("run", key, "go", "--data", "{}", "--wait", env=served.env)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = started_id(done.stdout)
+    continued = next(line for line in done.stdout.splitlines() if line.startswith("continued: "))
+    assert continued.startswith(f"continued: execution {first} ended in ready, which continues")
+    assert "succeeded: the request is now in state done" in done.stdout
+    assert any(line.split() == ["transition", "finish"] for line in done.stdout.splitlines())
