@@ -159,12 +159,18 @@ def _stats(
     events = database.rows(
         "SELECT coalesce(outcome, 'unprocessed'), count(*) FROM platform_event GROUP BY 1"
     )
+    # Finishes that continued, and how the continuations ended (invariant 9 checks each).
+    continued = database.rows(
+        "SELECT status, count(*) FROM execution WHERE continued_from IS NOT NULL"
+        " GROUP BY 1 ORDER BY 1"
+    )
     lines = [
         "executions: " + ", ".join(f"{n} {s}" for s, n in statuses),
         "parked for: " + (", ".join(f"{n} {r}" for r, n in reasons) or "nothing"),
         "provider: " + ", ".join(f"{n} {e}" for e, n in sorted(calls.items())),
         "look-ups answered: " + ", ".join(f"{n} {a}" for a, n in sorted(answers.items())),
         "platform events: " + ", ".join(f"{n} {o}" for o, n in events),
+        "continuations: " + (", ".join(f"{n} {s}" for s, n in continued) or "none"),
         f"workers killed: {len(workers.killed)}",
     ]
     return lines
