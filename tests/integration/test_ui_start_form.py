@@ -213,3 +213,12 @@ def test_the_form_needs_requests_write_the_session_token_and_the_same_origin(
     assert "requests:write" in without_scope.get_data(as_text=True)
     assert foreign.status_code == 404
     assert rows(runtime_engine, "request") == 0
+
+
+def test_the_flow_page_says_which_states_continue_by_themselves(api: Api) -> None:
+    chained = decommission(**{"continue": {"attention": "retry"}})
+    flow_id = api.publish(chained)["id"]
+
+    words = text_of(signed_in(api, scopes=STARTER).get(f"/ui/flows/{flow_id}").get_data(True))
+
+    assert "Continues by itself in attention: with retry" in words

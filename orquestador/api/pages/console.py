@@ -265,6 +265,14 @@ def definition_in_words(definition: Any) -> dict[str, Any]:
         "priority": raw.get("priority"),
         "transitions": transitions,
         "dataSchema": raw.get("dataSchema"),
+        # State -> the transition a finish into it continues with, by itself.
+        "continue": {
+            state: transition
+            for state, transition in (
+                raw.get("continue").items() if isinstance(raw.get("continue"), dict) else ()
+            )
+            if isinstance(state, str) and isinstance(transition, str)
+        },
     }
 
 
