@@ -62,6 +62,7 @@ class Settings:
     worker_statement_timeout_ms: int = _env("WORKER_STATEMENT_TIMEOUT_MS", "10000", "worker")
     adapter_abandon_grace_seconds: float = _env("ADAPTER_ABANDON_GRACE_SECONDS", "30", "worker")
     wait_max_seconds: int = _env("WAIT_MAX_SECONDS", "604800", "worker")
+    max_continuations: int = _env("MAX_CONTINUATIONS", "50", "worker")
     # Shares of the free slots: "acme=3,globex=0.5"; an organization not named weighs 1.
     org_weights: str = _env("ORG_WEIGHTS", "", "worker")
 
@@ -84,6 +85,7 @@ class Settings:
     api_threads: int = _env("API_THREADS", "4", "api")
     api_max_body_bytes: int = _env("API_MAX_BODY_BYTES", "1048576", "api")
     agent_poll_share: float = _env("AGENT_POLL_SHARE", "0.5", "api")
+    execution_wait_share: float = _env("EXECUTION_WAIT_SHARE", "0.25", "api")
     trusted_proxies: str = _env("TRUSTED_PROXIES", "", "api")
     # HOST:PORT where the API serves /metrics instead of on API_PORT; empty: API_PORT.
     metrics_bind: str = _env("METRICS_BIND", "", "api")
@@ -280,6 +282,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
+            "max_continuations",
             "db_pool_size",
             "worker_drain_seconds",
             "adapter_abandon_grace_seconds",
@@ -307,6 +310,11 @@ class Settings:
             problems.append(
                 f"AGENT_POLL_SHARE={self.agent_poll_share} must be a share of the request "
                 "threads above 0 and at most 1"
+            )
+        if not 0 <= self.execution_wait_share <= 1:
+            problems.append(
+                f"EXECUTION_WAIT_SHARE={self.execution_wait_share} must be a share of the "
+                "request threads from 0 to 1"
             )
         for item in filter(None, (i.strip() for i in self.trusted_proxies.split(","))):
             try:

@@ -146,8 +146,9 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
     gunicorn answers its own 414 and 431 before any application runs, as an HTML page;
     an API client gets the same problem+json as from the app instead. Every other error
     gunicorn handles as it always does. The app learns how many request threads it has
-    (agent long polls may hold only a share of them), and a stopping worker ends its
-    open long polls with 204 rather than wait out each one's `wait`.
+    (agent long polls and execution waits may hold only a share of them), and a stopping
+    worker ends its open long polls with 204, and its waits with the view as it is, rather
+    than wait out each one's time.
     """
 
     def load_wsgi(self) -> None:
@@ -155,16 +156,20 @@ class ProblemThreadWorker(ThreadWorker):  # type: ignore[misc]
         # Imported in the worker: the routes' modules make metrics, which must not
         # exist before the master has prepared the multiprocess directory.
         from orquestador.api.agent_routes import size_poll_share
+        from orquestador.api.execution_routes import size_wait_share
 
         # The threads actually run, even when a command line overrode API_THREADS.
         size_poll_share(self.wsgi, self.cfg.threads)
+        size_wait_share(self.wsgi, self.cfg.threads)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
+        from orquestador.api.execution_waits import stop_waits
         from orquestador.machines.bell import stop_polls
 
         # On the worker's own loop, not in the signal handler: it takes the bells' locks.
         self.method_queue.defer(stop_polls)
+        stop_waits()
 
     def handle_error(self, req: Any, client: socket.socket, addr: Any, exc: BaseException) -> None:
         if isinstance(exc, LimitRequestLine):

@@ -22,18 +22,23 @@ from sqlalchemy import (
     Row,
     Select,
     and_,
+    case,
+    cast,
     false,
     func,
     select,
     text,
     tuple_,
 )
+from sqlalchemy.dialects.postgresql import UUID
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
+from orquestador.approvals.store import WAIT_PREFIX as APPROVAL_WAIT_PREFIX
 from orquestador.db.schema import (
     KEY_HOLDING,
     action_attempt,
     action_execution,
+    approval,
     audit_event,
     execution,
     flow,
@@ -100,6 +105,8 @@ class BulkFilter:
 
     status: str | None = None
     flow_id: uuid.UUID | None = None
+    # Every version of the key.
+    flow_key: str | None = None
     error_code: str | None = None
     machine_id: str | None = None
     # Created strictly after / strictly before.
@@ -123,6 +130,37 @@ _OUTPUT_END = (
 # The machine the request names, else the one its data names (a moment's machineId).
 _request_machine = func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId"))
 
+# The approval a WAITING execution waits on, while a person can still decide it (open,
+# before its deadline): until then nothing but a person moves the execution. Its wait key
+# names it; another key names no approval (the CASE keeps its text from the cast).
+_WAITED_APPROVAL = case(
+    (
+        execution.c.wait_key.startswith(APPROVAL_WAIT_PREFIX, autoescape=True),
+        cast(func.substr(execution.c.wait_key, len(APPROVAL_WAIT_PREFIX) + 1), UUID),
+    ),
+    else_=None,
+)
+_OPEN_APPROVAL = (
+    select(approval.c.id)
+    .where(
+        execution.c.status == "WAITING",
+        approval.c.id == _WAITED_APPROVAL,
+        approval.c.org_id == execution.c.org_id,
+        approval.c.status == "open",
+        approval.c.deadline_at > func.clock_timestamp(),
+    )
+    .scalar_subquery()
+)
+
+# The execution this one's finish continued into (at most one: a unique index says so).
+_continuation = execution.alias("continuation")
+_CONTINUED_BY = (
+    select(_continuation.c.id)
+    .where(_continuation.c.continued_from == execution.c.id)
+    .limit(1)
+    .scalar_subquery()
+)
+
 _EXECUTION_COLUMNS = (
     execution.c.id,
     execution.c.request_id,
@@ -140,14 +178,18 @@ _EXECUTION_COLUMNS = (
     execution.c.updated_at,
     execution.c.priority,
     execution.c.trace_parent,
+    _OPEN_APPROVAL.label("open_approval_id"),
+    execution.c.continued_from,
+    _CONTINUED_BY.label("continued_by"),
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     _request_machine.label("machine_id"),
 )
 
 # The audit rows that froze what a step saw, explain a decision, list a dry run's
-# simulated calls or say what a cancel did to the machine commands.
+# simulated calls (and its continuation), or say what a cancel did to the machine commands.
 VIEW_AUDIT_KINDS = (
+    "TRANSITION_CONTINUED",
     "TRANSITION_COMPLETED",
     "STEP_ERROR_EXIT",
     "TRANSITION_FAILED",
@@ -302,6 +344,11 @@ class ResourceAccess:
             conditions.append(execution.c.status == found.status)
         if found.flow_id is not None:
             conditions.append(execution.c.flow_id == found.flow_id)
+        if found.flow_key is not None:
+            versions = select(flow.c.id).where(
+                flow.c.org_id == self.caller.org, flow.c.key == found.flow_key
+            )
+            conditions.append(execution.c.flow_id.in_(versions))
         if found.error_code is not None:
             conditions.append(execution.c.error_code == found.error_code)
         if found.machine_id is not None:

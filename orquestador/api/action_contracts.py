@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orquestador.actions.contracts import Effect
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.domain.action_contracts import ActionContract, ConstantProblem, ContractOf
@@ -37,6 +38,7 @@ def contract_lookup(settings: Settings, registry: AdapterRegistry) -> ContractOf
             input_schema=adapter.input_schema,
             output_schema=adapter.output_schema,
             constant_problem=commands if (capability, version) == MACHINE_COMMAND else None,
+            reads_only=adapter.effect is Effect.READ_ONLY,
         )
 
     return contract_of

@@ -26,6 +26,7 @@ from orquestador.api import (
     notice_routes,
     plan_routes,
     request_routes,
+    run_routes,
     schedule_routes,
 )
 from orquestador.api.auth import TokenVerifier
@@ -106,6 +107,7 @@ def create_app(
         app.register_blueprint(dry_run_routes.blueprint)
     if settings.request_api_enabled:
         app.register_blueprint(request_routes.blueprint)
+        app.register_blueprint(run_routes.blueprint)
         app.register_blueprint(execution_routes.blueprint)
         app.register_blueprint(bulk_routes.blueprint)
         app.register_blueprint(event_routes.blueprint)

@@ -198,6 +198,7 @@ def bulk_filter(body: dict[str, Any]) -> BulkFilter:
     found = BulkFilter(
         status=body.get("status"),
         flow_id=flow_id,
+        flow_key=body.get("flowKey"),
         error_code=body.get("errorCode"),
         machine_id=body.get("machineId"),
         created_after=instant("createdAfter"),

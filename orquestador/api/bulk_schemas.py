@@ -20,6 +20,12 @@ BULK_FILTER: dict[str, Any] = {
     "properties": {
         "status": {"enum": list(EXECUTION_STATUSES)},
         "flowId": {**_UUID, "description": "Executions of this flow version."},
+        "flowKey": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "Executions of every version of this flow key.",
+        },
         "errorCode": {**_TEXT, "description": "Executions whose errorCode is this."},
         "machineId": {
             **_TEXT,

@@ -11,11 +11,12 @@ from orquestador.actions.rehearsals import outcome_problems
 from orquestador.api.auth import SCOPE_FLOWS_ADMIN, Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
-from orquestador.api.flow_store import find_flow
+from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.openapi.automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.request_routes import check_request_data
 from orquestador.api.views import API_PREFIX
+from orquestador.domain.continuations import followed_by
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.queue.acceptance import insert_request, queue_execution
@@ -23,9 +24,9 @@ from orquestador.queue.acceptance import insert_request, queue_execution
 blueprint = Blueprint("dry_runs", __name__, url_prefix=f"{API_PREFIX}/flows")
 
 
-@blueprint.post("/<uuid:flow_id>/dry-runs")
+@blueprint.post("/<flow_id>/dry-runs")
 @requires_scope(SCOPE_FLOWS_ADMIN)
-def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
+def start(flow_id: str) -> tuple[Response, int, dict[str, str]]:
     execution_id, request_id = start_dry_run(
         current_caller(), flow_id, read_json_object(DRY_RUN_BODY)
     )
@@ -34,14 +35,15 @@ def start(flow_id: uuid.UUID) -> tuple[Response, int, dict[str, str]]:
 
 
 def start_dry_run(
-    caller: Caller, flow_id: uuid.UUID, body: dict[str, Any]
+    caller: Caller, flow: str | uuid.UUID, body: dict[str, Any]
 ) -> tuple[uuid.UUID, uuid.UUID]:
     """Start a dry run for `caller` (the API's and the pages' one way): (execution, request).
 
-    `body` has DRY_RUN_BODY's shape already; what the flow itself rules out is a 422.
+    `flow` is a flow version's id, or a key (its latest version). `body` has
+    DRY_RUN_BODY's shape already; what the flow itself rules out is a 422.
     """
     with engine().begin() as connection:
-        flow = find_flow(connection, org=caller.org, flow_id=flow_id)
+        flow = flow_by_reference(connection, org=caller.org, reference=str(flow))
         if flow is None:
             raise not_found()
         definition = FlowDefinition.from_json(flow.definition)
@@ -100,8 +102,12 @@ def _check_state_and_transition(definition: FlowDefinition, state: str, transiti
 
 
 def _check_outcomes(definition: FlowDefinition, transition: str, outcomes: dict[str, Any]) -> None:
+    # The dry run follows its continuations: their steps may be rehearsed too (an action
+    # id names the same answer in each transition that has it).
     actions = {
-        action.id: action.capability for action in definition.transitions[transition].actions
+        action.id: action.capability
+        for name in (transition, *followed_by(definition.raw, transition))
+        for action in definition.transitions[name].actions
     }
     problems = outcome_problems(outcomes, actions)
     if problems:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from flask import Blueprint, Response, g, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+from flask.blueprints import BlueprintSetupState
 from jsonschema import Draft202012Validator
 from sqlalchemy import Connection, Row, func, select
 
@@ -28,7 +30,15 @@ from orquestador.api.auth import (
 from orquestador.api.body import pointer, read_json_object, unstorable_text
 from orquestador.api.capability_routes import ADAPTERS_EXTENSION as ADAPTERS_EXTENSION
 from orquestador.api.capability_routes import app_adapters
-from orquestador.api.context import api_context, engine
+from orquestador.api.context import EXTENSION_KEY, api_context, engine
+from orquestador.api.execution_waits import (
+    MAX_WAIT_SECONDS,
+    WAIT_FOR_FINAL,
+    WAIT_RETRY_AFTER_SECONDS,
+    WaitShare,
+    settled,
+    wait_until_settled,
+)
 from orquestador.api.paging import cursor, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CANCEL_BODY, RECONCILIATION_BODY
@@ -102,7 +112,78 @@ def listing() -> Response:
 @blueprint.get("/<uuid:execution_id>")
 @requires_scope(SCOPE_REQUESTS_READ)
 def read(execution_id: uuid.UUID) -> Response:
-    return jsonify(_view_or_404(ResourceAccess(current_caller()), execution_id))
+    access = ResourceAccess(current_caller())
+    seconds = _wait_seconds(request.args)
+    if seconds is not None:
+        _wait_for_settled(access, execution_id, seconds)
+    return jsonify(_view_or_404(access, execution_id))
+
+
+WAIT_SHARE_EXTENSION = "orquestador.execution_wait_share"
+
+
+@blueprint.record_once
+def _add_wait_share(state: BlueprintSetupState) -> None:
+    # Per app, as the agents' poll share: gunicorn builds one app per worker process.
+    settings = state.app.extensions[EXTENSION_KEY].settings
+    state.app.extensions[WAIT_SHARE_EXTENSION] = WaitShare(
+        settings.execution_wait_share, settings.agent_poll_share, settings.api_threads
+    )
+
+
+def size_wait_share(app: Flask, threads: int) -> None:
+    """Bound the app's waits by the request threads its server runs (none: no such routes)."""
+    share = app.extensions.get(WAIT_SHARE_EXTENSION)
+    if isinstance(share, WaitShare):
+        share.size_for(threads)
+
+
+def _wait_seconds(args: Mapping[str, str]) -> float | None:
+    """`waitFor=final` and its `timeout` (seconds, at most 30; default 30), or None."""
+    wait_for, timeout = args.get("waitFor"), args.get("timeout")
+    if wait_for is None:
+        if timeout is not None:
+            raise query_problem("timeout", "goes with waitFor=final")
+        return None
+    if wait_for != WAIT_FOR_FINAL:
+        raise query_problem("waitFor", f"only {WAIT_FOR_FINAL!r}")
+    if timeout is None:
+        return MAX_WAIT_SECONDS
+    try:
+        seconds = float(timeout)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_WAIT_SECONDS:  # NaN fails both comparisons
+        raise query_problem("timeout", f"seconds from 0 to {MAX_WAIT_SECONDS:g}")
+    return seconds
+
+
+def _wait_for_settled(access: ResourceAccess, execution_id: uuid.UUID, seconds: float) -> None:
+    """Hold the request until the execution settles or `seconds` pass (see execution_waits)."""
+
+    def look() -> tuple[str, object | None] | None:
+        with engine().connect() as connection:
+            row = access.find_execution(connection, execution_id)
+        return None if row is None else (row.status, row.open_approval_id)
+
+    found = look()
+    if found is None:
+        raise not_found()
+    if seconds == 0 or settled(*found):
+        return
+    share: WaitShare = current_app.extensions[WAIT_SHARE_EXTENSION]
+    if not share.take():
+        raise ApiProblem(
+            429,
+            "EXECUTION_WAITS_BUSY",
+            "This API process holds as many waits as it allows; ask again after "
+            "Retry-After seconds.",
+            headers={"Retry-After": str(WAIT_RETRY_AFTER_SECONDS)},
+        )
+    try:
+        wait_until_settled(look, seconds)
+    finally:
+        share.give_back()
 
 
 @blueprint.get("/<uuid:execution_id>/evidence")

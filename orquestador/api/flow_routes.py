@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import Connection, Row, select
 
@@ -12,7 +10,7 @@ from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_sco
 from orquestador.api.body import read_json_object, unstorable_text
 from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import api_context, engine
-from orquestador.api.flow_store import find_flow, publish_flow
+from orquestador.api.flow_store import MAX_KEY_CHARACTERS, flow_by_reference, publish_flow
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, flow_created_view, flow_version_view, flow_view
 from orquestador.db.schema import flow
@@ -21,9 +19,6 @@ from orquestador.domain.flow_definition import FlowDefinition, validate_definiti
 from orquestador.domain.reachability import unreachable
 
 blueprint = Blueprint("flows", __name__, url_prefix=f"{API_PREFIX}/flows")
-
-# The longest key a definition may have (its schema's pattern); bounds the `key` query.
-MAX_KEY_CHARACTERS = 100
 
 
 @blueprint.post("")
@@ -86,11 +81,12 @@ def flow_versions(connection: Connection, *, org: str, key: str | None) -> list[
     return list(connection.execute(query.order_by(flow.c.key, flow.c.version.desc())))
 
 
-@blueprint.get("/<uuid:flow_id>")
+@blueprint.get("/<flow_id>")
 @requires_scope(SCOPE_FLOWS_ADMIN)
-def read(flow_id: uuid.UUID) -> Response:
+def read(flow_id: str) -> Response:
+    """A version by its id, or a key's latest version."""
     with engine().connect() as connection:
-        row = find_flow(connection, org=current_caller().org, flow_id=flow_id)
+        row = flow_by_reference(connection, org=current_caller().org, reference=flow_id)
     if row is None:
         raise not_found()
     return jsonify(flow_view(row))

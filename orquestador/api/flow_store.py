@@ -7,7 +7,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, text
 
+from orquestador.api.body import unstorable_text
 from orquestador.db.schema import flow
+
+# The longest key a definition may have (its schema's pattern).
+MAX_KEY_CHARACTERS = 100
 
 
 def publish_flow(
@@ -62,3 +66,38 @@ def find_flow(connection: Connection, *, org: str, flow_id: uuid.UUID) -> Row | 
         flow.c.created_at,
     ).where(flow.c.id == flow_id, flow.c.org_id == org)
     return connection.execute(query).one_or_none()
+
+
+def latest_flow(connection: Connection, *, org: str, key: str) -> Row | None:
+    """The newest version of the organization's flow `key`, or None."""
+    query = (
+        select(
+            flow.c.id,
+            flow.c.key,
+            flow.c.version,
+            flow.c.trigger,
+            flow.c.definition,
+            flow.c.data_schema,
+            flow.c.created_by,
+            flow.c.created_at,
+        )
+        .where(flow.c.org_id == org, flow.c.key == key)
+        .order_by(flow.c.version.desc())
+        .limit(1)
+    )
+    return connection.execute(query).one_or_none()
+
+
+def flow_by_reference(connection: Connection, *, org: str, reference: str) -> Row | None:
+    """The flow a person names: a version's id, else a key's latest version; or None.
+
+    What starts something (a run, a dry run) takes the latest version of a key: the
+    version a person means when they name the flow.
+    """
+    try:
+        flow_id = uuid.UUID(reference)
+    except ValueError:
+        if not 0 < len(reference) <= MAX_KEY_CHARACTERS or unstorable_text(reference):
+            return None  # no key is that: nothing to look for
+        return latest_flow(connection, org=org, key=reference)
+    return find_flow(connection, org=org, flow_id=flow_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
@@ -10,6 +9,7 @@ from flask import Blueprint, Response, jsonify
 from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import engine
+from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.openapi.automation import BINDING_BODY, PLAN_BODY
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
@@ -86,14 +86,14 @@ def read(plan_id: str) -> Response:
 def bind(plan_id: str, moment: str) -> Response:
     key, moment = _known_plan_id(plan_id), _known_moment(moment)
     body = read_json_object(BINDING_BODY)
-    try:
-        flow_id = uuid.UUID(body["flowId"])
-    except ValueError:
-        raise not_found() from None
     org = current_caller().org
     try:
         with engine().begin() as connection:
-            if not bind_flow(connection, org=org, key=key, moment=moment, flow_id=flow_id):
+            # A version's id, or a key: its latest version now (a later one is not followed).
+            flow = flow_by_reference(connection, org=org, reference=body["flowId"])
+            if flow is None:
+                raise not_found()
+            if not bind_flow(connection, org=org, key=key, moment=moment, flow_id=flow.id):
                 raise not_found()
             plan = find_plan(connection, org=org, key=key)
     except TriggerMismatch:

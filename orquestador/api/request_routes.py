@@ -16,7 +16,7 @@ from orquestador.api.auth import (
 )
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
-from orquestador.api.flow_store import find_flow
+from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CREATE_REQUEST_BODY, TRANSITION_BODY
 from orquestador.api.transitions import accept_transition
@@ -43,12 +43,9 @@ def _unknown_flow() -> ApiProblem:
 def create() -> tuple[Response, int, dict[str, str]]:
     caller = current_caller()
     body = read_json_object(CREATE_REQUEST_BODY)
-    try:
-        flow_id = uuid.UUID(body["flowId"])
-    except ValueError:
-        raise _unknown_flow() from None
     with engine().begin() as connection:
-        flow = find_flow(connection, org=caller.org, flow_id=flow_id)
+        # A version's id, or a key: the request starts on its latest version.
+        flow = flow_by_reference(connection, org=caller.org, reference=body["flowId"])
         if flow is None:
             raise _unknown_flow()
         check_request_data(body["data"], flow.data_schema)

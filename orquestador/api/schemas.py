@@ -23,7 +23,13 @@ CREATE_REQUEST_BODY: dict[str, Any] = {
     "required": ["flowId", "data"],
     "additionalProperties": False,
     "properties": {
-        "flowId": {**_UUID, "description": "A flow of the caller's organization."},
+        "flowId": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "A flow of the caller's organization: a version's id, or a key "
+            "(its latest version).",
+        },
         "data": {
             "type": "object",
             "description": "Validated against the flow's dataSchema; at most 256 KiB as JSON.",
@@ -54,6 +60,50 @@ TRANSITION_BODY: dict[str, Any] = {
                 "with 422 SIMULATION_NOT_AVAILABLE; false runs the transition."
             ),
         },
+    },
+}
+
+RUN_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["flow", "transition", "data"],
+    "additionalProperties": False,
+    "properties": {
+        "flow": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "A flow key (its latest version starts) or a flow version's id.",
+        },
+        "transition": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "A transition that leaves the flow's initial state.",
+        },
+        "data": {
+            "type": "object",
+            "description": "Validated against the flow's dataSchema; at most 256 KiB as JSON.",
+        },
+        "priority": TRANSITION_BODY["properties"]["priority"],
+        "machineId": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "The request's machine; omitted, the `machineId` of the data.",
+        },
+    },
+}
+
+RUN_STARTED: dict[str, Any] = {
+    "type": "object",
+    "required": ["requestId", "executionId", "flowId", "flowKey", "flowVersion"],
+    "additionalProperties": False,
+    "properties": {
+        "requestId": _UUID,
+        "executionId": _UUID,
+        "flowId": {**_UUID, "description": "The flow version that runs (a key's latest)."},
+        "flowKey": {"type": "string"},
+        "flowVersion": {"type": "integer", "minimum": 1},
     },
 }
 
@@ -176,6 +226,28 @@ EXECUTION: dict[str, Any] = {
         "nextAttemptAt": {
             **_TIMESTAMP,
             "description": "When a RETRY_WAIT execution becomes due again.",
+        },
+        "continuedFrom": {
+            **_UUID,
+            "description": (
+                "The execution whose finish moved the request into a state the flow"
+                " continues from, and accepted this one in the same transaction."
+            ),
+        },
+        "continuedBy": {
+            **_UUID,
+            "description": (
+                "The execution this one's finish continued into (the flow's `continue`):"
+                " follow it to the end of the run."
+            ),
+        },
+        "waitingForApproval": {
+            **_UUID,
+            "description": (
+                "A WAITING execution whose step waits on a person's approval that can still be"
+                " decided (open, before its deadline): that approval (`GET /approvals/{id}`)."
+                " It moves again once someone decides, or at the deadline."
+            ),
         },
         "attempts": {"type": "integer", "minimum": 0},
         "priority": {
@@ -385,6 +457,11 @@ EXECUTION: dict[str, Any] = {
                     "capability": {"type": ["string", "null"]},
                     "effect": {"type": ["string", "null"]},
                     "summary": {"type": ["string", "null"]},
+                    "continuesAs": {
+                        **_UUID,
+                        "description": "The dry run's continuation: the simulated execution"
+                        " that carries on from the state this one reached.",
+                    },
                     "wouldSend": {
                         "type": "object",
                         "description": "What a real run would have sent, as facts: "

@@ -11,7 +11,8 @@ from orquestador.api.problems import ApiProblem, not_found
 from orquestador.queue import acceptance
 from orquestador.queue.acceptance import TransitionCommand, TransitionRefused
 
-_STATUS = {
+# The status each refusal is answered with (a run's are the same).
+REFUSAL_STATUS = {
     acceptance.TRANSITION_UNKNOWN: 422,
     acceptance.REVISION_CONFLICT: 409,
     acceptance.REQUEST_BUSY: 409,
@@ -39,5 +40,5 @@ def accept_transition(
             # A foreign request and a missing one look alike.
             raise not_found() from None
         raise ApiProblem(
-            _STATUS[refused.code], refused.code, refused.message, problems=refused.problems
+            REFUSAL_STATUS[refused.code], refused.code, refused.message, problems=refused.problems
         ) from None

@@ -138,6 +138,19 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
             if isinstance(detail.get("machineCommands"), dict):
                 machine_commands = detail["machineCommands"]
             continue
+        if event.kind == "TRANSITION_CONTINUED":
+            # A dry run follows its continuations: the next one is said among what it did.
+            simulated.append(
+                {
+                    "actionId": None,
+                    "capability": None,
+                    "effect": None,
+                    "summary": f"would continue from {detail.get('state')} with"
+                    f" {detail.get('transitionId')}",
+                    "continuesAs": detail.get("executionId"),
+                }
+            )
+            continue
         if event.kind == "ACTION_SIMULATED":
             item = {
                 "actionId": detail.get("actionId"),
@@ -238,6 +251,14 @@ def execution_view(
     if row.error_detail:
         # Where it failed (action, pointer, schema paths); the worker stores no values.
         body["errorDetail"] = row.error_detail
+    approval_id = getattr(row, "open_approval_id", None)
+    if approval_id is not None:
+        body["waitingForApproval"] = str(approval_id)
+    for column, key in (("continued_from", "continuedFrom"), ("continued_by", "continuedBy")):
+        # The execution whose finish continued into this one, and the one this one's did.
+        value = getattr(row, column, None)
+        if value is not None:
+            body[key] = str(value)
     waiting = row.status == "RETRY_WAIT"
     if waiting:
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)

@@ -16,15 +16,21 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Row, func, literal, or_, select, tuple_
 
 from orquestador.approvals.store import LIVE_STATUSES
-from orquestador.db.schema import approval, execution
+from orquestador.db.schema import approval, execution, flow, request
 
 # The execution's status beside the approval: an approval whose execution is not live
 # (it ended: a cancel, a lapsed wait; or it is parked for a person) cannot be decided,
-# and lists with the closed ones.
+# and lists with the closed ones. And what the approval is about, for the person who
+# decides: the flow and transition that ask, the machine, and who asked for it.
 _COLUMNS = (
     *approval.c,
     execution.c.status.label("execution_status"),
     func.clock_timestamp().label("read_at"),
+    flow.c.key.label("flow_key"),
+    flow.c.version.label("flow_version"),
+    execution.c.transition_id,
+    func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId")).label("machine_id"),
+    execution.c.actor_snapshot.op("->>")("sub").label("requested_by"),
 )
 
 
@@ -61,6 +67,12 @@ def approval_view(row: Row) -> dict[str, Any]:
         "decidedAt": row.decided_at.isoformat() if row.decided_at else None,
         "comment": row.comment,
         "createdAt": row.created_at.isoformat(),
+        # What it approves: which flow's transition, on which machine, asked by whom.
+        "flowKey": row.flow_key,
+        "flowVersion": row.flow_version,
+        "transitionId": row.transition_id,
+        "machineId": row.machine_id,
+        "requestedBy": row.requested_by,
     }
 
 
@@ -81,7 +93,11 @@ class ApprovalAccess:
     def _select(self) -> Any:
         return (
             select(*_COLUMNS)
-            .select_from(approval.join(execution, execution.c.id == approval.c.execution_id))
+            .select_from(
+                approval.join(execution, execution.c.id == approval.c.execution_id)
+                .join(flow, flow.c.id == execution.c.flow_id)
+                .join(request, request.c.id == approval.c.request_id)
+            )
             .where(self._sees())
         )
 

@@ -29,7 +29,6 @@ from orquestador.errors import OrquestadorError
 
 # Statuses a dry run still moves on from.
 LIVE_STATUSES = frozenset({"PENDING", "RUNNING", "RETRY_WAIT", "WAITING"})
-POLL_SECONDS = 0.02
 ORG = "flows-test"
 AUTHOR = "flows-test"
 SCOPES = ["flows:admin", "requests:read", "requests:write"]
@@ -74,19 +73,22 @@ class RehearsalEngine:
         ]
 
     def _ended(self, case: Case, execution_id: str, began: float, timeout: float) -> Played:
+        """The case's run to its end: the dry run, and each one its states continue into."""
         deadline = began + timeout
         while True:
-            execution = self._client.get_execution(execution_id)
+            left = max(0.0, deadline - time.monotonic())
+            execution = self._client.wait_execution(execution_id, left)
+            if execution["status"] == "SUCCEEDED" and execution.get("continuedBy"):
+                execution_id = execution["continuedBy"]
+                continue
             if execution["status"] not in LIVE_STATUSES:
                 break
-            if time.monotonic() > deadline:
-                return Played(
-                    case,
-                    problem=f"still {execution['status']} after {timeout:g} s",
-                    execution_id=execution_id,
-                    seconds=time.monotonic() - began,
-                )
-            time.sleep(POLL_SECONDS)
+            return Played(
+                case,
+                problem=f"still {execution['status']} after {timeout:g} s",
+                execution_id=execution_id,
+                seconds=time.monotonic() - began,
+            )
         request = self._client.get_request(execution["requestId"])
         return Played(
             case,

@@ -72,17 +72,21 @@ def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAc
 
 
 def run_client_action(
-    action: Callable[[Client, argparse.Namespace], int], args: argparse.Namespace
+    action: Callable[[Client, argparse.Namespace], int],
+    args: argparse.Namespace,
+    *,
+    refused: int = EXIT_REFUSED,
 ) -> int:
+    """Run `action` with a client of the settings' API; a refusal exits `refused`."""
     try:
         client = client_from_settings(Settings.from_env())
         return action(client, args)
     except UsageProblem as problem:
         print(f"orquestador: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except ApiError as refused:
-        print_refusal(refused, as_json=args.json)
-        return EXIT_REFUSED
+    except ApiError as refusal:
+        print_refusal(refusal, as_json=args.json)
+        return refused
     except ClientError as error:
         print(f"orquestador: {unanswered(error)}", file=sys.stderr)
         return EXIT_USAGE

@@ -50,7 +50,9 @@ def _list(client: Client, args: argparse.Namespace) -> int:
             # Open in the row, yet past its deadline or with its execution ended.
             "lapsed" if item["status"] == "open" and not item["open"] else item["status"],
             item["deadlineAt"],
-            item["executionId"],
+            f"{item['flowKey']} v{item['flowVersion']} {item['transitionId']}",
+            item.get("machineId"),
+            item.get("requestedBy"),
             item["title"],
         )
         for item in page["items"]
@@ -58,7 +60,9 @@ def _list(client: Client, args: argparse.Namespace) -> int:
     if not rows:
         print(f"no {args.status} approvals name you" if args.status != "all" else "no approvals")
         return 0
-    print_table(("ID", "STATUS", "DEADLINE", "EXECUTION", "TITLE"), rows)
+    print_table(
+        ("ID", "STATUS", "DEADLINE", "FLOW AND TRANSITION", "MACHINE", "ASKED BY", "WHAT"), rows
+    )
     return 0
 
 

@@ -20,6 +20,7 @@ from orquestador.cli.output import (
     EXIT_REFUSED,
     UsageProblem,
     cell,
+    flow_filter,
     flow_name,
     print_json,
     print_table,
@@ -35,7 +36,6 @@ YES = "yes"
 
 _FILTER_OPTIONS = (
     ("status", "status"),
-    ("flow", "flowId"),
     ("error_code", "errorCode"),
     ("machine", "machineId"),
     ("created_after", "createdAfter"),
@@ -60,7 +60,9 @@ def add_bulk_action(action: ActionFactory) -> None:
     )
     criteria = bulk.add_argument_group("filter (at least one; an execution must match all)")
     criteria.add_argument("--status", choices=values(ExecutionStatus))
-    criteria.add_argument("--flow", metavar="ID", help="executions of this flow version")
+    criteria.add_argument(
+        "--flow", metavar="KEY|ID", help="executions of this flow: a key (every version) or an id"
+    )
     criteria.add_argument("--error-code", metavar="CODE", help="executions with this errorCode")
     criteria.add_argument("--machine", metavar="ID", help="executions of requests on this machine")
     criteria.add_argument(
@@ -88,6 +90,8 @@ def run_bulk(client: Client, args: argparse.Namespace) -> int:
         for option, name in _FILTER_OPTIONS
         if getattr(args, option) is not None
     }
+    if args.flow is not None:
+        criteria.update([flow_filter(args.flow)])
     if not criteria:
         raise UsageProblem(
             "a bulk action needs a filter: give at least one of --status, --flow, "

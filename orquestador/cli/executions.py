@@ -23,6 +23,7 @@ from orquestador.cli.api_commands import (
 from orquestador.cli.output import (
     UsageProblem,
     cell,
+    flow_filter,
     flow_name,
     json_argument,
     print_fields,
@@ -50,7 +51,11 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
 
     listing = action("list", "executions the token may see, newest first", _list)
     listing.add_argument("--status", choices=values(ExecutionStatus), help="only this status")
-    listing.add_argument("--flow", metavar="ID", help="only executions of this flow version")
+    listing.add_argument(
+        "--flow",
+        metavar="KEY|ID",
+        help="only executions of this flow: a key (every version) or a version's id",
+    )
     listing.add_argument("--request", metavar="ID", help="only executions of this request")
     listing.add_argument(
         "--limit",
@@ -146,7 +151,7 @@ def _page_size(text: str) -> int:
     return value
 
 
-def _execution_id(client: Client, text: str) -> str:
+def resolve_execution_id(client: Client, text: str) -> str:
     """The id of the execution `text` names: a whole id, or a short one resolved by the
     server (`?id=`, within what the token may see, so a foreign execution is as missing
     as one that does not exist)."""
@@ -179,9 +184,11 @@ def _execution_id(client: Client, text: str) -> str:
 
 
 def _list(client: Client, args: argparse.Namespace) -> int:
+    flow = dict([flow_filter(args.flow)]) if args.flow else {}
     page = client.list_executions(
         status=args.status,
-        flow_id=args.flow,
+        flow_id=flow.get("flowId"),
+        flow_key=flow.get("flowKey"),
         request_id=args.request,
         limit=args.limit,
         after=args.after,
@@ -214,18 +221,18 @@ def _list(client: Client, args: argparse.Namespace) -> int:
 
 
 def _show(client: Client, args: argparse.Namespace) -> int:
-    view = client.get_execution(_execution_id(client, args.execution))
+    view = client.get_execution(resolve_execution_id(client, args.execution))
     if args.json:
         print_json(view)
     else:
-        _print_execution(view)
+        print_execution(view)
         _print_decision(view)
         _print_then_and_now(view)
     return 0
 
 
 def _evidence(client: Client, args: argparse.Namespace) -> int:
-    found = client.get_execution_evidence(_execution_id(client, args.execution))
+    found = client.get_execution_evidence(resolve_execution_id(client, args.execution))
     if args.json:
         print_json(found)
         return 0
@@ -294,7 +301,7 @@ def _reconcile(client: Client, args: argparse.Namespace) -> int:
     output = None if args.output is None else json_argument(args.output, "--output")
     correction = [correction_argument(text) for text in args.correct or ()] or None
     view = client.reconcile_execution(
-        _execution_id(client, args.execution),
+        resolve_execution_id(client, args.execution),
         action_id=args.action,
         decision=args.decision,
         reason=args.reason,
@@ -309,12 +316,12 @@ def _reconcile(client: Client, args: argparse.Namespace) -> int:
         if args.correct:
             paths = ", ".join(entry["path"] for entry in correction or ())
             print(f"corrected: {paths} (the evidence's audit keeps each value before and after)")
-        _print_execution(view)
+        print_execution(view)
     return 0
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
-    view = client.cancel_execution(_execution_id(client, args.execution), args.reason)
+    view = client.cancel_execution(resolve_execution_id(client, args.execution), args.reason)
     if args.json:
         print_json(view)
     elif view["status"] == "RECONCILIATION_REQUIRED":
@@ -325,10 +332,10 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
             "the request stays busy until an operator decides; see: orquestador executions "
             f"evidence {view['id']}"
         )
-        _print_execution(view)
+        print_execution(view)
     else:
         print(f"cancelled; the execution is {view['status']}")
-        _print_execution(view)
+        print_execution(view)
     if not args.json:
         for line in _machine_commands_said(view.get("machineCommands") or {}):
             print(line)
@@ -366,7 +373,8 @@ def correction_argument(text: str) -> dict[str, Any]:
     return {"path": path, "value": json_argument(value, f"--correct {path}")}
 
 
-def _print_execution(view: dict[str, Any]) -> None:
+def print_execution(view: dict[str, Any]) -> None:
+    """The execution's fields a person reads first, then its steps."""
     print_fields(
         [
             ("execution", view["id"]),

@@ -1,5 +1,6 @@
-"""`orquestador flows dry-run` and `flows lint`: a published flow's transition as a dry run,
-every path included; a flow file checked before it is published.
+"""`orquestador flows`: the published flows by key (`list`, `show`), a flow's transition as a
+dry run, every path included; a flow file checked before it is published (`lint`, `test`),
+a folder of them published (`apply`).
 
 A client of the HTTP API like `orquestador executions`: it starts the dry run (scope
 `flows:admin`), follows it to its end (`requests:read`), and prints where it ended and
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 # Statuses a dry run still moves on from.
 LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
-POLL_SECONDS = 0.2
 
 
 def add_flows_command(command: CommandFactory) -> None:
@@ -42,15 +42,28 @@ def add_flows_command(command: CommandFactory) -> None:
     action = client_actions(
         command,
         "flows",
-        "try published flows through the HTTP API (needs flows:admin, and requests:read to "
-        "follow the dry run)",
+        "list, show and try published flows through the HTTP API (needs flows:admin, and "
+        "requests:read to follow the dry run)",
     )
+    listing = action(
+        "list", "every published flow: its key, each version and its id, newest first", _list
+    )
+    listing.add_argument("--key", metavar="KEY", help="only the versions of this key")
+    show = action(
+        "show",
+        "one flow: a key's latest version, or a version by its id; its states, transitions "
+        "and other versions",
+        _show,
+    )
+    show.add_argument("flow", metavar="KEY|ID", help="a flow key (its latest version) or id")
     dry_run = action(
         "dry-run",
         "run a transition of a published flow as a dry run, nothing sent, and wait for its end",
         _dry_run,
     )
-    dry_run.add_argument("flow", metavar="FLOW_ID", help="the flow version's id")
+    dry_run.add_argument(
+        "flow", metavar="KEY|ID", help="a flow key (its latest version) or a version's id"
+    )
     dry_run.add_argument("--transition", required=True, help="the transition to run")
     dry_run.add_argument(
         "--data", required=True, metavar="JSON", help="the request's data (JSON, or @FILE)"
@@ -260,7 +273,9 @@ def _print_applied(row: dict[str, Any], *, dry_run: bool) -> None:
     refused = row["action"] == "refused"
     said = "would create" if dry_run and row["action"] == "create" else _SAID[row["action"]]
     version = "" if refused else f" v{row['version']}"
-    print(f"{said:<12} {row['key']}{version}  {row['file']}")
+    # The version's id, to start it or bind it by (none yet for one still to create).
+    known = f"  id {row['id']}" if row.get("id") else ""
+    print(f"{said:<12} {row['key']}{version}  {row['file']}{known}")
     for item in row.get("problems") or row.get("warnings") or []:
         kind = "problem" if refused else "warning"
         print(f"  {kind}: {item.get('path') or '/'}: {item.get('message')}")
@@ -275,6 +290,73 @@ def _json_file(path: Path) -> Any:
         raise _Unreadable(f"{path}: not JSON: {exc}") from None
 
 
+def _list(client: Client, args: argparse.Namespace) -> int:
+    found = client.list_flows(key=args.key)
+    if args.json:
+        print_json(found)
+        return 0
+    items = found.get("items", [])
+    if not items:
+        print(f"no flow has the key {args.key}" if args.key else "no flows published")
+        return 0
+    print_table(
+        ("KEY", "VERSION", "ID", "TRIGGER", "PUBLISHED"),
+        [
+            (item["key"], item["version"], item["id"], item["trigger"], item["createdAt"])
+            for item in items
+        ],
+    )
+    return 0
+
+
+def _show(client: Client, args: argparse.Namespace) -> int:
+    flow = client.get_flow(args.flow)
+    if args.json:
+        print_json(flow)
+        return 0
+    definition = flow.get("definition") or {}
+    versions = client.list_flows(key=flow["key"]).get("items", [])
+    newest = versions[0]["version"] if versions else flow["version"]
+    print_fields(
+        [
+            ("flow", f"{flow['key']} v{flow['version']}"),
+            ("id", flow["id"]),
+            ("latest", "yes" if flow["version"] == newest else f"no: v{newest} is"),
+            ("trigger", flow["trigger"]),
+            ("initial state", definition.get("initialState")),
+            ("states", ", ".join(definition.get("states") or [])),
+            ("published", f"{flow['createdAt']} by {flow['createdBy']}"),
+        ]
+    )
+    transitions = definition.get("transitions") or []
+    if transitions:
+        print()
+        print_table(
+            ("TRANSITION", "FROM", "TO", "ACTIONS"),
+            [
+                (
+                    t.get("id"),
+                    ", ".join(t.get("from") or []),
+                    t.get("to") or ("the decision table's" if t.get("decision") else None),
+                    ", ".join(
+                        f"{a.get('id')} ({a.get('capability')})" for a in t.get("actions") or []
+                    ),
+                )
+                for t in transitions
+            ],
+        )
+    if len(versions) > 1:
+        print("\nversions")
+        for version in versions:
+            print(f"  v{version['version']}  {version['id']}  {version['createdAt']}")
+    starting = [
+        t.get("id") for t in transitions if definition.get("initialState") in (t.get("from") or [])
+    ]
+    if starting:
+        print(f"\nstart it: orquestador run {flow['key']} {starting[0]} --data JSON [--wait]")
+    return 0
+
+
 def _dry_run(client: Client, args: argparse.Namespace) -> int:
     accepted = client.start_dry_run(
         args.flow,
@@ -284,29 +366,33 @@ def _dry_run(client: Client, args: argparse.Namespace) -> int:
         outcomes=None if args.outcomes is None else json_argument(args.outcomes, "--outcomes"),
     )
     execution_id = accepted["executionId"]
-    deadline = time.monotonic() + args.timeout
+    give_up_at = time.monotonic() + args.timeout
+    done: list[dict[str, Any]] = []
     while True:
-        view = client.get_execution(execution_id)
-        if view["status"] not in LIVE_STATUSES:
-            break
-        if time.monotonic() > deadline:
-            raise UsageProblem(
-                f"the dry run {execution_id} is still {view['status']} after {args.timeout:g} s;"
-                f" 'orquestador executions show {execution_id}' follows it"
-            )
-        time.sleep(POLL_SECONDS)
+        # The server holds each wait until the dry run ends (a dry run asks no approver);
+        # a state that continues by itself is followed into its continuation.
+        view = client.wait_execution(execution_id, max(0.0, give_up_at - time.monotonic()))
+        done += view.get("wouldHaveDone") or []
+        if view["status"] == "SUCCEEDED" and view.get("continuedBy"):
+            execution_id = view["continuedBy"]
+            continue
+        break
+    if view["status"] in LIVE_STATUSES:
+        raise UsageProblem(
+            f"the dry run {execution_id} is still {view['status']} after {args.timeout:g} s;"
+            f" 'orquestador executions wait {execution_id}' follows it"
+        )
     if args.json:
         print_json(view)
         return 0
     print_fields(
         [
-            ("dry run", execution_id),
+            ("dry run", accepted["executionId"]),
             ("status", view["status"]),
             ("to state", view.get("toState")),
             ("error", view.get("errorCode")),
         ]
     )
-    done = view.get("wouldHaveDone") or []
     if done:
         print()
         print_table(

@@ -1,4 +1,4 @@
-"""The one command line: dev, migrate, worker, api, token, check, health, decide, agent, ..."""
+"""The one command line: dev, migrate, worker, api, token, check, health, decide, run, ..."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from orquestador.cli.machines import add_machines_command
 from orquestador.cli.notices import add_notices_command
 from orquestador.cli.output import EXIT_USAGE, CommandFailed, one_line
 from orquestador.cli.processes import add_process_commands
+from orquestador.cli.run import add_run_command, add_wait_action
 from orquestador.cli.schedules import add_schedules_command
 from orquestador.cli.settings_read import settings_epilog
 from orquestador.cli.tokens import add_token_command
@@ -88,7 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     add_token_command(command)
     add_check_commands(command)
     add_decide_command(command)
-    add_bulk_action(add_executions_command(command))
+    add_run_command(command)
+    executions = add_executions_command(command)
+    add_bulk_action(executions)
+    add_wait_action(executions)
     add_approvals_command(command)
     add_flows_command(command)
     add_machines_command(command)

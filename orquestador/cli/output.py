@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,10 @@ from orquestador.client import ApiError
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
+# A command that follows an execution (`run --wait`, `executions wait`) also ends with
+# these: 0 it SUCCEEDED, 1 it FAILED or was CANCELLED, 2 refused or bad input.
+EXIT_PARKED = 3  # it waits for a person: parked for a decision, or on an approval
+EXIT_TIMED_OUT = 4  # it had not settled when the wait's time was up
 
 # The audit's detail is wrapped to this width under its row, never cut.
 AUDIT_DETAIL_WIDTH = 100
@@ -119,6 +124,15 @@ def print_wrapped(text: str, *, indent: str) -> None:
         break_on_hyphens=False,
     ):
         print(line)
+
+
+def flow_filter(text: str) -> tuple[str, str]:
+    """A `--flow` option as a filter: a version's id names that version (`flowId`),
+    anything else a key, every version of it (`flowKey`)."""
+    try:
+        return "flowId", str(uuid.UUID(text))
+    except ValueError:
+        return "flowKey", text
 
 
 def flow_name(view: dict[str, Any]) -> str | None:

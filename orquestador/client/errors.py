@@ -12,10 +12,18 @@ class ClientError(Exception):
 class ApiError(ClientError):
     """The API answered with an error: its status, its problem document, its text."""
 
-    def __init__(self, status: int, problem: dict[str, Any] | None, text: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        problem: dict[str, Any] | None,
+        text: str,
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.problem = problem
         self.text = text
+        # Seconds the answer's Retry-After asks to wait before asking again (a 429's).
+        self.retry_after = retry_after
         super().__init__(f"HTTP {status} {self.code}" if self.code else f"HTTP {status}")
 
     @property

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import requests
 
+from orquestador.client.errors import ApiError
 from orquestador.client.transport import Transport, segment
+from orquestador.domain.statuses import FINAL, ExecutionStatus
 
 Json = dict[str, Any]
 Method = TypeVar("Method", bound=Callable[..., Any])
@@ -31,6 +34,21 @@ def operation_methods() -> dict[str, list[str]]:
         if operation_id is not None:
             found.setdefault(operation_id, []).append(name)
     return found
+
+
+# The server holds one wait at most this long; a longer one is several calls.
+MAX_WAIT_SECONDS = 30.0
+# Kept between a call's wait and its read timeout, for the answer to travel.
+_WAIT_MARGIN_SECONDS = 5.0
+
+
+def settled(view: Mapping[str, Any]) -> bool:
+    """Whether an ExecutionView will not move again without a person: it ended, it is
+    parked for a decision (RECONCILIATION_REQUIRED), or it waits on an approval."""
+    status = view.get("status")
+    if status in FINAL or status == ExecutionStatus.RECONCILIATION_REQUIRED:
+        return True
+    return bool(view.get("waitingForApproval"))
 
 
 def _present(**fields: Any) -> Json:
@@ -120,6 +138,23 @@ class Client:
             "POST", f"/requests/{segment(request_id)}/transitions", json=body
         )
 
+    @operation("startRun")
+    def start_run(
+        self,
+        flow: str,
+        transition: str,
+        data: Mapping[str, Any],
+        *,
+        priority: int | None = None,
+        machine_id: str | None = None,
+    ) -> Json:
+        """A new request on `flow` (a key: its latest version; or a version's id) and its
+        `transition` accepted: `{requestId, executionId, flowId, flowKey, flowVersion}`."""
+        body = _present(
+            flow=flow, transition=transition, data=data, priority=priority, machineId=machine_id
+        )
+        return self.transport.call("POST", "/runs", json=body)
+
     @operation("listExecutions")
     def list_executions(
         self,
@@ -155,8 +190,45 @@ class Client:
         return self.transport.call("GET", "/executions", params=params)
 
     @operation("getExecution")
-    def get_execution(self, execution_id: str) -> Json:
-        return self.transport.call("GET", f"/executions/{segment(execution_id)}")
+    def get_execution(
+        self, execution_id: str, *, wait_for: str | None = None, timeout: float | None = None
+    ) -> Json:
+        """The ExecutionView; with `wait_for="final"` the server holds the answer until the
+        execution settles or `timeout` seconds (at most 30) pass: see `wait_execution`."""
+        params = _query(waitFor=wait_for, timeout=None if timeout is None else f"{timeout:.3f}")
+        return self.transport.call("GET", f"/executions/{segment(execution_id)}", params=params)
+
+    def wait_execution(self, execution_id: str, timeout: float) -> Json:
+        """The execution once it has `settled` (ended, parked for a person, or waiting on
+        an approval), or as it is after `timeout` seconds: check its `status`.
+
+        The server holds each call until then, at most 30 s (`waitFor=final`); a longer
+        wait is several calls, and a server with no place for one more wait is asked again
+        after the Retry-After it sends.
+        """
+        give_up_at = time.monotonic() + max(0.0, timeout)
+        read = self.transport.read_seconds
+        # Each call's wait ends well before the transport gives up on its answer.
+        longest = MAX_WAIT_SECONDS
+        if read is not None:
+            longest = min(longest, max(read - _WAIT_MARGIN_SECONDS, read / 2))
+        while True:
+            left = max(0.0, give_up_at - time.monotonic())
+            try:
+                view = self.get_execution(
+                    execution_id, wait_for="final", timeout=min(longest, left)
+                )
+            except ApiError as busy:
+                if busy.status != 429:
+                    raise
+                # No place for a wait now: a plain read, then ask again when told.
+                view = self.get_execution(execution_id)
+                if settled(view) or left <= 0:
+                    return view
+                time.sleep(min(busy.retry_after or 1.0, left))
+                continue
+            if settled(view) or time.monotonic() >= give_up_at:
+                return view
 
     @operation("getExecutionEvidence")
     def get_execution_evidence(self, execution_id: str) -> Json:

@@ -44,6 +44,11 @@ class Transport:
     def close(self) -> None:
         self.session.close()
 
+    @property
+    def read_seconds(self) -> float | None:
+        """How long a call waits for its answer (None: without end)."""
+        return self.timeout[1] if isinstance(self.timeout, tuple) else self.timeout
+
     def call(self, method: str, path: str, **options: Any) -> Any:
         """The answer's JSON; None for 204. Raises a `ClientError` for anything else."""
         url = self.base_url + path
@@ -76,11 +81,22 @@ class Transport:
             body = None
         if not response.ok:
             raise ApiError(
-                response.status_code, body if isinstance(body, dict) else None, response.text
+                response.status_code,
+                body if isinstance(body, dict) else None,
+                response.text,
+                retry_after=_seconds(response.headers.get("Retry-After")),
             )
         if body is None:
             raise NotTheApi(url, response.status_code)
         return body
+
+
+def _seconds(text: str | None) -> float | None:
+    """Retry-After in seconds (the API sends a whole number); None when absent or a date."""
+    try:
+        return max(0.0, float(text)) if text is not None else None
+    except ValueError:
+        return None
 
 
 def connection_failure_reason(error: BaseException) -> str:

@@ -187,6 +187,10 @@ execution = Table(
     # The W3C traceparent of the acceptance (migration 0025): the worker's spans continue
     # its trace. NULL when tracing was off.
     Column("trace_parent", Text),
+    # The execution whose finish continued into this one (the flow's `"continue"`,
+    # migration 0030), and how many continuations in a row without a person led here.
+    Column("continued_from", UUID(as_uuid=True)),
+    Column("continuations", Integer, nullable=False, server_default=text("0")),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -258,6 +262,13 @@ execution = Table(
         "ix_execution_reconciliation",
         "created_at",
         postgresql_where=text("status = 'RECONCILIATION_REQUIRED'"),
+    ),
+    # A finish continues into one execution at most; and the view finds it by this.
+    Index(
+        "ux_execution_continued_from",
+        "continued_from",
+        unique=True,
+        postgresql_where=text("continued_from IS NOT NULL"),
     ),
     Index(None, "request_id"),
     # GET /executions: one organization's executions, newest first, by keyset.
@@ -878,6 +889,8 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "key_blocked",
         # An operator's retry with a correction moves it with the request's revision.
         "accepted_revision",
+        # An operator's retry of an execution parked at MAX_CONTINUATIONS starts it again.
+        "continuations",
     ),
     # A new attempt rewrites its checkpoint whole (checkpoints._START's upsert).
     "action_execution": (

@@ -51,6 +51,8 @@ class ActionContract:
     input_schema: Mapping[str, Any]
     output_schema: Mapping[str, Any] | None = None
     constant_problem: ConstantProblem | None = None
+    # Its declared effect is READ_ONLY (None: not said).
+    reads_only: bool | None = None
 
 
 # The contract of (capability, version), or None when it is not known here.

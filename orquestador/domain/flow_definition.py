@@ -20,10 +20,22 @@ from orquestador.domain.action_contracts import (
     output_can_have,
 )
 from orquestador.domain.concurrency import DEFAULT_PRIORITY, Concurrency, key_pointer_problem
+from orquestador.domain.continuations import (
+    continuation_problems,
+    cycle_warnings,
+    declared,
+    writes_after_approval,
+)
 from orquestador.domain.decision import DecisionResult, check_table, decision_view, evaluate
 from orquestador.domain.errors import DecisionError, MappingError, Problem
 from orquestador.domain.limits import number_problems
-from orquestador.domain.mappings import pointer_parts, resolve_source, with_decision
+from orquestador.domain.mappings import (
+    MAX_FORMAT_PLACEHOLDERS,
+    format_placeholders,
+    pointer_parts,
+    resolve_source,
+    with_decision,
+)
 from orquestador.domain.pointer_updates import update_path_problem
 from orquestador.domain.schemas import schema_problems, validator_for
 
@@ -217,6 +229,8 @@ def _check_action(
                 source["from"], seen, decision=False, earlier_only=True, outputs=outputs
             )
             report.error(f"{where}/from", problem)
+        if report.shaped(where) and "format" in source:
+            report.error(f"{where}/format", _format_problem(source["format"], report.data_schema))
     if capability in EMAIL_CAPABILITIES and isinstance(inputs, Mapping) and "email" in inputs:
         # One switch (SPEC 17): the opt-in lives on the node, where the page shows it.
         report.error(
@@ -231,6 +245,21 @@ def _check_action(
         report.errors.extend(input_problems(contract, inputs, at))
     if report.shaped(f"{at}/id") and isinstance(action.get("id"), str):
         outputs[action["id"]] = contract.output_schema
+
+
+def _format_problem(template: str, data_schema: Any) -> str | None:
+    """Why a format cannot give its text at run time, or None."""
+    try:
+        pointers = format_placeholders(template)
+    except ValueError as exc:
+        return str(exc)
+    if len(pointers) > MAX_FORMAT_PLACEHOLDERS:
+        return f"at most {MAX_FORMAT_PLACEHOLDERS} {{/data/...}} in one format"
+    for pointer in pointers:
+        parts = pointer_parts(pointer)
+        if data_schema is not None and not output_can_have(data_schema, parts[1:]):
+            return f"{{{pointer}}} reads a field the flow's dataSchema rules out"
+    return None
 
 
 def _contract(action: Mapping[str, Any], at: str, report: _Report) -> ActionContract | None:
@@ -397,7 +426,23 @@ def validate_definition(
             seen.add(transition["id"])
         _check_transition(transition, here, report)
     _check_start(definition, report)
+    if report.shaped("/continue"):
+        report.errors.extend(continuation_problems(definition, report.states))
+        report.warnings.extend(cycle_warnings(definition))
+    report.warnings.extend(writes_after_approval(definition, _reads_only(contract_of)))
     return report.errors, report.warnings
+
+
+def _reads_only(contract_of: ContractOf | None) -> Callable[[str, int], bool | None] | None:
+    """Whether an adapter only reads, as its contract declares (None: not known)."""
+    if contract_of is None:
+        return None
+
+    def reads_only(capability: str, version: int) -> bool | None:
+        contract = contract_of(capability, version)
+        return None if contract is None else contract.reads_only
+
+    return reads_only
 
 
 # --- typed access -----------------------------------------------------------
@@ -487,6 +532,8 @@ class FlowDefinition:
     start: str | None = None
     # Its executions' priority unless a transition request gives one.
     priority: int = DEFAULT_PRIORITY
+    # State -> the transition a finish into that state continues with (`"continue"`).
+    continuations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, definition: Mapping[str, Any]) -> FlowDefinition:
@@ -501,6 +548,7 @@ class FlowDefinition:
             raw=dict(definition),
             start=definition.get("start"),
             priority=definition.get("priority", DEFAULT_PRIORITY),
+            continuations=declared(definition),
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -73,8 +74,76 @@ def build_context(
     }
 
 
+# `{"format": "Reboot {/data/machineId}: {/data/reason}"}`: a text of the request data.
+# Placeholders are JSON Pointers into the request data; `{{` and `}}` are literal braces.
+MAX_FORMAT_CHARACTERS = 1000
+MAX_FORMAT_PLACEHOLDERS = 20
+# A value longer than this is cut (ending in "…"): a formatted text stays bounded.
+MAX_FORMATTED_VALUE_CHARACTERS = 200
+_FORMAT_PART = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+
+
+def format_placeholders(template: str) -> list[str]:
+    """The pointers a format names, in order; ValueError for a lone brace or a pointer
+    that is no pointer into the request data."""
+    found = []
+    for match in _FORMAT_PART.finditer(template):
+        text = match.group(0)
+        if text in ("{{", "}}"):
+            continue
+        pointer = match.group(1)
+        if pointer is None:
+            raise ValueError(f"a lone {text!r}: write {text * 2!r} for the brace itself")
+        parts = pointer_parts(pointer)
+        if len(parts) < 2 or parts[0] != "data":
+            raise ValueError(
+                f"{{{pointer}}} must read the request data (/data/...): nothing else goes in"
+                " a format"
+            )
+        found.append(pointer)
+    return found
+
+
+def _formatted(value: Any) -> str:
+    """A value as a format shows it: text as it is, anything else as JSON; one line, and
+    at most MAX_FORMATTED_VALUE_CHARACTERS."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = _CONTROL.sub(" ", text)
+    if len(text) > MAX_FORMATTED_VALUE_CHARACTERS:
+        text = text[: MAX_FORMATTED_VALUE_CHARACTERS - 1] + "…"
+    return text
+
+
+def format_text(template: str, context: Mapping[str, Any]) -> str:
+    """The format's text with each `{/data/...}` replaced by the value it reads."""
+
+    def part(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if text in ("{{", "}}"):
+            return text[0]
+        pointer = match.group(1)
+        if pointer is None:
+            raise MappingError(f"format: a lone {text!r}")
+        try:
+            parts = pointer_parts(pointer)
+        except ValueError as exc:
+            raise MappingError(f"format: {exc}") from None
+        if len(parts) < 2 or parts[0] != "data":
+            raise MappingError(f"format: {{{pointer}}} does not read the request data")
+        found, value = find(context, parts)
+        if not found:
+            raise MappingError(
+                f"format: pointer {pointer} does not resolve in the request data", pointer=pointer
+            )
+        return _formatted(value)
+
+    return _FORMAT_PART.sub(part, template)
+
+
 def resolve_source(source: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
-    """The value of ``{"from": pointer}`` or ``{"const": value}`` (a private copy)."""
+    """The value of ``{"from": pointer}``, ``{"const": value}`` (a private copy) or
+    ``{"format": text}`` (the text with the request data it names)."""
     if not isinstance(source, Mapping):
         raise MappingError(f"a source is an object, not {type(source).__name__}")
     if "from" in source:
@@ -93,7 +162,12 @@ def resolve_source(source: Mapping[str, Any], context: Mapping[str, Any]) -> Any
         return copy.deepcopy(value)
     if "const" in source:
         return copy.deepcopy(source["const"])
-    raise MappingError('a source needs "from" (a JSON Pointer) or "const"')
+    if "format" in source:
+        template = source["format"]
+        if not isinstance(template, str):
+            raise MappingError("a format is a text")
+        return format_text(template, context)
+    raise MappingError('a source needs "from" (a JSON Pointer), "const" or "format"')
 
 
 def resolve_inputs(

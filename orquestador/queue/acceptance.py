@@ -191,6 +191,9 @@ def queue_execution(
     simulation: bool = False,
     rehearsal: dict[str, Any] | None = None,
     started_by: dict[str, Any] | None = None,
+    continued_from: uuid.UUID | None = None,
+    continuations: int = 0,
+    parked_for: str | None = None,
 ) -> uuid.UUID:
     """Write an accepted transition inside the caller's transaction; return the execution id.
 
@@ -205,7 +208,11 @@ def queue_execution(
     waits for a real execution nor makes one wait. `priority` None is the flow's default.
     `rehearsal`: a dry run's outcomes, played by its steps instead of their simulations.
     `started_by`: what asked for it when no person did (a schedule's fire, a platform
-    event), kept in the audit row: the actor is then only whom the start acts for.
+    event, a continuation), kept in the audit row: the actor is then only whom the start
+    acts for. `continued_from` and `continuations`: the execution whose finish continues
+    into this one, and how many continuations in a row led here (queue/continuations.py).
+    `parked_for`: accepted RECONCILIATION_REQUIRED with this error code, for a person to
+    let it run (retry) or not (fail), rather than PENDING.
     """
     concurrency = definition.transitions[transition_id].concurrency
     key: str | None = None
@@ -220,7 +227,8 @@ def queue_execution(
             org_id=request_row.org_id,
             flow_id=request_row.flow_id,
             transition_id=transition_id,
-            status="PENDING",
+            status="PENDING" if parked_for is None else "RECONCILIATION_REQUIRED",
+            error_code=parked_for,
             accepted_revision=accepted_revision,
             accepted_state=request_row.state,
             max_attempts=max_attempts,
@@ -232,6 +240,8 @@ def queue_execution(
             rehearsal=rehearsal,
             # The span current now (the acceptance's) is what the worker continues.
             trace_parent=tracing.current_traceparent(),
+            continued_from=continued_from,
+            continuations=continuations,
         )
         .returning(execution.c.id)
     ).scalar_one()

@@ -372,47 +372,68 @@ def finish_execution(
     acceptance) or ContractMismatch (an expected checkpoint is not SUCCEEDED); in
     every case nothing of the finish is kept and the checkpoints stay as they were.
     """
-    detail, result = finish_documents(finish)
     with conn.begin():
-        # BEGIN, both locks (request first, then execution) and the write go in one
-        # round trip; the server runs them in that order. The checks below read what
-        # the locks returned, and any refusal rolls the write back with the rest.
-        with pipelined(conn):
-            locked_request = run(conn, _LOCK_REQUEST, {"request_id": claim.request_id})
-            locked_execution = run(conn, _LOCK_EXECUTION, claim.params)
-            completed = run(
-                conn,
-                _COMPLETE,
-                {
-                    **claim.params,
-                    "request_id": claim.request_id,
-                    "actor": WORKER_ACTOR,
-                    "data": finish.data,
-                    "state": finish.to_state,
-                    "detail": detail,
-                    "result": result,
-                },
-            )
-        request, execution = locked_request.fetchone(), locked_execution.fetchone()
-        row = completed.fetchone()
-        if execution is None or request is None:
-            raise refuse_stale(claim, "finish")
-        change = request_change(request, execution, claim)
-        if change:
-            raise RequestChanged(change)
-        missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]
-        if missing:
-            raise ContractMismatch(f"checkpoints not SUCCEEDED at finish: {missing}")
-        if row is None:
-            raise refuse_stale(claim, "finish")
-        if row.revision is None:  # cannot happen under the request lock; never write half
-            raise RequestChanged("the request is no longer held by this execution")
+        finished = finish_in_transaction(conn, claim, finish)
         if before_commit is not None:
             before_commit()
             # The hook took time: the lease, as locked (the write above ended it), must
             # still hold by the clock, or nothing of the finish is kept.
-            if not conn.execute(_STILL_VALID, {"lease": execution.lease_expires_at}).scalar():
+            if not lease_still_valid(conn, finished):
                 raise refuse_stale(claim, "finish")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a finish wrote and held: the request's new revision, the lease as locked."""
+
+    revision: int
+    lease_expires_at: Any
+
+
+def lease_still_valid(conn: Connection, finished: Finished) -> bool:
+    """Whether the lease the finish locked is still valid by the database's clock."""
+    return bool(conn.execute(_STILL_VALID, {"lease": finished.lease_expires_at}).scalar())
+
+
+def finish_in_transaction(conn: Connection, claim: Claim, finish: Finish) -> Finished:
+    """finish_execution's writes and checks inside the caller's open transaction (a
+    continuation is accepted in the same one). Raises as finish_execution does; the
+    caller's transaction then rolls back whole."""
+    detail, result = finish_documents(finish)
+    # Both locks (request first, then execution) and the write go in one round trip;
+    # the server runs them in that order. The checks below read what the locks
+    # returned, and any refusal rolls the write back with the rest.
+    with pipelined(conn):
+        locked_request = run(conn, _LOCK_REQUEST, {"request_id": claim.request_id})
+        locked_execution = run(conn, _LOCK_EXECUTION, claim.params)
+        completed = run(
+            conn,
+            _COMPLETE,
+            {
+                **claim.params,
+                "request_id": claim.request_id,
+                "actor": WORKER_ACTOR,
+                "data": finish.data,
+                "state": finish.to_state,
+                "detail": detail,
+                "result": result,
+            },
+        )
+    request, execution = locked_request.fetchone(), locked_execution.fetchone()
+    row = completed.fetchone()
+    if execution is None or request is None:
+        raise refuse_stale(claim, "finish")
+    change = request_change(request, execution, claim)
+    if change:
+        raise RequestChanged(change)
+    missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]
+    if missing:
+        raise ContractMismatch(f"checkpoints not SUCCEEDED at finish: {missing}")
+    if row is None:
+        raise refuse_stale(claim, "finish")
+    if row.revision is None:  # cannot happen under the request lock; never write half
+        raise RequestChanged("the request is no longer held by this execution")
+    return Finished(row.revision, execution.lease_expires_at)
 
 
 def fail_execution(

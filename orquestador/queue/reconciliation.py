@@ -128,11 +128,15 @@ _APPROVE_RETRY = text(
 )
 
 # Back in the queue, due now, with a fresh budget of claims; it continues from its
-# checkpoints like any execution a worker recovers.
+# checkpoints like any execution a worker recovers. A continuation parked at
+# MAX_CONTINUATIONS that a person lets run starts the count of continuations again:
+# a person has just asked for it.
 _REQUEUE = text(
     """
     UPDATE execution
-    SET status = 'PENDING', next_attempt_at = clock_timestamp(), error_code = NULL,
+    SET continuations = CASE WHEN error_code = 'CONTINUATION_LIMIT' THEN 0
+                             ELSE continuations END,
+        status = 'PENDING', next_attempt_at = clock_timestamp(), error_code = NULL,
         error_detail = NULL, result = NULL, lease_owner = NULL, lease_expires_at = NULL,
         max_attempts = attempts + :claims_budget, updated_at = clock_timestamp()
     WHERE id = :execution_id

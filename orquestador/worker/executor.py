@@ -20,7 +20,11 @@ from orquestador import metrics, tracing
 from orquestador.actions import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.domain.errors import DataValidationError, DomainError, MappingError
-from orquestador.domain.flow_definition import compute_updates, decide_destination
+from orquestador.domain.flow_definition import (
+    FlowDefinition,
+    compute_updates,
+    decide_destination,
+)
 from orquestador.domain.mappings import build_context
 from orquestador.domain.pointer_updates import apply_updates, validate_request_data
 from orquestador.errors import ContractMismatch, LeaseLost, RequestChanged
@@ -35,6 +39,7 @@ from orquestador.queue import (
     require_reconciliation,
 )
 from orquestador.queue.batches import SucceedRow
+from orquestador.queue.continuations import Continuation, finish_and_continue
 from orquestador.redaction import error_line
 from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.caches import FlowCache, SchemaCache
@@ -306,6 +311,9 @@ class _ExecutionRun(StepRunner):
             data=data,
         )
         hook = self.x.hooks.before_finish_commit
+        continuing = flow.continuations.get(decided.to)
+        if continuing is not None:
+            return self._finish_and_continue(finish, continuing, flow)
         riding = self.riding()
         try:
             self.x.writer(self.source).finish(
@@ -327,4 +335,46 @@ class _ExecutionRun(StepRunner):
             )
             return LEFT_RUNNING
         log.info("execution succeeded", extra=claim.log_extra)
+        return "SUCCEEDED"
+
+    def _finish_and_continue(self, finish: Finish, transition_id: str, flow: FlowDefinition) -> str:
+        """The finish into a state the flow continues from, with its continuation in the same
+        transaction, on the job's own connection (the held-back checkpoint is written
+        first): continuations are few, and the protocol writer's batch only finishes."""
+        claim, hook = self.claim, self.x.hooks.before_finish_commit
+        continuation = Continuation(
+            definition=flow,
+            transition_id=transition_id,
+            max_continuations=self.x.settings.max_continuations,
+            max_attempts=self.x.settings.execution_max_attempts,
+        )
+        try:
+            conn = self.conn
+            continued = finish_and_continue(
+                conn,
+                claim,
+                finish,
+                continuation,
+                before_commit=(lambda: hook(claim)) if hook else None,
+            )
+        except RequestChanged:
+            self.fail("REQUEST_CHANGED")
+        except ContractMismatch:
+            self.reconcile("CONTRACT_MISMATCH")
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            # Nothing of the finish nor of its continuation was kept: the next holder of
+            # the lease finishes and continues from the checkpoints.
+            log.warning(
+                "finish failed, left for lease recovery: %s", error_line(exc), extra=claim.log_extra
+            )
+            return LEFT_RUNNING
+        log.info(
+            "execution succeeded and continued",
+            extra={
+                **claim.log_extra,
+                "continued_as": str(continued.execution_id) if continued.execution_id else None,
+            },
+        )
         return "SUCCEEDED"

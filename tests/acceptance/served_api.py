@@ -15,15 +15,17 @@ from tests.db_support import TestDatabase
 
 @contextmanager
 def served_api(
-    database: TestDatabase, secret: str, *, registry: Any = None
+    database: TestDatabase, secret: str, *, registry: Any = None, **overrides: Any
 ) -> Iterator[tuple[str, Settings]]:
-    """(the API's base URL, its settings), both route groups on, HS256 with `secret`."""
+    """(the API's base URL, its settings), both route groups on, HS256 with `secret`;
+    `overrides` sets other settings."""
     settings = Settings.from_env(
         {},
         database_url=database.runtime_dsn,
         request_api_enabled=True,
         flow_admin_enabled=True,
         jwt_secret=secret,
+        **overrides,
     )
     app = create_app(settings, registry=registry)
     http, thread = serve_in_thread(app, "127.0.0.1", 0)

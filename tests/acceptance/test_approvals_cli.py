@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -61,13 +60,16 @@ def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def _waiting_for_approval(client: Client) -> str:
     """Start the flow's `ask`, and the execution's id once its approval is open."""
-    flow = client.publish_flow(approval_flow())
-    request = client.create_request(flow["id"], {"machineId": "m-1"})
-    execution_id = client.request_transition(request["id"], "ask", 1)["executionId"]
-    deadline = time.monotonic() + 30
-    while client.get_execution(execution_id)["status"] != "WAITING":
-        assert time.monotonic() < deadline, "the approval did not open within 30 s"
-        time.sleep(0.1)
+    flow = approval_flow()
+    flow["dataSchema"]["properties"]["reason"] = {"type": "string"}
+    flow["transitions"][0]["actions"][0]["input"]["title"] = {
+        "format": "Reboot {/data/machineId}: {/data/reason}"
+    }
+    client.publish_flow(flow)
+    started = client.start_run("reboot", "ask", {"machineId": "m-1", "reason": "kernel update"})
+    execution_id = started["executionId"]
+    view = client.wait_execution(execution_id, 30)
+    assert view.get("waitingForApproval"), f"the approval did not open within 30 s: {view}"
     return execution_id
 
 
@@ -81,9 +83,22 @@ def test_an_approver_lists_decides_once_and_is_refused_the_second_time(served: S
     again = _run("decide", approval_id, "reject", env=served.approver_env)
     closed = _run("list", "--status", "closed", env=served.approver_env)
 
-    assert header.split() == ["ID", "STATUS", "DEADLINE", "EXECUTION", "TITLE"]
-    assert row.split()[1] == "open" and row.split()[3] == execution_id
-    assert row.endswith("Reboot m-1?")
+    assert header.split() == [
+        "ID",
+        "STATUS",
+        "DEADLINE",
+        "FLOW",
+        "AND",
+        "TRANSITION",
+        "MACHINE",
+        "ASKED",
+        "BY",
+        "WHAT",
+    ]
+    # What it approves: the flow and transition that ask, the machine, who asked, and
+    # the title the flow formats from the request's data.
+    assert row.split()[1:2] + row.split()[3:8] == ["open", "reboot", "v1", "ask", "m-1", "alice"]
+    assert row.endswith("Reboot m-1: kernel update")
     assert decided.returncode == 0, decided.stderr
     assert decided.stdout == f"approved by bob; execution {execution_id} goes on\n"
     assert again.returncode == 1

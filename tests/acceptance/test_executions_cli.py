@@ -511,3 +511,23 @@ def test_in_a_dev_folder_the_recorded_dev_server_wins_over_api_port_and_loses_to
     assert named.returncode == 2 and "cannot reach the API at " + silent in named.stderr
     assert stale.returncode == 0, stale.stderr
     assert not record.exists(), "the stale record is removed"
+
+
+def test_executions_are_listed_by_flow_key_or_by_version_id(
+    server: Server, runtime_engine: Engine
+) -> None:
+    definition = flow_definition([])
+    first = start_execution(runtime_engine, definition)
+    other = start_execution(runtime_engine, flow_definition([]))
+    env = _as(server)
+    flow_id = str(execution(runtime_engine, first).flow_id)
+
+    by_key = _run("list", "--flow", definition["key"], "--json", env=env)
+    by_id = _run("list", "--flow", flow_id, "--json", env=env)
+    unknown = _run("list", "--flow", "no-such-key", "--json", env=env)
+
+    assert by_key.returncode == by_id.returncode == unknown.returncode == 0, by_key.stderr
+    assert [item["id"] for item in json.loads(by_key.stdout)["items"]] == [str(first)]
+    assert [item["id"] for item in json.loads(by_id.stdout)["items"]] == [str(first)]
+    assert json.loads(unknown.stdout)["items"] == []
+    assert str(other) not in by_key.stdout

@@ -47,6 +47,14 @@ def _write(path: Path, document: Any) -> None:
     path.write_text(json.dumps(document, indent=2), encoding="utf-8")
 
 
+def _ids(engine: Engine) -> dict[tuple[str, int], str]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT key, version, id FROM flow WHERE org_id = :org"), {"org": ORG}
+        )
+        return {(row.key, row.version): str(row.id) for row in rows}
+
+
 def _versions(engine: Engine) -> list[tuple[str, int]]:
     with engine.connect() as connection:
         rows = connection.execute(
@@ -73,13 +81,20 @@ def test_a_folder_is_published_once_and_a_second_apply_changes_nothing(
     first = _apply(folder, env=env)
     second = _apply(folder, env=env)
 
+    ids = _ids(runtime_engine)
     assert first.returncode == 0, first.stderr
+    # Each line names what was published, and its id to start it or bind it by.
     assert first.stdout.splitlines() == [
-        f"created      decommission v1  {folder / 'decommission.json'}",
-        f"created      disk-review v1  {folder / 'review' / 'disk.json'}",
+        f"created      decommission v1  {folder / 'decommission.json'}"
+        f"  id {ids['decommission', 1]}",
+        f"created      disk-review v1  {folder / 'review' / 'disk.json'}"
+        f"  id {ids['disk-review', 1]}",
         "2 flows: 2 created, 0 unchanged",
     ]
     assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines()[0] == (
+        f"unchanged    decommission v1  {folder / 'decommission.json'}  id {ids['decommission', 1]}"
+    )
     assert second.stdout.splitlines()[-1] == "2 flows: 0 created, 2 unchanged"
     assert _versions(runtime_engine) == [("decommission", 1), ("disk-review", 1)]
 

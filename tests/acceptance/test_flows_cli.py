@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from orquestador.actions import AdapterRegistry
 from orquestador.actions.builtin import register_builtins
@@ -101,3 +101,55 @@ def test_json_prints_the_execution_view(env: dict[str, str], runtime_engine: Eng
     assert done.returncode == 0, done.stderr
     view = json.loads(done.stdout)
     assert (view["status"], view["errorCode"]) == ("FAILED", "APPROVAL_DEADLINE_EXCEEDED")
+
+
+def _flows(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    return subprocess.run(
+        [*ORQUESTADOR, "flows", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def test_a_dry_run_names_its_flow_by_key(env: dict[str, str], runtime_engine: Engine) -> None:
+    _flow(runtime_engine)
+
+    done = _run("reboot", "--transition", "ask", "--data", DATA, "--json", env=env)
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["flowKey"] == "reboot"
+
+
+def test_flows_list_and_show_name_keys_versions_and_ids(
+    env: dict[str, str], runtime_engine: Engine
+) -> None:
+    first = _flow(runtime_engine)
+    with runtime_engine.begin() as connection:
+        second = connection.execute(
+            text(
+                "INSERT INTO flow (org_id, key, version, trigger, definition, data_schema,"
+                " created_by) SELECT org_id, key, 2, trigger, definition, data_schema,"
+                " 'author' FROM flow WHERE id = :id RETURNING id"
+            ),
+            {"id": first},
+        ).scalar_one()
+
+    listed = _flows("list", env=env)
+    shown = _flows("show", "reboot", env=env)
+    older = _flows("show", first, env=env)
+    missing = _flows("show", "nothing-here", env=env)
+
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split()[:3] for line in listed.stdout.splitlines()[1:]]
+    assert rows == [["reboot", "2", str(second)], ["reboot", "1", first]]
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.split(None, 1) for line in shown.stdout.splitlines()[:3])
+    assert fields == {"flow": "reboot v2", "id": str(second), "latest": "yes"}
+    assert "start it: orquestador run reboot ask --data JSON [--wait]" in shown.stdout
+    assert dict(line.split(None, 1) for line in older.stdout.splitlines()[:3])["latest"] == (
+        "no: v2 is"
+    )
+    assert missing.returncode == 1 and "refused (404 NOT_FOUND)" in missing.stderr

@@ -78,6 +78,10 @@ def _check_at(driver: Any, name: str, url: str, width: int, height: int) -> list
     )
     inner = driver.execute_script("return window.innerWidth")
     assert inner == width, f"the window is {inner} px wide inside, not {width}"
+    return _findings(driver, name, width)
+
+
+def _findings(driver: Any, name: str, width: int) -> list[str]:
     _screenshot(driver, PAGES / f"{name}-{width}.png")
     findings = _policy_refusals(driver)
     findings += _overflow(driver)
@@ -85,6 +89,19 @@ def _check_at(driver: Any, name: str, url: str, width: int, height: int) -> list
     findings += _unreachable(driver)
     findings += _axe_violations(driver, PAGES / f"{name}-{width}.axe.json")
     return findings
+
+
+def check_this_page(driver: Any, name: str) -> None:
+    """The same checks on the page the browser shows now (the answer to a form it sent),
+    at each width, without loading it again; fails once, listing everything found."""
+    findings: list[str] = []
+    for width, height in WIDTHS:
+        driver.set_window_size(width, height)
+        driver.execute_cdp_cmd("Emulation.setScrollbarsHidden", {"hidden": True})
+        findings += [f"at {width} px: {found}" for found in _findings(driver, name, width)]
+    driver.set_window_size(*DESK)
+    if findings:
+        pytest.fail(f"{name} falls short:\n  " + "\n  ".join(findings), pytrace=False)
 
 
 def _screenshot(driver: Any, path: Path) -> None:

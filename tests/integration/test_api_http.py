@@ -156,7 +156,7 @@ def test_unexpected_errors_are_a_bare_500(api: Api, monkeypatch: pytest.MonkeyPa
     def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("secret detail /etc/passwd")
 
-    monkeypatch.setattr(request_routes, "find_flow", explode)
+    monkeypatch.setattr(request_routes, "flow_by_reference", explode)
 
     response = api.post("/requests", {"flowId": str(uuid.uuid4()), "data": {}})
 

@@ -430,3 +430,62 @@ def test_publishing_refuses_an_email_input_on_an_approval(api: Api) -> None:
     assert response.status_code == 422
     paths = [p["path"] for p in problem(response)["problems"]]
     assert paths == ["/transitions/0/actions/0/input/email"]
+
+
+def test_an_approval_says_what_it_approves_in_the_api_its_page_and_its_email(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    _set_preferences(api, opt_out=[])
+    flow = approval_flow(email=True)
+    flow["dataSchema"]["properties"]["reason"] = {"type": "string"}
+    flow["transitions"][0]["actions"][0]["input"]["title"] = {
+        "format": "Reboot {/data/machineId}: {/data/reason}"
+    }
+    published = api.publish(flow)
+    data = {"machineId": "m-1", "reason": "<b>kernel</b>\nupdate"}
+    created = api.create_request(published["id"], data)
+    accepted = api.transition(created["id"], "ask", created["revision"])
+    execution_id = uuid.UUID(accepted.get_json()["executionId"])
+    waiting(runtime_engine, executor, execution_id)
+
+    (item,) = open_approvals(api, "bob")
+    (mail,) = _outbox(runtime_engine)
+    client = api.client()
+    client.post(
+        "/ui/login",
+        data={"token": api.token(sub="bob", scopes=["requests:read", *DECIDE])},
+        headers={"Origin": "http://localhost"},
+    )
+    page = client.get("/ui/approvals").get_data(as_text=True)
+
+    # The title, formatted from the request data on one line.
+    assert item["title"] == "Reboot m-1: <b>kernel</b> update"
+    assert {k: item[k] for k in ("flowKey", "flowVersion", "transitionId", "machineId")} == {
+        "flowKey": "reboot",
+        "flowVersion": 1,
+        "transitionId": "ask",
+        "machineId": "m-1",
+    }
+    assert item["requestedBy"] == "alice"
+    assert mail.subject == "Approval needed: Reboot m-1: <b>kernel</b> update"
+    for line in ("Flow: reboot v1, transition ask", "Machine: m-1", "Asked by: alice"):
+        assert line in mail.body.splitlines()
+    # On the page the request's data is text: escaped, never markup.
+    assert "Reboot m-1: &lt;b&gt;kernel&lt;/b&gt; update" in page
+    assert "<b>kernel</b>" not in page
+    assert "reboot v1, transition ask" in page and ">m-1</a>" in page
+
+
+def test_a_format_the_request_data_cannot_fill_fails_the_mapping_with_its_pointer(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    flow = approval_flow()
+    flow["transitions"][0]["actions"][0]["input"]["title"] = {
+        "format": "Reboot {/data/machineId}: {/data/reason}"
+    }
+    execution_id = start(api, flow)
+
+    assert run_once(runtime_engine, executor) == "FAILED"
+
+    row = execution(runtime_engine, execution_id)
+    assert (row.error_code, row.error_detail["pointer"]) == ("MAPPING_FAILED", "/data/reason")

@@ -4,10 +4,12 @@ a server that is not there."""
 from __future__ import annotations
 
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import Engine, text
 
 from orquestador.api.tokens import mint_token
 from orquestador.client import ApiError, ApiUnreachable, Client
@@ -81,3 +83,43 @@ def test_a_server_that_does_not_answer_is_unreachable_with_the_system_s_reason()
 
     assert unreachable.value.reason == "Connection refused"
     assert str(unreachable.value) == f"cannot reach the API at {url}/api/v1: Connection refused"
+
+
+def _finish(owner_engine: Engine, execution_id: str) -> None:
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text("UPDATE execution SET status = 'SUCCEEDED' WHERE id = :id"), {"id": execution_id}
+        )
+
+
+def test_wait_execution_answers_once_the_execution_has_ended(
+    client: Client, owner_engine: Engine
+) -> None:
+    flow = client.publish_flow(flow_definition([]))
+    started = client.start_run(flow["key"], "go", {})
+    finished = threading.Timer(0.5, _finish, (owner_engine, started["executionId"]))
+
+    finished.start()
+    try:
+        view = client.wait_execution(started["executionId"], timeout=60)
+    finally:
+        finished.join()
+
+    assert view["status"] == "SUCCEEDED"
+
+
+def test_wait_execution_reads_and_asks_again_when_the_server_has_no_place_for_a_wait(
+    database: TestDatabase,
+) -> None:
+    # No place at all: every wait is refused with 429, and the client keeps reading.
+    with served_api(database, SECRET, execution_wait_share=0) as (url, settings):
+        client = Client(url, mint_token(settings, sub="author", org=ORG, scopes=SCOPES))
+        flow = client.publish_flow(flow_definition([]))
+        started = client.start_run(flow["key"], "go", {})
+        with pytest.raises(ApiError) as refused:
+            client.get_execution(started["executionId"], wait_for="final", timeout=5)
+
+        view = client.wait_execution(started["executionId"], timeout=1.5)
+
+    assert (refused.value.status, refused.value.retry_after) == (429, 1.0)
+    assert view["status"] == "PENDING"

@@ -369,6 +369,22 @@ def test_the_list_offers_a_bulk_action_on_exactly_what_it_finds(
     assert "/ui/bulk?" not in reader.get_data(as_text=True)
 
 
+def test_a_search_by_flow_key_offers_a_bulk_action_on_every_version_of_it(
+    api: Api, owner_engine: Engine
+) -> None:
+    waiting(api, owner_engine)
+    waiting(api, owner_engine)  # published again: version 2 of the same key
+    operator = signed_in(api, scopes=OPERATOR)
+
+    found = operator.get("/ui/executions?flowKey=decommission").get_data(as_text=True)
+
+    link = re.search(r'href="(/ui/bulk\?[^"]+)"', found)
+    assert link is not None and "flowKey=decommission" in link.group(1)
+    preview = operator.get(link.group(1).replace("&amp;", "&")).get_data(as_text=True)
+    assert "2 executions match" in text_of(preview)
+    assert 'name="flowKey" type="text" value="decommission"' in preview
+
+
 def test_open_notices_and_approvals_carry_their_one_click_forms(
     api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
 ) -> None:

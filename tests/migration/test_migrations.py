@@ -66,6 +66,7 @@ COLUMNS_ADDED = {
     "0021": {"sign_in_link": {"used_at"}},
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
+    "0030": {"execution": {"continuations"}},
     "0027": {
         "machine_command": {"deliver_by", "output_tail", "output_received", "output_size"},
         "machine_agent": {"last_seen_at"},
@@ -461,6 +462,10 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # 0029: the owner's bounds on the definer functions (the runtime role reads them).
     step(server, name, "0029")
     assert _update_columns(server, name) == _declared_updates(at="0029")
+    # 0030: the execution a continuation continues, and the count an operator's retry
+    # starts again.
+    step(server, name, "0030")
+    assert _update_columns(server, name) == _declared_updates(at="0030")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(

@@ -764,8 +764,7 @@ OUTCOME_GUARDS = [
     Mutation(
         "finish-rechecks-after-seam",
         _OUTCOMES_PY,
-        "            if not conn.execute(_STILL_VALID, "
-        '{"lease": execution.lease_expires_at}).scalar():\n'
+        "            if not lease_still_valid(conn, finished):\n"
         '                raise refuse_stale(claim, "finish")',
         "            if False:\n                pass",
         "A finish whose commit was delayed past the lease is refused and rolled back.",
@@ -810,8 +809,8 @@ OUTCOME_GUARDS = [
     Mutation(
         "finish-expected-succeeded",
         _OUTCOMES_PY,
-        "        missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]",
-        "        missing: list[str] = []",
+        "    missing = [a for a in finish.action_ids if a not in set(execution.succeeded)]",
+        "    missing: list[str] = []",
         "A finish is refused unless every expected checkpoint is SUCCEEDED.",
         (guard("test_a_finish_is_refused_while_a_checkpoint_is_not_succeeded"),),
     ),
@@ -1997,6 +1996,101 @@ RUNTIME_ROLE_GUARDS = [
         (
             "tests/security/test_page_sign_out.py::"
             "test_the_runtime_role_cannot_delete_a_sign_out_before_its_token_expires",
+# --- queue/continuations.py: a finish continues exactly once ---------------------------
+
+_CONTINUATIONS_PY = "orquestador/queue/continuations.py"
+CONTINUATIONS = "tests/integration/test_continuations.py"
+
+
+def continued(name: str) -> str:
+    return f"{CONTINUATIONS}::{name}"
+
+
+CONTINUATION_GUARDS = [
+    Mutation(
+        "continuation-in-the-finish-transaction",
+        _CONTINUATIONS_PY,
+        "        finished = finish_in_transaction(conn, claim, finish)\n"
+        "        continued = _continue(conn, claim, finish, continuation, finished.revision)\n",
+        "        finished = finish_in_transaction(conn, claim, finish)\n"
+        "    with conn.begin():\n"
+        "        continued = _continue(conn, claim, finish, continuation, finished.revision)\n",
+        "A finish and its continuation commit together or not at all: a worker that dies "
+        "between them neither loses the continuation nor makes two.",
+        (
+            continued(
+                "test_a_crash_before_the_finish_commits_keeps_neither_and_the_next_holder"
+                "_continues_once"
+            ),
+        ),
+    ),
+    Mutation(
+        "continuation-limit",
+        _CONTINUATIONS_PY,
+        "    parked = count > continuation.max_continuations\n",
+        "    parked = False\n",
+        "Past MAX_CONTINUATIONS in a row without a person, the next continuation waits for one.",
+        (continued("test_past_the_limit_the_continuation_parks_until_a_person_lets_it_run"),),
+    ),
+    Mutation(
+        "continuation-counts-the-chain",
+        _CONTINUATIONS_PY,
+        "    count = chain.continuations + 1\n",
+        "    count = 1\n",
+        "Continuations are counted along the chain, so a loop reaches the limit.",
+        (continued("test_past_the_limit_the_continuation_parks_until_a_person_lets_it_run"),),
+    ),
+    Mutation(
+        "continuation-as-the-person",
+        _CONTINUATIONS_PY,
+        "            actor=actor or WORKER_ACTOR,\n",
+        "            actor=WORKER_ACTOR,\n",
+        "A continuation is accepted as the person who started the run.",
+        (
+            continued(
+                "test_a_finish_into_a_continuing_state_accepts_its_transition_as_the_same_person"
+            ),
+        ),
+    ),
+    Mutation(
+        "continuation-leaves-its-state",
+        _CONTINUATIONS_PY,
+        "    if transition is None or not transition.leaves(state):\n",
+        "    if transition is None:\n",
+        "A continuation is accepted only for a transition that leaves the state reached.",
+        (
+            continued(
+                "test_a_continuation_to_a_transition_that_does_not_leave_its_state_is_refused"
+            ),
+        ),
+    ),
+    Mutation(
+        "continuation-once-per-finish",
+        "migrations/versions/0030_continuations.py",
+        '        ["continued_from"],\n        unique=True,\n',
+        '        ["continued_from"],\n        unique=False,\n',
+        "No finish is ever continued twice, whoever writes.",
+        (continued("test_no_finish_is_continued_twice_whoever_writes"),),
+    ),
+    Mutation(
+        "continuation-retry-counts-again",
+        _RECONCILIATION_PY,
+        "    SET continuations = CASE WHEN error_code = 'CONTINUATION_LIMIT' THEN 0\n",
+        "    SET continuations = CASE WHEN false THEN 0\n",
+        "A person's retry of a continuation parked at the limit lets the run go on another "
+        "MAX_CONTINUATIONS.",
+        (continued("test_past_the_limit_the_continuation_parks_until_a_person_lets_it_run"),),
+    ),
+    Mutation(
+        "continuation-finish-into-its-state",
+        "orquestador/worker/executor.py",
+        "        continuing = flow.continuations.get(decided.to)\n",
+        "        continuing = None\n",
+        "A finish into a continuing state continues; none other does.",
+        (
+            continued(
+                "test_a_finish_into_a_continuing_state_accepts_its_transition_as_the_same_person"
+            ),
         ),
     ),
 ]
@@ -2025,6 +2119,7 @@ MUTATIONS: list[Mutation] = [
     *CORRECTION_GUARDS,
     *BULK_GUARDS,
     *RUNTIME_ROLE_GUARDS,
+    *CONTINUATION_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but

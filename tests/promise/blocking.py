@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from tests.promise.adapters import TIMEOUT_SECONDS
-from tests.promise.flows import FLOWS
+from tests.promise.flows import steps_of
 from tests.promise.records import Records, Violation, at, sent
 from tests.promise.timeline import ActionLog, HeldLock
 from tests.promise.workers import WORKER_SETTINGS
@@ -38,7 +38,7 @@ def waits_behind_other_rows(records: Records, disturbances: ActionLog) -> list[V
     ] + [(moment, moment + AFTER_KILL_SECONDS) for moment in disturbances.kills]
     found: list[Violation] = []
     for execution in records.executions:
-        steps = FLOWS.get(execution.flow.removeprefix("promise-"))
+        steps = steps_of(execution.flow.removeprefix("promise-"), execution.transition_id)
         if steps is None:
             continue
         audit = records.audit.get(execution.id, [])

@@ -1,7 +1,9 @@
 """The flows the checker publishes: every effect class, in the orders that matter.
 
 Each step names the planned case it runs for (the request's `case`, or the machine id
-of a platform event's request), so the provider double can play that case's faults.
+of a platform event's request), so the provider double can play that case's faults. The
+`chained` flow's finish moves its request into a state that continues by itself: the
+continuation is accepted in the finish's transaction, and must be, exactly once.
 """
 
 from __future__ import annotations
@@ -32,11 +34,33 @@ FLOWS: dict[str, tuple[Step, ...]] = {
     "provision": (Step("reserve", PUT), Step("ready", READ), Step("bill", CHARGE)),
     # Started by platform events: an idempotent write and a read.
     EVENT_FLOW: (Step("greet", PUT), Step("hello", READ)),
+    # A write and a charge; its end continues by itself (CONTINUED).
+    "chained": (Step("reserve", PUT), Step("charge", CHARGE)),
 }
-MANUAL_FLOWS = ("checkout", "blind", "provision")
+MANUAL_FLOWS = ("checkout", "blind", "provision", "chained")
+# The transition each flow's one transition ends in a state that continues with, from
+# that state (name -> (state, transition, its steps)).
+CONTINUED: dict[str, tuple[str, str, tuple[Step, ...]]] = {
+    "chained": ("charged", "ship", (Step("ship", PUT), Step("track", READ))),
+}
+FIRST_TRANSITION = "go"
 # A reboot sent to the case's machine and waited for, up to the case's own deadline: the
 # checker's agents come before it or after it (command expiry, SPEC 23).
 MACHINE_FLOW = "reboot"
+
+
+def steps_of(flow: str, transition: str) -> tuple[Step, ...] | None:
+    """The steps of one transition of the checker's flow (None: not the checker's)."""
+    if transition == FIRST_TRANSITION:
+        return FLOWS.get(flow)
+    continued = CONTINUED.get(flow)
+    return continued[2] if continued is not None and continued[1] == transition else None
+
+
+def all_steps(flow: str) -> tuple[Step, ...]:
+    """Every step a case of the flow may run, its continuation's included."""
+    continued = CONTINUED.get(flow)
+    return FLOWS[flow] + (continued[2] if continued is not None else ())
 
 
 def definition(name: str) -> dict[str, Any]:
@@ -45,16 +69,21 @@ def definition(name: str) -> dict[str, Any]:
         return _machine_definition()
     event = name == EVENT_FLOW
     case_pointer = "/data/machineId" if event else "/data/case"
-    actions = [
-        {
-            "id": step.id,
-            "capability": step.capability,
-            "version": 1,
-            "input": {"case": {"from": case_pointer}},
-            "onError": "review",
-        }
-        for step in FLOWS[name]
-    ]
+
+    def actions(steps: tuple[Step, ...]) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": step.id,
+                "capability": step.capability,
+                "version": 1,
+                "input": {"case": {"from": case_pointer}},
+                "onError": "review",
+            }
+            for step in steps
+        ]
+
+    continued = CONTINUED.get(name)
+    first = {"id": FIRST_TRANSITION, "from": ["new"], "actions": actions(FLOWS[name])}
     flow: dict[str, Any] = {
         "key": f"promise-{name}",
         "trigger": MOMENT if event else "manual",
@@ -64,10 +93,18 @@ def definition(name: str) -> dict[str, Any]:
         },
         "initialState": "new",
         "states": ["new", "done", "review"],
-        "transitions": [{"id": "go", "from": ["new"], "actions": actions, "to": "done"}],
+        "transitions": [{**first, "to": "done"}],
     }
+    if continued is not None:
+        state, transition, steps = continued
+        flow["states"].append(state)
+        flow["transitions"] = [
+            {**first, "to": state},
+            {"id": transition, "from": [state], "actions": actions(steps), "to": "done"},
+        ]
+        flow["continue"] = {state: transition}
     if event:
-        flow["start"] = "go"
+        flow["start"] = FIRST_TRANSITION
     return flow
 
 

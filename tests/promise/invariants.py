@@ -31,19 +31,24 @@
 9. No machine command was handed to an agent at or after its deliver-by time (SPEC 23),
    and no execution ended CANCELLED, its request released, with a command an agent had
    taken: only a command nobody took may count as a write that did nothing.
+10. A finish into a state that continues by itself was continued exactly once (one
+   execution names it in `continued_from`, of the transition the flow names), whatever
+   was killed or restarted in between; no execution continues one that did not finish
+   into such a state.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from tests.acceptance.provider_double import CHARGES, READS, WRITES, ProviderDouble
 from tests.promise.adapters import WRITES_RATE_LIMIT
 from tests.promise.api import Api, ApiError
 from tests.promise.blocking import waits_behind_other_rows
 from tests.promise.database import CheckerDatabase
-from tests.promise.flows import FLOWS
+from tests.promise.flows import CONTINUED, steps_of
 from tests.promise.records import Findings, Records, Violation, at, sent
 from tests.promise.timeline import ActionLog
 
@@ -78,6 +83,7 @@ def check(
     findings.violations += steps_in_order(records)
     findings.violations += rate_limit_held(records)
     findings.violations += commands_never_late(records, disturbances)
+    findings.violations += continued_once(records)
     findings.notes += notes
     findings.notes += [
         f"platform event {name}: {outcome}"
@@ -178,7 +184,7 @@ def steps_in_order(records: Records) -> list[Violation]:
     """7: each step started only once the step before it had succeeded."""
     found: list[Violation] = []
     for execution in records.executions:
-        steps = FLOWS.get(execution.flow.removeprefix("promise-"))
+        steps = steps_of(execution.flow.removeprefix("promise-"), execution.transition_id)
         checkpoints = {c.action_id: c for c in records.checkpoints.get(execution.id, [])}
         early: list[str] = []
         for before, step in zip(steps or (), (steps or ())[1:], strict=False):
@@ -206,6 +212,40 @@ def steps_in_order(records: Records) -> list[Violation]:
                 )
         if early:
             found.append(records.violation(7, "; ".join(early), execution.id))
+    return found
+
+
+def continued_once(records: Records) -> list[Violation]:
+    """9: every finish into a continuing state has exactly one continuation, of the
+    transition the flow names; every continuation continues such a finish."""
+    found: list[Violation] = []
+    onward: dict[uuid.UUID, list[Any]] = {}
+    for execution in records.executions:
+        if execution.continued_from is not None:
+            onward.setdefault(execution.continued_from, []).append(execution)
+    for execution in records.executions:
+        continuing = CONTINUED.get(execution.flow.removeprefix("promise-"))
+        finished_into = (
+            continuing is not None
+            and execution.status == "SUCCEEDED"
+            and execution.to_state == continuing[0]
+        )
+        followers = onward.get(execution.id, [])
+        problem = None
+        if finished_into and len(followers) != 1:
+            problem = f"finished into {execution.to_state} and was continued {len(followers)} times"
+        elif finished_into and followers[0].transition_id != continuing[1]:
+            problem = f"continued with {followers[0].transition_id}, not {continuing[1]}"
+        elif not finished_into and followers:
+            problem = (
+                f"ended {execution.status} in {execution.to_state or 'no state'}, yet "
+                f"{len(followers)} execution(s) continue it"
+            )
+        if problem:
+            evidence = records.history(execution.id) + [
+                f"continuation {f.id} {f.transition_id} {f.status}" for f in followers
+            ]
+            found.append(records.violation(9, problem, execution.id, evidence=evidence))
     return found
 
 

@@ -21,6 +21,7 @@ NAMES = {
     6: "no head-of-line blocking behind another execution's locked row",
     7: "a step starts only once the step before it has succeeded",
     8: "a rate-limited route gets no more calls than its limit allows",
+    9: "a finish into a continuing state continues exactly once, and nothing else continues",
 }
 
 
@@ -60,7 +61,8 @@ class Records:
     def __init__(self, database: CheckerDatabase, provider: ProviderDouble) -> None:
         self.executions = database.rows(
             """SELECT e.id, e.request_id, e.status, e.error_code, e.finished_at, e.attempts,
-                      f.key AS flow, coalesce(r.data->>'case', r.machine_id) AS name
+                      f.key AS flow, coalesce(r.data->>'case', r.machine_id) AS name,
+                      e.transition_id, e.continued_from, e.result->>'toState' AS to_state
                FROM execution e JOIN request r ON r.id = e.request_id
                     JOIN flow f ON f.id = e.flow_id
                ORDER BY 8, e.created_at"""

@@ -159,6 +159,11 @@ def _stats(
     events = database.rows(
         "SELECT coalesce(outcome, 'unprocessed'), count(*) FROM platform_event GROUP BY 1"
     )
+    # Finishes that continued, and how the continuations ended (invariant 9 checks each).
+    continued = database.rows(
+        "SELECT status, count(*) FROM execution WHERE continued_from IS NOT NULL"
+        " GROUP BY 1 ORDER BY 1"
+    )
     lines = [
         "executions: " + ", ".join(f"{n} {s}" for s, n in statuses),
         "parked for: " + (", ".join(f"{n} {r}" for r, n in reasons) or "nothing"),
@@ -176,6 +181,7 @@ def _stats(
             or "none"
         )
         + f"; {len(timeline.log.handed)} handed to the checker's agents",
+        "continuations: " + (", ".join(f"{n} {s}" for s, n in continued) or "none"),
         f"workers killed: {len(workers.killed)}",
     ]
     return lines

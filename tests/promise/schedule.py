@@ -26,7 +26,7 @@ from tests.acceptance.provider_double import (
     Instruction,
 )
 from tests.promise.adapters import MAX_ATTEMPTS, READ
-from tests.promise.flows import EVENT_FLOW, FLOWS, MACHINE_FLOW, MANUAL_FLOWS
+from tests.promise.flows import EVENT_FLOW, MACHINE_FLOW, MANUAL_FLOWS, all_steps
 from tests.promise.profiles import Profile
 
 # What one call of a step may meet (the provider double plays it).
@@ -256,7 +256,7 @@ def draw(seed: int, profile: Profile) -> Schedule:
     submit_rng = streams.of("submits")
     moments = sorted(submit_rng.uniform(0, 0.6 * length) for _ in range(profile.cases))
     for number, at in enumerate(moments):
-        flow = streams.of("flows").choices(MANUAL_FLOWS, weights=(45, 20, 35))[0]
+        flow = streams.of("flows").choices(MANUAL_FLOWS, weights=(40, 15, 30, 15))[0]
         case = _draw_case(streams.of(f"case:{number}"), f"c{number:03d}", flow, profile)
         cases[case.name] = case
         actions.append(Submit(round(at, 3), case.name))
@@ -307,7 +307,7 @@ def _draw_case(rng: random.Random, name: str, flow: str, profile: Profile) -> Ca
         return Case(name, flow)
     calls: dict[str, list[Fault | None]] = {}
     lookups: dict[str, list[Fault | None]] = {}
-    for step in FLOWS[flow]:
+    for step in all_steps(flow):
         weights = READ_WEIGHTS if step.capability == READ else WRITE_WEIGHTS
         calls[step.id] = [
             _draw_call_fault(rng, weights) if rng.random() < 0.35 else None

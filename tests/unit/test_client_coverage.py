@@ -14,8 +14,9 @@ import requests
 from orquestador.api.openapi.document import openapi_document
 from orquestador.client import ApiError, Client, NotTheApi, operation_methods
 
-# Public methods of the client that call no operation.
-NOT_OPERATIONS = {"close"}
+# Public methods of the client that call no operation of their own: `wait_execution` is
+# several calls of `get_execution` (getExecution with waitFor=final).
+NOT_OPERATIONS = {"close", "wait_execution"}
 
 
 def _operations() -> dict[str, tuple[str, str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orquestador.cli.executions import _print_execution, _print_then_and_now
+from orquestador.cli.executions import _print_then_and_now, print_execution
 
 VIEW = {
     "id": "5d0c0000-0000-4000-8000-000000000001",
@@ -24,7 +24,7 @@ def test_show_prints_the_priority_and_whose_turn_a_pending_execution_waits_for(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     blocked = {"key": "m-9", "limit": 1, "holders": 1, "heldBy": ["8e21…"]}
-    _print_execution({**VIEW, "blockedBy": blocked})
+    print_execution({**VIEW, "blockedBy": blocked})
     lines = capsys.readouterr().out.splitlines()
     assert "priority    9" in lines
     assert "waits for   its turn under key m-9 (at most 1 at a time; 1 held by 8e21…)" in lines
@@ -34,7 +34,7 @@ def test_show_says_the_holders_are_unreadable_rather_than_listing_none(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     blocked = {"key": "m-9", "limit": 2, "holders": 2, "heldBy": []}
-    _print_execution({**VIEW, "blockedBy": blocked})
+    print_execution({**VIEW, "blockedBy": blocked})
     out = capsys.readouterr().out
     assert "2 held by executions you may not read" in out
 
@@ -42,7 +42,7 @@ def test_show_says_the_holders_are_unreadable_rather_than_listing_none(
 def test_show_prints_no_turn_line_for_an_execution_that_waits_for_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _print_execution(VIEW)
+    print_execution(VIEW)
     assert "waits for" not in capsys.readouterr().out
 
 

@@ -122,3 +122,28 @@ def test_error_exits_and_decision_rules_reach_their_states() -> None:
     )
 
     assert unreachable(flow) == []
+
+
+def test_a_write_after_an_approval_and_a_loop_that_never_waits_are_one_line_each(
+    tmp_path: Path,
+) -> None:
+    flow = copy.deepcopy(CLEAN)
+    flow["transitions"][0]["actions"].insert(
+        0, {"id": "ok", "capability": "approval", "version": 1, "input": {}}
+    )
+    flow["states"].append("again")
+    flow["transitions"] += [
+        {"id": "loop", "from": ["rebooting"], "to": "again"},
+        {"id": "back", "from": ["again"], "to": "rebooting"},
+    ]
+    flow["continue"] = {"rebooting": "loop", "again": "back"}
+
+    result = _lint(tmp_path, json.dumps(flow))
+
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    path = str(tmp_path / "flow.json")
+    assert lines[0].startswith(f"{path}: /continue/again: continuing from 'again' can come back")
+    assert lines[1].startswith(f"{path}: /continue/rebooting: continuing from 'rebooting'")
+    assert lines[2].startswith(f"{path}: /transitions/0/actions/1: 'send' may write")
+    assert len(lines) == 3

@@ -5,7 +5,9 @@ import uuid
 import pytest
 
 from orquestador.domain.errors import MappingError
+from orquestador.domain.flow_definition import validate_definition
 from orquestador.domain.mappings import (
+    MAX_FORMATTED_VALUE_CHARACTERS,
     build_context,
     resolve_inputs,
     resolve_source,
@@ -93,3 +95,85 @@ def test_with_decision_adds_the_decision_without_touching_the_original(context):
     extended = with_decision(context, {"ruleIds": ["ok"]})
     assert resolve_source({"from": "/decision/ruleIds/0"}, extended) == "ok"
     assert "decision" not in context
+
+
+# --- format: a text of the request data ---------------------------------------------------
+
+
+def test_a_format_reads_the_request_data_into_one_line_of_text() -> None:
+    context = build_context(
+        {"machineId": "m-1", "reason": "kernel\nupdate", "gb": 250, "tags": ["a"]}, {}, "r", "new"
+    )
+
+    said = resolve_source(
+        {"format": "Reboot {/data/machineId} ({/data/gb} GB, {/data/tags}): {/data/reason} {{ok}}"},
+        context,
+    )
+
+    assert said == 'Reboot m-1 (250 GB, ["a"]): kernel update {ok}'
+
+
+def test_a_long_value_is_cut_so_a_formatted_text_stays_bounded() -> None:
+    said = resolve_source({"format": "{/data/x}!"}, build_context({"x": "y" * 500}, {}, "r", "s"))
+
+    assert len(said) == MAX_FORMATTED_VALUE_CHARACTERS + 1
+    assert said.endswith("…!")
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("{/data/nope}", "does not resolve"),
+        ("{/actions/a/x}", "does not read the request data"),
+        ("a { b", "a lone"),
+    ],
+)
+def test_a_format_that_cannot_be_filled_is_a_mapping_error(template: str, said: str) -> None:
+    with pytest.raises(MappingError) as refused:
+        resolve_source({"format": template}, build_context({}, {"a": {"x": 1}}, "r", "s"))
+
+    assert said in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [
+        ("Reboot {/data/machineId", "a lone '{'"),
+        ("Reboot } now", "a lone '}'"),
+        ("{/request/id}", "must read the request data"),
+        ("{/data/colour}", "dataSchema rules out"),
+        ("{/data/machineId}" * 21, "at most 20"),
+    ],
+)
+def test_publishing_refuses_a_format_that_could_never_be_filled(template: str, said: str) -> None:
+    definition = {
+        "key": "k",
+        "trigger": "manual",
+        "dataSchema": {
+            "type": "object",
+            "properties": {"machineId": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        "initialState": "new",
+        "states": ["new", "done"],
+        "transitions": [
+            {
+                "id": "go",
+                "from": ["new"],
+                "actions": [
+                    {
+                        "id": "a",
+                        "capability": "c",
+                        "version": 1,
+                        "input": {"t": {"format": template}},
+                    }
+                ],
+                "to": "done",
+            }
+        ],
+    }
+
+    errors, _ = validate_definition(definition)
+
+    assert [p.path for p in errors] == ["/transitions/0/actions/0/input/t/format"]
+    assert said in errors[0].message

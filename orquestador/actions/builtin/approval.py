@@ -34,6 +34,7 @@ from orquestador.approvals.store import (
     open_approval,
     wait_key,
 )
+from orquestador.approvals.subject import approval_subject
 from orquestador.config import Settings
 from orquestador.notices.preferences import email_decision
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION, EmailOutcome
@@ -157,11 +158,17 @@ class Approvals:
         page = ""
         if self._public_base_url:
             page = f"\n\nExecution: {execution_page(self._public_base_url, str(row.execution_id))}"
-        body = (f"{row.body}\n\n" if row.body else "") + (
-            f"Approvers: {_who(ctx.inputs['approvers'])}\n"
-            f"Decide before {row.deadline_at.isoformat()}:\n"
-            f"  orquestador approvals decide {row.id} approve|reject\n"
-            f"  or POST /api/v1/approvals/{row.id}/decision{page}"
+        subject = approval_subject(conn, org_id=row.org_id, execution_id=row.execution_id)
+        about = "".join(f"{line}\n" for line in subject.lines()) if subject is not None else ""
+        body = (
+            (f"{row.body}\n\n" if row.body else "")
+            + about
+            + (
+                f"Approvers: {_who(ctx.inputs['approvers'])}\n"
+                f"Decide before {row.deadline_at.isoformat()}:\n"
+                f"  orquestador approvals decide {row.id} approve|reject\n"
+                f"  or POST /api/v1/approvals/{row.id}/decision{page}"
+            )
         )
         draft = NoticeDraft(
             org_id=row.org_id,

@@ -51,6 +51,17 @@ SCHEMAS: dict[str, Any] = {
             "decidedAt": _NULLABLE_TIME,
             "comment": _NULLABLE_TEXT,
             "createdAt": {"type": "string", "format": "date-time"},
+            "flowKey": {"type": "string", "description": "The flow whose step asks."},
+            "flowVersion": {"type": "integer", "minimum": 1},
+            "transitionId": {"type": "string", "description": "The transition that asks."},
+            "machineId": {
+                **_NULLABLE_TEXT,
+                "description": "The machine the request names (else its data's `machineId`).",
+            },
+            "requestedBy": {
+                **_NULLABLE_TEXT,
+                "description": "Who asked for the transition (never an approver of it).",
+            },
         },
         "required": [
             "id",
@@ -67,6 +78,11 @@ SCHEMAS: dict[str, Any] = {
             "decidedAt",
             "comment",
             "createdAt",
+            "flowKey",
+            "flowVersion",
+            "transitionId",
+            "machineId",
+            "requestedBy",
         ],
     },
     "ApprovalPage": {

@@ -10,7 +10,7 @@ from orquestador.api.openapi.parts import (
     SECURED,
     WRITE_ERRORS,
     body,
-    id_parameter,
+    flow_parameter,
     json_response,
     problems,
     ref,
@@ -45,8 +45,11 @@ BINDING_BODY: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "flowId": {
-            **_UUID,
-            "description": "A flow of the caller's organization whose trigger is the moment.",
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "A flow of the caller's organization whose trigger is the moment: "
+            "a version's id, or a key (its latest version now).",
         }
     },
 }
@@ -272,7 +275,7 @@ def paths() -> dict[str, Any]:
             "they are hidden from normal lists and purged after SIMULATION_RETENTION_DAYS. "
             "Read the execution (Location) for `wouldHaveDone`.",
             "security": SECURED,
-            "parameters": [id_parameter("flowId")],
+            "parameters": [flow_parameter()],
             "requestBody": body(ref("DryRunRequest")),
             "responses": {
                 "202": json_response(

@@ -25,6 +25,7 @@ from orquestador.api.openapi.parts import (
     SECURED,
     WRITE_ERRORS,
     body,
+    flow_parameter,
     id_parameter,
     json_response,
     problems,
@@ -130,9 +131,10 @@ def _core_paths() -> dict[str, Any]:
             "get": {
                 "operationId": "getFlow",
                 "summary": "A published flow of the caller's organization",
-                "description": "Scope `flows:admin`.",
+                "description": "Scope `flows:admin`. By a version's id, or by a key: its "
+                "latest version.",
                 "security": SECURED,
-                "parameters": [id_parameter("flowId")],
+                "parameters": [flow_parameter()],
                 "responses": {
                     "200": json_response(ref("Flow"), "The flow."),
                     **problems(*READ_ERRORS),
@@ -192,6 +194,26 @@ def _core_paths() -> dict[str, Any]:
                         ref("TransitionAccepted"), "Accepted.", Location="The execution."
                     ),
                     **problems(*WRITE_ERRORS, "404", "409"),
+                },
+            },
+        },
+        "/runs": {
+            "post": {
+                "operationId": "startRun",
+                "summary": "Start a real run: a new request and its first transition, in one call",
+                "description": "Scope `requests:write`. `flow` is a flow key (its latest "
+                "version) or a flow version's id. One transaction creates the request in the "
+                "flow's initial state and accepts `transition` at its first revision, with the "
+                "checks and problems of `POST /requests` and `POST /requests/{id}/transitions`: "
+                "422 `FLOW_UNKNOWN` (`/flow`), `TRANSITION_UNKNOWN` or `TRANSITION_NOT_ALLOWED` "
+                "(`/transition`, which must leave the initial state), `DATA_INVALID` "
+                "(`/data/...`), `CONCURRENCY_KEY_MISSING`; nothing is written when one is "
+                "refused.",
+                "security": SECURED,
+                "requestBody": body(ref("RunRequest")),
+                "responses": {
+                    "202": json_response(ref("RunStarted"), "Accepted.", Location="The execution."),
+                    **problems(*WRITE_ERRORS),
                 },
             },
         },
@@ -277,13 +299,45 @@ def _core_paths() -> dict[str, Any]:
         "/executions/{executionId}": {
             "get": {
                 "operationId": "getExecution",
-                "summary": "The ExecutionView of an accepted transition",
-                "description": "Scope `requests:read`.",
+                "summary": "The ExecutionView of an accepted transition; or wait for it to settle",
+                "description": "Scope `requests:read`. With `waitFor=final` the answer waits, "
+                "up to `timeout` seconds (at most 30), until the execution has settled: it "
+                "ended (SUCCEEDED, FAILED, CANCELLED), it is parked for a person "
+                "(RECONCILIATION_REQUIRED), or it waits on an approval "
+                "(`waitingForApproval`); then, or at the timeout, it answers the view as it "
+                "is (check `status`, and ask again to wait longer). A wait holds one of the "
+                "API process's request threads, so waits may hold at most "
+                "`EXECUTION_WAIT_SHARE` of them; beyond it a wait answers 429 at once, with "
+                "`Retry-After`.",
                 "security": SECURED,
-                "parameters": [id_parameter("executionId")],
+                "parameters": [
+                    id_parameter("executionId"),
+                    query_parameter(
+                        "waitFor",
+                        {"enum": ["final"]},
+                        "`final`: wait until the execution has settled (see above).",
+                    ),
+                    query_parameter(
+                        "timeout",
+                        {"type": "number", "minimum": 0, "maximum": 30, "default": 30},
+                        "With `waitFor`: the longest the answer waits, in seconds (0 to 30).",
+                    ),
+                ],
                 "responses": {
                     "200": json_response(ref("ExecutionView"), "The execution."),
-                    **problems(*READ_ERRORS),
+                    **problems(*READ_ERRORS, "400", s400=QUERY_INVALID),
+                    "429": {
+                        "description": "`EXECUTION_WAITS_BUSY`: this API process already "
+                        "holds all the waits its share of request threads allows. Ask again "
+                        "after `Retry-After` seconds.",
+                        "headers": {
+                            "Retry-After": {
+                                "description": "Seconds to wait before asking again.",
+                                "schema": {"type": "integer", "minimum": 1},
+                            }
+                        },
+                        "content": {"application/problem+json": {"schema": ref("Problem")}},
+                    },
                 },
             },
         },
@@ -429,6 +483,8 @@ def _document() -> dict[str, Any]:
             "schemas": {
                 "CreateRequest": schemas.CREATE_REQUEST_BODY,
                 "TransitionRequest": schemas.TRANSITION_BODY,
+                "RunRequest": schemas.RUN_BODY,
+                "RunStarted": schemas.RUN_STARTED,
                 "FlowCreated": schemas.FLOW_CREATED,
                 "Flow": schemas.FLOW,
                 "Request": schemas.REQUEST,

@@ -61,6 +61,17 @@ def query_parameter(name: str, schema: dict[str, Any], description: str) -> dict
 QUERY_INVALID = "A query parameter is invalid (`QUERY_INVALID`); `problems` names it."
 
 
+def flow_parameter() -> dict[str, Any]:
+    """`{flowId}`: a flow version's id, or a flow key, which names its latest version."""
+    return {
+        "name": "flowId",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 100},
+        "description": "A flow version's id, or a flow key (its latest version).",
+    }
+
+
 def id_parameter(name: str) -> dict[str, Any]:
     return {
         "name": name,

@@ -37,6 +37,7 @@ from orquestador.api.execution_routes import (
 from orquestador.api.flow_store import find_flow
 from orquestador.api.notice_routes import dismiss_as
 from orquestador.api.openapi.automation import DRY_RUN_BODY
+from orquestador.api.pages.console import flow_page_response, read_flow_page
 from orquestador.api.pages.execution_page import request_when_accepted
 from orquestador.api.pages.routes import (
     blueprint,
@@ -47,8 +48,10 @@ from orquestador.api.pages.routes import (
     require_page_scope,
     signed_in,
 )
+from orquestador.api.pages.start_form import read_start_form, with_refusal
 from orquestador.api.problems import ApiProblem
-from orquestador.api.schemas import RECONCILIATION_BODY
+from orquestador.api.run_routes import start_run
+from orquestador.api.schemas import RECONCILIATION_BODY, RUN_BODY
 from orquestador.api.sign_in_links import landing_page
 from orquestador.approvals.store import DECISIONS
 from orquestador.automation.firing import run_now
@@ -77,6 +80,7 @@ DONE = {
     "resumed": "The schedule runs again, from its next fire time after now.",
     "ran": "The schedule fired now: this is the execution it started.",
     "deleted": "The schedule was deleted; what it started stays.",
+    "started": "The run started: this page follows it until it ends.",
 }
 
 
@@ -189,6 +193,30 @@ def start_flow_dry_run(flow_id: str) -> Any:
     execution_id, _ = start_dry_run(g.caller, identifier, checked_object(body, DRY_RUN_BODY))
     page = url_for("ui.execution_page", execution_id=str(execution_id))
     return redirect(f"{page}?done=dry-run", 303)
+
+
+@blueprint.post("/flows/<flow_id>/runs")
+@page_action
+def start_flow_run(flow_id: str) -> Any:
+    """The Start form: a real run of this flow version, as `POST /runs` starts one. What
+    the form or the API refuses shows the flow page again, as typed, with each problem
+    next to its field."""
+    identifier = page_id(flow_id)
+    # The form is on the flow page, and a refusal shows that page again.
+    require_page_scope(SCOPE_FLOWS_ADMIN, what="reading flows")
+    require_page_scope(SCOPE_REQUESTS_WRITE, what="starting runs")
+    found = read_flow_page(identifier)
+    typed, body = read_start_form(found.blank_start, request.form)
+    if body is None:
+        return flow_page_response(found, start=typed, status=422)
+    try:
+        started = start_run(g.caller, checked_object({**body, "flow": str(identifier)}, RUN_BODY))
+    except ApiProblem as refused:
+        if refused.status not in (409, 422):
+            raise
+        return flow_page_response(found, start=with_refusal(typed, refused), status=refused.status)
+    page = url_for("ui.execution_page", execution_id=str(started.execution_id))
+    return redirect(f"{page}?done=started", 303)
 
 
 # --- reconciliation ------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Bulk actions from the pages: choose the executions by filter, see the preview (how
 many, a sample), give a reason, then follow the worker's progress.
 
-The filter uses the API's names (status, flowId, errorCode, machineId, createdAfter,
-createdBefore) and the same checks; starting goes through the same function as
+The filter uses the API's names (status, flowId, flowKey, errorCode, machineId,
+createdAfter, createdBefore) and the same checks; starting goes through the same function as
 `POST /executions/bulk`, so each item is still acted on under the normal rules.
 """
 

@@ -5,13 +5,15 @@ Each page reads through the access component its JSON route uses (ResourceAccess
 NoticeAccess, ApprovalAccess, the flow and schedule stores), with the organization in
 the SQL, so a foreign id is the same "not found" page as a missing one. A page that
 needs a scope the person's token lacks answers the 403 page. Nothing here changes
-anything: the pages' forms are posted elsewhere.
+anything: the pages' forms are posted elsewhere (api/pages/actions.py).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Response, g, render_template, request, url_for
@@ -22,6 +24,7 @@ from orquestador.api.auth import (
     SCOPE_FLOWS_ADMIN,
     SCOPE_NOTICES_READ,
     SCOPE_PLANS_ADMIN,
+    SCOPE_REQUESTS_WRITE,
     identity_claim_problem,
 )
 from orquestador.api.context import api_context, engine
@@ -37,6 +40,7 @@ from orquestador.api.pages.routes import (
     require_page_scope,
     signed_in,
 )
+from orquestador.api.pages.start_form import StartForm, empty_form
 from orquestador.api.paging import cursor, read_cursor
 from orquestador.api.schedule_routes import schedule_view
 from orquestador.api.views import (
@@ -191,20 +195,45 @@ def flows() -> Any:
 @signed_in
 def flow_page(flow_id: str) -> Any:
     require_page_scope(SCOPE_FLOWS_ADMIN, what="reading flows")
-    identifier = page_id(flow_id)
+    found = read_flow_page(page_id(flow_id))
+    return flow_page_response(found, start=found.blank_start)
+
+
+@dataclass(frozen=True)
+class FlowPage:
+    """A flow version as its page shows it, with its key's versions and an empty Start form."""
+
+    row: Any
+    versions: list[Any]
+
+    @property
+    def blank_start(self) -> StartForm:
+        return empty_form(self.row.definition)
+
+
+def read_flow_page(identifier: uuid.UUID) -> FlowPage:
+    """The flow of the person's organization, or the not-found page."""
     with engine().connect() as connection:
         row = find_flow(connection, org=g.caller.org, flow_id=identifier)
         if row is None:
             raise not_found_page()
         versions = flow_versions(connection, org=g.caller.org, key=row.key)
-    view = flow_view(row)
-    return render_template(
+    return FlowPage(row, versions)
+
+
+def flow_page_response(found: FlowPage, *, start: StartForm, status: int = 200) -> Response:
+    """The flow page; `start` is its Start form, empty or as a person typed it."""
+    view = flow_view(found.row)
+    page = render_template(
         "flow.html",
         caller=g.caller,
         flow=view,
-        versions=[flow_version_view(v) for v in versions],
+        versions=[flow_version_view(v) for v in found.versions],
         definition=definition_in_words(view["definition"]),
+        start=start,
+        may_start=g.caller.has_scope(SCOPE_REQUESTS_WRITE),
     )
+    return Response(page, status=status, mimetype="text/html")
 
 
 def definition_in_words(definition: Any) -> dict[str, Any]:
@@ -245,6 +274,14 @@ def definition_in_words(definition: Any) -> dict[str, Any]:
         "priority": raw.get("priority"),
         "transitions": transitions,
         "dataSchema": raw.get("dataSchema"),
+        # State -> the transition a finish into it continues with, by itself.
+        "continue": {
+            state: transition
+            for state, transition in (
+                raw.get("continue").items() if isinstance(raw.get("continue"), dict) else ()
+            )
+            if isinstance(state, str) and isinstance(transition, str)
+        },
     }
 
 

@@ -17,7 +17,8 @@ REFRESH_SECONDS = 5
 
 
 def started_by(read: ExecutionRead) -> dict[str, Any]:
-    """Who or what asked for the execution: a schedule's fire, a platform event, a person.
+    """Who or what asked for the execution: a schedule's fire, a platform event, the
+    continuation of a finished execution, a person.
 
     Only the acceptance's audit row says so (`startedBy`), never the request data: a person
     may write lookalike data, and a later transition on an event's request is a person's.
@@ -35,6 +36,14 @@ def started_by(read: ExecutionRead) -> dict[str, Any]:
             "fireTime": starter.get("fireTime"),
             # A person's "run now" names them.
             "runBy": starter.get("by"),
+        }
+    if isinstance(starter, dict) and "continuedFrom" in starter:
+        # The flow continued a finished execution by itself, for the same person.
+        return {
+            "by": "continuation",
+            "continuedFrom": starter["continuedFrom"],
+            "state": starter.get("state"),
+            "actor": actor,
         }
     if isinstance(starter, dict) and "moment" in starter:
         return {

@@ -384,19 +384,19 @@ def _utc_instant(text: str) -> str:
 
 
 # The list's filters a bulk action takes too (by the same names).
-BULK_CRITERIA = ("status", "machineId", "errorCode", "createdAfter", "createdBefore")
+BULK_CRITERIA = ("status", "flowKey", "machineId", "errorCode", "createdAfter", "createdBefore")
 
 
 def _bulk_url(kept: dict[str, str]) -> str | None:
     """The bulk preview of exactly what this search finds, for a person who may act in
-    bulk; None when the search has a criterion a bulk action cannot take (an id, a flow
-    key, dry runs) or none at all."""
+    bulk; None when the search has a criterion a bulk action cannot take (an id, dry
+    runs) or none at all."""
     if not (
         g.caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
         or g.caller.has_scope(SCOPE_EXECUTIONS_RECONCILE)
     ):
         return None
-    if {"id", "flowKey", "simulation"} & kept.keys():
+    if {"id", "simulation"} & kept.keys():
         return None
     criteria = {name: kept[name] for name in BULK_CRITERIA if name in kept}
     for name in ("createdAfter", "createdBefore"):

@@ -137,6 +137,13 @@ def _accepted(actor: str, d: dict[str, Any]) -> str:
     revision = d.get("acceptedRevision")
     at_revision = f" at revision {revision}" if revision is not None else ""
     of_flow = f" (flow {d['flow']})" if d.get("flow") else ""
+    started_by = d.get("startedBy")
+    if isinstance(started_by, dict) and "continuedFrom" in started_by:
+        return (
+            f"Continued from execution {_short(started_by['continuedFrom'])}, started by"
+            f" {actor}: {_get(d, 'transitionId')} from {_get(d, 'fromState')}{at_revision}"
+            f"{of_flow}."
+        )
     return (
         f"{_starter(actor, d.get('startedBy'))} asked for {_get(d, 'transitionId')}"
         f" from {_get(d, 'fromState')}{at_revision}{of_flow}."
@@ -153,6 +160,30 @@ def _starter(actor: str, started_by: Any) -> str:
     return actor
 
 
+def _short(execution_id: Any) -> str:
+    """An execution's short id, as the pages' search takes it."""
+    return str(execution_id)[:8]
+
+
+def _continued(actor: str, d: dict[str, Any]) -> str:
+    onward = _short(d.get("executionId"))
+    if d.get("parked"):
+        return (
+            f"State {_get(d, 'state')} continues with {_get(d, 'transitionId')}: execution"
+            f" {onward} waits for a person, after {_get(d, 'continuations')} continuations"
+            " in a row without one."
+        )
+    return f"State {_get(d, 'state')} continues with {_get(d, 'transitionId')}: execution {onward}."
+
+
+def _not_continued(actor: str, d: dict[str, Any]) -> str:
+    return (
+        f"State {_get(d, 'state')} should have continued with {_get(d, 'transitionId')}, but"
+        f" it could not be accepted ({_get(d, 'code')}): the request rests in"
+        f" {_get(d, 'state')}."
+    )
+
+
 def _completed(actor: str, d: dict[str, Any]) -> str:
     rules = d.get("ruleIds") or []
     matched = f" (rule {', '.join(map(str, rules))})" if rules else ""
@@ -160,6 +191,12 @@ def _completed(actor: str, d: dict[str, Any]) -> str:
 
 
 def _parked(actor: str, d: dict[str, Any]) -> str:
+    if d.get("reason") == "CONTINUATION_LIMIT":
+        return (
+            f"Parked before it ran: the request has continued {_get(d, 'continuations')} times"
+            f" in a row without a person (the limit is {_get(d, 'limit')}). Retry lets it"
+            " run; fail leaves the request where it is."
+        )
     if "cancelReason" in d:
         return (
             f"{actor} cancelled it after a write was done or in doubt: it waits for a"
@@ -204,6 +241,8 @@ _SENTENCES = {
     ),
     "ACTION_SIMULATED": lambda actor, d: f"Dry run: step {_get(d, 'actionId')} was simulated.",
     "TRANSITION_COMPLETED": _completed,
+    "TRANSITION_CONTINUED": _continued,
+    "CONTINUATION_REFUSED": _not_continued,
     "STEP_ERROR_EXIT": lambda actor, d: (
         f"Step {_get(d, 'actionId')} failed ({_get(d, 'errorCode')}); its error exit moved"
         f" the request {_get(d, 'fromState')} → {_get(d, 'toState')}."
@@ -238,6 +277,7 @@ _FACT_LABELS: dict[str, Sequence[tuple[str, str]]] = {
     "RECONCILIATION_REQUIRED": (("cancelReason", "Reason"),),
     "RECONCILIATION_RESOLVED": (("reason", "Reason"), ("output", "Output")),
     "STEP_ERROR_EXIT": (("message", "Message"),),
+    "CONTINUATION_REFUSED": (("message", "Why"),),
     "APPROVAL_DECIDED": (("comment", "Comment"),),
     "APPROVAL_EXPIRED": (("deadlineAt", "Deadline"),),
     "RATE_LIMITED": (("dueAt", "Due again"),),
