@@ -1996,6 +1996,10 @@ RUNTIME_ROLE_GUARDS = [
         (
             "tests/security/test_page_sign_out.py::"
             "test_the_runtime_role_cannot_delete_a_sign_out_before_its_token_expires",
+        ),
+    ),
+]
+
 # --- queue/continuations.py: a finish continues exactly once ---------------------------
 
 _CONTINUATIONS_PY = "orquestador/queue/continuations.py"

@@ -70,7 +70,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "schedule": client.get("/ui/schedules/nightly"),
         "forged pause": client.post("/ui/schedules/nightly/pause"),
         "forged resume": client.post("/ui/schedules/nightly/resume"),
-        "forged run": client.post("/ui/schedules/nightly/run"),
+        "forged schedule run": client.post("/ui/schedules/nightly/run"),
         "forged schedule delete": client.post("/ui/schedules/nightly/delete"),
         "unknown path": client.get("/ui/nothing/here"),
         "stylesheet": client.get("/ui/static/ui.css"),
