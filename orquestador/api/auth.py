@@ -12,9 +12,12 @@ from typing import Any, TypeVar
 import jwt
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from flask import g, request
+from sqlalchemy import Connection
 
 from orquestador.api.context import BearerVerifier, api_context, engine
+from orquestador.api.page_sessions import session_revoked
 from orquestador.api.problems import ApiProblem
+from orquestador.api.tokens import page_audience
 from orquestador.config import Settings
 from orquestador.errors import ConfigError
 from orquestador.machines.credentials import credential_refusal
@@ -143,6 +146,9 @@ class TokenVerifier:
         self._algorithms = frozenset(settings.jwt_algorithm_list)
         self._issuer = settings.jwt_issuer
         self._audience = settings.jwt_audience
+        # The pages also take the sessions the server mints for them (sign-in links);
+        # the API takes only its own audience.
+        self._page_audiences = [settings.jwt_audience, page_audience(settings)]
         self._leeway = settings.jwt_leeway_seconds
         self._settings = settings
         self._public_key: Any = None
@@ -167,7 +173,7 @@ class TokenVerifier:
             raise InvalidToken("no public key is configured")
         return self._public_key
 
-    def verify(self, token: str) -> Caller:
+    def verify(self, token: str, *, for_pages: bool = False) -> Caller:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -182,7 +188,7 @@ class TokenVerifier:
                 key,
                 algorithms=[algorithm],
                 issuer=self._issuer,
-                audience=self._audience,
+                audience=self._page_audiences if for_pages else self._audience,
                 leeway=self._leeway,
                 options={"require": _REQUIRED_CLAIMS},
             )
@@ -234,7 +240,7 @@ def authenticate(verifier: BearerVerifier) -> Caller:
         raise _unauthenticated("A bearer token is required.", invalid=False)
     try:
         caller = verifier.verify(token)
-        refusal = machine_credential_refusal(caller)
+        refusal = stored_refusal(caller, token)
         if refusal:
             raise InvalidToken(refusal)
         return caller
@@ -245,24 +251,36 @@ def authenticate(verifier: BearerVerifier) -> Caller:
         raise _unauthenticated("The bearer token is invalid or expired.", invalid=True) from None
 
 
-def machine_credential_refusal(caller: Any) -> str | None:
-    """Why a machine's token no longer counts (revoked, not enrolled and long-lived), or None.
+SIGNED_OUT = "signed out of the pages"
 
-    Read from the database on every request, so a revocation holds from the next one on;
-    a database that does not answer is a 503, never a refusal an agent would give up on.
+
+def stored_refusal(caller: Any, token: str) -> str | None:
+    """Why the database says a verified token no longer counts, or None: signed out of the
+    pages (a pasted token is an API token too, and its sign-out ends both), or a machine's
+    credential revoked or never enrolled.
+
+    Read on every request, so a sign-out or a revocation holds from the next one on; a
+    database that does not answer is a 503, never a refusal an agent would give up on.
     """
+    with engine().connect() as conn:
+        if session_revoked(conn, token):
+            return SIGNED_OUT
+        return machine_credential_refusal(conn, caller)
+
+
+def machine_credential_refusal(conn: Connection, caller: Any) -> str | None:
+    """Why a machine's token no longer counts (revoked, not enrolled and long-lived), or None."""
     # Any other subject is no machine's: the agent routes refuse it 403 NOT_A_MACHINE.
     if not isinstance(caller, Caller) or caller.machine is None:
         return None
-    with engine().connect() as conn:
-        return credential_refusal(
-            conn,
-            org_id=caller.org,
-            machine_id=caller.machine,
-            token_id=caller.token_id,
-            issued_at=caller.issued_at,
-            expires_at=caller.expires_at,
-        )
+    return credential_refusal(
+        conn,
+        org_id=caller.org,
+        machine_id=caller.machine,
+        token_id=caller.token_id,
+        issued_at=caller.issued_at,
+        expires_at=caller.expires_at,
+    )
 
 
 def requires_scope(*scopes: str) -> Callable[[F], F]:

@@ -76,7 +76,7 @@ class BearerVerifier(Protocol):
     because auth reads this context, and the context need not know auth.
     """
 
-    def verify(self, token: str) -> Any: ...
+    def verify(self, token: str, *, for_pages: bool = False) -> Any: ...
 
 
 @dataclass(frozen=True)

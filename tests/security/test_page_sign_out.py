@@ -120,3 +120,36 @@ def test_the_runtime_role_cannot_delete_a_sign_out_before_its_token_expires(
         conn.execute(text("DELETE FROM page_session_revocation"))
 
     assert _with_cookie(api, copied.value).get("/ui/executions").status_code == 303
+
+
+def _bearer_get(api: Api, token: str) -> int:
+    answer = api.client().get("/api/v1/executions", headers={"Authorization": f"Bearer {token}"})
+    return answer.status_code
+
+
+def test_a_token_signed_out_of_the_pages_is_refused_by_the_api_too(api: Api) -> None:
+    token = api.token()
+    assert _bearer_get(api, token) == 200
+    _signed_in(api, token).post("/ui/logout", headers={"Origin": HOST})
+
+    assert _bearer_get(api, token) == 401
+
+
+def test_a_sign_in_link_s_session_opens_pages_but_is_no_api_token(api: Api) -> None:
+    made = api.post(
+        "/auth/links",
+        {"sub": "carol", "org": "org-a", "scope": "requests:read"},
+        sub="panel",
+        scopes=["auth:link", "requests:read"],
+    )
+    url = made.get_json()["url"]
+    browser = api.client()
+    browser.get(url[url.index("/ui/") :])
+    browser.get("/ui/auth/link/continue")
+    session = browser.get_cookie(SESSION_COOKIE, path="/ui")
+    assert session is not None
+    assert browser.get("/ui/executions").status_code == 200
+
+    assert _bearer_get(api, session.value) == 401
+    browser.post("/ui/logout", headers={"Origin": HOST})
+    assert _bearer_get(api, session.value) == 401

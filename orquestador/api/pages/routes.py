@@ -29,6 +29,7 @@ from orquestador.api.auth import (
     SCOPE_EXECUTIONS_CANCEL,
     SCOPE_EXECUTIONS_RECONCILE,
     SCOPE_REQUESTS_READ,
+    SIGNED_OUT,
     Caller,
     InvalidToken,
 )
@@ -50,7 +51,7 @@ from orquestador.api.pages.forms import (
 from orquestador.api.paging import cursor
 from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_link
-from orquestador.api.tokens import mint_token
+from orquestador.api.tokens import mint_token, page_audience
 from orquestador.api.views import execution_views
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.errors import ConfigError
@@ -70,9 +71,6 @@ blueprint = Blueprint(
 SESSION_COOKIE = "orquestador_session"
 # A browser keeps at most about 4 KiB per cookie: a longer token could not be kept.
 MAX_TOKEN_CHARACTERS = 3800
-
-# Why a token is refused once its person signed out of the pages with it.
-SIGNED_OUT = "signed out of the pages"
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
@@ -111,7 +109,7 @@ def _cookie_caller() -> Caller | None:
 
 def _page_caller(token: str) -> Caller:
     """The caller a token names, unless it was refused or signed out of the pages."""
-    caller = api_context().verifier.verify(token)
+    caller = api_context().verifier.verify(token, for_pages=True)
     with engine().connect() as conn:
         if session_revoked(conn, token):
             raise InvalidToken(SIGNED_OUT)
@@ -268,6 +266,7 @@ def sign_in_link() -> Any:
             org=link.org_id,
             scopes=link.scope.split(),
             ttl_seconds=SESSION_SECONDS,
+            audience=page_audience(api_context().settings),
         )
     except ConfigError:
         raise ApiProblem(
