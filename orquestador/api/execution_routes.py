@@ -89,6 +89,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @blueprint.get("")
 @requires_scope(SCOPE_REQUESTS_READ)
 def listing() -> Response:
+    refuse_unknown_filters(request.args)
     page = execution_filter(request.args)
     access = ResourceAccess(current_caller())
     # One snapshot: the page, then the steps and attempts of its executions, one query each.
@@ -518,6 +519,36 @@ def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:
     if invalid.problems:
         return [Problem(path, message) for path, message in invalid.problems]
     return [Problem(path, invalid.message) for path in invalid.paths]
+
+
+# The listing's query parameters: a filter it does not know is refused, never ignored
+# (a script that misspells one would otherwise read every execution as the match).
+LIST_PARAMETERS = (
+    "status",
+    "flowId",
+    "flowKey",
+    "requestId",
+    "errorCode",
+    "machineId",
+    "createdAfter",
+    "createdBefore",
+    "simulation",
+    "id",
+    "limit",
+    "after",
+)
+
+
+def refuse_unknown_filters(args: Mapping[str, str]) -> None:
+    """400 QUERY_INVALID naming each parameter the listing does not take."""
+    unknown = sorted(name for name in args if name not in LIST_PARAMETERS)
+    if unknown:
+        raise ApiProblem(
+            400,
+            "QUERY_INVALID",
+            f"Unknown filter {', '.join(unknown)}: the listing takes {', '.join(LIST_PARAMETERS)}.",
+            problems=[Problem(f"/{name}", "not a filter of this listing") for name in unknown],
+        )
 
 
 def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:

@@ -58,6 +58,18 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
     )
     listing.add_argument("--request", metavar="ID", help="only executions of this request")
     listing.add_argument(
+        "--machine", metavar="ID", help="only executions of requests on this machine"
+    )
+    listing.add_argument("--error-code", metavar="CODE", help="only executions with this errorCode")
+    listing.add_argument(
+        "--created-after",
+        metavar="TIME",
+        help="only executions created after this instant (RFC 3339 with its offset, or Z)",
+    )
+    listing.add_argument(
+        "--created-before", metavar="TIME", help="only executions created before this instant"
+    )
+    listing.add_argument(
         "--limit",
         type=_page_size,
         metavar="N",
@@ -190,6 +202,10 @@ def _list(client: Client, args: argparse.Namespace) -> int:
         flow_id=flow.get("flowId"),
         flow_key=flow.get("flowKey"),
         request_id=args.request,
+        machine_id=args.machine,
+        error_code=args.error_code,
+        created_after=args.created_after,
+        created_before=args.created_before,
         limit=args.limit,
         after=args.after,
     )

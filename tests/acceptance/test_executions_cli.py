@@ -531,3 +531,32 @@ def test_executions_are_listed_by_flow_key_or_by_version_id(
     assert [item["id"] for item in json.loads(by_id.stdout)["items"]] == [str(first)]
     assert json.loads(unknown.stdout)["items"] == []
     assert str(other) not in by_key.stdout
+
+
+def test_list_takes_the_page_s_filters_and_refuses_one_it_does_not_know(
+    server: Server, runtime_engine: Engine
+) -> None:
+    parked = _park(runtime_engine, _charge(UncertainError("read timed out")))
+    on_m1 = start_execution(runtime_engine, flow_definition([]), {"machineId": "m-1"})
+    start_execution(runtime_engine, flow_definition([]), {"machineId": "m-2"})
+    env = _as(server)
+    after = execution(runtime_engine, on_m1).created_at.isoformat()
+
+    def ids(*args: str) -> list[str]:
+        result = _run("list", *args, "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        return [item["id"] for item in json.loads(result.stdout)["items"]]
+
+    assert ids("--machine", "m-1") == [str(on_m1)]
+    assert ids("--error-code", "UNCERTAIN_OUTCOME") == [str(parked)]
+    assert str(on_m1) not in ids("--created-after", after)
+    assert ids("--created-before", after) == [str(parked)]
+    assert ids("--machine", "m-1", "--created-before", "2000-01-01T00:00:00Z") == []
+
+    unknown = _run("list", "--machine-id", "m-1", env=env)
+    no_offset = _run("list", "--created-after", "2026-12-01T00:00:00", env=env)
+
+    assert unknown.returncode == 2 and "--machine-id" in unknown.stderr
+    assert no_offset.returncode == 1
+    _one_line_no_traceback(no_offset)
+    assert "/createdAfter" in no_offset.stderr and "offset" in no_offset.stderr

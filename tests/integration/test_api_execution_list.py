@@ -188,6 +188,9 @@ def test_a_page_costs_the_same_queries_whatever_its_size(api: Api, owner_engine:
     ("query", "parameter"),
     [
         ("status=DONE", "/status"),
+        # A filter the listing does not take is refused, never ignored.
+        ("machine=m-1", "/machine"),
+        ("status=WAITING&flow=decommission", "/flow"),
         ("status=", "/status"),
         ("limit=0", "/limit"),
         ("limit=201", "/limit"),

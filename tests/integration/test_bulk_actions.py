@@ -290,6 +290,16 @@ def test_a_bulk_is_read_only_within_its_organization(api: Api, owner_engine: Eng
         ({"filter": {"status": "LOST"}, "action": "cancel", "reason": REASON}, "/filter/status"),
         ({"filter": {"flowId": "flow-1"}, "action": "cancel", "reason": REASON}, "/filter/flowId"),
         ({"filter": {"owner": "bob"}, "action": "cancel", "reason": REASON}, "/filter"),
+        # A misspelled criterion beside a good one: refused, never a preview of every flow.
+        (
+            {
+                "filter": {"status": "WAITING", "flow": "decommission"},
+                "action": "cancel",
+                "reason": REASON,
+                "preview": True,
+            },
+            "/filter",
+        ),
         (
             {"filter": {"createdAfter": "yesterday"}, "action": "cancel", "reason": REASON},
             "/filter/createdAfter",

@@ -346,9 +346,59 @@ def test_a_bulk_preview_refuses_a_bad_filter_and_a_reader(api: Api) -> None:
     bad = operator.get("/ui/bulk?action=cancel&createdAfter=yesterday")
     unknown = operator.get("/ui/bulk?action=retry&status=FAILED")
 
-    assert bad.status_code == 422 and "/createdAfter" in bad.get_data(as_text=True)
+    assert bad.status_code == 422
+    html = bad.get_data(as_text=True)
+    # Said next to the field, the typed value kept, nothing previewed.
+    assert 'id="bulk-after-problem">a date and time with its offset, such as' in html
+    assert 'value="yesterday"' in html and 'aria-invalid="true"' in html
+    assert "match" not in text_of(html).split("Nothing was done.")[-1]
     assert unknown.status_code == 422  # retry needs executions:reconcile, not held
     assert reader.get("/ui/bulk").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("status=WAITING&flow=decommission", "flow is not a filter a bulk action takes"),
+        ("flowkey=decommission", "flowkey is not a filter a bulk action takes"),
+        ("status=WAITING&id=00000000", "a bulk action does not take an id"),
+        ("status=WAITING&simulation=true", "dry runs are never taken by a bulk action"),
+    ],
+)
+def test_a_bulk_preview_refuses_a_filter_it_does_not_take_instead_of_ignoring_it(
+    api: Api, owner_engine: Engine, query: str, said: str
+) -> None:
+    waiting(api, owner_engine)
+    operator = signed_in(api, scopes=OPERATOR)
+
+    response = operator.get(f"/ui/bulk?action=cancel&{query}")
+
+    html = response.get_data(as_text=True)
+    assert response.status_code == 400
+    assert "Nothing was previewed or done." in text_of(html) and said in text_of(html)
+    assert "execution matches" not in text_of(html) and 'name="reason"' not in html
+
+
+def test_a_bulk_form_with_a_field_it_does_not_take_does_nothing(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    ids = [waiting(api, owner_engine).execution_id for _ in range(2)]
+    client = signed_in(api, scopes=OPERATOR)
+    token = csrf_of(client, "/ui/bulk?action=cancel&status=WAITING")
+    form = {"csrf": token, "action": "cancel", "status": "WAITING", "reason": "outage"}
+
+    extra = client.post("/ui/bulk", data={**form, "flow": "other"}, headers={"Origin": HOST})
+    blank = client.post("/ui/bulk", data={**form, "reason": "  "}, headers={"Origin": HOST})
+
+    assert extra.status_code == 400
+    assert "flow is not a filter a bulk action takes" in text_of(extra.get_data(as_text=True))
+    # A reason left out: the preview again, what to write said beside the box.
+    assert blank.status_code == 422
+    html = blank.get_data(as_text=True)
+    assert 'id="bulk-reason-problem">say why' in html and "2 executions match" in text_of(html)
+    with runtime_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM bulk_action")).scalar_one() == 0
+    assert all(execution(runtime_engine, uuid.UUID(i)).status == "WAITING" for i in ids)
 
 
 def test_the_list_offers_a_bulk_action_on_exactly_what_it_finds(
