@@ -133,6 +133,12 @@ def _bulk_preview(site: Site) -> str:
     return "/ui/bulk?action=cancel&status=WAITING"
 
 
+def _bulk_preview_refused(site: Site) -> str:
+    """A time it cannot use, said beside its field; a name it does not take, said above."""
+    waiting(site.api, site.owner_engine)
+    return "/ui/bulk?action=cancel&status=WAITING&createdAfter=yesterday"
+
+
 def _bulk_progress(site: Site) -> str:
     waiting(site.api, site.owner_engine)
     body = {"filter": {"status": "WAITING"}, "action": "cancel", "reason": "outage"}
@@ -449,6 +455,7 @@ PAGES: list[PageCase] = [
     PageCase("schedule-with-executions", _schedule_with_executions),
     PageCase("sign-in-link-used", _sign_in_link_used, signed_in=False),
     PageCase("bulk-preview", _bulk_preview),
+    PageCase("bulk-preview-refused", _bulk_preview_refused),
     PageCase("bulk-progress", _bulk_progress),
     PageCase("execution-reconciliation-required", _reconciliation_required),
     PageCase("execution-command-purged", _purged),
