@@ -168,7 +168,13 @@ def take_next() -> Response | tuple[str, int]:
     if wait == 0:
         # One look and no sleep: it holds a thread no longer than any read, so it takes
         # no place among the long polls and ends none.
-        command = next_command(database, org_id=caller.org, machine_id=machine, wait_seconds=0)
+        command = next_command(
+            database,
+            org_id=caller.org,
+            machine_id=machine,
+            wait_seconds=0,
+            credential_id=caller.token_id,
+        )
         return _command_answer(command)
     # The bell listens on a connection of its own (psycopg's URL, without the driver name).
     direct = current_app.extensions[EXTENSION_KEY].settings.listen_database_url
@@ -195,6 +201,7 @@ def take_next() -> Response | tuple[str, int]:
                 org_id=caller.org,
                 machine_id=machine,
                 wait_seconds=wait,
+                credential_id=caller.token_id,
                 bell=bell,
                 stop=poll.ended,
             )

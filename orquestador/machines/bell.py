@@ -14,7 +14,9 @@ the database's clock, so that a late notification never ends a newer poll; a pol
 ended an older one here announces itself only once that one is over, so that the older
 never announces after it). A process whose bell is not listening at that moment
 (connecting, reconnecting), or a poll not yet announced when the notification arrives,
-keeps its older poll until that poll's own wait ends. `stop_polls` ends every poll of
+keeps its older poll until that poll's own wait ends. A revocation of the machine's
+credentials is announced the same way (`announce_revocation`), so it ends the machine's
+polls at once. `stop_polls` ends every poll of
 the process when it shuts down; from then on a lost connection ends the thread quietly
 (the database may stop first), where before it is a warning and a reconnect.
 
@@ -112,6 +114,20 @@ def announce_poll(conn: Connection, poll: OpenPoll) -> None:
         },
     ).scalar_one()
     poll.announced_at = int(at)
+
+
+def announce_revocation(conn: Connection, *, org_id: str, machine_id: str) -> None:
+    """End the machine's open polls in every process, once the revocation commits.
+
+    Sent as a poll opened now with no id: every bell ends the machine's polls announced
+    before it, and the agent's next poll is refused. A poll not yet announced (or in a
+    process whose bell is not listening) waits on, but its claim refuses the revoked
+    credential, so it hands out nothing.
+    """
+    conn.execute(
+        _ANNOUNCE,
+        {"channel": POLL_OPENED_CHANNEL, "org": org_id, "machine": machine_id, "poll": ""},
+    )
 
 
 class CommandBell:

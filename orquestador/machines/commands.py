@@ -203,13 +203,27 @@ def find_command(conn: Connection, *, org_id: str, command_id: uuid.UUID) -> Com
 # clock decides and is recorded: a command is handed out only while its deliver-by time
 # is ahead of that instant, which becomes its sent_at (a command past it stays pending
 # until a wait or the maintenance pass expires it).
+# The poll's credential is checked here too, not only when the poll began: a poll open
+# while its machine is revoked hands out nothing. FOR SHARE orders it against the
+# revocation's UPDATE: a revocation that commits first is seen (the lock waits, then
+# re-reads the row), and one that comes after waits for this command to be sent. A token
+# nobody enrolled has no row and is checked by its lifetime alone, at authentication.
 _CLAIM = text(
     """
     WITH moment AS (SELECT clock_timestamp() AS at),
+    credential AS (
+        SELECT org_id, machine_id, revoked_at FROM machine_credential
+        WHERE id = CAST(:credential_id AS text)
+        FOR SHARE
+    ),
     next AS (
         SELECT c.id FROM machine_command c, moment
         WHERE c.org_id = :org_id AND c.machine_id = :machine_id AND c.status = 'pending'
           AND c.deliver_by > moment.at
+          AND NOT EXISTS (
+              SELECT 1 FROM credential
+              WHERE revoked_at IS NOT NULL OR org_id <> :org_id OR machine_id <> :machine_id
+          )
         ORDER BY c.created_at, c.id
         LIMIT 1
         FOR UPDATE OF c SKIP LOCKED
@@ -237,13 +251,18 @@ _STOP_REQUESTED = text(
 )
 
 
-def claim_next(conn: Connection, *, org_id: str, machine_id: str) -> AgentCommand | None:
-    """The machine's oldest command to stop, or its oldest pending one marked sent; or None."""
+def claim_next(
+    conn: Connection, *, org_id: str, machine_id: str, credential_id: str | None = None
+) -> AgentCommand | None:
+    """The machine's oldest command to stop, or its oldest pending one marked sent; or None.
+
+    `credential_id` is the polling token's `jti`: a revoked credential is handed nothing.
+    """
     params = {"org_id": org_id, "machine_id": machine_id}
     stop = conn.execute(_STOP_REQUESTED, params).one_or_none()
     if stop is not None:
         return AgentCommand(id=stop.id, command=stop.command, args=[], cancel_requested=True)
-    row = conn.execute(_CLAIM, params).one_or_none()
+    row = conn.execute(_CLAIM, {**params, "credential_id": credential_id}).one_or_none()
     if row is None:
         return None
     wake_waiting(conn, wait_key(row.id))

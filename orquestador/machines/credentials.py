@@ -2,7 +2,8 @@
 
 An enrolled token's id (its `jti`) is stored with the machine and organization it was
 issued for; the API checks it on every request, so a revocation refuses the token from
-the next request on. An agent token nobody enrolled (`orquestador token --machine`) is
+the next request on, ends the machine's open polls, and the claim that marks a command
+sent checks it again. An agent token nobody enrolled (`orquestador token --machine`) is
 accepted only while it is short-lived: anything that lasts is enrolled, so revocable.
 """
 
@@ -14,6 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, text
+
+from orquestador.machines.bell import announce_revocation
 
 # The longest an agent token may live without being enrolled (a day: enough to try
 # things out, short enough that a leaked one need not be revoked).
@@ -144,6 +147,8 @@ def revoke_credentials(
         if not any(credential_id in (None, c.id) for c in known):
             raise MachineNotEnrolled(MachineNotEnrolled.__doc__)
         return []
+    # Polls open with a revoked token end when this transaction commits.
+    announce_revocation(conn, org_id=org_id, machine_id=machine_id)
     _audit(
         conn,
         org_id,

@@ -32,6 +32,7 @@ def next_command(
     org_id: str,
     machine_id: str,
     wait_seconds: float,
+    credential_id: str | None = None,
     bell: CommandBell | None = None,
     stop: threading.Event | None = None,
     poll_seconds: float = POLL_SECONDS,
@@ -41,8 +42,10 @@ def next_command(
     """The machine's oldest pending command, marked sent; None after `wait_seconds` with none.
 
     `stop` ends the wait early (the server is shutting down, or a newer poll of the machine
-    replaced this one); set before a look, no look follows. `on_empty_look` is called
-    after each look that found nothing, before sleeping (tests synchronise on it).
+    replaced this one, or the machine's credentials were revoked); set before a look, no
+    look follows. `credential_id` (the token's `jti`) is checked by every look's claim.
+    `on_empty_look` is called after each look that found nothing, before sleeping (tests
+    synchronise on it).
     """
     if not 0 <= wait_seconds <= MAX_WAIT_SECONDS:
         raise ValueError(f"wait_seconds must be between 0 and {MAX_WAIT_SECONDS:g}")
@@ -50,7 +53,9 @@ def next_command(
 
     def look() -> AgentCommand | None:
         with engine.begin() as conn:
-            return claim_next(conn, org_id=org_id, machine_id=machine_id)
+            return claim_next(
+                conn, org_id=org_id, machine_id=machine_id, credential_id=credential_id
+            )
 
     if bell is None or wait_seconds == 0:
         pause = stop or threading.Event()

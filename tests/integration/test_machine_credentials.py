@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import ProgrammingError
 from werkzeug.test import TestResponse
 
+from orquestador.api.agent_routes import POLL_SHARE_EXTENSION
 from orquestador.api.tokens import mint_token
+from orquestador.machines import create_command, next_command
 from orquestador.machines.credentials import (
     MAX_AD_HOC_SECONDS,
     credentials_of,
@@ -294,3 +297,79 @@ def test_the_runtime_role_cannot_take_a_revocation_back(
             )
 
     assert take(api, token).status_code == 401
+
+
+# --- revocation reaches polls already open ----------------------------------------------
+
+
+def _pending_command(engine: Engine, machine: str = "m-1") -> str:
+    with engine.begin() as conn:
+        row = create_command(
+            conn,
+            org_id=ORG,
+            machine_id=machine,
+            command="poweroff",
+            args=[],
+            external_key=f"{uuid.uuid4()}:send",
+        )
+    return str(row.id)
+
+
+def _status(engine: Engine, command_id: str) -> str:
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT status FROM machine_command WHERE id = :id"), {"id": command_id}
+        ).scalar_one()
+
+
+def test_revoking_ends_the_machine_s_open_poll_at_once_and_hands_it_nothing(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    _, token = enroll(api, owner_engine)
+    answers: list[tuple[TestResponse, float]] = []
+
+    def poll() -> None:
+        started = time.monotonic()
+        answer = api.client().post("/api/v1/agent/commands/next?wait=25", headers=bearer(token))
+        answers.append((answer, time.monotonic() - started))
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    assert api.app.extensions[POLL_SHARE_EXTENSION].wait_until_held(1, timeout=10)
+
+    assert revoke_over_http(api, "m-1").status_code == 200
+    poller.join(10)
+    command_id = _pending_command(runtime_engine)
+
+    assert not poller.is_alive(), "the revoked agent's poll is still open"
+    (answer, seconds) = answers[0]
+    assert answer.status_code == 204 and seconds < 10
+    assert take(api, token).status_code == 401
+    assert _status(runtime_engine, command_id) == "pending"
+
+
+def test_the_claim_itself_refuses_a_credential_revoked_after_its_poll_began(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    revoked_id, _ = enroll(api, owner_engine)
+    valid_id, _ = enroll(api, owner_engine)
+    command_id = _pending_command(runtime_engine)
+    elsewhere = _pending_command(runtime_engine, machine="m-2")
+    # The poll was authenticated before this revocation: only its claim can still refuse.
+    with owner_engine.begin() as conn:
+        revoke_credentials(
+            conn, org_id=ORG, machine_id="m-1", revoked_by="cli:test", credential_id=revoked_id
+        )
+
+    refused = next_command(
+        runtime_engine, org_id=ORG, machine_id="m-1", wait_seconds=0, credential_id=revoked_id
+    )
+    foreign = next_command(
+        runtime_engine, org_id=ORG, machine_id="m-2", wait_seconds=0, credential_id=valid_id
+    )
+    assert refused is None and foreign is None  # nor m-1's credential on another machine
+    assert _status(runtime_engine, command_id) == _status(runtime_engine, elsewhere) == "pending"
+    taken = next_command(
+        runtime_engine, org_id=ORG, machine_id="m-1", wait_seconds=0, credential_id=valid_id
+    )
+    assert taken is not None and str(taken.id) == command_id

@@ -1718,7 +1718,31 @@ _MACHINE_CANCEL_PY = "orquestador/machines/cancel.py"
 EXPIRY = "tests/integration/test_command_expiry.py"
 AGENT_COMMANDS = "tests/unit/test_agent_commands.py"
 
+CREDENTIALS = "tests/integration/test_machine_credentials.py"
+_CREDENTIALS_PY = "orquestador/machines/credentials.py"
+
 EXPIRY_GUARDS = [
+    Mutation(
+        "claim-refuses-a-revoked-credential",
+        _COMMANDS_PY,
+        "WHERE revoked_at IS NOT NULL OR org_id <> :org_id OR machine_id <> :machine_id\n",
+        "WHERE false\n",
+        "A poll open when its machine's credential is revoked is handed no command: the "
+        "statement that marks it sent checks the credential.",
+        (
+            f"{CREDENTIALS}::test_the_claim_itself_refuses_a_credential_revoked_after_its_poll_began",
+        ),
+    ),
+    Mutation(
+        "revocation-ends-open-polls",
+        _CREDENTIALS_PY,
+        "    announce_revocation(conn, org_id=org_id, machine_id=machine_id)\n",
+        "",
+        "Revoking a machine's credentials ends its open polls at once.",
+        (
+            f"{CREDENTIALS}::test_revoking_ends_the_machine_s_open_poll_at_once_and_hands_it_nothing",
+        ),
+    ),
     Mutation(
         "claim-never-past-deliver-by",
         _COMMANDS_PY,
