@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from orquestador.actions.builtin import rollout
 from orquestador.actions.contracts import Effect
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.domain.action_contracts import ActionContract, ConstantProblem, ContractOf
 
-# The one adapter whose input is held to an operator setting beyond its schema.
+# The adapters whose constant inputs are held to more than their schema: machine.command
+# to an operator setting, rollout to ROLLOUT_MAX_ITEMS.
 MACHINE_COMMAND = ("machine.command", 1)
+ROLLOUT = (rollout.CAPABILITY, 1)
 
 
 def _allowed_command(allowed: list[str]) -> ConstantProblem:
@@ -34,10 +37,11 @@ def contract_lookup(settings: Settings, registry: AdapterRegistry) -> ContractOf
         if not registry.knows(capability, version):
             return None
         adapter = registry.get(capability, version)
+        constant_problem = {MACHINE_COMMAND: commands, ROLLOUT: rollout.constant_problem}
         return ActionContract(
             input_schema=adapter.input_schema,
             output_schema=adapter.output_schema,
-            constant_problem=commands if (capability, version) == MACHINE_COMMAND else None,
+            constant_problem=constant_problem.get((capability, version)),
             reads_only=adapter.effect is Effect.READ_ONLY,
         )
 

@@ -37,6 +37,7 @@ from orquestador.domain.statuses import (
     CheckpointStatus,
     CommandStatus,
     ExecutionStatus,
+    RolloutChildStatus,
     values,
 )
 
@@ -191,6 +192,9 @@ execution = Table(
     # migration 0030), and how many continuations in a row without a person led here.
     Column("continued_from", UUID(as_uuid=True)),
     Column("continuations", Integer, nullable=False, server_default=text("0")),
+    # The rollout step's execution that started this one as a child (rollout@1,
+    # migration 0031); NULL for every other execution.
+    Column("parent_execution_id", UUID(as_uuid=True)),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -271,6 +275,13 @@ execution = Table(
         postgresql_where=text("continued_from IS NOT NULL"),
     ),
     Index(None, "request_id"),
+    # A rollout's children, for its page and `executions list --parent`.
+    Index(
+        "ix_execution_parent",
+        "parent_execution_id",
+        "created_at",
+        postgresql_where=text("parent_execution_id IS NOT NULL"),
+    ),
     # GET /executions: one organization's executions, newest first, by keyset.
     Index("ix_execution_listing", "org_id", "created_at", "id"),
 )
@@ -807,6 +818,88 @@ bulk_item = Table(
     Index(None, "execution_id"),
 )
 
+ROLLOUT_CHILD_STORED = tuple(
+    s for s in values(RolloutChildStatus) if s != RolloutChildStatus.SKIPPED
+)
+
+# A rollout step (rollout@1, migration 0031): one operation across many machines. Written
+# by the step's first round, keyed by its external key (every later round, retry or holder
+# finds it), with the items frozen and the child flow's version pinned. The counters are
+# the children's statuses as the rollout counts them: `running` moves up when a child
+# starts (under this row's lock, with the budget checked in the same statement) and every
+# child's end moves its count under the same lock (the trigger orquestador_rollout_child_ended),
+# so a start and an end never miss each other.
+rollout = Table(
+    "rollout",
+    metadata,
+    _uuid_pk(),
+    Column("org_id", Text, nullable=False),
+    Column("request_id", UUID(as_uuid=True), nullable=False),
+    Column("execution_id", UUID(as_uuid=True), nullable=False),
+    Column("action_id", Text, nullable=False),
+    Column("external_key", Text, nullable=False),
+    # The child flow's version, the key's latest when the step first ran.
+    Column("flow_id", UUID(as_uuid=True), nullable=False),
+    Column("transition_id", Text, nullable=False),
+    Column("items", JSONB_VALUE, nullable=False),
+    Column("data", JSONB_VALUE, nullable=False),
+    Column("total", Integer, nullable=False),
+    Column("batch", Integer, nullable=False),
+    Column("max_failures", Integer, nullable=False),
+    Column("pause_between_seconds", Float, nullable=False, server_default=text("0")),
+    # Whom the children act for and how urgent they are: the parent's.
+    Column("actor_snapshot", JSONB_VALUE, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    # The rollout whose failed children this one starts again ("retry the failed").
+    Column("retry_of", UUID(as_uuid=True)),
+    # The next item to start; items before it have a child (or a refusal).
+    Column("next_index", Integer, nullable=False, server_default=text("0")),
+    Column("running", Integer, nullable=False, server_default=text("0")),
+    Column("succeeded", Integer, nullable=False, server_default=text("0")),
+    Column("failed", Integer, nullable=False, server_default=text("0")),
+    Column("cancelled", Integer, nullable=False, server_default=text("0")),
+    Column("next_start_at", TIMESTAMP(timezone=True)),
+    Column("paused_at", TIMESTAMP(timezone=True)),
+    Column("paused_by", Text),
+    Column("cancelled_at", TIMESTAMP(timezone=True)),
+    Column("cancelled_by", Text),
+    # The last change a waiting parent must see (a child's end, a pause, a resume, a
+    # cancel): a first round whose key is not on its row yet compares it with its claim.
+    # NULL until the first such change.
+    Column("changed_at", TIMESTAMP(timezone=True)),
+    _created_at(),
+    UniqueConstraint("external_key"),
+    CheckConstraint("batch >= 1 AND max_failures >= 0 AND total >= 0", name="limits"),
+    CheckConstraint("next_index BETWEEN 0 AND total", name="next_index"),
+    CheckConstraint(
+        "running >= 0 AND succeeded >= 0 AND failed >= 0 AND cancelled >= 0", name="counts"
+    ),
+    Index(None, "execution_id"),
+)
+
+# One row per started item of a rollout: the primary key (rollout, item index) is what
+# makes an item start at most one child, whatever crashes or holders there are.
+rollout_child = Table(
+    "rollout_child",
+    metadata,
+    Column("rollout_id", UUID(as_uuid=True), ForeignKey("rollout.id"), nullable=False),
+    Column("item_index", Integer, nullable=False),
+    Column("parent_execution_id", UUID(as_uuid=True), nullable=False),
+    Column("item", JSONB_VALUE, nullable=False),
+    # NULL when the child flow refused the item (its data, its key): counted failed.
+    Column("request_id", UUID(as_uuid=True)),
+    Column("execution_id", UUID(as_uuid=True)),
+    Column("status", Text, nullable=False, server_default=text("'running'")),
+    Column("refusal", Text),
+    _created_at(),
+    Column("ended_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("rollout_id", "item_index"),
+    # A skipped item never started: it has no row.
+    CheckConstraint(_in("status", ROLLOUT_CHILD_STORED), name="status"),
+    Index("ux_rollout_child_execution", "execution_id", unique=True),
+)
+
+
 # A one-time sign-in link a hosting panel asked for (migration 0021): the SHA-256 of its
 # secret, whom it signs in and where to, until when; using it is one conditional update.
 sign_in_link = Table(
@@ -862,6 +955,8 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
     "bulk_action": ("SELECT", "INSERT", "DELETE"),
     "bulk_item": ("SELECT", "INSERT", "DELETE"),
     "sign_in_link": ("SELECT", "INSERT", "DELETE"),
+    "rollout": ("SELECT", "INSERT"),
+    "rollout_child": ("SELECT", "INSERT"),
     "function_bound": ("SELECT",),
 }
 
@@ -869,6 +964,19 @@ RUNTIME_GRANTS: dict[str, tuple[str, ...]] = {
 # (queue/, automation/, machines/, notices/, worker/ and orquestador_write_batch). Never
 # an identity, an owner, an organization or `simulation`: a real request cannot be
 # turned into a dry run's and purged.
+ROLLOUT_UPDATE_COLUMNS = (
+    "next_index",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "next_start_at",
+    "paused_at",
+    "paused_by",
+    "cancelled_at",
+    "cancelled_by",
+    "changed_at",
+)
 RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     "request": ("state", "revision", "data", "busy_execution_id", "updated_at"),
     "execution": (
@@ -958,6 +1066,10 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
     # A bulk ends once every item has its outcome; an item's outcome is written once.
     "bulk_action": ("status", "finished_at"),
     "bulk_item": ("outcome", "code", "detail", "finished_at"),
+    # A child started, a child's end counted, a pause, a resume, a cancel; never what a
+    # rollout runs over (items, flow, data, limits).
+    "rollout": ROLLOUT_UPDATE_COLUMNS,
+    "rollout_child": ("status", "ended_at"),
     # A link is used once: nothing else of it changes.
     "sign_in_link": ("used_at",),
 }

@@ -91,6 +91,27 @@ class BulkItemOutcome(StrEnum):
     REFUSED = "REFUSED"
 
 
+class RolloutChildStatus(StrEnum):
+    """A rollout's item as the rollout counts it (rollout@1). A child execution parked for a
+    person counts as failed: the rollout does not wait for the person."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    # Never started: the budget was spent or the rollout cancelled first (output only).
+    SKIPPED = "skipped"
+
+
+# The execution statuses that end a child for its rollout, and what each counts as.
+ROLLOUT_CHILD_ENDS: dict[ExecutionStatus, RolloutChildStatus] = {
+    ExecutionStatus.SUCCEEDED: RolloutChildStatus.SUCCEEDED,
+    ExecutionStatus.FAILED: RolloutChildStatus.FAILED,
+    ExecutionStatus.RECONCILIATION_REQUIRED: RolloutChildStatus.FAILED,
+    ExecutionStatus.CANCELLED: RolloutChildStatus.CANCELLED,
+}
+
+
 def values(vocabulary: type[StrEnum]) -> tuple[str, ...]:
     """A vocabulary's values as plain strings, in declaration order (CHECKs, `choices`)."""
     return tuple(member.value for member in vocabulary)

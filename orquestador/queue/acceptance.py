@@ -194,6 +194,7 @@ def queue_execution(
     continued_from: uuid.UUID | None = None,
     continuations: int = 0,
     parked_for: str | None = None,
+    parent_execution_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
     """Write an accepted transition inside the caller's transaction; return the execution id.
 
@@ -212,7 +213,8 @@ def queue_execution(
     acts for. `continued_from` and `continuations`: the execution whose finish continues
     into this one, and how many continuations in a row led here (queue/continuations.py).
     `parked_for`: accepted RECONCILIATION_REQUIRED with this error code, for a person to
-    let it run (retry) or not (fail), rather than PENDING.
+    let it run (retry) or not (fail), rather than PENDING. `parent_execution_id`: the
+    rollout step's execution that starts this one as a child (rollouts/store.py).
     """
     concurrency = definition.transitions[transition_id].concurrency
     key: str | None = None
@@ -242,6 +244,7 @@ def queue_execution(
             trace_parent=tracing.current_traceparent(),
             continued_from=continued_from,
             continuations=continuations,
+            parent_execution_id=parent_execution_id,
         )
         .returning(execution.c.id)
     ).scalar_one()

@@ -25,6 +25,8 @@ from orquestador.queue.transactions import one_statement
 NOT_READY = "NOT_READY"
 # A wait on a machine command: machines.commands.wait_key builds these keys.
 COMMAND_WAIT_PREFIX = "machine_command:"
+# A wait on a rollout's children: rollouts.store.wait_key builds these keys.
+ROLLOUT_WAIT_PREFIX = "rollout:"
 
 # One fenced statement: the step's RUNNING checkpoint pauses (FAILED with NOT_READY, its
 # attempt number kept, what it saw stored) and the execution leaves RUNNING for WAITING
@@ -61,6 +63,12 @@ _PARK = text(
                 SELECT 1 FROM machine_command c
                 WHERE c.id = :command_id
                   AND (c.updated_at > :claimed_at OR c.status <> CAST(:seen_status AS text))
+            )
+            THEN clock_timestamp()
+            -- A rollout's first round likewise: a child that ended (or a pause, a resume,
+            -- a cancel) after the claim marks the rollout, not yet this row.
+            WHEN EXISTS (
+                SELECT 1 FROM rollout r WHERE r.id = :rollout_id AND r.changed_at > :claimed_at
             )
             THEN clock_timestamp()
             ELSE clock_timestamp() + make_interval(secs => :delay_seconds)
@@ -118,7 +126,8 @@ def park_waiting(
                 "wait_key": wait_key,
                 "delay_seconds": float(check_again_in),
                 "claimed_at": claim.claimed_at,
-                "command_id": _command_of(wait_key),
+                "command_id": _id_after(COMMAND_WAIT_PREFIX, wait_key),
+                "rollout_id": _id_after(ROLLOUT_WAIT_PREFIX, wait_key),
                 # What the round saw of it (machine.wait's observation); NULL: not compared.
                 "seen_status": (observed or {}).get("status"),
                 "observed": observed or None,
@@ -134,12 +143,12 @@ def park_waiting(
     return row.next_attempt_at
 
 
-def _command_of(wait_key: str | None) -> uuid.UUID | None:
-    """The machine command a wait key names, or None for any other key."""
-    if wait_key is None or not wait_key.startswith(COMMAND_WAIT_PREFIX):
+def _id_after(prefix: str, wait_key: str | None) -> uuid.UUID | None:
+    """The id a wait key names after `prefix` (a command, a rollout), or None."""
+    if wait_key is None or not wait_key.startswith(prefix):
         return None
     try:
-        return uuid.UUID(wait_key.removeprefix(COMMAND_WAIT_PREFIX))
+        return uuid.UUID(wait_key.removeprefix(prefix))
     except ValueError:
         return None
 

@@ -80,7 +80,7 @@ STOCK = Adapter(
 )
 
 
-BUILTINS = {"approval", "machine.command", "machine.wait", "notify"}
+BUILTINS = {"approval", "machine.command", "machine.wait", "notify", "rollout"}
 
 
 @pytest.fixture

@@ -67,6 +67,22 @@ COLUMNS_ADDED = {
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
     "0030": {"execution": {"continuations"}},
+    "0031": {
+        "rollout": {
+            "next_index",
+            "running",
+            "succeeded",
+            "failed",
+            "cancelled",
+            "next_start_at",
+            "paused_at",
+            "paused_by",
+            "cancelled_at",
+            "cancelled_by",
+            "changed_at",
+        },
+        "rollout_child": {"status", "ended_at"},
+    },
     "0027": {
         "machine_command": {"deliver_by", "output_tail", "output_received", "output_size"},
         "machine_agent": {"last_seen_at"},
@@ -466,6 +482,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # starts again.
     step(server, name, "0030")
     assert _update_columns(server, name) == _declared_updates(at="0030")
+    # 0031: rollouts, their children, and the parent a child names.
+    step(server, name, "0031")
+    assert _update_columns(server, name) == _declared_updates(at="0031")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(

@@ -1,4 +1,4 @@
-"""Built-in adapters: NO_OP (dry runs and benchmarks), machines, notices and approvals.
+"""Built-in adapters: NO_OP (dry runs and benchmarks), machines, notices, approvals, rollouts.
 
 Built-ins that keep state (machine commands, notices) reach the database through
 `BuiltinDatabase`, created on first use, so a process that only checks capabilities
@@ -7,7 +7,7 @@ Built-ins that keep state (machine commands, notices) reach the database through
 
 from __future__ import annotations
 
-from orquestador.actions.builtin import approval, machine, notify
+from orquestador.actions.builtin import approval, machine, notify, rollout
 from orquestador.actions.builtin.database import BuiltinDatabase
 from orquestador.actions.builtin.noop import NOOP
 from orquestador.actions.registry import AdapterRegistry
@@ -22,3 +22,4 @@ def register_builtins(registry: AdapterRegistry, settings: Settings | None = Non
     machine.register(registry, settings, database)
     notify.register(registry, settings, database)
     approval.register(registry, settings, database)
+    rollout.register(registry, settings, database)

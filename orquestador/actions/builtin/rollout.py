@@ -1,0 +1,285 @@
+"""rollout@1: one child request per item, at most `batch` at once, within a failure budget.
+
+The first round writes the rollout (keyed by the step's external key, so every later
+round, retry or holder finds the same one: the items frozen, the child flow's version
+pinned). Each round starts what the rollout may start now, one committed transaction per
+child (rollouts/store.py), then either ends the step or waits WAITING without a thread:
+a child's end wakes it at once (the trigger of migration 0031), a pause between starts
+by time. The step ends once nothing runs and nothing more will start: its output when
+the budget held, else ROLLOUT_FAILURE_BUDGET (or ROLLOUT_CANCELLED) through the flow's
+error exit, with the counts as what it saw.
+
+Its writes are to this product's own database, keyed by the step's external key and the
+item's index: repeating a round starts nothing twice, so it is declared READ_ONLY, the
+only effect that may wait.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from orquestador.actions.builtin.database import BuiltinDatabase, builtin_timeout_seconds
+from orquestador.actions.builtin.machine import MAX_MACHINE_ID_CHARACTERS, POLL_FALLBACK_SECONDS
+from orquestador.actions.contracts import ActionContext, Adapter, Effect
+from orquestador.actions.errors import NotReady, PermanentError
+from orquestador.actions.registry import AdapterRegistry
+from orquestador.automation.schedules import FlowNotFound, resolve_flow
+from orquestador.config import Settings
+from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.rollouts import ROLLOUT_MAX_ITEMS, RolloutCounts, limit_of, machine_of
+from orquestador.domain.statuses import RolloutChildStatus
+from orquestador.rollouts.store import (
+    RolloutDraft,
+    children_of,
+    find_rollout,
+    open_rollout,
+    read_counts,
+    start_due_children,
+    wait_key,
+)
+
+CAPABILITY = "rollout"
+ROLLOUT_FAILURE_BUDGET = "ROLLOUT_FAILURE_BUDGET"
+ROLLOUT_CANCELLED = "ROLLOUT_CANCELLED"
+ROLLOUT_TOO_MANY_ITEMS = "ROLLOUT_TOO_MANY_ITEMS"
+ROLLOUT_FLOW_UNKNOWN = "ROLLOUT_FLOW_UNKNOWN"
+ROLLOUT_TRANSITION_INVALID = "ROLLOUT_TRANSITION_INVALID"
+# A round hands on before its call's deadline, leaving this much time to park.
+WRAP_UP_SECONDS = 2.0
+MAX_PAUSE_SECONDS = 86_400
+
+_PERCENT = r"^(100|[1-9]?[0-9])%$"
+_MACHINE_ID: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_MACHINE_ID_CHARACTERS,
+    "pattern": r"^[^\s]+$",
+}
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["items", "flow", "transition", "data", "batch", "maxFailures"],
+    "additionalProperties": False,
+    "properties": {
+        # Each a machine id, or an object naming one (its other fields for {/item/...}).
+        "items": {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    _MACHINE_ID,
+                    {
+                        "type": "object",
+                        "required": ["machineId"],
+                        "properties": {"machineId": _MACHINE_ID},
+                    },
+                ]
+            },
+        },
+        # The child flow's key (its latest version when the step starts) or a version id.
+        "flow": {"type": "string", "minLength": 1, "maxLength": 200},
+        "transition": {"type": "string", "minLength": 1, "maxLength": 100},
+        # Each child's request data; its strings may hold {/item} and {/item/...} pointers.
+        "data": {"type": "object"},
+        "batch": {
+            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": _PERCENT}]
+        },
+        "maxFailures": {
+            "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": _PERCENT}]
+        },
+        "pauseBetweenSeconds": {"type": "number", "minimum": 0, "maximum": MAX_PAUSE_SECONDS},
+    },
+}
+
+_CHILD: dict[str, Any] = {
+    "type": "object",
+    "required": ["item", "status"],
+    "properties": {
+        "item": True,
+        "requestId": {"type": ["string", "null"]},
+        "executionId": {"type": ["string", "null"]},
+        "status": {"enum": [s.value for s in RolloutChildStatus]},
+        "refusal": {"type": "string"},
+    },
+}
+
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["total", "succeeded", "failed", "cancelled", "skipped", "children"],
+    "properties": {
+        "total": {"type": "integer"},
+        "succeeded": {"type": "integer"},
+        "failed": {"type": "integer"},
+        "cancelled": {"type": "integer"},
+        "skipped": {"type": "integer"},
+        "children": {"type": "array", "items": _CHILD},
+    },
+}
+
+
+def too_many_items(count: int) -> str:
+    return (
+        f"the rollout has {count:,} items; a rollout step runs over at most "
+        f"{ROLLOUT_MAX_ITEMS:,} (ROLLOUT_MAX_ITEMS): split it into several steps or requests"
+    )
+
+
+def constant_problem(name: str, value: Any) -> str | None:
+    """Publishing refuses a constant list of items longer than a rollout may run over."""
+    if name == "items" and isinstance(value, list) and len(value) > ROLLOUT_MAX_ITEMS:
+        return too_many_items(len(value))
+    return None
+
+
+class Rollouts:
+    """The adapter's calls, on the built-ins' lazily made database."""
+
+    def __init__(self, database: BuiltinDatabase, *, max_attempts: int) -> None:
+        self._database = database
+        self._max_attempts = max_attempts
+
+    def invoke(self, ctx: ActionContext) -> dict[str, Any]:
+        engine = self._database.engine
+        with engine.begin() as conn:
+            rollout = find_rollout(conn, ctx.external_key)
+            if rollout is None:
+                rollout = open_rollout(conn, self._draft(conn, ctx))
+        start_due_children(
+            engine,
+            rollout,
+            max_attempts=self._max_attempts,
+            should_stop=lambda: ctx.should_stop() or ctx.seconds_left() < WRAP_UP_SECONDS,
+        )
+        with engine.connect() as conn:
+            counts, now = read_counts(conn, rollout.id)
+            seen = {"rolloutId": str(rollout.id), **counts.as_json()}
+            if not counts.settled:
+                conn.rollback()
+                raise NotReady(
+                    _check_again_in(now, counts), wait_key=wait_key(rollout.id), observed=seen
+                )
+            children = children_of(conn, rollout, counts)
+        if counts.stopped:
+            raise PermanentError(
+                ROLLOUT_CANCELLED,
+                f"the rollout was cancelled by {now.cancelled_by or 'an operator'}: "
+                f"{counts.skipped} of {counts.total} items never started",
+                observed=seen,
+            )
+        if counts.budget_spent:
+            raise PermanentError(
+                ROLLOUT_FAILURE_BUDGET,
+                f"failures {counts.failed} of at most {counts.max_failures} allowed: "
+                f"{counts.skipped} of {counts.total} items were skipped",
+                observed=seen,
+            )
+        ctx.observe(seen)
+        return {
+            "total": counts.total,
+            "succeeded": counts.succeeded,
+            "failed": counts.failed,
+            "cancelled": counts.cancelled,
+            "skipped": counts.skipped,
+            "children": children,
+        }
+
+    def _draft(self, conn: Any, ctx: ActionContext) -> RolloutDraft:
+        inputs, identity = ctx.inputs, ctx.identity
+        items = list(inputs["items"])
+        if len(items) > ROLLOUT_MAX_ITEMS:
+            raise PermanentError(ROLLOUT_TOO_MANY_ITEMS, too_many_items(len(items)))
+        flow_row, definition = _child_flow(conn, identity.org_id, inputs["flow"])
+        transition = definition.transitions.get(inputs["transition"])
+        if transition is None or not transition.leaves(definition.initial_state):
+            raise PermanentError(
+                ROLLOUT_TRANSITION_INVALID,
+                f"flow {inputs['flow']!r} has no transition {inputs['transition']!r} from its "
+                f"initial state {definition.initial_state!r}: each child is a new request",
+            )
+        total = len(items)
+        return RolloutDraft(
+            org_id=identity.org_id,
+            request_id=uuid.UUID(identity.request_id),
+            execution_id=uuid.UUID(identity.execution_id),
+            action_id=ctx.external_key.split(":", 1)[-1],  # "<executionId>:<actionId>"
+            external_key=ctx.external_key,
+            flow_id=flow_row.id,
+            transition_id=transition.id,
+            items=items,
+            data=dict(inputs["data"]),
+            batch=limit_of(inputs["batch"], total, minimum=1),
+            max_failures=limit_of(inputs["maxFailures"], total, minimum=0),
+            pause_between_seconds=float(inputs.get("pauseBetweenSeconds", 0)),
+        )
+
+    def simulate(self, ctx: ActionContext) -> dict[str, Any]:
+        """A dry run starts nothing: it says what it would start, every child succeeding."""
+        items = list(ctx.inputs["items"])
+        if len(items) > ROLLOUT_MAX_ITEMS:
+            raise PermanentError(ROLLOUT_TOO_MANY_ITEMS, too_many_items(len(items)))
+        machines = [machine_of(item) for item in items]
+        total = len(items)
+        batch = limit_of(ctx.inputs["batch"], total, minimum=1)
+        budget = limit_of(ctx.inputs["maxFailures"], total, minimum=0)
+        ctx.observe(
+            {
+                "summary": (
+                    f"would start {total} child requests of {ctx.inputs['flow']} "
+                    f"({ctx.inputs['transition']}), {batch} at a time, stopping after "
+                    f"{budget + 1} failures"
+                ),
+                "machines": machines[:50],
+                "batch": batch,
+                "maxFailures": budget,
+            }
+        )
+        return {
+            "total": total,
+            "succeeded": total,
+            "failed": 0,
+            "cancelled": 0,
+            "skipped": 0,
+            "children": [
+                {"item": item, "requestId": None, "executionId": None, "status": "succeeded"}
+                for item in items
+            ],
+        }
+
+
+def _child_flow(conn: Any, org: str, named: str) -> tuple[Any, FlowDefinition]:
+    try:
+        row, _ = resolve_flow(conn, org=org, named=named)
+    except FlowNotFound:
+        raise PermanentError(
+            ROLLOUT_FLOW_UNKNOWN, f"no flow {named!r} in this organization"
+        ) from None
+    return row, FlowDefinition.from_json(row.definition)
+
+
+def _check_again_in(now: Any, counts: RolloutCounts) -> float:
+    """A child's end wakes the parent by its key; time only for a pause between starts."""
+    if (
+        counts.running < now.batch
+        and now.next_start_at is not None
+        and now.next_start_at > now.read_at
+    ):
+        due = (now.next_start_at - now.read_at).total_seconds()
+        return max(min(due, POLL_FALLBACK_SECONDS), 0.001)
+    return POLL_FALLBACK_SECONDS
+
+
+def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
+    calls = Rollouts(database, max_attempts=settings.execution_max_attempts)
+    registry.add(
+        Adapter(
+            capability=CAPABILITY,
+            version=1,
+            effect=Effect.READ_ONLY,
+            input_schema=INPUT_SCHEMA,
+            output_schema=OUTPUT_SCHEMA,
+            timeout_seconds=builtin_timeout_seconds(settings.worker_lease_seconds),
+            max_attempts=3,
+            invoke=calls.invoke,
+            simulate=calls.simulate,
+        )
+    )
