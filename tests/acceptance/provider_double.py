@@ -22,7 +22,9 @@ with the time of everything it saw and did: see `Call`, `Instruction` and
 deduplicates, an idempotent API), `/charges` (writes it performs every time one
 arrives, an API with no idempotency at all) and `/reads` (safe calls that write
 nothing); `GET /<route>/<key>` looks a write up. Without `instructions` it behaves as
-described above.
+described above. With `strict`, an instructed write is performed at its moment
+whether or not its caller is still there (a provider that never notices a caller
+leave): a killed or frozen worker's request still writes.
 """
 
 from __future__ import annotations
@@ -123,13 +125,15 @@ class LedgerLine:
     pid: int
     sent_at: float  # the caller's wall clock when it sent the request (X-Sent-At), or 0
     detail: str = ""
+    slot: str = ""  # the caller's X-Slot header: a concurrency key's value, if any
 
     def __str__(self) -> str:
         kind = f"{self.route} lookup" if self.lookup else self.route
         detail = f" ({self.detail})" if self.detail else ""
+        slot = f" slot={self.slot}" if self.slot else ""
         return (
             f"{_clock(self.at)} {self.event:<12} {kind} #{self.ordinal} {self.key}"
-            f" pid={self.pid}{detail}"
+            f" pid={self.pid}{slot}{detail}"
         )
 
 
@@ -146,8 +150,10 @@ class ProviderDouble:
         pause: float = 0.12,
         cut_rate: float = 0.08,
         instructions: Callable[[Call], Instruction] | None = None,
+        strict: bool = False,
     ) -> None:
         self.pause = pause
+        self.strict = strict
         self.instructions = instructions
         self._obeying = instructions is not None
         self._idle = threading.Condition()
@@ -340,6 +346,7 @@ class ProviderDouble:
             handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
         pid = int(handler.headers.get("X-Worker-Pid", "0"))
         sent_at = float(handler.headers.get("X-Sent-At", "0"))
+        slot = handler.headers.get("X-Slot", "")
         arrived = time.monotonic()
         with self._lock:
             self._ordinals[(route, lookup, key)] += 1
@@ -352,14 +359,22 @@ class ProviderDouble:
         instruction = self.instructions(call) if obeying and self.instructions else Instruction()
 
         def note(event: str, detail: str = "") -> None:
-            line = LedgerLine(time.time(), event, route, key, ordinal, lookup, pid, sent_at, detail)
+            line = LedgerLine(
+                time.time(), event, route, key, ordinal, lookup, pid, sent_at, detail, slot
+            )
             with self._lock:
                 self._ledger.append(line)
 
-        def wait_for(moment: float) -> bool:
-            """Wait until `moment` seconds after arrival; False if the caller hung up."""
+        def wait_for(moment: float, whatever: bool = False) -> bool:
+            """Wait until `moment` seconds after arrival; False if the caller hung up.
+
+            With `whatever`, a caller that hangs up does not end the wait early.
+            """
             left = max(0.0, arrived + moment - time.monotonic())
-            return not _hung_up(handler.connection, left)
+            present = not _hung_up(handler.connection, left)
+            if whatever:
+                time.sleep(max(0.0, arrived + moment - time.monotonic()))
+            return present
 
         note("arrived", instruction.describe())
         try:
@@ -379,7 +394,7 @@ class ProviderDouble:
         call: Call,
         instruction: Instruction,
         note: Callable[..., None],
-        wait_for: Callable[[float], bool],
+        wait_for: Callable[..., bool],
         request: int,
     ) -> None:
         outcome = instruction.outcome
@@ -395,10 +410,14 @@ class ProviderDouble:
             return
         record: dict[str, str] = {"quote": "100"}
         if call.route != READS:
-            if not wait_for(instruction.perform_at):
+            present = wait_for(instruction.perform_at, self.strict)
+            if not present and not self.strict:
                 note("dropped", "the caller hung up before the write")
                 return
             record = self._perform_instructed(call, note, request)
+            if not present:
+                note("unanswered", "the caller had hung up before the write")
+                return
         if outcome == CUT_AFTER:
             wait_for(instruction.answer_at)
             note("cut", "after the write")

@@ -6,15 +6,25 @@ for what, and when. The adapters do not honour their deadline on purpose: their 
 client waits CLIENT_TIMEOUT_SECONDS, longer than any adapter timeout, so a call the
 engine abandoned at its deadline goes on in its thread and its write may still land.
 That is the abandoned call SPEC section 15 is about.
+
+Like any adapter they refuse to send once their attempt's deadline (`ctx.deadline`)
+has passed, checked immediately before sending, and send it as `Request-Deadline`. A
+case planned with a pause (`pauses.json` in the run folder) stops its worker process
+with SIGSTOP right after that check, at its first call of the planned step, and a
+detached `kill -CONT` wakes it the planned seconds later: a holder frozen (GC, VM)
+past its lease, whose request leaves only once it wakes (SPEC section 25).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -35,6 +45,8 @@ from orquestador.actions import (
 from orquestador.actions.contracts import RateLimit
 
 PROVIDER_URL_ENV = "PROMISE_PROVIDER_URL"
+RUN_FOLDER_ENV = "PROMISE_RUN_FOLDER"
+PAUSES_FILE = "pauses.json"  # case -> {step: seconds}: the planned pauses before a send
 CLIENT_TIMEOUT_SECONDS = 6.0
 # Below the checker's worker lease (4 s), as the worker demands.
 TIMEOUT_SECONDS = 1.0
@@ -51,7 +63,7 @@ BLIND_CHARGE = "promise.blindcharge"
 _INPUT = {
     "type": "object",
     "required": ["case"],
-    "properties": {"case": {"type": "string"}},
+    "properties": {"case": {"type": "string"}, "slot": {"type": "string"}},
 }
 
 
@@ -68,17 +80,56 @@ def _provider() -> str:
 
 
 def _headers(ctx: ActionContext) -> dict[str, str]:
+    left = ctx.deadline - time.monotonic()
     return {
         "Content-Type": "application/json",
         "Idempotency-Key": ctx.external_key,
+        "Request-Deadline": f"{time.time() + left:.6f}",
         "X-Case": str(ctx.inputs.get("case", "")),
+        # The concurrency key's value as this call sees it (the keyed flow's slot).
+        "X-Slot": str(ctx.inputs.get("slot", "")),
         "X-Worker-Pid": str(os.getpid()),
         "X-Sent-At": f"{time.time():.6f}",
     }
 
 
+def _pause_if_planned(ctx: ActionContext) -> None:
+    """Freeze this whole process (every thread, the heartbeat's too) if the plan says so.
+
+    Only the first call of the planned step pauses: the marker file's exclusive creation
+    decides, whichever worker makes that call.
+    """
+    folder = os.environ.get(RUN_FOLDER_ENV)
+    if not folder:
+        return
+    plan = json.loads((Path(folder) / PAUSES_FILE).read_text() or "{}")
+    step = ctx.external_key.rsplit(":", 1)[-1]
+    seconds = plan.get(str(ctx.inputs.get("case", "")), {}).get(step)
+    if seconds is None:
+        return
+    marker = Path(folder) / f"paused-{ctx.external_key.replace(':', '-')}"
+    try:
+        descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    with os.fdopen(descriptor, "w") as out:
+        out.write(f"{time.time():.6f} {os.getpid()} {seconds} {ctx.external_key}\n")
+    subprocess.Popen(
+        ["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def _send(ctx: ActionContext, route: str) -> dict[str, Any]:
     """POST to the double and turn its answer into the engine's terms."""
+    if time.monotonic() >= ctx.deadline:
+        # Nothing left: the engine already counts this attempt as timed out.
+        raise TransientError("the attempt's deadline passed before sending")
+    _pause_if_planned(ctx)
     request = urllib.request.Request(
         f"{_provider()}/{route}",
         data=json.dumps(ctx.inputs).encode(),

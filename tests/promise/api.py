@@ -25,6 +25,7 @@ ORG = "promise-org"
 SECRET = "promise-checker-signing-key-" + "0123456789abcdef" * 2
 OWNER_SCOPES = ["flows:admin", "requests:read", "requests:write", "plans:admin"]
 OPERATOR_SCOPES = ["executions:reconcile", "executions:cancel", "requests:read-all"]
+APPROVER_SCOPES = ["approvals:decide"]
 AWAY_SECONDS = 30.0  # how long a call keeps trying while the API answers 503
 
 
@@ -33,7 +34,8 @@ class ApiError(Exception):
 
 
 class Api:
-    """The product's HTTP routes, called as alice (an owner) and carol (an operator)."""
+    """The product's HTTP routes, called as alice (an owner), carol (an operator) and dave
+    (an approver)."""
 
     def __init__(self, runtime_url: str, max_attempts: int) -> None:
         self.settings = Settings.from_env(
@@ -49,6 +51,7 @@ class Api:
         self.app: Flask = create_app(self.settings)
         self.owner = self._token("alice", OWNER_SCOPES)
         self.operator = self._token("carol", OPERATOR_SCOPES)
+        self.approver = self._token("dave", APPROVER_SCOPES)
         self.flows: dict[str, str] = {}
         # Answers of 500 and up other than 503: the API promises never to give one.
         self.server_errors: list[str] = []
@@ -138,11 +141,39 @@ class Api:
         decision: str,
         reason: str,
         output: dict[str, Any] | None = None,
+        correction: list[dict[str, Any]] | None = None,
     ) -> tuple[int, Any]:
         body: dict[str, Any] = {"actionId": action_id, "decision": decision, "reason": reason}
         if output is not None:
             body["output"] = output
+        if correction is not None:
+            body["correction"] = correction
         return self.call("POST", f"/executions/{execution_id}/reconciliation", self.operator, body)
+
+    def bulk(self, action: str, reason: str, filter: dict[str, Any]) -> tuple[int, Any]:
+        body = {"action": action, "reason": reason, "filter": filter}
+        return self.call("POST", "/executions/bulk", self.operator, body)
+
+    # --- an approver ------------------------------------------------------------------
+
+    def decide_approval(self, approval_id: str, decision: str) -> tuple[int, Any]:
+        body = {"decision": decision, "comment": "the promise checker decides"}
+        return self.call("POST", f"/approvals/{approval_id}/decision", self.approver, body)
+
+    # --- schedules (the owner) --------------------------------------------------------
+
+    def put_schedule(
+        self, name: str, flow: str, every: int, case: str, paused: bool = False
+    ) -> tuple[int, Any]:
+        body = {
+            "flowId": self.flows[flow],
+            "everySeconds": every,
+            "data": {"case": case},
+            "catchUp": "all",
+            "transition": "go",
+            "paused": paused,
+        }
+        return self.call("PUT", f"/schedules/{name}", self.owner, body)
 
     # --- a machine's agent ------------------------------------------------------------
 

@@ -36,6 +36,8 @@ def waits_behind_other_rows(records: Records, disturbances: ActionLog) -> list[V
     recovering = [
         (began, ended + AFTER_OUTAGE_SECONDS) for began, ended in disturbances.outages
     ] + [(moment, moment + AFTER_KILL_SECONDS) for moment in disturbances.kills]
+    # A frozen worker's claims wait for their leases to run out, like a killed one's.
+    recovering += [(began, ended + AFTER_KILL_SECONDS) for began, ended in disturbances.pauses]
     found: list[Violation] = []
     for execution in records.executions:
         steps = steps_of(execution.flow.removeprefix("promise-"), execution.transition_id)
@@ -45,6 +47,8 @@ def waits_behind_other_rows(records: Records, disturbances: ActionLog) -> list[V
         for began, ended, what in _gaps(records, execution, [s.id for s in steps], audit):
             if ended - began < HOL_SECONDS:
                 continue
+            if execution.concurrency_key is not None and what.startswith("from its acceptance"):
+                continue  # waiting for its key's holders is the key's promise, not blocking
             if any(
                 began < _stamp(row.created_at) < ended for row in audit if row.kind not in PLAIN
             ):

@@ -3,7 +3,10 @@
 Each step names the planned case it runs for (the request's `case`, or the machine id
 of a platform event's request), so the provider double can play that case's faults. The
 `chained` flow's finish moves its request into a state that continues by itself: the
-continuation is accepted in the finish's transaction, and must be, exactly once.
+continuation is accepted in the finish's transaction, and must be, exactly once. The
+`keyed` flow's executions take turns per `slot` (a concurrency key of limit KEY_LIMIT),
+and its steps send the slot along, so the provider's ledger shows who overlapped. The
+`approve` flow asks a person first (`approval@1`, its deadline the case's own).
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ from typing import Any
 from tests.promise.adapters import BLIND_CHARGE, CHARGE, PUT, READ
 
 EVENT_FLOW = "welcome"
+KEYED_FLOW = "keyed"
+KEY_LIMIT = 1
+SLOTS = ("s-a", "s-b", "s-c")
+APPROVAL_FLOW = "approve"
+APPROVAL = "approval"
 MOMENT = "provisioned"
 PLAN = "promise-plan"
 
@@ -36,6 +44,11 @@ FLOWS: dict[str, tuple[Step, ...]] = {
     EVENT_FLOW: (Step("greet", PUT), Step("hello", READ)),
     # A write and a charge; its end continues by itself (CONTINUED).
     "chained": (Step("reserve", PUT), Step("charge", CHARGE)),
+    # A read and a charge, one execution per slot at a time (a concurrency key); the
+    # charge sends its slot along.
+    KEYED_FLOW: (Step("hold", READ), Step("charge", CHARGE)),
+    # A person's approval, then a write (run whatever the answer).
+    APPROVAL_FLOW: (Step("ok", APPROVAL), Step("after", PUT)),
 }
 MANUAL_FLOWS = ("checkout", "blind", "provision", "chained")
 # The transition each flow's one transition ends in a state that continues with, from
@@ -69,18 +82,34 @@ def definition(name: str) -> dict[str, Any]:
         return _machine_definition()
     event = name == EVENT_FLOW
     case_pointer = "/data/machineId" if event else "/data/case"
+    inputs: dict[str, Any] = {"case": {"from": case_pointer}}
 
-    def actions(steps: tuple[Step, ...]) -> list[dict[str, Any]]:
-        return [
-            {
+    def action(step: Step) -> dict[str, Any]:
+        if step.capability == APPROVAL:
+            return {
                 "id": step.id,
-                "capability": step.capability,
+                "capability": APPROVAL,
                 "version": 1,
-                "input": {"case": {"from": case_pointer}},
+                "input": {
+                    "title": {"format": "Promise {/data/case}"},
+                    "approvers": {"const": {"scope": "approvals:decide"}},
+                    "deadlineSeconds": {"from": "/data/approvalSeconds"},
+                },
                 "onError": "review",
             }
-            for step in steps
-        ]
+        # Only the keyed flow's charge reads the slot: a correction of it changes no
+        # input of a step that already succeeded (that would be CONTRACT_MISMATCH).
+        keyed = name == KEYED_FLOW and step.capability == CHARGE
+        return {
+            "id": step.id,
+            "capability": step.capability,
+            "version": 1,
+            "input": {**inputs, "slot": {"from": "/data/slot"}} if keyed else inputs,
+            "onError": "review",
+        }
+
+    def actions(steps: tuple[Step, ...]) -> list[dict[str, Any]]:
+        return [action(step) for step in steps]
 
     continued = CONTINUED.get(name)
     first = {"id": FIRST_TRANSITION, "from": ["new"], "actions": actions(FLOWS[name])}
@@ -103,6 +132,12 @@ def definition(name: str) -> dict[str, Any]:
             {"id": transition, "from": [state], "actions": actions(steps), "to": "done"},
         ]
         flow["continue"] = {state: transition}
+    if name == KEYED_FLOW:
+        flow["dataSchema"]["required"] = ["case", "slot"]
+        flow["dataSchema"]["properties"] = {"slot": {"type": "string"}, "note": {"type": "string"}}
+        flow["transitions"][0]["concurrency"] = {"key": "/data/slot", "limit": KEY_LIMIT}
+    if name == APPROVAL_FLOW:
+        flow["dataSchema"]["required"] = ["case", "approvalSeconds"]
     if event:
         flow["start"] = FIRST_TRANSITION
     return flow

@@ -35,22 +35,38 @@
    execution names it in `continued_from`, of the transition the flow names), whatever
    was killed or restarted in between; no execution continues one that did not finish
    into such a state.
+11. The provider never saw more than a concurrency key's limit of write calls under one
+   key's value overlapping in time (a call from its arrival to its last ledger line;
+   the value is the one the call itself sent), whatever was killed, frozen, corrected.
+12. An operator's decision acts on the park it matched: no bulk item decided an
+   execution that somebody else had decided after the bulk was accepted (the park it
+   would act on is a later one nobody saw); of two operators deciding one park at
+   once, at most one decision applied.
+13. No approval was decided after its execution was cancelled (the audit's order) or
+   after its deadline passed, or after it expired; and a cancel racing an approval's
+   decision or deadline is never refused 409 while the execution is live (a RUNNING one
+   answers 200, cancel requested).
+14. A schedule started exactly one execution per fire time (catch-up `all`: no fire time
+   skipped between its first and its last), and every execution carrying its data came
+   from one of its fire times.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
-from tests.acceptance.provider_double import CHARGES, READS, WRITES, ProviderDouble
+from tests.acceptance.provider_double import CHARGES, READS, WRITES, LedgerLine, ProviderDouble
 from tests.promise.adapters import WRITES_RATE_LIMIT
 from tests.promise.api import Api, ApiError
 from tests.promise.blocking import waits_behind_other_rows
 from tests.promise.database import CheckerDatabase
 from tests.promise.flows import CONTINUED, steps_of
 from tests.promise.records import Findings, Records, Violation, at, sent
-from tests.promise.timeline import ActionLog
+from tests.promise.timeline import ActionLog, RaceRun
 
 ACTIVE = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 RELEASED = ("FAILED", "CANCELLED")
@@ -84,6 +100,11 @@ def check(
     findings.violations += rate_limit_held(records)
     findings.violations += commands_never_late(records, disturbances)
     findings.violations += continued_once(records)
+    findings.violations += keys_within_limit(records)
+    findings.violations += decisions_on_what_was_seen(records, disturbances.races)
+    findings.violations += approvals_in_time(records, disturbances)
+    findings.violations += one_execution_per_fire(records)
+    findings.notes += blocked_behind_parks(records)
     findings.notes += notes
     findings.notes += [
         f"platform event {name}: {outcome}"
@@ -151,6 +172,8 @@ def ends_or_parks(records: Records) -> list[Violation]:
     found: list[Violation] = []
     for execution in records.executions:
         problem = None
+        if _waits_for_a_person(records, execution):
+            continue  # its key's holders are parked: it waits for their decision, rightly
         if execution.status in ACTIVE:
             problem = f"still {execution.status} after the quiet phase"
         elif execution.status == "RECONCILIATION_REQUIRED" and not execution.error_code:
@@ -216,7 +239,7 @@ def steps_in_order(records: Records) -> list[Violation]:
 
 
 def continued_once(records: Records) -> list[Violation]:
-    """9: every finish into a continuing state has exactly one continuation, of the
+    """10: every finish into a continuing state has exactly one continuation, of the
     transition the flow names; every continuation continues such a finish."""
     found: list[Violation] = []
     onward: dict[uuid.UUID, list[Any]] = {}
@@ -245,7 +268,7 @@ def continued_once(records: Records) -> list[Violation]:
             evidence = records.history(execution.id) + [
                 f"continuation {f.id} {f.transition_id} {f.status}" for f in followers
             ]
-            found.append(records.violation(9, problem, execution.id, evidence=evidence))
+            found.append(records.violation(10, problem, execution.id, evidence=evidence))
     return found
 
 
@@ -438,6 +461,165 @@ def commands_never_late(records: Records, disturbances: ActionLog) -> list[Viola
                         records.history(execution.id),
                     )
                 )
+    return found
+
+
+def _waits_for_a_person(records: Records, execution: Any) -> bool:
+    """A PENDING execution whose key is full of parked holders (a parked one keeps its key)."""
+    if execution.status != "PENDING" or execution.concurrency_key is None:
+        return False
+    parked = sum(
+        1
+        for other in records.executions
+        if other.status == "RECONCILIATION_REQUIRED"
+        and other.concurrency_key == execution.concurrency_key
+    )
+    return parked >= (execution.concurrency_limit or 1)
+
+
+def blocked_behind_parks(records: Records) -> list[str]:
+    return [
+        f"{e.name} {e.id} still PENDING behind its key {e.concurrency_key}'s parked holders"
+        for e in records.executions
+        if _waits_for_a_person(records, e)
+    ]
+
+
+def keys_within_limit(records: Records) -> list[Violation]:
+    """11: per concurrency key value, at most its limit of write calls at any moment."""
+    limits = {
+        e.concurrency_key: e.concurrency_limit or 1
+        for e in records.executions
+        if e.concurrency_key is not None
+    }
+    spans: dict[tuple[str, str, int], list[LedgerLine]] = defaultdict(list)
+    for lines in records.ledger.values():
+        for line in lines:
+            if line.slot and not line.lookup and line.route != READS:
+                spans[(line.route, line.key, line.ordinal)].append(line)
+    by_slot: dict[str, list[tuple[float, float, list[LedgerLine]]]] = defaultdict(list)
+    for lines in spans.values():
+        began = min((x.at for x in lines if x.event == "arrived"), default=lines[0].at)
+        by_slot[lines[0].slot].append((began, max(x.at for x in lines), lines))
+    found: list[Violation] = []
+    for slot, calls in sorted(by_slot.items()):
+        limit = limits.get(slot, 1)
+        calls.sort(key=lambda call: call[0])
+        for index, (began, _, lines) in enumerate(calls):
+            open_now = [c for c in calls[: index + 1] if c[1] > began]
+            if len(open_now) > limit:
+                evidence = [str(x) for c in open_now for x in c[2]]
+                keys = sorted({c[2][0].key for c in open_now})
+                found.append(
+                    records.violation(
+                        11,
+                        f"{len(open_now)} calls under key value {slot} overlapped (limit "
+                        f"{limit}): {', '.join(keys)}",
+                        _execution_of(lines[0].key),
+                        lines[0].key,
+                        evidence,
+                    )
+                )
+                break  # one overlap per key value tells the story
+    return found
+
+
+def decisions_on_what_was_seen(records: Records, races: list[RaceRun]) -> list[Violation]:
+    """12: bulk items decide the park they matched; two deciders make one decision."""
+    found: list[Violation] = []
+    for race in races:
+        applied = [a for a in race.answers if a.startswith("200")]
+        if race.kind == "deciders" and len(applied) > 1:
+            found.append(
+                records.violation(
+                    12,
+                    f"two operators deciding one park at once were both applied: {race.answers}",
+                    race.execution_id,
+                )
+            )
+    for item in records.bulk_items:
+        if item.outcome != "SUCCEEDED":
+            continue
+        audit = records.audit.get(item.execution_id, [])
+        own = [r for r in audit if r.bulk_id == str(item.bulk_id)]
+        if not own:
+            continue
+        between = [
+            r
+            for r in audit
+            if r.kind == "RECONCILIATION_RESOLVED"
+            and r.bulk_id != str(item.bulk_id)
+            and r.created_at > item.accepted_at
+            and r.id < own[0].id
+        ]
+        if between:
+            found.append(
+                records.violation(
+                    12,
+                    f"bulk {item.bulk_id} (accepted {at(item.accepted_at)}) decided a park that "
+                    f"began after {len(between)} other decision(s) at "
+                    f"{', '.join(at(r.created_at) for r in between)}: a park nobody saw",
+                    item.execution_id,
+                )
+            )
+    return found
+
+
+def approvals_in_time(records: Records, disturbances: ActionLog) -> list[Violation]:
+    """13: no approval decided after its execution's cancel, its deadline or its expiry;
+    no cancel of a live execution refused."""
+    found: list[Violation] = [
+        records.violation(13, f"a cancel of a live execution was refused: {answer}", execution)
+        for _, execution, answer in disturbances.refused_cancels
+    ]
+    for approval in records.approvals:
+        if approval.status not in ("approved", "rejected"):
+            continue
+        audit = records.audit.get(approval.execution_id, [])
+        decided = [r for r in audit if r.kind == "APPROVAL_DECIDED"]
+        ended = [r for r in audit if r.kind in ("EXECUTION_CANCELLED", "APPROVAL_EXPIRED")]
+        problems = []
+        if decided and ended and ended[0].id < decided[0].id:
+            problems.append(
+                f"{approval.status} at {at(decided[0].created_at)}, after "
+                f"{ended[0].kind} at {at(ended[0].created_at)}"
+            )
+        if approval.decided_at is not None and approval.decided_at > approval.deadline_at:
+            problems.append(
+                f"{approval.status} at {at(approval.decided_at)}, past its deadline "
+                f"{at(approval.deadline_at)}"
+            )
+        found += [records.violation(13, problem, approval.execution_id) for problem in problems]
+    return found
+
+
+def one_execution_per_fire(records: Records) -> list[Violation]:
+    """14: one execution per fire time, fire times without a gap, none from elsewhere."""
+    found: list[Violation] = []
+    for schedule in records.schedules:
+        fires = [f for f in records.fires if f.schedule_id == schedule.id]
+        times = [f.fire_time for f in fires]
+        problems = []
+        gaps = [
+            f"{at(a)} -> {at(b)}"
+            for a, b in pairwise(times)
+            if (b - a).total_seconds() != schedule.every_seconds
+        ]
+        if gaps:
+            problems.append(f"fire times {schedule.every_seconds} s apart but: {', '.join(gaps)}")
+        if schedule.missed:
+            problems.append(f"{schedule.missed} fire time(s) counted missed under catch-up all")
+        started = [f.execution_id for f in fires]
+        if None in started or len(set(started)) != len(started):
+            problems.append(f"{len(fires)} fire times started {len(set(started) - {None})}")
+        carrying = {e.id for e in records.executions if e.name == schedule.id}
+        strays = carrying - set(started)
+        if strays:
+            problems.append(f"{len(strays)} execution(s) carry its data but no fire time")
+        found += [
+            records.violation(14, f"schedule {schedule.id}: {problem}", evidence=[])
+            for problem in problems
+        ]
     return found
 
 

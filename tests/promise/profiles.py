@@ -23,6 +23,14 @@ class Profile:
     quiet_seconds: float  # the most the quiet phase waits for everything to end or park
     clean_share: float = 0.4  # share of cases drawn with no fault at all
     machines: int = 4  # reboots sent and waited for, their agents coming early or late
+    pauses: int = 0  # a worker frozen (SIGSTOP) past its lease, then woken (SIGCONT)
+    frozen: int = 0  # cases whose worker freezes the instant before its charge is sent
+    keyed: int = 0  # cases that take turns on a slot (a concurrency key)
+    corrections: int = 0  # retries of a parked keyed case with a correction (key or not)
+    deciders: int = 0  # two operators deciding one park at once
+    bulks: int = 0  # a bulk retry against a single retry of one park
+    approvals: int = 0  # approvals decided near their deadline, most with a cancel racing
+    schedules: int = 0  # schedules firing every few seconds
 
     def replay(self, seed: int) -> str:
         """The command that runs this profile with this seed again."""
@@ -47,6 +55,11 @@ SHORT = Profile(
     events=3,
     poison=2,
     quiet_seconds=40,
+    pauses=1,
+    keyed=2,
+    corrections=1,
+    deciders=1,
+    schedules=1,
 )
 
 
@@ -67,4 +80,12 @@ def for_minutes(minutes: float, workers: int = 3) -> Profile:
         poison=max(2, int(seconds / 30)),
         quiet_seconds=90,
         machines=max(4, int(seconds / 6)),
+        pauses=max(1, int(seconds / 40)),
+        frozen=max(1, int(seconds / 60)),
+        keyed=max(4, int(seconds / 5)),
+        corrections=max(2, int(seconds / 30)),
+        deciders=max(1, int(seconds / 60)),
+        bulks=max(1, int(seconds / 60)),
+        approvals=max(2, int(seconds / 20)),
+        schedules=1,
     )

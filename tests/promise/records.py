@@ -21,7 +21,12 @@ NAMES = {
     6: "no head-of-line blocking behind another execution's locked row",
     7: "a step starts only once the step before it has succeeded",
     8: "a rate-limited route gets no more calls than its limit allows",
-    9: "a finish into a continuing state continues exactly once, and nothing else continues",
+    9: "no command handed out past its deliver-by time, no release over a taken command",
+    10: "a finish into a continuing state continues exactly once, and nothing else continues",
+    11: "the provider never sees more than a key's limit of overlapping calls under it",
+    12: "an operator's decision acts on the park it matched, and two deciders make one",
+    13: "no approval decided after a cancel or its deadline; no live execution's cancel refused",
+    14: "a schedule starts exactly one execution per fire time, and skips none",
 }
 
 
@@ -62,7 +67,8 @@ class Records:
         self.executions = database.rows(
             """SELECT e.id, e.request_id, e.status, e.error_code, e.finished_at, e.attempts,
                       f.key AS flow, coalesce(r.data->>'case', r.machine_id) AS name,
-                      e.transition_id, e.continued_from, e.result->>'toState' AS to_state
+                      e.transition_id, e.continued_from, e.result->>'toState' AS to_state,
+                      e.concurrency_key, e.concurrency_limit, e.created_at
                FROM execution e JOIN request r ON r.id = e.request_id
                     JOIN flow f ON f.id = e.flow_id
                ORDER BY 8, e.created_at"""
@@ -84,8 +90,9 @@ class Records:
             self.attempts[(row.execution_id, row.action_id)].append(row)
         self.audit: dict[uuid.UUID, list[Any]] = defaultdict(list)
         for row in database.rows(
-            """SELECT execution_id, kind, actor, created_at, detail->>'decision' AS decision,
-                      detail->>'reason' AS reason, detail->>'errorCode' AS error_code
+            """SELECT id, execution_id, kind, actor, created_at,
+                      detail->>'decision' AS decision, detail->>'reason' AS reason,
+                      detail->>'errorCode' AS error_code, detail->>'bulkId' AS bulk_id
                FROM audit_event WHERE execution_id IS NOT NULL ORDER BY id"""
         ):
             self.audit[row.execution_id].append(row)
@@ -103,6 +110,18 @@ class Records:
         self.commands = database.rows(
             "SELECT id, external_key, status, sent_at, deliver_by FROM machine_command"
             " ORDER BY created_at"
+        )
+        self.approvals = database.rows(
+            "SELECT id, execution_id, status, decided_at, deadline_at FROM approval"
+        )
+        self.schedules = database.rows("SELECT id, every_seconds, missed FROM schedule")
+        self.fires = database.rows(
+            "SELECT schedule_id, fire_time, execution_id FROM schedule_fire ORDER BY fire_time"
+        )
+        self.bulk_items = database.rows(
+            """SELECT i.bulk_id, i.execution_id, i.outcome, i.code, i.finished_at,
+                      b.created_at AS accepted_at
+               FROM bulk_item i JOIN bulk_action b ON b.id = i.bulk_id"""
         )
         self.ledger: dict[str, list[LedgerLine]] = defaultdict(list)
         for line in provider.ledger():
@@ -160,7 +179,8 @@ class Records:
             extra = " ".join(
                 str(v) for v in (row.decision, row.reason, row.error_code) if v is not None
             )
-            lines.append(f"audit {at(row.created_at)} {row.kind} {row.actor or ''} {extra}")
+            bulk = f" bulk {row.bulk_id}" if row.bulk_id else ""
+            lines.append(f"audit {at(row.created_at)} {row.kind} {row.actor or ''} {extra}{bulk}")
         for key in keys if keys is not None else self.keys(execution_id):
             lines += [f"ledger {line}" for line in self.ledger.get(key, [])]
         return lines

@@ -9,6 +9,7 @@ in flight, so no late write is still to land); then the invariants.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.acceptance.provider_double import Call, Instruction, ProviderDouble
+from tests.promise.adapters import PAUSES_FILE
 from tests.promise.api import Api
 from tests.promise.database import CheckerDatabase
 from tests.promise.invariants import ACTIVE, check
@@ -68,6 +70,8 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
     folder.mkdir(parents=True, exist_ok=True)
     schedule = draw(seed, profile)
     (folder / "schedule.json").write_text(schedule.to_json())
+    pauses = {name: case.pauses for name, case in schedule.cases.items() if case.pauses}
+    (folder / PAUSES_FILE).write_text(json.dumps(pauses))
     say(f"promise checker: seed {seed}, profile {profile.name}, {profile.workers} workers")
     say(f"  replay: {profile.replay(seed)}")
     say(f"  code: {_code_version()}")
@@ -78,7 +82,10 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
 
     database = CheckerDatabase()
     database.start()
-    provider = ProviderDouble(seed, pause=0, cut_rate=0, instructions=instructions_for(schedule))
+    # Strict: a write is performed when its moment comes, whether its caller is there or not.
+    provider = ProviderDouble(
+        seed, pause=0, cut_rate=0, instructions=instructions_for(schedule), strict=True
+    )
     try:
         with provider.serve():
             api = Api(database.runtime_url, int(WORKER_SETTINGS["EXECUTION_MAX_ATTEMPTS"]))
@@ -93,6 +100,7 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
                 say(f"  quiet phase: {_wait_for_quiet(database, profile.quiet_seconds)}")
                 if not provider.wait_until_idle(SETTLE_SECONDS):
                     say(f"  the provider still had calls in flight after {SETTLE_SECONDS:g} s")
+                timeline.log.pauses += _frozen_before_sending(folder)
                 outcome.findings = check(
                     database, api, provider, timeline.event_inserts, timeline.log
                 )
@@ -117,6 +125,8 @@ def _wait_for_quiet(database: CheckerDatabase, seconds: float) -> str:
 
     It gives up at the profile's bound, or sooner once nothing has moved for
     STALL_SECONDS (no execution changed, no attempt ended): what is left then is stuck.
+    A PENDING execution whose concurrency key is full of parked holders waits for a
+    person, rightly: it does not count as under way.
     """
     deadline = time.monotonic() + seconds
     statuses = ", ".join(f"'{s}'" for s in ACTIVE)
@@ -124,7 +134,13 @@ def _wait_for_quiet(database: CheckerDatabase, seconds: float) -> str:
     moved = time.monotonic()
     while True:
         ((active, events, changed, attempts),) = database.rows(
-            f"""SELECT (SELECT count(*) FROM execution WHERE status IN ({statuses})),
+            f"""SELECT (SELECT count(*) FROM execution e WHERE status IN ({statuses})
+                         AND NOT (status = 'PENDING' AND concurrency_key IS NOT NULL
+                                  AND (SELECT count(*) FROM execution h
+                                       WHERE h.org_id = e.org_id
+                                         AND h.concurrency_key = e.concurrency_key
+                                         AND h.status = 'RECONCILIATION_REQUIRED')
+                                      >= e.concurrency_limit)),
                        (SELECT count(*) FROM platform_event WHERE processed_at IS NULL),
                        (SELECT max(updated_at) FROM execution),
                        (SELECT count(*) FROM action_attempt)"""
@@ -182,9 +198,44 @@ def _stats(
         )
         + f"; {len(timeline.log.handed)} handed to the checker's agents",
         "continuations: " + (", ".join(f"{n} {s}" for s, n in continued) or "none"),
-        f"workers killed: {len(workers.killed)}",
+        f"workers killed: {len(workers.killed)}, frozen: {len(workers.paused)} by the checker"
+        f" and {len(list(workers.folder.glob('paused-*')))} before a send",
+        "races: "
+        + (
+            "; ".join(f"{r.kind} {r.case}: {', '.join(r.answers)}" for r in timeline.log.races)
+            or "none"
+        ),
+        "approvals: "
+        + (
+            ", ".join(
+                f"{n} {s}"
+                for s, n in database.rows(
+                    "SELECT status, count(*) FROM approval GROUP BY 1 ORDER BY 1"
+                )
+            )
+            or "none"
+        ),
+        "schedule fires: "
+        + (
+            ", ".join(
+                f"{n} of {s}"
+                for s, n in database.rows(
+                    "SELECT schedule_id, count(*) FROM schedule_fire GROUP BY 1 ORDER BY 1"
+                )
+            )
+            or "none"
+        ),
     ]
     return lines
+
+
+def _frozen_before_sending(folder: Path) -> list[tuple[float, float]]:
+    """The freezes the adapters made (their marker files): (began, ended) wall-clock."""
+    windows = []
+    for marker in folder.glob("paused-*"):
+        began, _, seconds, _ = marker.read_text().split()
+        windows.append((float(began), float(began) + float(seconds)))
+    return windows
 
 
 def _lookup_answer(detail: str) -> str:

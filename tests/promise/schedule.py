@@ -13,6 +13,7 @@ import json
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from tests.acceptance.provider_double import (
     BAD_OUTPUT,
@@ -26,7 +27,15 @@ from tests.acceptance.provider_double import (
     Instruction,
 )
 from tests.promise.adapters import MAX_ATTEMPTS, READ
-from tests.promise.flows import EVENT_FLOW, MACHINE_FLOW, MANUAL_FLOWS, all_steps
+from tests.promise.flows import (
+    APPROVAL_FLOW,
+    EVENT_FLOW,
+    KEYED_FLOW,
+    MACHINE_FLOW,
+    MANUAL_FLOWS,
+    SLOTS,
+    all_steps,
+)
 from tests.promise.profiles import Profile
 
 # What one call of a step may meet (the provider double plays it).
@@ -67,6 +76,10 @@ READ_WEIGHTS = {
     "not_ready": 3,
 }
 POISON_KINDS = ("deep", "nul", "huge")
+# A pause outlasts the lease (4 s) and stays within a call's timeout plus the abandon
+# grace (1 + 6 s): SPEC 25's window that remains is out of reach by design.
+PAUSE_MIN_SECONDS = 4.6
+PAUSE_MAX_SECONDS = 6.4
 
 
 @dataclass(frozen=True)
@@ -111,8 +124,11 @@ class Case:
     # end of a list (or a None in it) the provider answers plainly.
     calls: dict[str, list[Fault | None]] = field(default_factory=dict)
     lookups: dict[str, list[Fault | None]] = field(default_factory=dict)
-    # A machine case's wait deadline (the request's `deadline`), in seconds.
-    deadline: int | None = None
+    # More request data: a machine case's wait `deadline`, a keyed case's `slot`, an
+    # approval case's `approvalSeconds`.
+    data: dict[str, Any] = field(default_factory=dict)
+    # step id -> seconds its worker freezes right before its first call's request leaves.
+    pauses: dict[str, float] = field(default_factory=dict)
 
     def fault(self, step: str, lookup: bool, ordinal: int) -> Fault | None:
         planned = (self.lookups if lookup else self.calls).get(step, [])
@@ -193,6 +209,64 @@ class AgentComes:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """SIGSTOP a worker (the slot's, or one with a call in flight), SIGCONT it `seconds`
+    later: longer than its lease, shorter than a call's timeout plus the abandon grace."""
+
+    at: float
+    slot: int
+    mid_call: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Correct:
+    """An operator retries the case's park with a correction: of its concurrency key
+    (`slot`, moved to `to_slot`, which two other executions are busy on) or of a field
+    that is no key (`note`). A correction the product refuses is retried without it."""
+
+    at: float
+    case: str
+    to_slot: str | None
+    # Started on `to_slot` once the case is parked; the correction comes once one runs.
+    companions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two operators on the case's park at once: two deciders (`deciders`), or a bulk
+    retry matching the park and a single retry (`bulk`) whose re-run parks again before
+    the bulk's item is taken (a stranger holds the item until then)."""
+
+    at: float
+    case: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Approve:
+    """From `at`, once the case's approval is asked, an approver decides it `offset`
+    seconds from its deadline (before it when negative) and, when `cancel` is given, an
+    operator cancels the execution `cancel` seconds from the decision."""
+
+    at: float
+    case: str
+    decision: str
+    offset: float
+    cancel: float | None
+
+
+@dataclass(frozen=True)
+class PutSchedule:
+    """A schedule fires the case's flow every `every` seconds (catch-up `all`) until the
+    fault phase ends, then is paused."""
+
+    at: float
+    case: str
+    every: int
+
+
+@dataclass(frozen=True)
 class Event:
     """The platform inserts an event row; `kind` is good or a poison (deep, nul, huge)."""
 
@@ -201,7 +275,21 @@ class Event:
     kind: str
 
 
-Action = Submit | Kill | Restart | Cancel | Decide | Lock | Event | AgentComes
+Action = (
+    Submit
+    | Kill
+    | Restart
+    | Cancel
+    | Decide
+    | Lock
+    | Event
+    | AgentComes
+    | Pause
+    | Correct
+    | Race
+    | Approve
+    | PutSchedule
+)
 
 
 @dataclass(frozen=True)
@@ -285,6 +373,11 @@ def draw(seed: int, profile: Profile) -> Schedule:
     actions += _draw_locks(streams, profile, cases, restarts)
 
     actions += _draw_events(streams, profile, cases)
+    actions += _draw_pauses(streams, profile, cases)
+    actions += _draw_keyed(streams, profile, cases)
+    actions += _draw_races(streams, profile, cases)
+    actions += _draw_approvals(streams, profile, cases)
+    actions += _draw_schedules(streams, profile, cases)
     actions.sort(key=lambda a: a.at)
     return Schedule(seed, profile, cases, actions)
 
@@ -348,7 +441,7 @@ def _draw_machines(rng: random.Random, profile: Profile, cases: dict[str, Case])
     for number in range(profile.machines):
         name = f"m{number:03d}"
         deadline = rng.randint(2, 5)
-        cases[name] = Case(name, MACHINE_FLOW, deadline=deadline)
+        cases[name] = Case(name, MACHINE_FLOW, data={"deadline": deadline})
         at = rng.uniform(0, 0.6 * length)
         drawn.append(Submit(round(at, 3), name))
         comes = at + rng.uniform(0.3, 2.0 * deadline + 2.0)
@@ -380,7 +473,7 @@ def _draw_cancels(
             # a cancel now meets an execution with a write done.
             wait = [Fault("not_ready", check_again_in=2.0)] * 2
             calls = {**case.calls, "reserve": [None] * (MAX_ATTEMPTS + 1), "ready": list(wait)}
-            cases[name] = Case(name, case.flow, calls, case.lookups)
+            cases[name] = Case(name, case.flow, calls, case.lookups, case.data, case.pauses)
             drawn.append(Cancel(round(submitted[name] + rng.uniform(0.2, 1.0), 3), name, True))
         else:
             name = rng.choice(sorted(submitted))
@@ -439,4 +532,117 @@ def _draw_events(streams: _Streams, profile: Profile, cases: dict[str, Case]) ->
         name = f"e{number:03d}"
         cases[name] = _draw_case(streams.of(f"case:{name}"), name, EVENT_FLOW, profile)
         drawn.append(Event(round(at, 3), name, "good"))
+    return drawn
+
+
+def _draw_pauses(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Workers frozen past their lease: at random (`Pause`), and at the worst moment, the
+    instant before a charge's request leaves (`frozen` cases: a checkout whose first
+    charge call freezes its worker; the request leaves when it wakes)."""
+    length = profile.fault_seconds
+    rng = streams.of("pauses")
+    drawn: list[Action] = []
+    for _ in range(profile.pauses):
+        at = rng.uniform(0.15 * length, 0.8 * length)
+        seconds = round(rng.uniform(PAUSE_MIN_SECONDS, PAUSE_MAX_SECONDS), 3)
+        drawn.append(
+            Pause(round(at, 3), rng.randrange(profile.workers), rng.random() < 0.7, seconds)
+        )
+    rng = streams.of("frozen")
+    for number in range(profile.frozen):
+        name = f"f{number:02d}"
+        seconds = round(rng.uniform(PAUSE_MIN_SECONDS, PAUSE_MAX_SECONDS), 3)
+        cases[name] = Case(name, "checkout", pauses={"charge": seconds})
+        drawn.append(Submit(round(rng.uniform(0.05 * length, 0.6 * length), 3), name))
+    return drawn
+
+
+def _draw_keyed(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Cases that share slots (a concurrency key), with faults like any case; and cases
+    that park to be corrected (every other one moving its key onto a busy slot)."""
+    length = profile.fault_seconds
+    rng = streams.of("keyed")
+    drawn: list[Action] = []
+    for number in range(profile.keyed):
+        name = f"q{number:03d}"
+        case = _draw_case(streams.of(f"case:{name}"), name, KEYED_FLOW, profile)
+        slot = SLOTS[rng.randrange(len(SLOTS))]
+        cases[name] = Case(name, KEYED_FLOW, case.calls, case.lookups, {"slot": slot})
+        drawn.append(Submit(round(rng.uniform(0, 0.6 * length), 3), name))
+    for number in range(profile.corrections):
+        # The case parks with no write (its charge cut before, no look-up can tell).
+        name, here, there = f"c{number:02d}", f"x-{number:02d}", f"y-{number:02d}"
+        # Its retried charge is slow (within its deadline): long enough to meet another.
+        slow = Fault("slow_ok", answer_at=0.9)
+        calls: dict[str, list[Fault | None]] = {"charge": [Fault("cut_before"), slow]}
+        lookups: dict[str, list[Fault | None]] = {"charge": [Fault("unknown")]}
+        cases[name] = Case(name, KEYED_FLOW, calls, lookups, {"slot": here})
+        at = rng.uniform(0.05 * length, 0.6 * length)
+        drawn.append(Submit(round(at, 3), name))
+        moment = round(at + rng.uniform(2.0, 4.0), 3)
+        if number % 2 == 0:
+            drawn.append(Correct(moment, name, None))
+            continue
+        # Two slow executions keep the slot the correction moves to busy meanwhile.
+        companions = (f"{name}a", f"{name}b")
+        for other in companions:
+            cases[other] = Case(other, KEYED_FLOW, {"charge": [slow]}, {}, {"slot": there})
+        drawn.append(Correct(moment, name, there, companions))
+    return drawn
+
+
+def _draw_races(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Races of operators over a park of a case of their own: its first charge call is
+    cut before anything is performed and no look-up can tell (a park with no write, so
+    a retry is right); its second is cut after the write (the re-run parks again, now
+    with a write done that nobody has looked at)."""
+    length = profile.fault_seconds
+    rng = streams.of("races")
+    drawn: list[Action] = []
+    kinds = ["deciders"] * profile.deciders + ["bulk"] * profile.bulks
+    for number, kind in enumerate(kinds):
+        name = f"r{number:02d}"
+        calls: dict[str, list[Fault | None]] = {
+            "charge": [Fault("cut_before"), Fault("cut_after")],
+        }
+        lookups: dict[str, list[Fault | None]] = {
+            "charge": [Fault("unknown")] * (2 * MAX_ATTEMPTS + 2),
+        }
+        cases[name] = Case(name, "checkout", calls, lookups)
+        at = rng.uniform(0.05 * length, 0.5 * length)
+        drawn.append(Submit(round(at, 3), name))
+        drawn.append(Race(round(at + rng.uniform(2.0, 4.0), 3), name, kind))
+    return drawn
+
+
+def _draw_approvals(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Approval cases: a decision near the deadline, and most of them a cancel near the
+    decision, so decision, cancel and deadline race on one execution."""
+    length = profile.fault_seconds
+    rng = streams.of("approvals")
+    drawn: list[Action] = []
+    for number in range(profile.approvals):
+        name = f"a{number:02d}"
+        seconds = rng.randint(2, 4)
+        cases[name] = Case(name, APPROVAL_FLOW, data={"approvalSeconds": seconds})
+        at = rng.uniform(0.05 * length, 0.6 * length)
+        drawn.append(Submit(round(at, 3), name))
+        decision = rng.choice(("approved", "rejected"))
+        offset = round(rng.uniform(-1.0, 0.4), 3)
+        # The cancel at the same instant (a race), just before, just after, or none.
+        cancel = rng.choice(
+            (0.0, 0.0, -round(rng.uniform(0.05, 0.5), 3), round(rng.uniform(0.0, 0.3), 3), None)
+        )
+        drawn.append(Approve(round(at, 3), name, decision, offset, cancel))
+    return drawn
+
+
+def _draw_schedules(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Schedules firing a clean checkout every few seconds through kills and restarts."""
+    rng = streams.of("schedules")
+    drawn: list[Action] = []
+    for number in range(profile.schedules):
+        name = f"t{number:02d}"
+        cases[name] = Case(name, "checkout")
+        drawn.append(PutSchedule(round(rng.uniform(0, 2.0), 3), name, rng.randint(3, 5)))
     return drawn

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -40,3 +41,36 @@ def hold_row_lock(engine: Engine, table: str, row_id: uuid.UUID, seconds: float)
         cause = getattr(error, "orig", None) or error
         first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
         return Hold(f"not had: {type(cause).__name__}: {first}")
+
+
+def hold_bulk_item(
+    engine: Engine,
+    bulk_id: uuid.UUID,
+    execution_id: uuid.UUID,
+    had: threading.Event,
+    release: threading.Event,
+    most: float,
+) -> Hold:
+    """Hold a bulk's item (NOWAIT: if its worker has it already, say so) until `release`
+    is set or `most` seconds pass; `had` is set once the lock is had or was not."""
+    try:
+        with engine.connect() as conn, conn.begin():
+            found = conn.execute(
+                text(
+                    "SELECT 1 FROM bulk_item WHERE bulk_id = :bulk AND execution_id = :id"
+                    " AND outcome IS NULL FOR UPDATE NOWAIT"
+                ),
+                {"bulk": bulk_id, "id": execution_id},
+            ).first()
+            if found is None:
+                return Hold("the item had its outcome already")
+            began = time.time()
+            had.set()
+            release.wait(most)  # held until the race's other half has played out
+        return Hold("held", began, time.time())
+    except DBAPIError as error:
+        cause = getattr(error, "orig", None) or error
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        return Hold(f"not had: {type(cause).__name__}: {first}")
+    finally:
+        had.set()

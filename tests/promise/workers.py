@@ -1,4 +1,5 @@
-"""Real `orquestador worker` processes over the checker's database: started, killed, replaced.
+"""Real `orquestador worker` processes over the checker's database: started, killed,
+frozen and woken, replaced.
 
 Leases, renewals, retries and timeouts are small so that faults play out in seconds.
 Each process writes its log to the run folder (worker-<slot>-<generation>.log).
@@ -10,9 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from tests.promise.adapters import PROVIDER_URL_ENV
+from tests.promise.adapters import PROVIDER_URL_ENV, RUN_FOLDER_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP_SECONDS = 15.0
@@ -57,10 +59,12 @@ class Workers:
             "PYTHONPATH": str(ROOT),
             "DATABASE_URL": database_url,
             PROVIDER_URL_ENV: provider_url,
+            RUN_FOLDER_ENV: str(folder),
         }
         self.slots: list[subprocess.Popen[bytes] | None] = [None] * size
         self.generations = [0] * size
         self.killed: list[int] = []
+        self.paused: list[int] = []
 
     def start(self) -> None:
         for slot in range(len(self.slots)):
@@ -92,6 +96,20 @@ class Workers:
         self._spawn(slot)
         return process.pid
 
+    def pause(self, slot: int, seconds: float) -> int:
+        """Freeze the slot's worker (SIGSTOP) for `seconds`, then wake it; its pid."""
+        process = self.slots[slot]
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+        self.paused.append(process.pid)
+        try:
+            # The freeze's length is the fault itself.
+            time.sleep(seconds)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+        return process.pid
+
     def exited(self) -> list[tuple[int, int]]:
         """(slot, exit status) of workers that ended without being killed: a crash."""
         return [
@@ -104,6 +122,8 @@ class Workers:
         """SIGTERM every worker (a warm stop), then SIGKILL what is left."""
         running = [p for p in self.slots if p is not None and p.poll() is None]
         for process in running:
+            # A frozen worker hears its SIGTERM only once woken.
+            process.send_signal(signal.SIGCONT)
             process.send_signal(signal.SIGTERM)
         for process in running:
             try:
