@@ -7,9 +7,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from orquestador.actions.errors import TransientError
 from orquestador.actions.lookup import LookupResult
 
 
@@ -83,6 +84,23 @@ class ActionContext:
 
     def seconds_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
+
+    def check_deadline(self, what: str = "the call") -> None:
+        """Raise TransientError once the deadline passed; call it immediately before the
+        request leaves (the socket write, the committing transaction).
+
+        Past the deadline the engine may have handed the step on: a worker that was
+        paused (GC, a frozen VM) and then sends would write after another holder asked
+        the provider and heard "not found". Nothing was sent, so it is safe to retry.
+        """
+        if time.monotonic() >= self.deadline:
+            raise TransientError(f"the deadline passed before {what} was sent; nothing was sent")
+
+    def deadline_text(self) -> str:
+        """The deadline as wall-clock UTC in RFC 3339 (what `Request-Deadline` carries), so
+        a provider can refuse a request that arrives after it."""
+        at = datetime.now(UTC) + timedelta(seconds=self.deadline - time.monotonic())
+        return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
     def observe(self, facts: dict[str, Any]) -> None:
         """Record what this step saw (no inputs, no secrets): shown as "then" on the page."""

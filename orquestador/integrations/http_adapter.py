@@ -38,6 +38,8 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PROBLEM_CODE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# The attempt's deadline, sent with every request: a provider may refuse what arrives late.
+REQUEST_DEADLINE = "Request-Deadline"
 
 
 def _without_request_lines(record: logging.LogRecord) -> bool:
@@ -231,9 +233,7 @@ def _send(
     what: str,
 ) -> tuple[int, Any]:
     """(status, JSON body or None); raises the action error a failed exchange means."""
-    left = ctx.seconds_left()
-    if left <= 0:
-        raise TransientError(f"route {route.key}: no time left for the {what}")
+    ctx.check_deadline(f"the {what} of route {route.key}")
     # The route's span, a child of the step's attempt; the provider receives its
     # traceparent. Attributes name the route, never the URL (it may carry secrets).
     with tracing.span(
@@ -242,7 +242,7 @@ def _send(
         kind="client",
     ):
         tracing.inject_headers(headers)  # the caller's own dict, made for this request
-        return _exchange(route, ctx, method, url, headers, body, what, left)
+        return _exchange(route, ctx, method, url, headers, body, what)
 
 
 def _exchange(
@@ -253,9 +253,14 @@ def _exchange(
     headers: dict[str, str],
     body: dict[str, Any] | None,
     what: str,
-    left: float,
 ) -> tuple[int, Any]:
     session = session_for(route.use_environment_proxy)
+    # The last look at the deadline before the request leaves: a worker paused past it
+    # (and past its lease) must not send, since another holder may have looked the write
+    # up and made it again. What remains is a pause between here and the socket write.
+    ctx.check_deadline(f"the {what} of route {route.key}")
+    left = max(ctx.seconds_left(), 0.001)
+    headers[REQUEST_DEADLINE] = ctx.deadline_text()
     try:
         response = session.request(
             method,

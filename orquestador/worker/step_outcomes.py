@@ -51,6 +51,7 @@ from orquestador.queue import (
     record_found_write,
     schedule_retry,
 )
+from orquestador.queue.earlier_calls import await_earlier_call
 from orquestador.queue.outcomes import WORKER_ACTOR
 from orquestador.queue.waits import NOT_READY, park_waiting
 from orquestador.worker.calls import CallTimedOut
@@ -232,6 +233,9 @@ class StepOutcomes:
             if isinstance(answer.result, Found):
                 return (self.found(step, answer.result),)
         if answer is not None and isinstance(answer.result, NotFound) and found.status == "RUNNING":
+            # An earlier holder's attempt: that holder may only be paused, its request not
+            # sent yet. NotFound is proof once that call can no longer send (SPEC 25).
+            self.await_earlier_call(step, found)
             # The attempt left RUNNING did not happen: it ends FAILED, and the next one is
             # as safe as after a TransientError, within the budget.
             ended = CheckpointOutcome(
@@ -265,6 +269,26 @@ class StepOutcomes:
                 )
             self.fail("RETRIES_EXHAUSTED", outcome, actionId=found.action_id)
         return None
+
+    def await_earlier_call(self, step: Step, found: Checkpoint) -> None:
+        """Wait in RETRY_WAIT, no attempt spent, until the earlier holder's attempt can no
+        longer send: its start + the adapter's timeout + ADAPTER_ABANDON_GRACE_SECONDS, by
+        the database's clock (its adapter refuses to send past the deadline)."""
+        due = await_earlier_call(
+            self.conn,
+            self.claim,
+            action_id=found.action_id,
+            attempt=found.attempt,
+            settle_seconds=step.adapter.timeout_seconds + self.x.abandon_grace_seconds,
+        )
+        if due is None:
+            return
+        log.info(
+            "an earlier holder's call may still send; asking again at %s",
+            due.isoformat(),
+            extra={**step.log_extra, "attempt": found.attempt},
+        )
+        raise ExecutionEnded("RETRY_WAIT")
 
     def retry_or_fail(
         self,

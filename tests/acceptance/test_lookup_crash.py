@@ -55,6 +55,7 @@ def _spawn(database, provider: ProviderDouble) -> subprocess.Popen:
         "WORKER_DRAIN_SECONDS": "5",
         "RETRY_BASE_SECONDS": "0.05",
         "RETRY_CAP_SECONDS": "0.2",
+        "ADAPTER_ABANDON_GRACE_SECONDS": "1",
         "ADAPTER_MODULES": "tests.acceptance.lookup_adapters",
         "LOOKUP_PROVIDER_URL": provider.url,
         "LOG_LEVEL": "WARNING",

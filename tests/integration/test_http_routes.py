@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from orquestador.actions import ActionContext, Identity
 from orquestador.actions.errors import PermanentError, TransientError, UncertainError
 from orquestador.actions.lookup import Found, NotFound
 from orquestador.errors import IntegrationUnavailable
+from orquestador.integrations import http_adapter
 from orquestador.integrations.http_adapter import parse_retry_after
 from tests.integration.route_provider import (
     BIG,
@@ -106,6 +108,37 @@ def test_2xx_maps_the_answer_and_sends_key_body_and_headers(tmp_path):
     assert sent.headers["Idempotency-Key"] == "exec-1:charge"
     assert sent.headers["Authorization"] == f"Bearer {SECRET}"
     assert json.loads(sent.body) == {"amount": 42}
+
+
+def test_the_attempts_deadline_goes_with_the_request(tmp_path):
+    with RouteProvider().serve() as provider:
+        adapter = _adapter(tmp_path, provider.url, billing_route())
+        before = datetime.now(UTC)
+        adapter.invoke(_ctx({"amount": 42}, seconds=30))
+        (sent,) = provider.received
+    # RFC 3339 in UTC: a provider may refuse a request that arrives after it.
+    deadline = datetime.fromisoformat(sent.headers["Request-Deadline"].replace("Z", "+00:00"))
+    assert timedelta(seconds=29) < deadline - before <= timedelta(seconds=31)
+    assert sent.headers["Request-Deadline"].endswith("Z")
+
+
+def test_a_call_paused_past_its_deadline_on_its_way_out_is_not_sent(tmp_path, monkeypatch):
+    # A worker frozen after the call began (a GC pause, a frozen VM) must not send once
+    # its deadline passed: another holder may have looked the write up meanwhile.
+    ctx = _ctx({"amount": 42}, seconds=0.3)
+    pooled = http_adapter.session_for
+
+    def paused_on_the_way(use_environment_proxy: bool):
+        time.sleep(max(0.0, ctx.deadline - time.monotonic()) + 0.05)
+        return pooled(use_environment_proxy)
+
+    monkeypatch.setattr(http_adapter, "session_for", paused_on_the_way)
+    with RouteProvider().serve() as provider:
+        adapter = _adapter(tmp_path, provider.url, billing_route())
+        with pytest.raises(TransientError) as refused:
+            adapter.invoke(ctx)
+        assert provider.received == [], "a request left after its deadline"
+    assert "deadline passed" in str(refused.value)
 
 
 @pytest.mark.parametrize("status", [408, 425, 429, 500, 502, 503, 504])

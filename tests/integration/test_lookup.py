@@ -13,6 +13,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -43,6 +44,7 @@ from tests.integration.worker_support import (
     execution,
     expire_lease,
     flow_definition,
+    lapse_earlier_calls,
     make_due,
     request_row,
     run_once,
@@ -343,6 +345,7 @@ def test_not_found_after_a_crash_runs_the_next_attempt_at_once(runtime_engine):
     with pytest.raises(SimulatedCrash):
         run_once(runtime_engine, crashing, "crashed")
     expire_lease(runtime_engine, eid)
+    lapse_earlier_calls(runtime_engine, eid)
 
     status = run_once(runtime_engine, _executor(_with_lookup(charge, lookup)), "recovering")
 
@@ -350,6 +353,47 @@ def test_not_found_after_a_crash_runs_the_next_attempt_at_once(runtime_engine):
     assert [(c.external_key, c.attempt) for c in charge.calls] == [(f"{eid}:charge", 2)]
     assert _history(runtime_engine, eid) == [(1, "FAILED", "INTERRUPTED"), (2, "SUCCEEDED", None)]
     assert not _lookups_audited(runtime_engine, eid)
+
+
+def test_not_found_for_a_holder_that_may_only_be_paused_waits_until_its_call_cannot_send(
+    runtime_engine,
+):
+    # The holder lost its lease a moment after it started the call: it may be paused (a
+    # GC, a frozen VM) with its request not yet sent, so NotFound proves nothing yet.
+    charge = _charge({"chargeId": "ch-new"})
+    eid = start_execution(runtime_engine, _charge_flow())
+    crashing = _executor(charge.adapter(), hooks=WorkerHooks(before_adapter=crash_at_hook))
+    with pytest.raises(SimulatedCrash):
+        run_once(runtime_engine, crashing, "paused")
+    expire_lease(runtime_engine, eid)
+    grace = 7.0
+    recovering = _executor(
+        _with_lookup(charge, answers(NotFound())), adapter_abandon_grace_seconds=grace
+    )
+
+    status = run_once(runtime_engine, recovering, "recovering")
+
+    assert status == "RETRY_WAIT" and not charge.calls
+    row = execution(runtime_engine, eid)
+    # No attempt spent; due once the first holder's deadline and the grace have passed.
+    assert (row.attempts, row.error_code) == (1, "EARLIER_CALL_PENDING")
+    left = checkpoints(runtime_engine, eid)["charge"]
+    assert left.status == "RUNNING", "the first holder's attempt was settled without proof"
+    started = left.started_at
+    timeout = charge.adapter().timeout_seconds
+    assert row.next_attempt_at == started + timedelta(seconds=timeout + grace)
+    (waited,) = audit(runtime_engine, eid, "EARLIER_CALL_PENDING")
+    assert (waited.detail["actionId"], waited.detail["attempt"]) == ("charge", 1)
+
+    # The paused holder woke before its deadline and sent: the next look-up finds it.
+    make_due(runtime_engine, eid)
+    found = _executor(
+        _with_lookup(charge, answers(Found({"chargeId": "ch-1"}))),
+        adapter_abandon_grace_seconds=grace,
+    )
+    assert run_once(runtime_engine, found, "recovering") == "SUCCEEDED"
+    assert not charge.calls, "the write was made a second time"
+    assert execution(runtime_engine, eid).attempts == 2
 
 
 def test_not_found_with_no_attempts_left_fails_and_releases_the_request(runtime_engine):
@@ -376,6 +420,7 @@ def test_not_found_after_a_crash_on_the_last_attempt_fails_and_releases_the_requ
     with pytest.raises(SimulatedCrash):
         run_once(runtime_engine, crashing, "crashed")
     expire_lease(runtime_engine, eid)
+    lapse_earlier_calls(runtime_engine, eid)
 
     status = run_once(
         runtime_engine, _executor(_with_lookup(charge, answers(NotFound()))), "recovering"
@@ -463,6 +508,7 @@ def test_an_idempotent_write_interrupted_on_its_last_attempt_is_looked_up(runtim
     with pytest.raises(SimulatedCrash):
         run_once(runtime_engine, crashing, "crashed")
     expire_lease(runtime_engine, eid)
+    lapse_earlier_calls(runtime_engine, eid)
 
     status = run_once(runtime_engine, _executor(_with_lookup(write, lookup)), "recovering")
 

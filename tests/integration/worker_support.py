@@ -292,6 +292,18 @@ def expire_lease(engine: Engine, execution_id: uuid.UUID) -> None:
         )
 
 
+def lapse_earlier_calls(engine: Engine, execution_id: uuid.UUID) -> None:
+    """What the passing of time does to a dead holder's call: its attempt started long ago,
+    so its adapter's deadline and the grace after it have passed (a look-up's NotFound is
+    then proof that no write happened)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("""UPDATE action_execution SET started_at = started_at - interval '1 hour'
+                    WHERE execution_id = :id AND status = 'RUNNING'"""),
+            {"id": execution_id},
+        )
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
     """Poll `condition` until it is truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -2123,6 +2123,64 @@ CONTINUATION_GUARDS = [
     ),
 ]
 
+# --- a paused holder cannot send late (queue/earlier_calls.py, the adapters) -------------
+
+_EARLIER_CALLS_PY = "orquestador/queue/earlier_calls.py"
+_HTTP_ADAPTER_PY = "orquestador/integrations/http_adapter.py"
+HTTP_ROUTES = "tests/integration/test_http_routes.py"
+PAUSED_HOLDER = "tests/acceptance/test_paused_holder.py"
+_PAUSED_LOOKUP = (
+    f"{LOOKUP}::test_not_found_for_a_holder_that_may_only_be_paused_waits_until_its_call_cannot"
+    "_send"
+)
+
+PAUSED_HOLDER_GUARDS = [
+    Mutation(
+        "earlier-call-not-found-waits",
+        _STEP_OUTCOMES_PY,
+        "            self.await_earlier_call(step, found)\n",
+        "            pass\n",
+        "A NotFound about an earlier holder's attempt is trusted only once that holder's "
+        "call can no longer send: a paused holder's late write is found, not made twice.",
+        (_PAUSED_LOOKUP, PAUSED_HOLDER),
+    ),
+    Mutation(
+        "earlier-call-waits-out-the-grace",
+        _STEP_OUTCOMES_PY,
+        "settle_seconds=step.adapter.timeout_seconds + self.x.abandon_grace_seconds,",
+        "settle_seconds=step.adapter.timeout_seconds,",
+        "The new holder waits the attempt's timeout and ADAPTER_ABANDON_GRACE_SECONDS after "
+        "its start (the clocks of two processes and the last check before the send differ).",
+        (_PAUSED_LOOKUP,),
+    ),
+    Mutation(
+        "earlier-call-wait-spends-no-attempt",
+        _EARLIER_CALLS_PY,
+        "            attempts = greatest(e.attempts - 1, 0),\n",
+        "",
+        "Waiting for an earlier holder's call spends no attempt: nothing was called.",
+        (_PAUSED_LOOKUP,),
+    ),
+    Mutation(
+        "http-deadline-checked-before-sending",
+        _HTTP_ADAPTER_PY,
+        '    ctx.check_deadline(f"the {what} of route {route.key}")\n    left = ',
+        "    left = ",
+        "An HTTP route sends nothing once its attempt's deadline passed, looked at "
+        "immediately before the request leaves.",
+        (f"{HTTP_ROUTES}::test_a_call_paused_past_its_deadline_on_its_way_out_is_not_sent",),
+    ),
+    Mutation(
+        "http-request-deadline-sent",
+        _HTTP_ADAPTER_PY,
+        "    headers[REQUEST_DEADLINE] = ctx.deadline_text()\n",
+        "",
+        "Every HTTP route request carries its attempt's deadline, so a provider can refuse "
+        "a request that arrives late.",
+        (f"{HTTP_ROUTES}::test_the_attempts_deadline_goes_with_the_request",),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2148,6 +2206,7 @@ MUTATIONS: list[Mutation] = [
     *BULK_GUARDS,
     *RUNTIME_ROLE_GUARDS,
     *CONTINUATION_GUARDS,
+    *PAUSED_HOLDER_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but

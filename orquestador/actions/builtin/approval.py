@@ -131,6 +131,8 @@ class Approvals:
         self._public_base_url = public_base_url
 
     def invoke(self, ctx: ActionContext) -> dict[str, Any]:
+        # Past the deadline another holder may own the step: nothing is written late.
+        ctx.check_deadline("the approval")
         with self._database.engine.begin() as conn:
             row, written = open_approval(conn, _draft(ctx))
             if written and ctx.inputs.get("email", False):

@@ -127,6 +127,8 @@ class MachineAdapters:
 
     def send(self, ctx: ActionContext) -> dict[str, Any]:
         command = self._checked_command(ctx)
+        # Past the deadline another holder may own the step: nothing is written late.
+        ctx.check_deadline("the command")
         with self._database.engine.begin() as conn:
             row = create_command(
                 conn,

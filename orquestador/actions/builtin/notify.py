@@ -146,6 +146,8 @@ class Notify:
             # reach here, it still mails nobody.
             return self.simulate(ctx)
         email_requested = ctx.inputs.get("email", False)
+        # Past the deadline another holder may own the step: nothing is written late.
+        ctx.check_deadline("the notice")
         with self._database.engine.begin() as conn:
             footer = _about(conn, ctx, self._public_base_url) if email_requested else ""
             written = write_notice(conn, _draft(ctx, footer), email_requested=email_requested)
