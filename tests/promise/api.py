@@ -90,6 +90,7 @@ class Api:
 
     def set_up(self) -> None:
         """Publish every flow and bind the event flow to the plan's moment."""
+        # The rollout's child flow (checkout) is published before the rollout names it.
         for name in (*FLOWS, MACHINE_FLOW):
             answer = self.call("POST", "/flows", self.owner, definition(name))
             self.flows[name] = self._expect(201, answer, f"publish {name}")["id"]

@@ -22,6 +22,13 @@ KEY_LIMIT = 1
 SLOTS = ("s-a", "s-b", "s-c")
 APPROVAL_FLOW = "approve"
 APPROVAL = "approval"
+# A rollout (rollout@1) of the checkout flow over the case's items, ROLLOUT_BATCH at a
+# time, stopping past ROLLOUT_MAX_FAILURES: each item's child is a case of its own.
+ROLLOUT_FLOW = "fleet"
+ROLLOUT = "rollout"
+ROLLOUT_CHILD_FLOW = "checkout"
+ROLLOUT_BATCH = 2
+ROLLOUT_MAX_FAILURES = 1
 MOMENT = "provisioned"
 PLAN = "promise-plan"
 
@@ -49,6 +56,8 @@ FLOWS: dict[str, tuple[Step, ...]] = {
     KEYED_FLOW: (Step("hold", READ), Step("charge", CHARGE)),
     # A person's approval, then a write (run whatever the answer).
     APPROVAL_FLOW: (Step("ok", APPROVAL), Step("after", PUT)),
+    # One checkout per item, a few at a time (a rollout).
+    ROLLOUT_FLOW: (Step("all", ROLLOUT),),
 }
 MANUAL_FLOWS = ("checkout", "blind", "provision", "chained")
 # The transition each flow's one transition ends in a state that continues with, from
@@ -85,6 +94,21 @@ def definition(name: str) -> dict[str, Any]:
     inputs: dict[str, Any] = {"case": {"from": case_pointer}}
 
     def action(step: Step) -> dict[str, Any]:
+        if step.capability == ROLLOUT:
+            return {
+                "id": step.id,
+                "capability": ROLLOUT,
+                "version": 1,
+                "input": {
+                    "items": {"from": "/data/items"},
+                    "flow": {"const": f"promise-{ROLLOUT_CHILD_FLOW}"},
+                    "transition": {"const": FIRST_TRANSITION},
+                    "data": {"const": {"case": "{/item}"}},
+                    "batch": {"const": ROLLOUT_BATCH},
+                    "maxFailures": {"const": ROLLOUT_MAX_FAILURES},
+                },
+                "onError": "review",
+            }
         if step.capability == APPROVAL:
             return {
                 "id": step.id,
@@ -138,6 +162,8 @@ def definition(name: str) -> dict[str, Any]:
         flow["transitions"][0]["concurrency"] = {"key": "/data/slot", "limit": KEY_LIMIT}
     if name == APPROVAL_FLOW:
         flow["dataSchema"]["required"] = ["case", "approvalSeconds"]
+    if name == ROLLOUT_FLOW:
+        flow["dataSchema"]["required"] = ["case", "items"]
     if event:
         flow["start"] = FIRST_TRANSITION
     return flow

@@ -49,12 +49,17 @@
 14. A schedule started exactly one execution per fire time (catch-up `all`: no fire time
    skipped between its first and its last), and every execution carrying its data came
    from one of its fire times.
+15. A rollout started exactly one child per item, whatever was killed or restarted: one
+   execution per item's case, each the child row's and naming the rollout's execution as
+   its parent; every item before `next_index` has its row; never more than `batch`
+   children running at once; no child started once failures exceeded the budget; once
+   its parent stopped waiting, nothing runs and the counters agree with the children.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
@@ -104,6 +109,7 @@ def check(
     findings.violations += decisions_on_what_was_seen(records, disturbances.races)
     findings.violations += approvals_in_time(records, disturbances)
     findings.violations += one_execution_per_fire(records)
+    findings.violations += rollouts_exactly_once(records)
     findings.notes += blocked_behind_parks(records)
     findings.notes += notes
     findings.notes += [
@@ -618,6 +624,74 @@ def one_execution_per_fire(records: Records) -> list[Violation]:
             problems.append(f"{len(strays)} execution(s) carry its data but no fire time")
         found += [
             records.violation(14, f"schedule {schedule.id}: {problem}", evidence=[])
+            for problem in problems
+        ]
+    return found
+
+
+def rollouts_exactly_once(records: Records) -> list[Violation]:
+    """15: one child per item, at most `batch` at once, no start past the budget."""
+    found: list[Violation] = []
+    for rollout in records.rollouts:
+        children = [c for c in records.rollout_children if c.rollout_id == rollout.id]
+        problems = []
+        indexes = [c.item_index for c in children]
+        if sorted(indexes) != list(range(rollout.next_index)):
+            problems.append(f"items 0..{rollout.next_index - 1} started as {sorted(indexes)}")
+        rows = {c.execution_id for c in children if c.execution_id is not None}
+        named = {e.id for e in records.executions if e.parent_execution_id == rollout.execution_id}
+        if rows != named:
+            problems.append(
+                f"{len(named)} executions name it as parent, {len(rows)} children recorded"
+            )
+        for child in children:
+            carrying = [e for e in records.executions if e.name == child.item]
+            if len(carrying) != (child.execution_id is not None):
+                problems.append(f"item {child.item} has {len(carrying)} executions")
+        # Never more than batch at once: the children's spans, start to end.
+        moments = sorted(
+            [(c.created_at, 1) for c in children]
+            + [(c.ended_at, -1) for c in children if c.ended_at is not None]
+        )
+        running = most = 0
+        for _, step in moments:
+            running += step
+            most = max(most, running)
+        if most > rollout.batch:
+            problems.append(f"{most} children ran at once (batch {rollout.batch})")
+        for child in sorted(children, key=lambda c: c.created_at):
+            ended_failing = [
+                c
+                for c in children
+                if c.status in ("failed", "cancelled")
+                and c.ended_at is not None
+                and c.ended_at < child.created_at
+            ]
+            if len(ended_failing) > rollout.max_failures:
+                problems.append(
+                    f"item {child.item} started after {len(ended_failing)} failures "
+                    f"(budget {rollout.max_failures})"
+                )
+                break
+        parent = records.by_id.get(rollout.execution_id)
+        if parent is not None and parent.status not in ACTIVE:
+            statuses = Counter(c.status for c in children)
+            counted = {
+                "running": rollout.running,
+                "succeeded": rollout.succeeded,
+                "failed": rollout.failed,
+                "cancelled": rollout.cancelled,
+            }
+            seen = {name: statuses.get(name, 0) for name in counted}
+            if rollout.running or counted != seen:
+                problems.append(f"its parent ended with counts {counted}, children {seen}")
+        evidence = [
+            f"child {c.item_index} {c.item} {c.status} {c.execution_id} "
+            f"{at(c.created_at)} -> {at(c.ended_at)}"
+            for c in children
+        ]
+        found += [
+            records.violation(15, problem, rollout.execution_id, evidence=evidence)
             for problem in problems
         ]
     return found

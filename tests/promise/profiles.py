@@ -31,6 +31,7 @@ class Profile:
     bulks: int = 0  # a bulk retry against a single retry of one park
     approvals: int = 0  # approvals decided near their deadline, most with a cancel racing
     schedules: int = 0  # schedules firing every few seconds
+    rollouts: int = 0  # rollouts of a checkout over a few items
 
     def replay(self, seed: int) -> str:
         """The command that runs this profile with this seed again."""
@@ -88,4 +89,5 @@ def for_minutes(minutes: float, workers: int = 3) -> Profile:
         bulks=max(1, int(seconds / 60)),
         approvals=max(2, int(seconds / 20)),
         schedules=1,
+        rollouts=max(1, int(seconds / 30)),
     )

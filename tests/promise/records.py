@@ -27,6 +27,7 @@ NAMES = {
     12: "an operator's decision acts on the park it matched, and two deciders make one",
     13: "no approval decided after a cancel or its deadline; no live execution's cancel refused",
     14: "a schedule starts exactly one execution per fire time, and skips none",
+    15: "a rollout starts exactly one child per item, at most its batch at once, within budget",
 }
 
 
@@ -68,7 +69,8 @@ class Records:
             """SELECT e.id, e.request_id, e.status, e.error_code, e.finished_at, e.attempts,
                       f.key AS flow, coalesce(r.data->>'case', r.machine_id) AS name,
                       e.transition_id, e.continued_from, e.result->>'toState' AS to_state,
-                      e.concurrency_key, e.concurrency_limit, e.created_at
+                      e.concurrency_key, e.concurrency_limit, e.created_at,
+                      e.parent_execution_id
                FROM execution e JOIN request r ON r.id = e.request_id
                     JOIN flow f ON f.id = e.flow_id
                ORDER BY 8, e.created_at"""
@@ -122,6 +124,15 @@ class Records:
             """SELECT i.bulk_id, i.execution_id, i.outcome, i.code, i.finished_at,
                       b.created_at AS accepted_at
                FROM bulk_item i JOIN bulk_action b ON b.id = i.bulk_id"""
+        )
+        self.rollouts = database.rows(
+            """SELECT id, execution_id, total, batch, max_failures, next_index, running,
+                      succeeded, failed, cancelled FROM rollout"""
+        )
+        self.rollout_children = database.rows(
+            """SELECT rollout_id, item_index, item #>> '{}' AS item, execution_id, status,
+                      created_at, ended_at
+               FROM rollout_child ORDER BY rollout_id, item_index"""
         )
         self.ledger: dict[str, list[LedgerLine]] = defaultdict(list)
         for line in provider.ledger():

@@ -33,6 +33,8 @@ from tests.promise.flows import (
     KEYED_FLOW,
     MACHINE_FLOW,
     MANUAL_FLOWS,
+    ROLLOUT_CHILD_FLOW,
+    ROLLOUT_FLOW,
     SLOTS,
     all_steps,
 )
@@ -378,6 +380,7 @@ def draw(seed: int, profile: Profile) -> Schedule:
     actions += _draw_races(streams, profile, cases)
     actions += _draw_approvals(streams, profile, cases)
     actions += _draw_schedules(streams, profile, cases)
+    actions += _draw_rollouts(streams, profile, cases)
     actions.sort(key=lambda a: a.at)
     return Schedule(seed, profile, cases, actions)
 
@@ -645,4 +648,19 @@ def _draw_schedules(streams: _Streams, profile: Profile, cases: dict[str, Case])
         name = f"t{number:02d}"
         cases[name] = Case(name, "checkout")
         drawn.append(PutSchedule(round(rng.uniform(0, 2.0), 3), name, rng.randint(3, 5)))
+    return drawn
+
+
+def _draw_rollouts(streams: _Streams, profile: Profile, cases: dict[str, Case]) -> list[Action]:
+    """Rollouts over a few items, each item's child a case with faults of its own."""
+    length = profile.fault_seconds
+    rng = streams.of("rollouts")
+    drawn: list[Action] = []
+    for number in range(profile.rollouts):
+        name = f"o{number:02d}"
+        items = [f"{name}-{index}" for index in range(rng.randint(3, 5))]
+        for item in items:
+            cases[item] = _draw_case(streams.of(f"case:{item}"), item, ROLLOUT_CHILD_FLOW, profile)
+        cases[name] = Case(name, ROLLOUT_FLOW, data={"items": items})
+        drawn.append(Submit(round(rng.uniform(0, 0.5 * length), 3), name))
     return drawn
