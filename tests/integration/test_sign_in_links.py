@@ -12,6 +12,8 @@ from sqlalchemy.exc import ProgrammingError
 from tests.integration.api_support import ORG, OTHER_ORG, Api, problem, running_api
 
 PANEL = ["auth:link", "requests:read"]
+HOST = "http://localhost"
+EVIL = "https://evil.example"
 
 
 @pytest.fixture
@@ -36,13 +38,18 @@ def test_a_link_signs_its_person_in_once_and_lands_on_its_page(api: Api) -> None
     browser = api.client()
     landed = browser.get(path)
     assert landed.status_code == 200
-    cookie = landed.headers["Set-Cookie"]
-    assert cookie.startswith("orquestador_session=")
-    assert all(part in cookie for part in ("HttpOnly", "SameSite=Strict", "Path=/ui"))
+    held = landed.headers["Set-Cookie"]
+    assert held.startswith("orquestador_link_session=")
+    assert all(part in held for part in ("HttpOnly", "SameSite=Strict", "Path=/ui/auth/link"))
     page = landed.get_data(as_text=True)
     # A page that moves on by itself, not a redirect (a Strict cookie would not follow one
     # that began on the panel's site).
-    assert 'http-equiv="refresh" content="0; url=/ui/executions?status=FAILED"' in page
+    onward = "/ui/auth/link/continue?next=/ui/executions?status%3DFAILED"
+    assert f'http-equiv="refresh" content="0; url={onward}"' in page
+    taken = browser.get(onward)
+    assert taken.status_code == 303 and taken.headers["Location"] == "/ui/executions?status=FAILED"
+    cookie = next(c for c in taken.headers.getlist("Set-Cookie") if "orquestador_session" in c)
+    assert all(part in cookie for part in ("HttpOnly", "SameSite=Strict", "Path=/ui"))
     listed = browser.get("/ui/executions?status=FAILED")
     assert listed.status_code == 200 and "carol" in listed.get_data(as_text=True)
 
@@ -118,3 +125,55 @@ def test_the_runtime_role_cannot_make_a_used_link_usable_again(
         conn.execute(text("UPDATE sign_in_link SET used_at = NULL"))
 
     assert api.client().get(path).status_code == 410
+
+
+def _signed_in_as(api: Api, sub: str) -> Any:
+    browser = api.client()
+    token = api.token(sub=sub, scopes=["requests:read"])
+    signed = browser.post("/ui/login", data={"token": token}, headers={"Origin": HOST})
+    assert signed.status_code == 303
+    return browser
+
+
+def _who(browser: Any) -> str:
+    page = browser.get("/ui/executions").get_data(as_text=True)
+    return page.split('<span class="who">', 1)[1].split(" ", 1)[0]
+
+
+def test_a_link_for_someone_else_asks_before_replacing_the_signed_in_person(api: Api) -> None:
+    browser = _signed_in_as(api, "bob")
+    browser.get(_link_path(_ask(api)))
+
+    asked = browser.get("/ui/auth/link/continue?next=/ui/executions")
+
+    assert asked.status_code == 200
+    page = asked.get_data(as_text=True)
+    assert "Continue as carol" in page and "signed in as <strong>bob</strong>" in page
+    assert _who(browser) == "bob"
+    # Another site's page cannot press the button for the person.
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    form = {"csrf": csrf, "next": "/ui/executions"}
+    forged = browser.post("/ui/auth/link/continue", data=form, headers={"Origin": EVIL})
+    assert forged.status_code == 403 and _who(browser) == "bob"
+    no_token = browser.post("/ui/auth/link/continue", data={"next": "/"}, headers={"Origin": HOST})
+    assert no_token.status_code == 403 and _who(browser) == "bob"
+
+    confirmed = browser.post("/ui/auth/link/continue", data=form, headers={"Origin": HOST})
+
+    assert confirmed.status_code == 303 and confirmed.headers["Location"] == "/ui/executions"
+    assert _who(browser) == "carol"
+
+
+def test_a_link_for_the_person_already_signed_in_moves_on_without_asking(api: Api) -> None:
+    browser = _signed_in_as(api, "carol")
+    browser.get(_link_path(_ask(api)))
+
+    taken = browser.get("/ui/auth/link/continue?next=/ui/executions")
+
+    assert taken.status_code == 303 and _who(browser) == "carol"
+
+
+def test_continuing_without_a_link_s_session_signs_nobody_in(api: Api) -> None:
+    browser = _signed_in_as(api, "bob")
+    assert browser.get("/ui/auth/link/continue").status_code == 410
+    assert _who(browser) == "bob"

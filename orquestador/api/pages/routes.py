@@ -69,6 +69,10 @@ blueprint = Blueprint(
 )
 
 SESSION_COOKIE = "orquestador_session"
+# A sign-in link's session until it is taken (see sign_in_link): only its own paths get it.
+LINK_COOKIE = "orquestador_link_session"
+LINK_COOKIE_PATH = "/ui/auth/link"
+LINK_SESSION_KEPT_SECONDS = 600
 # A browser keeps at most about 4 KiB per cookie: a longer token could not be kept.
 MAX_TOKEN_CHARACTERS = 3800
 
@@ -245,11 +249,12 @@ def login_submit() -> Any:
 
 @blueprint.get("/auth/link")
 def sign_in_link() -> Any:
-    """A hosting panel's one-time link: a page session for whom it names, then its page.
+    """A hosting panel's one-time link: a session for whom it names, held until it is taken.
 
-    The landing answer is a page that moves on by itself rather than a redirect: the
-    person arrives from the panel's site, and a browser does not send a SameSite=Strict
-    cookie along a redirect that began on another site.
+    The person arrives from the panel's site, where the browser sends no SameSite=Strict
+    cookie: who is signed in here cannot be told yet. So the link's session goes in a
+    cookie of its own, and the answer is a page that moves on by itself (not a redirect,
+    which would still count as coming from the panel) to where it is taken.
     """
     with engine().begin() as conn:
         link = use_link(conn, request.args.get("t", ""))
@@ -272,11 +277,76 @@ def sign_in_link() -> Any:
         raise ApiProblem(
             503, "NO_SIGNING_KEY", "This server holds no key to sign page sessions with."
         ) from None
-    log.info("signed in by a link", extra={"org": link.org_id})
-    page = render_template("link.html", next=link.next_page)
+    log.info("sign-in link used", extra={"org": link.org_id})
+    onward = url_for("ui.take_link_session", next=link.next_page)
+    page = render_template("link.html", next=onward)
     response = Response(page, status=200, mimetype="text/html")
-    _keep_session(response, token)
+    response.set_cookie(
+        LINK_COOKIE,
+        token,
+        max_age=LINK_SESSION_KEPT_SECONDS,
+        path=LINK_COOKIE_PATH,
+        secure=over_https(),
+        httponly=True,
+        samesite="Strict",
+    )
     return response
+
+
+def _link_caller() -> tuple[str, Caller]:
+    """The session a sign-in link left in its own cookie, and whom it names."""
+    token = request.cookies.get(LINK_COOKIE, "")
+    caller = None
+    if token and len(token) <= MAX_TOKEN_CHARACTERS:
+        try:
+            caller = _page_caller(token)
+        except InvalidToken as refused:
+            log.info("refused a sign-in link's session: %s", refused)
+    if caller is None:
+        raise ApiProblem(
+            410,
+            "LINK_USED_OR_EXPIRED",
+            "This sign-in link was used already or has expired: ask for a new one.",
+        )
+    return token, caller
+
+
+def _take_link_session(token: str, caller: Caller, next_page: str) -> Response:
+    log.info("signed in by a link", extra={"org": caller.org})
+    response = redirect(next_page, 303)
+    _keep_session(response, token)
+    response.delete_cookie(
+        LINK_COOKIE, path=LINK_COOKIE_PATH, secure=over_https(), httponly=True, samesite="Strict"
+    )
+    return response
+
+
+@blueprint.get("/auth/link/continue")
+def take_link_session() -> Any:
+    """Where a sign-in link moves on to: the link's session becomes the page session, unless
+    a different person is signed in, whom it never replaces without asking."""
+    token, caller = _link_caller()
+    next_page = _safe_next(request.args.get("next"))
+    current = _cookie_caller()
+    if current is None or (current.sub, current.org) == (caller.sub, caller.org):
+        return _take_link_session(token, caller, next_page)
+    page = render_template(
+        "link_confirm.html",
+        current=current,
+        arriving=caller,
+        next=next_page,
+        link_csrf=csrf_token(token),
+    )
+    return Response(page, status=200, mimetype="text/html")
+
+
+@blueprint.post("/auth/link/continue")
+def confirm_link_session() -> Any:
+    """The person chose to continue as the link's person: only from a page of this server."""
+    require_same_origin()
+    token, caller = _link_caller()
+    require_csrf(token)
+    return _take_link_session(token, caller, _safe_next(request.form.get("next")))
 
 
 @blueprint.post("/logout")
