@@ -39,7 +39,7 @@ def test_the_printed_link_signs_in_once(api_url: str) -> None:
     (url,) = done.stdout.split()
     assert "/ui/auth/link?t=" in url
     first = requests.get(url, timeout=10, allow_redirects=False)
-    assert first.status_code == 200 and "orquestador_session" in first.cookies
+    assert first.status_code == 200 and "orquestador_link_session" in first.cookies
     assert requests.get(url, timeout=10, allow_redirects=False).status_code == 410
 
 

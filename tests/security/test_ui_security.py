@@ -87,6 +87,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "bulk progress": client.get(f"/ui/bulk/{execution_id}"),
         "logout": client.post("/ui/logout", headers={"Origin": HOST}),
         "used sign-in link": anonymous.get("/ui/auth/link?t=nothing-of-ours"),
+        "no link session": anonymous.get("/ui/auth/link/continue"),
     }
     served = {rule.rule for rule in api.app.url_map.iter_rules() if rule.rule.startswith("/ui")}
 
@@ -115,6 +116,7 @@ def test_every_ui_page_carries_the_strict_policy(api: Api, owner_engine: Engine)
         "/ui/login",
         "/ui/logout",
         "/ui/auth/link",
+        "/ui/auth/link/continue",
         "/ui/executions",
         "/ui/executions/<execution_id>",
         "/ui/executions/<execution_id>/cancel",

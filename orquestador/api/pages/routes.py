@@ -344,8 +344,8 @@ def take_link_session() -> Any:
 def confirm_link_session() -> Any:
     """The person chose to continue as the link's person: only from a page of this server."""
     require_same_origin()
+    require_csrf(request.cookies.get(LINK_COOKIE, ""))
     token, caller = _link_caller()
-    require_csrf(token)
     return _take_link_session(token, caller, _safe_next(request.form.get("next")))
 
 
