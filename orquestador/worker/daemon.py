@@ -41,15 +41,25 @@ _ENDED_WITHOUT_WRITING = frozenset(("ABANDONED", "LEFT_RUNNING", "ERROR"))
 # a connection is pinged before use only after sitting idle this long.
 PING_AFTER_IDLE_SECONDS = 5.0
 
-# A heartbeat round or a listener wait that is under way when the worker stops is
-# waited for this long at most (the listener wakes every 0.5 s; a renewal is one
-# statement).
-THREAD_JOIN_SECONDS = 10.0
+# After the drain, every thread of the worker gets this long in all to end (a heartbeat
+# round or a loop's statement under way; the listener wakes every 0.5 s). One budget for
+# them together, not one each: threads stuck on a database that vanished would otherwise
+# add up past the service manager's TimeoutStopSec, and be killed mid-stop. The whole
+# stop takes at most WORKER_DRAIN_SECONDS + this (30 s by default; the shipped unit
+# allows 40).
+STOP_GRACE_SECONDS = 10.0
 
 
-def _join_started(thread: threading.Thread) -> None:
-    if thread.ident is not None:  # a worker stopped before start() has nothing to join
-        thread.join(THREAD_JOIN_SECONDS)
+def _remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+def join_all(threads: list[threading.Thread], deadline: float) -> list[threading.Thread]:
+    """Join every started thread until one shared deadline; the ones still running."""
+    for thread in threads:
+        if thread.ident is not None:  # a worker stopped before start() has nothing to join
+            thread.join(_remaining(deadline))
+    return [thread for thread in threads if thread.is_alive()]
 
 
 def default_worker_id() -> str:
@@ -108,6 +118,9 @@ class Worker:
         self._stop_requested = threading.Event()
         self._stopped = threading.Event()
         self._drained_cleanly = False
+        # What was still running when the stop budget ran out (threads stuck on a
+        # database that vanished, jobs stuck in an adapter): left behind, not waited for.
+        self.left_behind: list[str] = []
         self._stopper: threading.Thread | None = None
         self.metrics_server: WSGIServer | None = None
 
@@ -225,10 +238,13 @@ class Worker:
         self._stopper.start()
 
     def _drain(self) -> None:
-        self.scheduler.join()
-        deadline = time.monotonic() + self.settings.worker_drain_seconds
+        drained_by = time.monotonic() + self.settings.worker_drain_seconds
+        stopped_by = drained_by + STOP_GRACE_SECONDS
+        # A scheduler stuck in a claim (its database gone) is not waited for past the drain;
+        # a claim it still gets after the pool shut down is given back (`_submit`).
+        self.scheduler.join(_remaining(drained_by))
         # Leases keep being renewed while jobs finish on their own.
-        self._drained_cleanly = self.slots.wait_idle(max(0.0, deadline - time.monotonic()))
+        self._drained_cleanly = self.slots.wait_idle(_remaining(drained_by))
         if not self._drained_cleanly:
             count = self.leases.signal_all()
             log.warning("drain time over; stopping %d job(s), leases left to expire", count)
@@ -237,14 +253,23 @@ class Worker:
         # its stop signal set, and gives its lease back at once instead of holding it.
         self.pool.shutdown(wait=False)
         self.executor.close()
-        # The background threads end before "stopped" is reported, so that whoever
-        # stops the database next (`orquestador dev`) never sees them fail on it.
-        _join_started(self.heartbeat)
         if self.listener is not None:
             self.listener.stopped.set()
-            _join_started(self.listener)
-        for loop in self.loops:
-            _join_started(loop)
+        # The background threads end before "stopped" is reported, so that whoever
+        # stops the database next (`orquestador dev`) never sees them fail on it.
+        threads: list[threading.Thread] = [self.scheduler, self.heartbeat, *self.loops]
+        if self.listener is not None:
+            threads.append(self.listener)
+        self.left_behind = [thread.name for thread in join_all(threads, stopped_by)]
+        if not self.slots.wait_idle(0):
+            self.left_behind.append("jobs")
+        if self.left_behind:
+            log.warning(
+                "%s still running after the stop budget (%.0f s); left behind",
+                ", ".join(self.left_behind),
+                self.settings.worker_drain_seconds + STOP_GRACE_SECONDS,
+                extra={"worker_id": self.worker_id},
+            )
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
@@ -254,8 +279,8 @@ class Worker:
     def join(self, timeout: float | None = None) -> bool:
         """Wait until the drain is over; True when stopped. Does not wait for hung adapters.
 
-        Once it returns True, the scheduler, heartbeat and listener threads have ended
-        (a thread stuck in a database call past THREAD_JOIN_SECONDS is left behind).
+        Once it returns True, the scheduler, heartbeat, listener and loop threads have
+        ended, except those named in `left_behind` (stuck past the stop budget).
         """
         return self._stopped.wait(timeout)
 
@@ -310,6 +335,12 @@ def run_worker(settings: Settings) -> int:
     # A short wait in a loop keeps the main thread ready to run signal handlers.
     while not worker.join(0.5):
         pass
+    status = 0 if worker.drained_cleanly else 1
+    if worker.left_behind:
+        # Exiting normally would wait for the job threads (the pool joins them at exit)
+        # and for connections that never answer: the stop budget is over, so go now.
+        logging.shutdown()
+        os._exit(status)
     worker.engine.dispose()
     tracing.shutdown()  # the spans still batched go out before the process does
-    return 0 if worker.drained_cleanly else 1
+    return status

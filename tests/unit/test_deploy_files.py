@@ -24,6 +24,7 @@ from gunicorn.workers.gthread import ThreadWorker
 import orquestador.metrics as metrics
 from orquestador.config import Settings
 from orquestador.serve import RedactingGunicornLogger, gunicorn_options
+from orquestador.worker.daemon import STOP_GRACE_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "docs" / "deploy"
@@ -137,9 +138,12 @@ def test_units_are_hardened_and_cannot_be_switched_off_by_their_environment_file
     assert command[-2:][0].endswith("/orquestador")
     # Environment= may repeat the switch (the file overrides it; the command line wins).
     assert service.get("Environment", [UNITS[name]]) == [UNITS[name]]
-    # The stop timeout leaves room for the drain (worker) or the graceful timeout (API).
-    graceful = gunicorn_options(Settings.from_env({}))["graceful_timeout"]
-    assert int(single["TimeoutStopSec"]) > max(20, graceful if "api" in name else 0)
+    # The stop timeout leaves room for the worker's whole stop budget (the drain, then its
+    # threads' grace) or the API's graceful timeout.
+    defaults = Settings.from_env({})
+    graceful = gunicorn_options(defaults)["graceful_timeout"]
+    worker_budget = defaults.worker_drain_seconds + STOP_GRACE_SECONDS
+    assert int(single["TimeoutStopSec"]) > (graceful if "api" in name else worker_budget)
 
 
 def test_the_api_unit_keeps_its_metrics_files_in_its_runtime_directory() -> None:
@@ -239,8 +243,9 @@ def test_compose_gives_the_worker_an_smtp_sink_with_a_web_ui_and_its_metrics_por
     assert worker["environment"]["SMTP_URL"] == "smtp://mailpit:1025"
     port = worker["environment"]["WORKER_METRICS_PORT"]
     assert f"127.0.0.1:{port}:{port}" in worker["ports"]
-    # Stop timeouts above the drain (worker) and gunicorn's graceful timeout (API).
-    assert int(worker["stop_grace_period"].rstrip("s")) > 20
+    # Stop timeouts above the worker's stop budget and gunicorn's graceful timeout (API).
+    budget = Settings.from_env({}).worker_drain_seconds + STOP_GRACE_SECONDS
+    assert int(worker["stop_grace_period"].rstrip("s")) > budget
     graceful = gunicorn_options(Settings.from_env({}))["graceful_timeout"]
     assert int(services["api"]["stop_grace_period"].rstrip("s")) > graceful
 
