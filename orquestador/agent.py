@@ -35,13 +35,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from orquestador.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 # How long one long poll waits on the server for a command (the API allows up to 30).
 POLL_WAIT_SECONDS = 20
-# Between tries while the API does not answer: doubling from the first, capped.
-BACKOFF_FIRST_SECONDS = 1.0
-BACKOFF_CAP_SECONDS = 30.0
+# Between tries while the API does not answer (or ends polls early): never at once,
+# doubling from 1 s up to 30 s (equal jitter).
+AGENT_BACKOFF = Backoff(base_seconds=1.0, cap_seconds=30.0)
 # A 429 without a usable Retry-After waits this long; a stated one is kept within bounds.
 BUSY_DEFAULT_SECONDS = 5.0
 BUSY_MAX_SECONDS = 300.0
@@ -412,7 +414,7 @@ class Agent:
         self._stopping = False
         self._interruptible = False
         self._outage_since: float | None = None
-        self._backoff = BACKOFF_FIRST_SECONDS
+        self._api_failures = 0  # tries in a row the API did not answer
         self._busy_since: float | None = None
         self._ended_early: int = 0
 
@@ -445,17 +447,19 @@ class Agent:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             log.warning(
-                "API unreachable (%s); retrying with backoff up to %gs", reason, BACKOFF_CAP_SECONDS
+                "API unreachable (%s); retrying with backoff up to %gs",
+                reason,
+                AGENT_BACKOFF.cap_seconds,
             )
-        delay = self._backoff * random.uniform(0.5, 1.0)
-        self._backoff = min(self._backoff * 2, BACKOFF_CAP_SECONDS)
+        self._api_failures += 1
+        delay = AGENT_BACKOFF.equal_jitter(self._api_failures)
         self._interruptibly(lambda: self._sleep(delay))
 
     def _api_up(self) -> None:
         if self._outage_since is not None:
             log.warning("API reachable again after %.0fs", time.monotonic() - self._outage_since)
             self._outage_since = None
-        self._backoff = BACKOFF_FIRST_SECONDS
+        self._api_failures = 0
 
     def _api_busy(self, busy: ApiBusy) -> None:
         # Every refused agent is told the same delay: jitter spreads their next tries.
@@ -484,9 +488,7 @@ class Agent:
                 "the API ended this agent's long poll early: another poll for this "
                 "machine took over (a second agent with its token?); backing off"
             )
-        delay = min(
-            BACKOFF_FIRST_SECONDS * 2 ** (self._ended_early - 1), BACKOFF_CAP_SECONDS
-        ) * random.uniform(0.5, 1.0)
+        delay = AGENT_BACKOFF.equal_jitter(self._ended_early)
         self._interruptibly(lambda: self._sleep(delay))
 
     # The loop -----------------------------------------------------------------------

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 
+from orquestador.backoff import Backoff
 from orquestador.redaction import error_line
 
 log = logging.getLogger(__name__)
 
-# After a failure a loop waits this long, doubling up to the cap, before trying again.
-FAILURE_BACKOFF_SECONDS = 0.5
-FAILURE_BACKOFF_CAP_SECONDS = 10.0
+# After failures in a row a loop waits from 0.5 s, doubling up to 10 s, never at once
+# (equal jitter: the loops of every worker found the same database away).
+FAILURE_BACKOFF = Backoff(base_seconds=0.5, cap_seconds=10.0)
 
 
 class Loop(threading.Thread):
@@ -41,7 +42,7 @@ class Loop(threading.Thread):
         raise NotImplementedError
 
     def run(self) -> None:
-        backoff = FAILURE_BACKOFF_SECONDS
+        failures = 0  # rounds failed in a row
         while not self.stopped.is_set():
             try:
                 more = self.run_once()
@@ -49,13 +50,13 @@ class Loop(threading.Thread):
                 if self.healthy.is_set():
                     log.warning("%s failed: %s; trying again", self.name, error_line(exc))
                 self.healthy.clear()
-                self.stopped.wait(backoff)
-                backoff = min(backoff * 2, FAILURE_BACKOFF_CAP_SECONDS)
+                failures += 1
+                self.stopped.wait(FAILURE_BACKOFF.equal_jitter(failures))
                 continue
             if not self.healthy.is_set():
                 log.info("%s recovered", self.name)
             self.healthy.set()
-            backoff = FAILURE_BACKOFF_SECONDS
+            failures = 0
             if more:
                 continue
             self.wake.wait(self.interval_seconds)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from typing import Any
@@ -14,6 +13,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from orquestador.backoff import Backoff
 from orquestador.config import sqlalchemy_url
 
 # SQLSTATE classes that say "try again later" rather than "this is wrong":
@@ -28,10 +28,9 @@ _LOCK_NOT_AVAILABLE = "55P03"
 # shutting down, in recovery). Every connection of the pool may be on that server, so
 # the whole pool is recycled and the next connection goes through the host list again.
 FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
-# Reconnects after a failover wait a random part of a doubling delay (full jitter), so
-# that every process and thread does not reconnect in the same instant.
-RECONNECT_BASE_SECONDS = 0.05
-RECONNECT_CAP_SECONDS = 2.0
+# Reconnects after a failover: every process and thread of the fleet fails at the same
+# instant, so full jitter spreads them the widest; short, as the new primary is up.
+FAILOVER_RECONNECT = Backoff(base_seconds=0.05, cap_seconds=2.0)
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +97,8 @@ def is_failover_error(error: BaseException) -> bool:
 class ReconnectBackoff:
     """Jittered, doubling waits before reconnecting, shared by the threads of one engine."""
 
-    def __init__(
-        self,
-        base_seconds: float = RECONNECT_BASE_SECONDS,
-        cap_seconds: float = RECONNECT_CAP_SECONDS,
-    ) -> None:
-        self.base_seconds = base_seconds
-        self.cap_seconds = cap_seconds
+    def __init__(self, backoff: Backoff = FAILOVER_RECONNECT) -> None:
+        self.backoff = backoff
         self.failures = 0
         self._lock = threading.Lock()
 
@@ -120,10 +114,7 @@ class ReconnectBackoff:
         """Seconds to wait before the next connection attempt: 0 while all is well."""
         with self._lock:
             failures = self.failures
-        if failures == 0:
-            return 0.0
-        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** min(failures - 1, 30))
-        return random.uniform(0, ceiling)
+        return 0.0 if failures == 0 else self.backoff.full_jitter(failures)
 
 
 def _recycle_on_failover(engine: Engine) -> None:

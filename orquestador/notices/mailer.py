@@ -11,7 +11,6 @@ again once the lease expires, with the same Message-ID: delivery is at least onc
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine
 
 from orquestador import tracing
+from orquestador.backoff import Backoff
 from orquestador.loop import Loop
 from orquestador.notices.outbox import (
     ClaimedEmail,
@@ -39,21 +39,6 @@ MAX_ATTEMPTS = 20
 BACKOFF_BASE_SECONDS = 5.0
 # 20 attempts span 3 to 6 hours of failures before a row is given up.
 BACKOFF_CAP_SECONDS = 1800.0
-
-
-@dataclass(frozen=True)
-class Backoff:
-    base_seconds: float = BACKOFF_BASE_SECONDS
-    cap_seconds: float = BACKOFF_CAP_SECONDS
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds before the next delivery after failed delivery `attempt` (1-based).
-
-        Half fixed, half jittered: never a retry at once, and a burst of failures
-        spreads out instead of knocking on the server together.
-        """
-        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** min(max(attempt, 1) - 1, 62))
-        return ceiling / 2 + rand() * ceiling / 2
 
 
 @dataclass(frozen=True)
@@ -88,7 +73,8 @@ class Mailer(Loop):
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
-        self.backoff = backoff or Backoff()
+        # Equal jitter: never a retry at once, and a burst of failures spreads out.
+        self.backoff = backoff or Backoff(BACKOFF_BASE_SECONDS, BACKOFF_CAP_SECONDS)
         self.hooks = hooks or MailerHooks()
 
     def run_once(self) -> bool:
@@ -155,7 +141,7 @@ class Mailer(Loop):
                 extra=email.log_extra,
             )
             return
-        delay = self.backoff.delay(email.attempt)
+        delay = self.backoff.equal_jitter(email.attempt)
         mark_retry(conn, email, self.owner, delay, exc.safe_text)
         tracing.note("orquestador.outcome", "retry")
         log.info(

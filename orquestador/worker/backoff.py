@@ -1,4 +1,4 @@
-"""Retry delays: capped exponential backoff with full jitter, or a bounded Retry-After."""
+"""An action's retry delays: the shared backoff with full jitter, or a bounded Retry-After."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from orquestador.backoff import Backoff
 from orquestador.config import Settings
 
 
@@ -27,8 +28,7 @@ class RetryPolicy:
 
     def ceiling(self, attempt: int) -> float:
         """The largest delay after failed attempt number `attempt` (1-based)."""
-        # Bound the exponent first: 2**attempt of a large attempt count overflows a float.
-        return min(self.cap_seconds, self.base_seconds * 2 ** min(max(attempt, 1) - 1, 62))
+        return Backoff(self.base_seconds, self.cap_seconds).ceiling(attempt)
 
     def delay(
         self,
@@ -40,8 +40,8 @@ class RetryPolicy:
 
         A provider's Retry-After wins, clamped to the configured bounds so that a
         hostile or broken value neither hammers it nor parks work for days. Otherwise
-        full jitter (uniform in [0, ceiling]) spreads retries of a burst apart.
+        full jitter spreads the retries of a provider's outage apart (`orquestador.backoff`).
         """
         if retry_after is not None:
             return min(max(retry_after, self.retry_after_min_seconds), self.retry_after_max_seconds)
-        return rand() * self.ceiling(attempt)
+        return Backoff(self.base_seconds, self.cap_seconds).full_jitter(attempt, rand)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 
 import psycopg
 from sqlalchemy.engine import URL
 
+from orquestador.backoff import Backoff
 from orquestador.config import libpq_url
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
 from orquestador.metrics import LISTENER_CONNECTED, LISTENER_RECONNECTS_TOTAL
@@ -21,9 +21,8 @@ log = logging.getLogger(__name__)
 # after a failover the old primary may live on, read-only or cut off, and NOTIFY from
 # the new primary never reaches it. Polling covers what is missed until then.
 HEALTH_CHECK_SECONDS = 10.0
-# Reconnects wait a random part of a doubling delay (full jitter) up to the cap.
-RECONNECT_BASE_SECONDS = 0.2
-RECONNECT_CAP_SECONDS = 10.0
+# Reconnects of the listening connection: never at once (equal jitter), up to the cap.
+LISTENER_RECONNECT = Backoff(base_seconds=0.2, cap_seconds=10.0)
 
 
 class ListenerServerReadOnly(Exception):
@@ -33,12 +32,6 @@ class ListenerServerReadOnly(Exception):
 def libpq_conninfo(url: URL) -> str:
     """A libpq URI for the engine's URL (psycopg itself, without SQLAlchemy's driver name)."""
     return libpq_url(url)
-
-
-def reconnect_delay(failures: int) -> float:
-    """Seconds before reconnect attempt number `failures` (1-based), jittered."""
-    ceiling = min(RECONNECT_CAP_SECONDS, RECONNECT_BASE_SECONDS * 2 ** min(failures - 1, 30))
-    return random.uniform(ceiling / 2, ceiling)
 
 
 class ReadyListener(threading.Thread):
@@ -92,7 +85,7 @@ class ReadyListener(threading.Thread):
                 if was_listening:
                     self.reconnects += 1
                     LISTENER_RECONNECTS_TOTAL.inc()
-                delay = reconnect_delay(failures)
+                delay = LISTENER_RECONNECT.equal_jitter(failures)
                 log.warning(
                     "ready listener disconnected: %s; reconnecting in %.1f s",
                     error_line(exc),

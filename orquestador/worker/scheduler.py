@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 
 from sqlalchemy import Engine
 
+from orquestador.backoff import Backoff
 from orquestador.metrics import CLAIM_BATCH_SIZE
 from orquestador.queue import Claim
 from orquestador.queue.claims import ClaimRound, claim_round
 from orquestador.redaction import error_line
-from orquestador.worker.backoff import RetryPolicy
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Scheduler(threading.Thread):
         self._gather = max(1, min(batch, slots.capacity) // 2)
         # A claim that keeps failing (database away, a grant missing) is retried ever
         # more slowly, so that the log holds a line per try, not two a second.
-        self._backoff = RetryPolicy(poll_seconds, CLAIM_BACKOFF_CAP_SECONDS, 0.0, 0.0)
+        self._backoff = Backoff(poll_seconds, CLAIM_BACKOFF_CAP_SECONDS)
 
     def run(self) -> None:
         backlog = False  # the last claim got all it asked for: more is probably due
@@ -158,7 +158,7 @@ class Scheduler(threading.Thread):
 
     def _after_failure(self, exc: Exception, failures: int) -> float:
         """Log one line about a failed claim; return how long to wait before the next one."""
-        wait = jittered(self._backoff.ceiling(failures))
+        wait = self._backoff.equal_jitter(failures)
         hint = ""
         if getattr(getattr(exc, "orig", None), "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
             hint = (

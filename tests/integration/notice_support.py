@@ -9,7 +9,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from orquestador.notices.mailer import Backoff, Mailer, MailerHooks
+from orquestador.backoff import Backoff
+from orquestador.notices.mailer import Mailer, MailerHooks
 from orquestador.notices.preferences import save_preferences
 from orquestador.notices.smtp import SmtpSender, SmtpTarget
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION

@@ -11,9 +11,10 @@ from collections import Counter
 import pytest
 from sqlalchemy import text
 
+from orquestador.backoff import Backoff
 from orquestador.config import Settings
 from orquestador.errors import ConfigError
-from orquestador.notices.mailer import Backoff, MailerHooks
+from orquestador.notices.mailer import MailerHooks
 from orquestador.notices.outbox import claim_due_emails
 from orquestador.notices.smtp import DeliveryFailed, OutgoingEmail, SmtpTarget
 from orquestador.notices.writing import message_id_for
@@ -145,14 +146,6 @@ def test_smtp_down_backs_off_then_delivers_when_it_comes_back(runtime_engine):
     [row] = outbox(runtime_engine)
     assert row.attempts >= 3 and row.last_error is None
     assert len(sink.received()) == 1
-
-
-def test_the_backoff_grows_and_never_retries_at_once():
-    backoff = Backoff(base_seconds=5, cap_seconds=60)
-    assert backoff.delay(1, rand=lambda: 0) == 2.5
-    assert backoff.delay(3, rand=lambda: 1) == 20
-    assert backoff.delay(10, rand=lambda: 1) == 60
-    assert backoff.delay(10_000, rand=lambda: 0) == 30
 
 
 def test_after_the_bound_the_row_fails_with_a_safe_error_and_no_password(runtime_engine, caplog):
