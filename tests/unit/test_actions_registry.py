@@ -93,6 +93,7 @@ def test_load_registry_holds_only_noop_by_default_and_loads_operator_modules():
         "machine.wait@1",
         "notify@1",
         "approval@1",
+        "rollout@1",
     ]
     module = types.ModuleType("orq_test_operator_adapters")
     module.register = lambda registry: registry.add(_adapter())
