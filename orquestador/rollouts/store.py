@@ -35,6 +35,10 @@ from orquestador.queue.acceptance import insert_request, queue_execution
 
 log = logging.getLogger(__name__)
 
+# Test seam: called inside each child's start transaction, once the child is written and
+# before COMMIT, with the item's index (a crash test kills the worker there).
+before_child_commit: Callable[[int], None] | None = None
+
 # What a parent waiting on a rollout waits for: a child's end, a pause, a resume, a cancel.
 WAIT_PREFIX = "rollout:"
 
@@ -196,6 +200,8 @@ def start_due_children(
             if taken is None:
                 return started
             _start_child(conn, rollout, taken, flow_row, definition, max_attempts)
+            if before_child_commit is not None:
+                before_child_commit(taken.item_index)
         started += 1
     return started
 

@@ -20,6 +20,7 @@ from tests.integration.worker_support import (
     audit,
     checkpoints,
     execution,
+    make_due,
     request_row,
     run_once,
     status_is,
@@ -192,3 +193,29 @@ def _hooks() -> Any:
     from orquestador.worker.hooks import WorkerHooks
 
     return WorkerHooks()
+
+
+def test_an_item_never_gets_a_second_child_even_if_the_rollout_s_place_goes_back(
+    database: Any, runtime_engine: Engine
+) -> None:
+    provider = PatchProvider(seconds=0.0)
+    executor = Executor(rollout_registry(database, provider), _settings(database), _hooks())
+    parent = start_rollout(runtime_engine, ["m-0", "m-1", "m-2"], batch=2)
+    assert run_once(runtime_engine, executor) == "WAITING"
+    assert len(children(runtime_engine, parent)) == 2
+    # A defect (or a hand) moves the rollout back to its first item with room to start.
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE rollout SET next_index = 0, running = 0 WHERE execution_id = :p"),
+            {"p": parent},
+        )
+    make_due(runtime_engine, parent)
+    run_once(runtime_engine, executor)
+    # The database refused the item's second child: no child, no request written.
+    with runtime_engine.connect() as conn:
+        started = conn.execute(
+            text("SELECT count(*) FROM execution WHERE parent_execution_id = :p"), {"p": parent}
+        ).scalar_one()
+        requests = conn.execute(text("SELECT count(*) FROM request")).scalar_one()
+    assert started == 2
+    assert requests == 3  # the parent's and its two children's

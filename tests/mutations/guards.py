@@ -2181,6 +2181,84 @@ PAUSED_HOLDER_GUARDS = [
     ),
 ]
 
+# --- rollouts/store.py and migration 0031 ---------------------------------------------
+
+_ROLLOUT_STORE_PY = "orquestador/rollouts/store.py"
+_ROLLOUTS_MIGRATION = "migrations/versions/0031_rollouts.py"
+ROLLOUTS = "tests/integration/test_rollouts.py"
+
+
+def rolled(name: str) -> str:
+    return f"{ROLLOUTS}::{name}"
+
+
+ROLLOUT_GUARDS = [
+    Mutation(
+        "rollout-failure-budget",
+        _ROLLOUT_STORE_PY,
+        "      AND r.failed <= r.max_failures\n",
+        "",
+        "No child starts once failures exceed the rollout's budget.",
+        (
+            rolled(
+                "test_once_failures_exceed_the_budget_no_child_starts_and_the_step_fails"
+                "_through_its_exit"
+            ),
+        ),
+    ),
+    Mutation(
+        "rollout-batch",
+        _ROLLOUT_STORE_PY,
+        "      AND r.running < r.batch\n",
+        "",
+        "Never more than `batch` children of a rollout run at once.",
+        (rolled("test_a_rollout_starts_one_child_per_item_never_more_than_the_batch_at_once"),),
+    ),
+    Mutation(
+        "rollout-one-child-per-item",
+        _ROLLOUTS_MIGRATION,
+        'sa.PrimaryKeyConstraint("rollout_id", "item_index", name="pk_rollout_child")',
+        'sa.PrimaryKeyConstraint("rollout_id", "item_index", "created_at",'
+        ' name="pk_rollout_child")',
+        "An item of a rollout never gets a second child, whoever writes.",
+        (rolled("test_an_item_never_gets_a_second_child_even_if_the_rollout_s_place_goes_back"),),
+    ),
+    Mutation(
+        "rollout-end-counts-failures",
+        _ROLLOUTS_MIGRATION,
+        "        failed = failed + (v_now = 'failed')::int - (v_was = 'failed')::int,\n",
+        "",
+        "A child's failure counts against its rollout's budget in the child's own ending "
+        "transaction.",
+        (
+            rolled(
+                "test_once_failures_exceed_the_budget_no_child_starts_and_the_step_fails"
+                "_through_its_exit"
+            ),
+        ),
+    ),
+    Mutation(
+        "rollout-end-wakes-the-parent",
+        _ROLLOUTS_MIGRATION,
+        "    SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()\n"
+        "    WHERE id = NEW.parent_execution_id",
+        "    SET updated_at = clock_timestamp()\n    WHERE id = NEW.parent_execution_id",
+        "A child's end makes its waiting parent due at once.",
+        (rolled("test_a_child_s_end_wakes_the_waiting_parent_at_once"),),
+    ),
+    Mutation(
+        "rollout-child-in-the-taking-transaction",
+        _ROLLOUT_STORE_PY,
+        "            _start_child(conn, rollout, taken, flow_row, definition, max_attempts)\n",
+        "            pass\n"
+        "        with engine.begin() as conn:\n"
+        "            _start_child(conn, rollout, taken, flow_row, definition, max_attempts)\n",
+        "An item is taken and its child written in one transaction: a worker killed between "
+        "the two neither loses the item nor starts it twice.",
+        ("tests/acceptance/test_rollout_crash.py",),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2207,6 +2285,7 @@ MUTATIONS: list[Mutation] = [
     *RUNTIME_ROLE_GUARDS,
     *CONTINUATION_GUARDS,
     *PAUSED_HOLDER_GUARDS,
+    *ROLLOUT_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
