@@ -80,11 +80,10 @@ def _provider() -> str:
 
 
 def _headers(ctx: ActionContext) -> dict[str, str]:
-    left = ctx.deadline - time.monotonic()
     return {
         "Content-Type": "application/json",
         "Idempotency-Key": ctx.external_key,
-        "Request-Deadline": f"{time.time() + left:.6f}",
+        "Request-Deadline": ctx.deadline_text(),
         "X-Case": str(ctx.inputs.get("case", "")),
         # The concurrency key's value as this call sees it (the keyed flow's slot).
         "X-Slot": str(ctx.inputs.get("slot", "")),
@@ -126,9 +125,7 @@ def _pause_if_planned(ctx: ActionContext) -> None:
 
 def _send(ctx: ActionContext, route: str) -> dict[str, Any]:
     """POST to the double and turn its answer into the engine's terms."""
-    if time.monotonic() >= ctx.deadline:
-        # Nothing left: the engine already counts this attempt as timed out.
-        raise TransientError("the attempt's deadline passed before sending")
+    ctx.check_deadline("the provider's request")
     _pause_if_planned(ctx)
     request = urllib.request.Request(
         f"{_provider()}/{route}",

@@ -57,6 +57,7 @@ SHORT = Profile(
     poison=2,
     quiet_seconds=40,
     pauses=1,
+    frozen=1,
     keyed=2,
     corrections=1,
     deciders=1,
