@@ -43,9 +43,7 @@
    would act on is a later one nobody saw); of two operators deciding one park at
    once, at most one decision applied.
 13. No approval was decided after its execution was cancelled (the audit's order) or
-   after its deadline passed, or after it expired; and a cancel racing an approval's
-   decision or deadline is never refused 409 while the execution is live (a RUNNING one
-   answers 200, cancel requested).
+   after its deadline passed, or after it expired.
 14. A schedule started exactly one execution per fire time (catch-up `all`: no fire time
    skipped between its first and its last), and every execution carrying its data came
    from one of its fire times.
@@ -54,6 +52,11 @@
    its parent; every item before `next_index` has its row; never more than `batch`
    children running at once; no child started once failures exceeded the budget; once
    its parent stopped waiting, nothing runs and the counters agree with the children.
+16. Keys are fair: no execution took its key (its first claim) while an older execution
+   of the same key and priority had been waiting since before it and was still waiting.
+17. Cancel reaches running work: a cancel of a live execution (a step in flight, or one
+   racing an approval's decision or deadline) is never refused 409; a RUNNING one
+   answers 200, cancel requested, and the write rule decides how it ends (4).
 """
 
 from __future__ import annotations
@@ -107,9 +110,11 @@ def check(
     findings.violations += continued_once(records)
     findings.violations += keys_within_limit(records)
     findings.violations += decisions_on_what_was_seen(records, disturbances.races)
-    findings.violations += approvals_in_time(records, disturbances)
+    findings.violations += approvals_in_time(records)
+    findings.violations += cancels_never_refused(disturbances, records)
     findings.violations += one_execution_per_fire(records)
     findings.violations += rollouts_exactly_once(records)
+    findings.violations += keys_taken_oldest_first(records)
     findings.notes += blocked_behind_parks(records)
     findings.notes += notes
     findings.notes += [
@@ -571,13 +576,17 @@ def decisions_on_what_was_seen(records: Records, races: list[RaceRun]) -> list[V
     return found
 
 
-def approvals_in_time(records: Records, disturbances: ActionLog) -> list[Violation]:
-    """13: no approval decided after its execution's cancel, its deadline or its expiry;
-    no cancel of a live execution refused."""
-    found: list[Violation] = [
-        records.violation(13, f"a cancel of a live execution was refused: {answer}", execution)
+def cancels_never_refused(disturbances: ActionLog, records: Records) -> list[Violation]:
+    """17: no cancel of a live execution answered 409."""
+    return [
+        records.violation(17, f"a cancel of a live execution was refused: {answer}", execution)
         for _, execution, answer in disturbances.refused_cancels
     ]
+
+
+def approvals_in_time(records: Records) -> list[Violation]:
+    """13: no approval decided after its execution's cancel, its deadline or its expiry."""
+    found: list[Violation] = []
     for approval in records.approvals:
         if approval.status not in ("approved", "rejected"):
             continue
@@ -694,6 +703,43 @@ def rollouts_exactly_once(records: Records) -> list[Violation]:
             records.violation(15, problem, rollout.execution_id, evidence=evidence)
             for problem in problems
         ]
+    return found
+
+
+def keys_taken_oldest_first(records: Records) -> list[Violation]:
+    """16: a key goes to its oldest waiter (of the same priority), never to a newer one."""
+    found: list[Violation] = []
+    keyed: dict[str, list[Any]] = defaultdict(list)
+    for execution in records.executions:
+        if execution.concurrency_key is not None:
+            keyed[execution.concurrency_key].append(execution)
+    for key, executions in sorted(keyed.items()):
+        for newer in executions:
+            if newer.started_at is None:
+                continue
+            overtaken = [
+                older
+                for older in executions
+                if older.created_at < newer.created_at
+                and older.priority == newer.priority
+                and (older.started_at is None or older.started_at > newer.started_at)
+                and (older.finished_at is None or older.finished_at > newer.started_at)
+            ]
+            if overtaken:
+                found.append(
+                    records.violation(
+                        16,
+                        f"took key {key} at {at(newer.started_at)} while older "
+                        + ", ".join(
+                            f"{o.name} (accepted {at(o.created_at)}, took it {at(o.started_at)})"
+                            for o in overtaken
+                        )
+                        + " waited",
+                        newer.id,
+                        evidence=[],
+                    )
+                )
+                break  # one overtaking per key tells the story
     return found
 
 

@@ -32,6 +32,7 @@ class Profile:
     approvals: int = 0  # approvals decided near their deadline, most with a cancel racing
     schedules: int = 0  # schedules firing every few seconds
     rollouts: int = 0  # rollouts of a checkout over a few items
+    running_cancels: int = 0  # cancels of executions while a step runs
 
     def replay(self, seed: int) -> str:
         """The command that runs this profile with this seed again."""
@@ -91,4 +92,5 @@ def for_minutes(minutes: float, workers: int = 3) -> Profile:
         approvals=max(2, int(seconds / 20)),
         schedules=1,
         rollouts=max(1, int(seconds / 30)),
+        running_cancels=max(2, int(seconds / 15)),
     )

@@ -25,9 +25,11 @@ NAMES = {
     10: "a finish into a continuing state continues exactly once, and nothing else continues",
     11: "the provider never sees more than a key's limit of overlapping calls under it",
     12: "an operator's decision acts on the park it matched, and two deciders make one",
-    13: "no approval decided after a cancel or its deadline; no live execution's cancel refused",
+    13: "no approval decided after its execution's cancel, its deadline or its expiry",
     14: "a schedule starts exactly one execution per fire time, and skips none",
     15: "a rollout starts exactly one child per item, at most its batch at once, within budget",
+    16: "a key's waiters start oldest first: no execution overtakes an older one of its key",
+    17: "a cancel of a live execution is requested, never refused",
 }
 
 
@@ -70,7 +72,7 @@ class Records:
                       f.key AS flow, coalesce(r.data->>'case', r.machine_id) AS name,
                       e.transition_id, e.continued_from, e.result->>'toState' AS to_state,
                       e.concurrency_key, e.concurrency_limit, e.created_at,
-                      e.parent_execution_id
+                      e.parent_execution_id, e.started_at, e.priority
                FROM execution e JOIN request r ON r.id = e.request_id
                     JOIN flow f ON f.id = e.flow_id
                ORDER BY 8, e.created_at"""

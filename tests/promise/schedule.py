@@ -176,6 +176,8 @@ class Cancel:
     at: float
     case: str
     after_write: bool = False
+    # Only once it runs (a step in flight): the cancel must be requested, never refused.
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -365,6 +367,7 @@ def draw(seed: int, profile: Profile) -> Schedule:
     actions += _draw_machines(streams.of("machines"), profile, cases)
 
     actions += _draw_cancels(streams.of("cancels"), profile, cases, actions)
+    actions += _draw_running_cancels(streams.of("running-cancels"), profile, actions)
 
     rng = streams.of("decisions")
     for _ in range(profile.decisions):
@@ -481,6 +484,19 @@ def _draw_cancels(
         else:
             name = rng.choice(sorted(submitted))
             drawn.append(Cancel(submitted[name], name))
+    return drawn
+
+
+def _draw_running_cancels(
+    rng: random.Random, profile: Profile, actions: list[Action]
+) -> list[Action]:
+    """Cancels of executions while they run: each is requested (200, cancel requested)
+    and honoured once the step's call returns, under the write rule."""
+    submitted = sorted((a.at, a.case) for a in actions if isinstance(a, Submit))
+    drawn: list[Action] = []
+    for _ in range(profile.running_cancels if submitted else 0):
+        at, name = rng.choice(submitted)
+        drawn.append(Cancel(round(at + rng.uniform(0.1, 1.5), 3), name, running=True))
     return drawn
 
 

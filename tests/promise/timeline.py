@@ -257,6 +257,9 @@ class Timeline:
         if execution_id is None:
             self.log.note(f"cancel {action.case}: never accepted")
             return
+        if action.running:
+            self._cancel_running(action, execution_id)
+            return
         answers: list[str] = []
         wanted = WAITS if action.after_write else CANCELLABLE
         while time.monotonic() < self._fault_end:
@@ -274,6 +277,24 @@ class Timeline:
             time.sleep(0.1)
         self.log.note(
             f"cancel {action.case} ({execution_id}): {', '.join(answers) or 'never cancellable'}"
+        )
+
+    def _cancel_running(self, action: Cancel, execution_id: uuid.UUID) -> None:
+        status = self._status_when(execution_id, ("RUNNING", *ENDED), PARK_PATIENCE)
+        if status != "RUNNING":
+            self.log.note(f"cancel {action.case} while it runs: it never ran ({status})")
+            return
+        answer = self.api.cancel(execution_id, "the promise checker cancels a running one")
+        after = self._status(execution_id)
+        requested = isinstance(answer[1], dict) and answer[1].get("cancelRequested")
+        if answer[0] == 409 and after in (*CANCELLABLE, "RUNNING"):
+            with self.log._lock:
+                self.log.refused_cancels.append(
+                    (action.case, execution_id, f"{_said(*answer)}, {after} after")
+                )
+        self.log.note(
+            f"cancel {action.case} ({execution_id}) while it runs: {_said(*answer)}"
+            f"{' (cancel requested)' if requested else ''}, {after} after"
         )
 
     def _decide(self, action: Decide) -> None:
