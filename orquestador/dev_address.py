@@ -4,14 +4,21 @@
 stops. A command run in the same folder without ORQUESTADOR_API_URL reads it, so a dev
 server on another port than API_PORT's is still found. A record whose process is gone
 (the dev process was killed) is stale: it is removed on read and never used.
+
+A record is only a file in a folder, and anyone can leave one (in a cloned repository,
+say) naming any URL. So it is used only in a folder that holds the development key and
+only when its URL is on this host (loopback), and the command line sends it the
+development token, never ORQUESTADOR_TOKEN.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from orquestador.db.embedded import pid_exists
 
@@ -64,6 +71,32 @@ def recorded_dev_api(home: Path) -> str | None:
             path.unlink()
         return None
     return url
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether URL is plain HTTP(S) to this host: localhost or a loopback address."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or parts.username or parts.password:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def trusted_dev_api(home: Path, dev_key: Path) -> str | None:
+    """The recorded dev server's URL, only in a folder holding the development key and
+    only when the URL is on this host; else None."""
+    if not dev_key.is_file():
+        return None
+    url = recorded_dev_api(home)
+    return url if url is not None and is_loopback_url(url) else None
 
 
 def _read(path: Path) -> dict[str, object]:

@@ -18,7 +18,7 @@ from orquestador.cli.output import (
 )
 from orquestador.client import API_PATH, ApiError, Client, ClientError, NotTheApi, RequestNotSent
 from orquestador.config import Settings
-from orquestador.dev_address import recorded_dev_api
+from orquestador.dev_address import trusted_dev_api
 
 DEV_TOKEN_SECONDS = 300
 DEV_EXTRA_SCOPES = ("executions:reconcile", "executions:cancel")
@@ -92,32 +92,42 @@ def run_client_action(
         return EXIT_USAGE
 
 
-def client_from_settings(settings: Settings) -> Client:
-    """A client of the API that ORQUESTADOR_API_URL and ORQUESTADOR_TOKEN name, else of the
-    `orquestador dev` of this folder with a development token."""
-    url, token = settings.api_url, settings.api_token
+def client_from_settings(settings: Settings, *, minted: str | None = None) -> Client:
+    """A client of the API that ORQUESTADOR_API_URL names, with ORQUESTADOR_TOKEN; else of
+    the `orquestador dev` of this folder, with a development token.
+
+    ORQUESTADOR_TOKEN goes only to ORQUESTADOR_API_URL: a dev server is found through a
+    file anyone can leave in a folder, so it gets only a token minted here with the
+    folder's development key. `minted` is such a token a command made for itself.
+    """
     dev_key = settings.dev_secret_path
     in_dev_folder = dev_key.is_file()
-    if not url:
-        # The dev server running for this folder, on whatever port it bound.
-        url = recorded_dev_api(settings.home_path) or ""
-    if not url and in_dev_folder:
-        url = f"http://{loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
-    if not token and in_dev_folder:
-        token = _development_token(settings)
-    missing = [
-        name
-        for name, value in (("ORQUESTADOR_API_URL", url), ("ORQUESTADOR_TOKEN", token))
-        if not value
-    ]
-    if missing:
-        raise UsageProblem(
-            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set, "
-            "and this is no folder where "
-            f"'orquestador dev' ran (no development key at {dev_key.resolve()}): set "
-            f"{' and '.join(missing)}, or run the command in that folder"
+    if settings.api_url:
+        token = minted or settings.api_token
+        if not token and in_dev_folder:
+            token = _development_token(settings)
+        if not token:
+            raise UsageProblem(
+                "ORQUESTADOR_TOKEN is not set, and this is no folder where 'orquestador dev' "
+                f"ran (no development key at {dev_key.resolve()}): set ORQUESTADOR_TOKEN"
+            )
+        return Client(settings.api_url, token)
+    if not in_dev_folder:
+        missing = (
+            "ORQUESTADOR_API_URL is not set (ORQUESTADOR_TOKEN is sent only to ORQUESTADOR_API_URL)"
+            if settings.api_token
+            else "ORQUESTADOR_API_URL and ORQUESTADOR_TOKEN are not set"
         )
-    return Client(url, token)
+        raise UsageProblem(
+            f"{missing}, and this is no folder where 'orquestador dev' ran (no development "
+            f"key at {dev_key.resolve()}): set ORQUESTADOR_API_URL and ORQUESTADOR_TOKEN, or "
+            "run the command in that folder"
+        )
+    # The dev server running for this folder, on whatever port it bound.
+    url = trusted_dev_api(settings.home_path, dev_key) or (
+        f"http://{loopback(settings.api_host)}:{settings.api_port}{API_PATH}"
+    )
+    return Client(url, minted or _development_token(settings))
 
 
 def unanswered(error: ClientError) -> str:

@@ -15,7 +15,6 @@ from orquestador.cli.settings_read import (
     WORKER_SETTINGS,
 )
 from orquestador.config import Settings
-from orquestador.dev_address import recorded_dev_api
 from orquestador.errors import ConfigError
 
 
@@ -199,11 +198,15 @@ def _agent(args: argparse.Namespace) -> int:
     else:
         commands, file_problems = load_commands(settings.agent_commands_file)
         problems += file_problems
-    # In the folder of a running `orquestador dev`, its API unless one is named.
-    api_url = settings.api_url or recorded_dev_api(settings.home_path) or ""
+    # The agent's token is ORQUESTADOR_TOKEN, which goes only to ORQUESTADOR_API_URL: never
+    # to a URL a folder's dev record names (anyone can leave such a file in a folder).
+    api_url = settings.api_url
     if not args.check:
         if not api_url:
-            problems.append("ORQUESTADOR_API_URL is not set, e.g. http://127.0.0.1:8080/api/v1")
+            problems.append(
+                "ORQUESTADOR_API_URL is not set, e.g. http://127.0.0.1:8080/api/v1 (the agent "
+                "sends its ORQUESTADOR_TOKEN only there)"
+            )
         if not settings.api_token:
             problems.append(
                 "ORQUESTADOR_TOKEN is not set (an agent token: orquestador machines enroll M "

@@ -93,8 +93,6 @@ def _sign_in_link(
 ) -> int:
     """Ask the API for a one-time sign-in link, as a panel would, with a minute-long token
     for auth:link and the scopes handed on; print its URL."""
-    import dataclasses
-
     from orquestador.api.auth import SCOPE_AUTH_LINK
     from orquestador.api.tokens import mint_token
     from orquestador.client import ApiError, ClientError
@@ -103,7 +101,7 @@ def _sign_in_link(
         settings, sub=f"{sub} (link)", org=org, scopes=[SCOPE_AUTH_LINK, *scopes], ttl_seconds=60
     )
     try:
-        client = client_from_settings(dataclasses.replace(settings, api_token=service))
+        client = client_from_settings(settings, minted=service)
         answer = client.create_sign_in_link(sub, org, " ".join(scopes), next_page)
     except UsageProblem as problem:
         raise CommandFailed(str(problem), 2) from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from sqlalchemy import Engine
 
@@ -23,6 +24,7 @@ from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
+from orquestador.dev import DEV_SUBJECT
 from orquestador.machines import claim_next, create_command
 from orquestador.serve import serve_in_thread
 from orquestador.worker.executor import Executor
@@ -560,3 +562,73 @@ def test_list_takes_the_page_s_filters_and_refuses_one_it_does_not_know(
     assert no_offset.returncode == 1
     _one_line_no_traceback(no_offset)
     assert "/createdAfter" in no_offset.stderr and "offset" in no_offset.stderr
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, list[str]]]:
+    """A server on this host that only writes down the Authorization header it is sent."""
+    import threading
+
+    from werkzeug.serving import make_server
+    from werkzeug.wrappers import Request, Response
+
+    heard: list[str] = []
+
+    @Request.application
+    def app(request: Request) -> Response:
+        heard.append(request.headers.get("Authorization", ""))
+        return Response('{"items": [], "next": null}', mimetype="application/json")
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/api/v1", heard
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
+
+
+def test_orquestador_token_goes_only_to_orquestador_api_url(
+    listener: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, heard = listener
+    home = tmp_path / ".orquestador"
+    home.mkdir()
+    # What anyone can leave in a folder; pid 1 always exists, so it is never stale.
+    (home / "dev-api.json").write_text(json.dumps({"url": url, "pid": 1}))
+    secret = "a-real-operator-token"
+
+    refused = _run("list", env={"ORQUESTADOR_TOKEN": secret}, cwd=tmp_path)
+
+    assert refused.returncode == 2 and heard == []
+    _one_line_no_traceback(refused)
+    assert "ORQUESTADOR_TOKEN is sent only to ORQUESTADOR_API_URL" in refused.stderr
+
+    # Beside the development key, the record on this host is the dev server: it gets the
+    # development token, never ORQUESTADOR_TOKEN.
+    (home / "dev-jwt-secret").write_text(SECRET + "\n")
+    _run("list", env={"ORQUESTADOR_TOKEN": secret}, cwd=tmp_path)
+    assert len(heard) == 1 and secret not in heard[0]
+    claims = jwt.decode(heard[0].removeprefix("Bearer "), SECRET, algorithms=["HS256"],
+                        options={"verify_aud": False})  # fmt: skip
+    assert claims["sub"] == DEV_SUBJECT
+
+
+def test_a_dev_record_naming_another_host_is_never_used(
+    listener: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, heard = listener
+    home = tmp_path / ".orquestador"
+    home.mkdir()
+    (home / "dev-jwt-secret").write_text(SECRET + "\n")
+    (home / "dev-api.json").write_text(
+        json.dumps({"url": "http://collector.invalid/api/v1", "pid": 1})
+    )
+    port = url.split(":")[2].split("/")[0]
+
+    _run("list", env={"API_PORT": port}, cwd=tmp_path)
+
+    # The record was passed over for this host's default address, where the dev server is.
+    assert len(heard) == 1
