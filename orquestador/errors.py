@@ -62,6 +62,12 @@ class NotReconcilable(OrquestadorError):
     code = "NOT_RECONCILABLE"
 
 
+class StaleItem(NotReconcilable):
+    """The execution changed after the bulk was accepted: decide about it on its own."""
+
+    code = "STALE_ITEM"
+
+
 class NotCancellable(OrquestadorError):
     """Only an execution that has not started (or is waiting) can be cancelled."""
 

@@ -359,10 +359,11 @@ class ResourceAccess:
             conditions.append(execution.c.created_at < found.created_before)
         return conditions
 
-    def bulk_matches(self, found: BulkFilter) -> Select[tuple[uuid.UUID]]:
-        """The ids of the visible executions a bulk filter matches, as a query to embed."""
+    def bulk_matches(self, found: BulkFilter) -> Select[tuple[uuid.UUID, datetime]]:
+        """The visible executions a bulk filter matches, as a query to embed: each id, and
+        its `updated_at` as the bulk found it (a decision item acts on that episode only)."""
         return (
-            select(execution.c.id)
+            select(execution.c.id, execution.c.updated_at)
             .join(request, request.c.id == execution.c.request_id)
             .where(*self._bulk_conditions(found))
         )

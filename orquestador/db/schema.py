@@ -804,6 +804,9 @@ bulk_item = Table(
     Column("code", Text),
     Column("detail", Text),
     Column("finished_at", TIMESTAMP(timezone=True)),
+    # The execution's updated_at when the bulk was accepted (migration 0032): a decision
+    # item whose execution changed since is refused STALE_ITEM.
+    Column("seen_updated_at", TIMESTAMP(timezone=True)),
     PrimaryKeyConstraint("bulk_id", "execution_id"),
     CheckConstraint(f"outcome IS NULL OR {_in('outcome', BULK_ITEM_OUTCOMES)}", name="outcome"),
     CheckConstraint("(outcome IS NULL) = (finished_at IS NULL)", name="finished_iff_outcome"),

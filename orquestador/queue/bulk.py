@@ -13,6 +13,12 @@ the same rules, and writes the item's outcome in that same transaction. So:
 - two workers on one bulk never take the same item (SKIP LOCKED), and a transaction
   holds the locks of one execution only, for as long as one cancel or decision takes.
 
+A decision item (retry, fail) acts only on the episode the bulk matched: each item keeps
+the execution's `updated_at` as the accepting statement saw it, and an execution changed
+since (parked again, decided by someone else) is refused STALE_ITEM, so a bulk never
+decides about a doubt nobody saw. A cancel item acts on the execution as it is then: the
+cancel's write rule judges what it finds, parking instead of releasing after any write.
+
 An item the rules refuse (a RUNNING execution cannot be cancelled; only a parked one can
 be retried or failed) is recorded REFUSED with its problem code; a cancel the write rule
 turns into a park for an operator is recorded PARKED, CANCELLED_AFTER_WRITES. Nothing is
@@ -125,8 +131,9 @@ def accept_bulk(
 ) -> tuple[uuid.UUID | None, int]:
     """Record the bulk and its items in one statement; its id and how many items it has.
 
-    `matching` selects one column, the execution ids, with the caller's visibility in
-    its WHERE (the API builds it with ResourceAccess). One statement reads the matches
+    `matching` selects two columns, the execution ids and their `updated_at`, with the
+    caller's visibility in its WHERE (the API builds it with ResourceAccess); each item
+    keeps the second as the execution it saw. One statement reads the matches
     once (a CTE referenced twice is computed once), so the total and the items agree. A
     bulk that matched nothing is DONE at once; one that matched more than MAX_ITEMS is
     not written: the id is None, and the count says how many matched.
@@ -155,8 +162,10 @@ def accept_bulk(
     items = (
         insert(bulk_item)
         .from_select(
-            ["bulk_id", "execution_id"],
-            select(accepted.c.id, matched.c[0]).select_from(accepted.join(matched, literal(True))),
+            ["bulk_id", "execution_id", "seen_updated_at"],
+            select(accepted.c.id, matched.c[0], matched.c[1]).select_from(
+                accepted.join(matched, literal(True))
+            ),
         )
         .returning(bulk_item.c.execution_id)
         .cte("items")
@@ -191,7 +200,7 @@ _RUNNING_BULKS = text(
 # goes up the pending index, so the items already done cost nothing to pass.
 _TAKE_ITEM = text(
     """
-    SELECT execution_id FROM bulk_item
+    SELECT execution_id, seen_updated_at FROM bulk_item
     WHERE bulk_id = :bulk_id AND outcome IS NULL AND execution_id > :after
     ORDER BY execution_id
     LIMIT 1
@@ -236,12 +245,13 @@ def act_on_next_item(
     """Take the bulk's next free item after `after`, act on it and record its outcome, in
     one transaction; None when no item after `after` is free."""
     with conn.begin():
-        execution_id = conn.execute(_TAKE_ITEM, {"bulk_id": bulk.id, "after": after}).scalar()
-        if execution_id is None:
+        item = conn.execute(_TAKE_ITEM, {"bulk_id": bulk.id, "after": after}).first()
+        if item is None:
             return None
+        execution_id = item.execution_id
         if on_taken is not None:
             on_taken(bulk, execution_id)
-        outcome = _act(conn, bulk, execution_id, claims_budget)
+        outcome = _act(conn, bulk, execution_id, item.seen_updated_at, claims_budget)
         recorded = conn.execute(
             _RECORD,
             {
@@ -258,7 +268,13 @@ def act_on_next_item(
     return outcome
 
 
-def _act(conn: Connection, bulk: RunningBulk, execution_id: uuid.UUID, budget: int) -> ItemOutcome:
+def _act(
+    conn: Connection,
+    bulk: RunningBulk,
+    execution_id: uuid.UUID,
+    seen_updated_at: datetime | None,
+    budget: int,
+) -> ItemOutcome:
     """The item's action in a savepoint: a refusal leaves nothing of it behind."""
     try:
         with conn.begin_nested():
@@ -275,6 +291,7 @@ def _act(conn: Connection, bulk: RunningBulk, execution_id: uuid.UUID, budget: i
                     decision=bulk.action,
                     reason=bulk.reason,
                     bulk_id=bulk.id,
+                    seen_updated_at=seen_updated_at,
                 )
                 status = resolve_in_transaction(
                     conn, resolution, output_problems=_no_output, claims_budget=budget

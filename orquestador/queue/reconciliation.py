@@ -30,6 +30,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, text
@@ -39,7 +40,7 @@ from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
 from orquestador.domain.errors import DataSchemaError, DataValidationError
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.pointer_updates import correct_request_data
-from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
+from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable, StaleItem
 from orquestador.machines.cancel import (
     CancelledCommands,
     cancel_for_execution,
@@ -76,7 +77,8 @@ _LOCK = text(
 _LOCK_EXECUTION = text(
     """
     SELECT e.id, e.org_id, e.request_id, e.flow_id, e.transition_id, e.status, e.error_code,
-           e.error_detail, e.accepted_state, e.accepted_revision, e.attempts, f.definition
+           e.error_detail, e.accepted_state, e.accepted_revision, e.attempts, e.updated_at,
+           f.definition
     FROM execution e JOIN flow f ON f.id = e.flow_id
     WHERE e.id = :execution_id AND e.org_id = :org_id
     FOR UPDATE OF e
@@ -241,6 +243,9 @@ class Resolution:
     # retry only: (JSON Pointer into the request data, new value) pairs, as a flow's
     # `updates` address the data ("/amount"), applied in order with the retry.
     correction: tuple[tuple[str, Any], ...] | None = None
+    # A bulk item's decision: the execution's updated_at when the bulk was accepted. An
+    # execution changed since is another episode, which nobody in the bulk saw.
+    seen_updated_at: datetime | None = None
 
 
 # (capability, version, output) -> the JSON Pointers where output breaks the adapter's
@@ -343,6 +348,14 @@ def resolve_in_transaction(
             CORRECTION_INVALID, "only a retry decision takes a correction", ["/correction"]
         )
     request, execution = _lock(conn, resolution.execution_id, resolution.org_id)
+    seen = resolution.seen_updated_at
+    if seen is not None and execution.updated_at != seen:
+        # Read under the lock: a decision racing this one has committed or waits behind.
+        raise StaleItem(
+            f"the execution changed after the bulk was accepted (it is now {execution.status});"
+            " the bulk decides only about what it matched: open the execution and decide"
+            " about it on its own"
+        )
     if execution.status != "RECONCILIATION_REQUIRED":
         raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
     checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()

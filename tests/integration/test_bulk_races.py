@@ -11,12 +11,30 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, text
 
+from orquestador.actions import AdapterRegistry, Effect, UncertainError
 from orquestador.queue import claim_due_executions
 from orquestador.queue.bulk import BulkWalk, RunningBulk, act_on_chunk
 from orquestador.queue.claims import _CLAIM
+from orquestador.worker.executor import Executor
+from orquestador.worker.hooks import WorkerHooks
 from tests.integration.api_support import Api, running_api
-from tests.integration.bulk_support import arrange, audits, items, publish, statuses
-from tests.integration.worker_support import ORG, wait_until
+from tests.integration.bulk_support import (
+    STEP,
+    arrange,
+    audits,
+    items,
+    parked,
+    publish,
+    statuses,
+)
+from tests.integration.worker_support import (
+    ORG,
+    RecordingAdapter,
+    run_once,
+    scripted,
+    settings,
+    wait_until,
+)
 
 REASON = "the provider's maintenance window"
 OPERATOR: dict[str, Any] = {
@@ -258,3 +276,48 @@ def test_an_item_a_claim_holds_waits_for_it_and_is_refused_not_forced(
         (str(only), "NOT_CANCELLABLE")
     ]
     assert statuses(owner_engine, [only]) == {only: "RUNNING"}
+
+
+def test_a_bulk_retry_refuses_an_execution_that_parked_again_after_another_decision(
+    api: Api, owner_engine: Engine, runtime_engine: Engine
+) -> None:
+    # A bulk retry is accepted over two parked executions. Before it reaches the first,
+    # another operator retries that one alone: the charge is made now, its answer is lost
+    # and it parks again. That new doubt is not what the bulk's operator saw: deciding it
+    # would charge a second time.
+    flow = publish(owner_engine)
+    changed, unchanged = parked(owner_engine, flow, 2)
+    body = {"filter": {"flowId": str(flow)}, "action": "retry", "reason": "no charge made"}
+    response = api.post("/executions/bulk", body, **OPERATOR)
+    assert response.status_code == 202, response.get_data(as_text=True)
+    bulk_id = response.get_json()["bulkId"]
+
+    alone = api.post(
+        f"/executions/{changed}/reconciliation",
+        {"decision": "retry", "actionId": STEP, "reason": "looked at it myself"},
+        **{**OPERATOR, "sub": "dave"},
+    )
+    assert alone.status_code == 200, alone.get_data(as_text=True)
+    charge = RecordingAdapter(
+        "test.charge", Effect.NON_IDEMPOTENT_WRITE, output=scripted(UncertainError("reset"))
+    )
+    registry = AdapterRegistry()
+    registry.add(charge.adapter())
+    executor = Executor(registry, settings(), WorkerHooks())
+    assert run_once(runtime_engine, executor) == "RECONCILIATION_REQUIRED"
+    assert len(charge.calls) == 1
+
+    _run_to_end(runtime_engine)
+
+    shown = _progress(api, bulk_id)
+    assert (shown["status"], shown["done"], shown["succeeded"]) == ("DONE", 2, 1)
+    (refused,) = shown["refused"]
+    assert (refused["executionId"], refused["code"]) == (str(changed), "STALE_ITEM")
+    assert "changed after the bulk was accepted" in refused["detail"]
+    # The new doubt waits for a person; the execution nobody touched was retried.
+    assert statuses(owner_engine, [changed, unchanged]) == {
+        changed: "RECONCILIATION_REQUIRED",
+        unchanged: "PENDING",
+    }
+    decided = audits(owner_engine, "RECONCILIATION_RESOLVED")
+    assert [row.actor for row in decided[changed]] == ["dave"]

@@ -485,6 +485,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # 0031: rollouts, their children, and the parent a child names.
     step(server, name, "0031")
     assert _update_columns(server, name) == _declared_updates(at="0031")
+    # 0032: a bulk item remembers the execution as the bulk found it.
+    step(server, name, "0032")
+    assert _update_columns(server, name) == _declared_updates(at="0032")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(

@@ -2259,6 +2259,34 @@ ROLLOUT_GUARDS = [
     ),
 ]
 
+# --- a bulk item acts on the episode it matched (queue/bulk.py, queue/reconciliation.py) --
+
+_BULK_RACES = "tests/integration/test_bulk_races.py"
+_STALE_BULK_ITEM = (
+    f"{_BULK_RACES}::test_a_bulk_retry_refuses_an_execution_that_parked_again_after_another"
+    "_decision"
+)
+
+BULK_ITEM_GUARDS = [
+    Mutation(
+        "bulk-decision-only-on-the-episode-it-matched",
+        _RECONCILIATION_PY,
+        "    if seen is not None and execution.updated_at != seen:\n",
+        "    if False:\n",
+        "A bulk retry or fail never decides about an execution that changed after the bulk "
+        "was accepted (another decision, a new park): STALE_ITEM.",
+        (_STALE_BULK_ITEM,),
+    ),
+    Mutation(
+        "bulk-item-carries-what-it-saw",
+        _BULK_PY,
+        "                    seen_updated_at=seen_updated_at,\n",
+        "",
+        "Each bulk decision carries the execution as the bulk found it.",
+        (_STALE_BULK_ITEM,),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2286,6 +2314,7 @@ MUTATIONS: list[Mutation] = [
     *CONTINUATION_GUARDS,
     *PAUSED_HOLDER_GUARDS,
     *ROLLOUT_GUARDS,
+    *BULK_ITEM_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
