@@ -76,12 +76,12 @@ class Comparison:
         if _kind(value) != _kind(self.endpoint):
             return False
         if self.operator == "<":
-            return value < self.endpoint
+            return bool(value < self.endpoint)
         if self.operator == "<=":
-            return value <= self.endpoint
+            return bool(value <= self.endpoint)
         if self.operator == ">":
-            return value > self.endpoint
-        return value >= self.endpoint
+            return bool(value > self.endpoint)
+        return bool(value >= self.endpoint)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -100,7 +100,7 @@ class Range:
             return False
         above = value >= self.low if self.low_closed else value > self.low
         below = value <= self.high if self.high_closed else value < self.high
-        return above and below
+        return bool(above and below)
 
     @property
     def key(self) -> tuple[Any, ...]:

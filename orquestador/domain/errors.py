@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from orquestador.errors import OrquestadorError
 
@@ -59,8 +60,9 @@ class MappingError(DomainError):
         self.field = field  # the input field whose source failed, when known
 
     @property
-    def location(self) -> dict[str, str]:
-        """Where it failed, for an error detail: names and pointers only, never values."""
+    def location(self) -> dict[str, Any]:
+        """Where it failed, for an error detail: names and pointers only, never values
+        (typed Any so that it spreads into an error detail's keywords)."""
         found = {"pointer": self.pointer, "field": self.field}
         return {key: value for key, value in found.items() if value is not None}
 

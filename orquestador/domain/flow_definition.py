@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from jsonpointer import JsonPointer
 from jsonschema.exceptions import ValidationError
@@ -57,7 +57,8 @@ STARTED_TRIGGERS = (*MOMENT_TRIGGERS, SCHEDULE_TRIGGER)
 @functools.cache
 def _schema() -> dict[str, Any]:
     text = resources.files(__package__).joinpath("flow_definition.schema.json").read_text("utf-8")
-    return json.loads(text)
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 def definition_schema() -> dict[str, Any]:
@@ -80,8 +81,10 @@ def _schema_error_message(error: ValidationError) -> str:
     if error.validator == "type":
         return f"must be of type {error.validator_value}"
     if error.validator == "enum":
-        return "must be one of " + ", ".join(json.dumps(v) for v in error.validator_value)
-    return error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        allowed = cast(list[Any], error.validator_value)
+        return "must be one of " + ", ".join(json.dumps(v) for v in allowed)
+    message: str = error.message
+    return message if len(message) <= 300 else message[:297] + "..."
 
 
 _BOUNDED_NUMBERS = {"$ref": "#/$defs/boundedNumbers"}
@@ -208,7 +211,7 @@ def _check_action(
         report.error(f"{at}/id", f"duplicate action id {action['id']!r} in this transition")
     if report.shaped(f"{at}/onError"):
         report.unknown_state(f"{at}/onError", action.get("onError"))
-    capability, version = action.get("capability"), action.get("version")
+    capability = action.get("capability")
     if (
         report.capability_problem is not None
         and "capability" in action
@@ -216,7 +219,8 @@ def _check_action(
         and report.shaped(f"{at}/capability")
         and report.shaped(f"{at}/version")
     ):
-        report.error(f"{at}/capability", report.capability_problem(capability, version))
+        problem = report.capability_problem(action["capability"], action["version"])
+        report.error(f"{at}/capability", problem)
     if action.get("email") is True and capability not in EMAIL_CAPABILITIES:
         report.warnings.append(
             Problem(f"{at}/email", "email only applies to notify and approval actions")

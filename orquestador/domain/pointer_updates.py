@@ -109,7 +109,7 @@ def apply_updates(data: dict[str, Any], updates: Iterable[tuple[str, Any]]) -> d
 
 def _message(error: ValidationError) -> str:
     # Messages quote the offending value, which may be most of 256 KiB.
-    message = error.message
+    message: str = error.message
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
     return message[: MAX_MESSAGE_CHARS - 3] + "..."
@@ -237,7 +237,8 @@ def _correction_parts(entries: list[tuple[str, Any]]) -> list[list[str]]:
     """Each path's tokens; refused when malformed, or inside another path of the same
     correction: each part of the data is corrected once, so before and after are one
     value each, and the audit row holds at most the data's size twice."""
-    problems, parts = [], []
+    problems: list[Problem] = []
+    parts: list[list[str]] = []
     for n, (path, _) in enumerate(entries):
         problem = update_path_problem(path)
         if problem is not None:

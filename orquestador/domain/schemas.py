@@ -539,7 +539,8 @@ def _format_checker() -> FormatChecker:
 
 _FORMATS = _format_checker()
 
-_SafeValidator = validators.extend(
+# jsonschema's `extend` is untyped: the class it makes is typed here, as a Validator's.
+_SafeValidator: type[Validator] = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
     validators={
         name: _counted(_SAFE_KEYWORDS.get(name, keyword))
@@ -550,7 +551,7 @@ _SafeValidator = validators.extend(
 
 def _retrieve_nothing(uri: str) -> NoReturn:
     # jsonschema's default registry fetches remote references; nothing is fetched here.
-    raise referencing.exceptions.NoSuchResource(ref=uri)
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 _NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry(retrieve=_retrieve_nothing)  # type: ignore[call-arg]

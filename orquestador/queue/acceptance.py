@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, Row, func, text
 
@@ -28,7 +28,25 @@ log = logging.getLogger(__name__)
 # Finds the request and locks it for the write, with its pinned flow's definition and
 # whether it is a dry run's, or None when the caller may not see it: who sees what is
 # the caller's rule, not ours.
-RequestLocker = Callable[[Connection, uuid.UUID], Row | None]
+RequestLocker = Callable[[Connection, uuid.UUID], Row[Any] | None]
+
+
+class RequestNow(Protocol):
+    """What `queue_execution` reads of a request besides a locked row of it: the request
+    as a finish just left it (a continuation)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def org_id(self) -> str: ...
+    @property
+    def flow_id(self) -> uuid.UUID: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def revision(self) -> int: ...
+    @property
+    def data(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -141,12 +159,12 @@ def insert_request(
     *,
     org: str,
     owner: str,
-    flow_row: Row,
+    flow_row: Row[Any],
     data: Any,
     machine_id: str | None,
     state: str | None = None,
     simulation: bool = False,
-) -> Row:
+) -> Row[Any]:
     """Insert a request at revision 1 on the flow (data already checked); return its row.
 
     It starts in `state`, else the flow's initial state. The row carries what
@@ -181,7 +199,7 @@ def insert_request(
 def queue_execution(
     connection: Connection,
     *,
-    request_row: Row,
+    request_row: Row[Any] | RequestNow,
     definition: FlowDefinition,
     transition_id: str,
     actor: str,

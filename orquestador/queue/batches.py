@@ -130,7 +130,7 @@ def _fence(claim: Claim) -> dict[str, Any]:
     return {"execution_id": str(claim.execution_id), "token": claim.token, "owner": claim.owner}
 
 
-def _rows(rows: list[dict[str, Any]]) -> Jsonb | None:
+def _rows(rows: list[Any]) -> Jsonb | None:
     # A JSON null arrives as SQL NULL in jsonb_to_recordset: None stays "no value",
     # as JSONB_VALUE in db/schema.py makes it for single rows. No rows: the step is skipped.
     return Jsonb(rows) if rows else None
@@ -250,12 +250,12 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
             conn.execute("BEGIN")
             written = _call(conn, params)
             finished = {(row[0], row[1]) for row in written["finished"]}
-            for index, row in hooked:
-                if _key(row.claim) not in finished:
+            for index, hooked_row in hooked:
+                if _key(hooked_row.claim) not in finished:
                     continue  # refused below: its seam is never reached, as before
                 try:
-                    assert row.before_commit is not None
-                    row.before_commit()
+                    assert hooked_row.before_commit is not None
+                    hooked_row.before_commit()
                 except BaseException as exc:
                     conn.execute("ROLLBACK")
                     raise RowFailed(index, exc) from exc

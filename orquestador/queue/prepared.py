@@ -25,12 +25,12 @@ from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, TextClause
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.types import JSON
 
 from orquestador.db.engine import is_failover_error
 
-_DIALECT = psycopg_dialect()
+_DIALECT = psycopg_dialect()  # type: ignore[no-untyped-call]
 
 
 class _Compiled:
@@ -89,7 +89,7 @@ def prepares(driver: psycopg.Connection[Any]) -> bool | None:
 
 def _translated(
     conn: Connection, driver: psycopg.Connection[Any], exc: psycopg.Error, sql: str
-) -> DBAPIError:
+) -> StatementError:
     broken = driver.broken or driver.closed or is_failover_error(exc)
     if broken:
         conn.invalidate(exc)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -254,7 +254,7 @@ OutputProblems = Callable[[str, int, Any], list[str]]
 
 
 def step_in_doubt(
-    checkpoints: list[Any], parked_for: str | None = None, detail: dict[str, Any] | None = None
+    checkpoints: Sequence[Any], parked_for: str | None = None, detail: dict[str, Any] | None = None
 ) -> Any | None:
     """The checkpoint an operator decides about, if any.
 

@@ -7,7 +7,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from orquestador.actions import Adapter
 from orquestador.domain.flow_definition import FlowDefinition
@@ -39,10 +39,10 @@ class SchemaCache:
     """Compiled input/output validators per adapter."""
 
     def __init__(self) -> None:
-        self._validators: dict[tuple[str, int, str], Draft202012Validator] = {}
+        self._validators: dict[tuple[str, int, str], Validator] = {}
         self._lock = threading.Lock()
 
-    def validator(self, adapter: Adapter, which: str) -> Draft202012Validator:
+    def validator(self, adapter: Adapter, which: str) -> Validator:
         key = (adapter.capability, adapter.version, which)
         with self._lock:
             found = self._validators.get(key)

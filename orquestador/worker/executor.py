@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection, Engine
 
@@ -245,13 +245,15 @@ class _ExecutionRun(StepRunner):
                 extra=self.claim.log_extra,
             )
 
-    def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
+    def fail(
+        self, code: str, *, outcome: CheckpointOutcome | None = None, **detail: Any
+    ) -> NoReturn:
         status = fail_execution(self.conn, self.claim, code, attempt_outcome=outcome, detail=detail)
         raise ExecutionEnded(status)
 
     def reconcile(
-        self, reason: str, outcome: CheckpointOutcome | None = None, **detail: Any
-    ) -> None:
+        self, reason: str, *, outcome: CheckpointOutcome | None = None, **detail: Any
+    ) -> NoReturn:
         require_reconciliation(
             self.conn, self.claim, reason, attempt_outcome=outcome, detail=detail
         )
@@ -275,7 +277,6 @@ class _ExecutionRun(StepRunner):
         transition = flow.transitions.get(loaded.transition_id)
         if transition is None:
             self.fail("TRANSITION_UNKNOWN", transitionId=loaded.transition_id)
-        assert transition is not None
         action_ids = [a.id for a in transition.actions]
         for spec in transition.actions:
             if self.stop.is_set():

@@ -75,10 +75,10 @@ class Heartbeat(threading.Thread):
             if key not in renewal.renewed:
                 # Keyed by (id, token): a job that already ended, or a later job on the
                 # same pool thread, is never touched by this late answer.
-                claim = self._leases.lose(key)
-                if claim is not None:
+                lost = self._leases.lose(key)
+                if lost is not None:
                     # Also seen when the job committed its outcome during this round.
-                    log.info("lease not renewed; stop signal set", extra=claim.log_extra)
+                    log.info("lease not renewed; stop signal set", extra=lost.log_extra)
         for claim in self._leases.lose_overdue(time.monotonic()):
             log.warning(
                 "lease could not be renewed in time; stop signal set", extra=claim.log_extra

@@ -25,6 +25,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from sqlalchemy import Connection, Engine, TextClause, text
@@ -63,7 +64,7 @@ MAINTENANCE_LOCK_KEY = 7_311_970_042_001
 RETENTION_BATCH = 500
 RETENTION_BATCHES_PER_PASS = 20
 # The lock connection notices a dead peer within about this long (TCP keepalives).
-_KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5}
+_KEEPALIVE: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5}
 _CONNECT_TIMEOUT_SECONDS = 5
 
 

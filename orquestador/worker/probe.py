@@ -42,7 +42,7 @@ def probe_app(readiness: ReadinessCheck) -> Callable[[dict[str, Any], StartRespo
                 body["threads"] = threads
                 return _json(start_response, 503, body, media_type=PROBLEM_MEDIA_TYPE)
             return _json(start_response, 200, {"status": "ok", "threads": threads})
-        return metrics(environ, start_response)  # type: ignore[no-any-return]
+        return metrics(environ, start_response)
 
     return app
 

@@ -52,7 +52,7 @@ from typing import Any
 
 import psycopg
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from orquestador.db.engine import FAILOVER_SQLSTATES
 from orquestador.db.schema import LEASE_RAN_OUT_SQLSTATE
@@ -377,7 +377,7 @@ class ProtocolWriter:
         for item in batch:
             item.answer(error=error)
 
-    def _translated(self, link: _Link, exc: psycopg.Error, sql: str) -> DBAPIError:
+    def _translated(self, link: _Link, exc: psycopg.Error, sql: str) -> StatementError:
         # As queue/prepared.py raises them: SQLAlchemy's classes, never the parameters.
         return DBAPIError.instance(
             sql,
@@ -434,9 +434,9 @@ class _Link:
         return self._conn is None or self._conn.closed or self._conn.broken
 
     def connection(self) -> psycopg.Connection[Any]:
-        if self.broken:
+        if self._conn is None or self.broken:
             self.close()
-            self._conn = psycopg.connect(
+            self._conn = conn = psycopg.connect(
                 self._conninfo,
                 autocommit=True,
                 application_name=self._application_name,
@@ -449,7 +449,8 @@ class _Link:
                 keepalives_interval=5,
             )
             if not self._prepare:
-                self._conn.prepare_threshold = None  # PgBouncer: prepare nothing
+                conn.prepare_threshold = None  # PgBouncer: prepare nothing
+            return conn
         return self._conn
 
     def close(self) -> None:

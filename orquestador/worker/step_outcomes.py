@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from sqlalchemy import Connection, Engine
 
@@ -52,13 +52,14 @@ from orquestador.queue import (
     schedule_retry,
 )
 from orquestador.queue.earlier_calls import await_earlier_call
-from orquestador.queue.outcomes import WORKER_ACTOR
+from orquestador.queue.fencing import WORKER_ACTOR
 from orquestador.queue.waits import NOT_READY, park_waiting
 from orquestador.worker.calls import CallTimedOut
 from orquestador.worker.messages import attempt_message
 
 if TYPE_CHECKING:
     from orquestador.actions import AdapterRegistry
+    from orquestador.config import Settings
     from orquestador.worker.backoff import RetryPolicy
     from orquestador.worker.caches import FlowCache, SchemaCache
     from orquestador.worker.calls import AdapterCalls
@@ -101,11 +102,11 @@ class Step:
     inputs: dict[str, Any]
     external_key: str
     log_extra: dict[str, Any]
+    # What is called: the adapter's invoke, or its simulate in a dry run.
+    call: Callable[[ActionContext], Any]
     # A dry run calls the adapter's simulate (or, for a writer without one, nothing).
     simulated: bool = False
     first_started_at: datetime | None = None
-    # What is called: the adapter's invoke, or its simulate in a dry run.
-    call: Callable[[ActionContext], Any] | None = None
 
     @property
     def risk(self) -> Effect:
@@ -171,6 +172,7 @@ class RunServices(Protocol):
     calls: AdapterCalls
     hooks: WorkerHooks
     retry: RetryPolicy
+    settings: Settings
     lease_seconds: int
     abandon_grace_seconds: float
     wait_max_seconds: int
@@ -190,12 +192,21 @@ class StepOutcomes:
     def conn(self) -> Connection:
         raise NotImplementedError
 
-    def fail(self, code: str, outcome: CheckpointOutcome | None = None, **detail: Any) -> None:
+    @property
+    def execution(self) -> LoadedExecution:
+        """The execution as the run loaded it: every step runs after `run()` loaded it."""
+        if self.loaded is None:
+            raise RuntimeError("a step ran before its execution was loaded")
+        return self.loaded
+
+    def fail(
+        self, code: str, *, outcome: CheckpointOutcome | None = None, **detail: Any
+    ) -> NoReturn:
         raise NotImplementedError
 
     def reconcile(
-        self, reason: str, outcome: CheckpointOutcome | None = None, **detail: Any
-    ) -> None:
+        self, reason: str, *, outcome: CheckpointOutcome | None = None, **detail: Any
+    ) -> NoReturn:
         raise NotImplementedError
 
     def recover(self, found: Checkpoint, attempt: ActionAttempt, step: Step) -> tuple[Any] | None:
@@ -246,7 +257,7 @@ class StepOutcomes:
                 settles_earlier=exhausted,
             )
             if exhausted:
-                self.fail("RETRIES_EXHAUSTED", ended, actionId=found.action_id)
+                self.fail("RETRIES_EXHAUSTED", outcome=ended, actionId=found.action_id)
             end_attempt(self.conn, self.claim, ended)
             return None
         if interrupted and non_idempotent:
@@ -255,7 +266,7 @@ class StepOutcomes:
             # UNKNOWN without restarting the budget, so that one is parked too.
             self.reconcile(
                 "INTERRUPTED_NON_IDEMPOTENT_WRITE",
-                CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED")
+                outcome=CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED")
                 if found.status == "RUNNING"
                 else None,
                 actionId=found.action_id,
@@ -267,7 +278,7 @@ class StepOutcomes:
                 outcome = CheckpointOutcome(
                     found.action_id, _interrupted_status(adapter.effect), "INTERRUPTED"
                 )
-            self.fail("RETRIES_EXHAUSTED", outcome, actionId=found.action_id)
+            self.fail("RETRIES_EXHAUSTED", outcome=outcome, actionId=found.action_id)
         return None
 
     def await_earlier_call(self, step: Step, found: Checkpoint) -> None:
@@ -329,7 +340,7 @@ class StepOutcomes:
             if isinstance(answer.result, NotFound):
                 status, message, not_found = "FAILED", _not_found_message(message), True
         outcome = CheckpointOutcome(action_id, status, code, message, settles_earlier=not_found)
-        self.fail("RETRIES_EXHAUSTED", outcome, actionId=action_id)
+        self.fail("RETRIES_EXHAUSTED", outcome=outcome, actionId=action_id)
 
     def uncertain(
         self, step: Step, attempt_number: int, attempt: int, code: str, message: str
@@ -352,7 +363,7 @@ class StepOutcomes:
                 )
             self.reconcile(
                 "UNCERTAIN_OUTCOME",
-                CheckpointOutcome(step.action_id, "UNKNOWN", code, message),
+                outcome=CheckpointOutcome(step.action_id, "UNKNOWN", code, message),
                 actionId=step.action_id,
                 **_lookup_detail(answer),
             )
@@ -374,7 +385,7 @@ class StepOutcomes:
             return False
         return datetime.now(UTC) - started >= timedelta(seconds=self.x.wait_max_seconds)
 
-    def wait(self, step: Step, exc: NotReady, observed: dict[str, Any]) -> None:
+    def wait(self, step: Step, exc: NotReady, observed: dict[str, Any]) -> NoReturn:
         """Park the execution WAITING: lease given up, thread freed, no attempt spent."""
         due = park_waiting(
             self.conn,
@@ -392,8 +403,7 @@ class StepOutcomes:
         raise ExecutionEnded("WAITING")
 
     def identity(self) -> Identity:
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         return Identity(
             loaded.org_id, str(loaded.request_id), str(loaded.execution_id), loaded.actor
         )
@@ -409,8 +419,7 @@ class StepOutcomes:
         if adapter.lookup is None or adapter.lookup_timeout_seconds is None or step.simulated:
             # A dry run's writer wrote nothing, and its provider is not asked anything.
             return _Answer(Unknown(), "NO_LOOKUP")
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         if not self.abandoned_call_ended(step):
             return _Answer(Unknown(), "IN_FLIGHT")
         timeout = adapter.lookup_timeout_seconds
@@ -507,12 +516,12 @@ class StepOutcomes:
         action_ids: list[str],
         message: str,
         observed: dict[str, Any],
-    ) -> None:
+    ) -> NoReturn:
         outcome = CheckpointOutcome(spec.id, "FAILED", exc.code, message, observed=observed or None)
         if spec.on_error:
             try:
                 status = exit_on_error(self.conn, self.claim, outcome, spec.on_error, action_ids)
             except RequestChanged:
-                self.fail("REQUEST_CHANGED", outcome, actionId=spec.id)
+                self.fail("REQUEST_CHANGED", outcome=outcome, actionId=spec.id)
             raise ExecutionEnded(status)
-        self.fail(exc.code, outcome, actionId=spec.id)
+        self.fail(exc.code, outcome=outcome, actionId=spec.id)

@@ -103,8 +103,7 @@ class StepRunner(StepOutcomes):
     def run_action(self, spec: ActionSpec, action_ids: list[str]) -> Any:
         """Run one step to its output. A safe-to-repeat step's SUCCEEDED checkpoint is
         held back for the next write through the writer instead of written now."""
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         adapter = self.adapter_for(spec)
         inputs = self.inputs_for(spec, adapter)
         step, attempt = self.step_for(spec, adapter, inputs)
@@ -159,8 +158,7 @@ class StepRunner(StepOutcomes):
         delay = take_token(self.conn, adapter.key, limit)
         if delay is None:
             return
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         # A claim that woke a waiting execution counted no attempt (see the claim).
         counted = not any(_is_waiting(c) for c in loaded.checkpoints.values())
         wait_for_token(self.conn, self.claim, step.action_id, adapter.key, delay, counted=counted)
@@ -170,8 +168,7 @@ class StepRunner(StepOutcomes):
 
     def adapter_for(self, spec: ActionSpec) -> Adapter:
         """The step's adapter, if this worker has it and may run it here."""
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         try:
             adapter = self.x.registry.get(spec.capability, spec.version)
         except IntegrationUnavailable:
@@ -191,8 +188,7 @@ class StepRunner(StepOutcomes):
 
     def inputs_for(self, spec: ActionSpec, adapter: Adapter) -> dict[str, Any]:
         """The step's inputs, mapped from the accepted data and the outputs so far."""
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         context = build_context(loaded.data, self.outputs, loaded.request_id, loaded.accepted_state)
         try:
             inputs = resolve_inputs(spec.input, context)
@@ -207,8 +203,7 @@ class StepRunner(StepOutcomes):
         self, spec: ActionSpec, adapter: Adapter, inputs: dict[str, Any]
     ) -> tuple[Step, ActionAttempt]:
         """The step as its call and lookup see it, and its first attempt's checkpoint."""
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         key = external_key(loaded.execution_id, spec.id)
         attempt = ActionAttempt(
             action_id=spec.id,
@@ -271,8 +266,7 @@ class StepRunner(StepOutcomes):
         `attempt_number` is the attempt as numbered in the history; `attempt` counts
         within the action's budget.
         """
-        loaded = self.loaded
-        assert loaded is not None
+        loaded = self.execution
         adapter, extra, call = step.adapter, step.log_extra, step.call
         ctx = ActionContext(
             inputs=step.inputs,
@@ -307,7 +301,9 @@ class StepRunner(StepOutcomes):
                 # while the call is in flight. Past the grace, a person decides.
                 self.reconcile(
                     "UNCERTAIN_OUTCOME",
-                    CheckpointOutcome(step.action_id, "UNKNOWN", "ADAPTER_TIMEOUT", message),
+                    outcome=CheckpointOutcome(
+                        step.action_id, "UNKNOWN", "ADAPTER_TIMEOUT", message
+                    ),
                     actionId=step.action_id,
                     lookup="IN_FLIGHT",
                 )
@@ -381,8 +377,10 @@ class StepRunner(StepOutcomes):
         if problems:
             outcome = CheckpointOutcome(action_id, _interrupted_status(step.risk), "OUTPUT_INVALID")
             if step.risk is Effect.NON_IDEMPOTENT_WRITE:
-                self.reconcile("OUTPUT_INVALID", outcome, actionId=action_id, paths=problems)
-            self.fail("OUTPUT_INVALID", outcome, actionId=action_id, paths=problems)
+                self.reconcile(
+                    "OUTPUT_INVALID", outcome=outcome, actionId=action_id, paths=problems
+                )
+            self.fail("OUTPUT_INVALID", outcome=outcome, actionId=action_id, paths=problems)
         audit = None
         if step.simulated:
             audit = {

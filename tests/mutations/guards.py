@@ -1041,8 +1041,8 @@ WORKER_LEASE_GUARDS = [
     Mutation(
         "heartbeat-stops-a-lost-lease",
         _HEARTBEAT_PY,
-        "                claim = self._leases.lose(key)\n",
-        "                claim = None\n",
+        "                lost = self._leases.lose(key)\n",
+        "                lost = None\n",
         "A job whose lease was not renewed is told to stop.",
         (guard("test_a_job_whose_lease_was_not_renewed_is_told_to_stop"),),
     ),
