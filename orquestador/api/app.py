@@ -26,6 +26,7 @@ from orquestador.api import (
     notice_routes,
     plan_routes,
     request_routes,
+    rollout_routes,
     run_routes,
     schedule_routes,
 )
@@ -109,6 +110,7 @@ def create_app(
         app.register_blueprint(request_routes.blueprint)
         app.register_blueprint(run_routes.blueprint)
         app.register_blueprint(execution_routes.blueprint)
+        app.register_blueprint(rollout_routes.blueprint)
         app.register_blueprint(bulk_routes.blueprint)
         app.register_blueprint(event_routes.blueprint)
         app.register_blueprint(notice_routes.blueprint)

@@ -245,7 +245,7 @@ def reconcile_as(caller: Caller, execution_id: uuid.UUID, body: dict[str, Any]) 
             problems=misplaced,
         )
     access = ResourceAccess(caller, Reach.ORGANIZATION)
-    _require_visible(access, execution_id)
+    require_visible(access, execution_id)
     resolution = Resolution(
         execution_id=execution_id,
         org_id=caller.org,
@@ -286,7 +286,7 @@ def reconcile_as(caller: Caller, execution_id: uuid.UUID, body: dict[str, Any]) 
     return _view_or_404(access, execution_id)
 
 
-def _requires_any_scope(*scopes: str) -> Callable[[F], F]:
+def requires_any_scope(*scopes: str) -> Callable[[F], F]:
     """Like requires_scope, satisfied by any one of `scopes`."""
 
     def decorate(view: F) -> F:
@@ -308,7 +308,7 @@ def _requires_any_scope(*scopes: str) -> Callable[[F], F]:
 
 
 @blueprint.post("/<uuid:execution_id>/cancel")
-@_requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
+@requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
 def cancel_execution(execution_id: uuid.UUID) -> Response:
     body = read_json_object(CANCEL_BODY)
     view, cancelled = cancel_as(current_caller(), execution_id, body["reason"])
@@ -333,7 +333,7 @@ def cancel_as(
     """
     operator = caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
     access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
-    _require_visible(access, execution_id, readable_by=None if operator else caller)
+    require_visible(access, execution_id, readable_by=None if operator else caller)
     try:
         with engine().connect() as connection:
             cancelled = cancel(connection, execution_id, caller.org, caller.sub, reason)
@@ -460,7 +460,7 @@ def _view_or_404(access: ResourceAccess, execution_id: uuid.UUID) -> dict[str, A
     return found.view
 
 
-def _require_visible(
+def require_visible(
     access: ResourceAccess, execution_id: uuid.UUID, *, readable_by: Caller | None = None
 ) -> None:
     """404 unless `access` reaches the execution; 403 when the caller may read but not act.

@@ -18,6 +18,7 @@ from orquestador.cli.machines import add_machines_command
 from orquestador.cli.notices import add_notices_command
 from orquestador.cli.output import EXIT_USAGE, CommandFailed, one_line
 from orquestador.cli.processes import add_process_commands
+from orquestador.cli.rollouts import add_rollouts_command
 from orquestador.cli.run import add_run_command, add_wait_action
 from orquestador.cli.schedules import add_schedules_command
 from orquestador.cli.settings_read import settings_epilog
@@ -94,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bulk_action(executions)
     add_wait_action(executions)
     add_approvals_command(command)
+    add_rollouts_command(command)
     add_flows_command(command)
     add_machines_command(command)
     add_schedules_command(command)

@@ -266,6 +266,36 @@ class Client:
             "POST", f"/executions/{segment(execution_id)}/cancel", json={"reason": reason}
         )
 
+    @operation("getRollout")
+    def get_rollout(self, execution_id: str) -> Json:
+        """The execution's rollout: counts, budget, pause and cancel marks, children."""
+        return self.transport.call("GET", f"/executions/{segment(execution_id)}/rollout")
+
+    @operation("pauseRollout")
+    def pause_rollout(self, execution_id: str, reason: str = "") -> Json:
+        return self._rollout_mark(execution_id, "pause", reason)
+
+    @operation("resumeRollout")
+    def resume_rollout(self, execution_id: str, reason: str = "") -> Json:
+        return self._rollout_mark(execution_id, "resume", reason)
+
+    @operation("cancelRollout")
+    def cancel_rollout(self, execution_id: str, reason: str) -> Json:
+        return self._rollout_mark(execution_id, "cancel", reason)
+
+    @operation("retryFailedRollout")
+    def retry_failed_rollout(self, execution_id: str) -> Json:
+        """A new run over the rollout's failed items: its request and execution ids."""
+        return self.transport.call(
+            "POST", f"/executions/{segment(execution_id)}/rollout/retry-failed", json={}
+        )
+
+    def _rollout_mark(self, execution_id: str, what: str, reason: str) -> Json:
+        body: Json = {"reason": reason} if reason else {}
+        return self.transport.call(
+            "POST", f"/executions/{segment(execution_id)}/rollout/{what}", json=body
+        )
+
     @operation("startBulkAction")
     def start_bulk_action(
         self, criteria: Mapping[str, Any], action: str, reason: str, *, preview: bool = False

@@ -17,6 +17,7 @@ from orquestador.api.openapi import (
     bulk,
     machines,
     notices,
+    rollouts,
     schedules,
 )
 from orquestador.api.openapi.parts import (
@@ -444,6 +445,7 @@ _AREAS = (
     machines,
     notices,
     approvals,
+    rollouts,
     schedules,
     auth,
 )
