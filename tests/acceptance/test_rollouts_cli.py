@@ -114,7 +114,7 @@ def test_an_operator_retries_the_failed_children(served: Served, runtime_engine:
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout.startswith("retrying 1 failed item(s): execution ")
     again = retried.stdout.split("execution ")[1].split()[0]
-    wait_until(status_is(runtime_engine, again, "SUCCEEDED", "FAILED"), timeout=30)
+    wait_until(status_is(runtime_engine, again, "SUCCEEDED", "FAILED"), timeout=60)
     from tests.integration.worker_support import execution
 
     row = execution(runtime_engine, again)
