@@ -267,7 +267,8 @@ def test_check_on_a_database_behind_this_release_says_to_upgrade(
     missing = (
         "approval, bulk_action, bulk_item, function_bound, key_release, machine_agent,"
         " machine_credential,"
-        " page_session_revocation, rate_bucket, schedule, schedule_fire, sign_in_link"
+        " page_session_revocation, rate_bucket, rollout, rollout_child, schedule, schedule_fire,"
+        " sign_in_link"
     )
     assert f"sees no table {missing}" in line
     assert "run 'orquestador migrate'" in line
