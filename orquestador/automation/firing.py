@@ -183,6 +183,7 @@ def fire_once(
             timing,
             fire_time,
             owner=row.updated_by,
+            actor=row.updated_by,
             started_by={"schedule": row.id, "fireTime": fire_time.isoformat()},
             max_attempts=max_attempts,
         )
@@ -208,8 +209,10 @@ def run_now(
     organization has no such schedule.
 
     The fire is the database's present instant, recorded like any fire time (so its
-    execution is listed with the schedule's), owned by `actor`. ScheduleRefused or
-    FlowNotFound when the flow refuses it: then nothing is written.
+    execution is listed with the schedule's). Its request is owned by the schedule's
+    author, like every fire's, and its execution is `actor`'s: neither may approve what
+    it started. ScheduleRefused or FlowNotFound when the flow refuses it: then nothing
+    is written.
     """
     row = connection.execute(
         select(schedule).where(schedule.c.org_id == org, schedule.c.id == key)
@@ -225,7 +228,8 @@ def run_now(
         row,
         timing,
         fire_time,
-        owner=actor,
+        owner=row.updated_by,
+        actor=actor,
         started_by={"schedule": row.id, "fireTime": fire_time.isoformat(), "by": actor},
         max_attempts=max_attempts,
     )
@@ -248,6 +252,7 @@ def _start(
     fire_time: datetime,
     *,
     owner: str,
+    actor: str,
     started_by: dict[str, Any],
     max_attempts: int,
 ) -> Fired:
@@ -288,8 +293,8 @@ def _start(
             request_row=created,
             definition=definition,
             transition_id=start.transition.id,
-            actor=owner,
-            actor_snapshot=_actor_snapshot(row, owner),
+            actor=actor,
+            actor_snapshot=_actor_snapshot(row, actor),
             max_attempts=max_attempts,
             started_by=started_by,
         )
@@ -311,10 +316,10 @@ def _problems_of(refused: ScheduleRefused | FlowNotFound) -> list[Problem]:
     return refused.problems
 
 
-def _actor_snapshot(row: Row, owner: str) -> dict[str, Any]:
-    # Whoever put the schedule (or asked for this fire) owns what it starts; a fire acts
+def _actor_snapshot(row: Row, actor: str) -> dict[str, Any]:
+    # Whoever put the schedule (or asked for this fire) acts in what it starts; a fire acts
     # with no scopes of theirs.
-    return {"sub": owner, "org": row.org_id, "scopes": []}
+    return {"sub": actor, "org": row.org_id, "scopes": []}
 
 
 def _record(

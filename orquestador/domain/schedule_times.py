@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from zoneinfo import ZoneInfo, available_timezones
+from importlib.resources import files
+from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
@@ -118,13 +119,24 @@ def cron_problem(cron: str) -> str | None:
     return None
 
 
+# In the IANA list but no place's time: "Factory" names no offset anyone keeps.
+_NOT_A_PLACE = frozenset({"Factory"})
+
+
 @cache
 def _zone_names() -> frozenset[str]:
-    return frozenset(available_timezones())
+    """The IANA zones the tzdata package ships: the same list on every host.
+
+    Not `available_timezones()`, which also lists the host's own files: `localtime` (the
+    server's zone, whatever it is set to) or `posixrules`, so that a schedule would fire
+    at another time on another server.
+    """
+    shipped = files("tzdata").joinpath("zones").read_text(encoding="utf-8").split()
+    return frozenset(shipped) - _NOT_A_PLACE
 
 
 def timezone_problem(timezone: str) -> str | None:
-    """Why a time zone name is refused: only the IANA names zoneinfo lists are taken.
+    """Why a time zone name is refused: only the IANA names tzdata lists are taken.
 
     A list, not a look-up by name, so that no caller's text ever names a file to open.
     """

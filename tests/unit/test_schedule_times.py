@@ -55,6 +55,12 @@ def test_the_database_and_the_domain_know_the_same_policies() -> None:
         ("* * * * *", None, "Europe", ["/timezone"]),
         ("* * * * *", None, "posix/Europe/Madrid", ["/timezone"]),
         ("* * * * *", None, "", ["/timezone"]),
+        # Names whose time depends on the host (its own zone, its files) or on no place.
+        ("* * * * *", None, "localtime", ["/timezone"]),
+        ("* * * * *", None, "posixrules", ["/timezone"]),
+        ("* * * * *", None, "Factory", ["/timezone"]),
+        ("* * * * *", None, "America/Argentina/Buenos_Aires", []),
+        ("* * * * *", None, "Etc/GMT+3", []),
     ],
 )
 def test_timing_problems(cron: str | None, every: int | None, zone: str, paths: list[str]) -> None:
