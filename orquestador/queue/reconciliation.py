@@ -37,6 +37,7 @@ from sqlalchemy import Connection, bindparam, text
 
 from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
+from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import DataSchemaError, DataValidationError
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.pointer_updates import correct_request_data
@@ -78,7 +79,7 @@ _LOCK_EXECUTION = text(
     """
     SELECT e.id, e.org_id, e.request_id, e.flow_id, e.transition_id, e.status, e.error_code,
            e.error_detail, e.accepted_state, e.accepted_revision, e.attempts, e.updated_at,
-           f.definition
+           e.concurrency_key, f.definition
     FROM execution e JOIN flow f ON f.id = e.flow_id
     WHERE e.id = :execution_id AND e.org_id = :org_id
     FOR UPDATE OF e
@@ -435,6 +436,7 @@ def _correct(
             "the correction cannot be applied to the request data",
             problems=[(f"/correction{p.path}", p.message) for p in exc.problems],
         ) from None
+    _keep_the_key(execution, data, correction)
     revision = conn.execute(
         _CORRECT,
         {
@@ -450,6 +452,49 @@ def _correct(
             " corrected: retry without a correction, or fail"
         )
     return {"correction": [c.as_json() for c in changes], "correctedRevision": revision}
+
+
+def _keep_the_key(execution: Any, data: Any, correction: tuple[tuple[str, Any], ...]) -> None:
+    """Refuse a correction that changes the value the execution's concurrency key read.
+
+    The execution holds its key from its first claim, computed at acceptance: corrected
+    data naming another machine would run on it while another execution holds that key.
+    """
+    if execution.concurrency_key is None:
+        return
+    flow = FlowDefinition.from_json(execution.definition)
+    transition = flow.transitions.get(execution.transition_id)
+    concurrency = transition.concurrency if transition is not None else None
+    if concurrency is None:
+        return
+    try:
+        corrected: str | None = key_value(concurrency, data)
+    except KeyMissing:
+        corrected = None
+    if corrected == execution.concurrency_key:
+        return
+    key_path = concurrency.pointer.removeprefix("/data")
+    where = next(
+        (
+            f"/correction/{index}/path"
+            for index, (path, _) in enumerate(correction)
+            if key_path == path or key_path.startswith(path + "/") or path.startswith(key_path)
+        ),
+        "/correction",
+    )
+    now = "no value" if corrected is None else repr(corrected)
+    raise DecisionInvalid(
+        CORRECTION_INVALID,
+        f"the correction changes the transition's concurrency key {concurrency.pointer}"
+        f" ({execution.concurrency_key!r} to {now}); the execution holds the key it was"
+        " accepted with: cancel or fail it and start the transition again for the other value",
+        problems=[
+            (
+                where,
+                f"changes the concurrency key {concurrency.pointer}, which the execution holds",
+            )
+        ],
+    )
 
 
 def _bulk_detail(bulk_id: uuid.UUID | None) -> dict[str, str]:

@@ -436,3 +436,49 @@ def test_a_dry_run_holds_no_key(api, runtime_engine):
     rehearsal = response.get_json()["executionId"]
     assert ids(claim(runtime_engine, 10)) == {real, rehearsal}
     assert rows(runtime_engine, rehearsal)[rehearsal].concurrency_key is None
+
+
+def test_a_correction_cannot_move_an_execution_to_a_machine_another_holds(api, runtime_engine):
+    """E1 parked on m-1 is retried with its machine corrected to m-2, which E2 holds: the
+    retry would reboot m-2 while E2 does. The correction is refused, naming the key, and
+    nothing is written; a correction that keeps the key is taken."""
+    flow = api.publish(keyed_flow())
+    first, second = start(api, flow["id"], "m-1"), start(api, flow["id"], "m-2")
+    both = claim(runtime_engine, 10)
+    assert ids(both) == {first, second}
+    parked = next(c for c in both.claims if str(c.execution_id) == first)
+    with runtime_engine.connect() as conn:
+        require_reconciliation(conn, parked, "UNCERTAIN_OUTCOME")
+    before = rows(runtime_engine, first)[first]
+
+    moved = api.post(
+        f"/executions/{first}/reconciliation",
+        {
+            "decision": "retry",
+            "reason": "it was the other machine",
+            "actionId": None,
+            "correction": [{"path": "/n", "value": 2}, {"path": "/machineId", "value": "m-2"}],
+        },
+        scopes=["executions:reconcile", "requests:read-all"],
+    )
+
+    assert moved.status_code == 422, moved.get_data(as_text=True)
+    refused = problem(moved)
+    assert refused["code"] == "CORRECTION_INVALID"
+    assert "/data/machineId" in refused["detail"]
+    assert [p["path"] for p in refused["problems"]] == ["/correction/1/path"]
+    assert tuple(rows(runtime_engine, first)[first]) == tuple(before)
+    assert holders(runtime_engine, "m-2") == 1
+
+    kept = api.post(
+        f"/executions/{first}/reconciliation",
+        {
+            "decision": "retry",
+            "reason": "the count was wrong",
+            "actionId": None,
+            "correction": [{"path": "/n", "value": 3}, {"path": "/machineId", "value": "m-1"}],
+        },
+        scopes=["executions:reconcile", "requests:read-all"],
+    )
+    assert kept.status_code == 200, kept.get_data(as_text=True)
+    assert rows(runtime_engine, first)[first].concurrency_key == "m-1"

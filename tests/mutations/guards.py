@@ -2287,6 +2287,28 @@ BULK_ITEM_GUARDS = [
     ),
 ]
 
+# --- a correction cannot move a concurrency key (queue/reconciliation.py) ---------------
+
+CORRECTION_KEY_GUARDS = [
+    Mutation(
+        "correction-keeps-the-concurrency-key",
+        _RECONCILIATION_PY,
+        "    _keep_the_key(execution, data, correction)\n",
+        "",
+        "A retry's correction never changes the value of the key the execution holds: no "
+        "two executions run on one machine over the key's limit.",
+        (f"{KEYS}::test_a_correction_cannot_move_an_execution_to_a_machine_another_holds",),
+    ),
+    Mutation(
+        "correction-compares-the-held-key",
+        _RECONCILIATION_PY,
+        "    if corrected == execution.concurrency_key:\n        return\n",
+        "    if corrected is not None:\n        return\n",
+        "A correction is judged against the key the execution holds, not merely for having one.",
+        (f"{KEYS}::test_a_correction_cannot_move_an_execution_to_a_machine_another_holds",),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2315,6 +2337,7 @@ MUTATIONS: list[Mutation] = [
     *PAUSED_HOLDER_GUARDS,
     *ROLLOUT_GUARDS,
     *BULK_ITEM_GUARDS,
+    *CORRECTION_KEY_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
