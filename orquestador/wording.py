@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def duration_in_words(seconds: int) -> str:
     """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
@@ -33,3 +35,18 @@ COMMAND_STATUS_MEANINGS = {
 def command_status_meaning(status: str) -> str:
     """What a command status means, in words ('' when the status says it itself)."""
     return COMMAND_STATUS_MEANINGS.get(status, "")
+
+
+# What a bulk action did to an item it acted on as asked.
+BULK_DONE_WORDS = {"cancel": "cancelled", "retry": "sent to run again", "fail": "failed"}
+
+
+def bulk_outcome_in_words(progress: dict[str, Any]) -> str:
+    """A bulk's outcome so far (GET /bulk/{id}'s view) as a person says it: what took
+    effect first, then what was parked for a decision, then what the rules refused."""
+    said = [f"{progress['succeeded']} {BULK_DONE_WORDS.get(progress['action'], 'done')}"]
+    parked = len(progress.get("parked", []))
+    if parked:
+        said.append(f"{parked} parked for a decision")
+    said.append(f"{len(progress['refused'])} refused")
+    return ", ".join(said)

@@ -28,6 +28,7 @@ from sqlalchemy import (
     func,
     select,
     text,
+    true,
     tuple_,
 )
 from sqlalchemy.dialects.postgresql import UUID
@@ -47,6 +48,7 @@ from orquestador.db.schema import (
     schedule_fire,
 )
 from orquestador.machines.output import VIEW_CHARACTERS
+from orquestador.queue.bulk import parks_on_cancel
 
 
 class Reach(enum.Enum):
@@ -369,21 +371,32 @@ class ResourceAccess:
         )
 
     def bulk_preview(
-        self, connection: Connection, found: BulkFilter, sample_size: int
-    ) -> tuple[int, list[Row]]:
-        """How many visible executions a bulk filter matches, and the newest of them."""
-        count = connection.execute(
-            select(func.count()).select_from(self.bulk_matches(found).subquery())
-        ).scalar_one()
+        self, connection: Connection, found: BulkFilter, sample_size: int, *, cancel: bool
+    ) -> tuple[int, int, list[Row]]:
+        """How many visible executions a bulk filter matches, how many of them a cancel
+        would park rather than end (the write rule; 0 unless `cancel`), and the newest of
+        them, each with `parks`."""
+        parks = parks_on_cancel(execution.c.id) if cancel else false()
+        matched = (
+            select(execution.c.id, parks.label("parks"))
+            .join(request, request.c.id == execution.c.request_id)
+            .where(*self._bulk_conditions(found))
+            .subquery()
+        )
+        count, parking = connection.execute(
+            select(func.count(), func.count().filter(matched.c.parks.is_(true()))).select_from(
+                matched
+            )
+        ).one()
         sample = connection.execute(
-            select(*_EXECUTION_COLUMNS)
+            select(*_EXECUTION_COLUMNS, parks.label("parks"))
             .join(request, request.c.id == execution.c.request_id)
             .join(flow, flow.c.id == execution.c.flow_id)
             .where(*self._bulk_conditions(found))
             .order_by(execution.c.created_at.desc(), execution.c.id.desc())
             .limit(sample_size)
         ).all()
-        return count, list(sample)
+        return count, parking, list(sample)
 
     def execution_steps(self, connection: Connection, execution_id: uuid.UUID) -> list[Row]:
         """Checkpoint statuses of a visible execution, in the order the actions started."""

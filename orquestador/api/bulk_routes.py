@@ -127,11 +127,14 @@ def read_progress(caller: Caller, bulk_id: uuid.UUID) -> BulkProgress | None:
 
 
 def _preview(access: ResourceAccess, action: str, found: BulkFilter) -> dict[str, Any]:
+    cancel = action == "cancel"
     with engine().connect() as connection:
         connection.execution_options(isolation_level="REPEATABLE READ")
         with connection.begin():
-            count, sample = access.bulk_preview(connection, found, SAMPLE_SIZE)
-    return {
+            count, parking, sample = access.bulk_preview(
+                connection, found, SAMPLE_SIZE, cancel=cancel
+            )
+    preview: dict[str, Any] = {
         "action": action,
         "count": count,
         "sample": [
@@ -144,10 +147,14 @@ def _preview(access: ResourceAccess, action: str, found: BulkFilter) -> dict[str
                 "flowVersion": row.flow_version,
                 "machineId": row.machine_id,
                 "createdAt": timestamp(row.created_at),
+                **({"parks": bool(row.parks)} if cancel else {}),
             }
             for row in sample
         ],
     }
+    if cancel:
+        preview["parks"] = parking
+    return preview
 
 
 def progress_view(found: BulkProgress) -> dict[str, Any]:
@@ -161,6 +168,10 @@ def progress_view(found: BulkProgress) -> dict[str, Any]:
         "total": found.total,
         "done": found.done,
         "succeeded": found.succeeded,
+        "parked": [
+            {"executionId": str(item.execution_id), "code": item.code, "detail": item.detail}
+            for item in found.parked
+        ],
         "refused": [
             {"executionId": str(item.execution_id), "code": item.code, "detail": item.detail}
             for item in found.refused

@@ -75,6 +75,11 @@ BULK_SAMPLE_ITEM: dict[str, Any] = {
         "flowVersion": {"type": "integer"},
         "machineId": {"type": ["string", "null"]},
         "createdAt": _TIMESTAMP,
+        "parks": {
+            "type": "boolean",
+            "description": "A cancel only: true when a cancel now would park this execution "
+            "for an operator's decision (a write done or in doubt) rather than end it.",
+        },
     },
 }
 
@@ -84,6 +89,12 @@ BULK_PREVIEW: dict[str, Any] = {
     "properties": {
         "action": {"enum": list(BULK_ACTIONS)},
         "count": {"type": "integer", "minimum": 0, "description": "How many match now."},
+        "parks": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "A cancel only: how many of them a cancel now would park for an "
+            "operator's decision (a write done or in doubt) rather than end.",
+        },
         "sample": {
             "type": "array",
             "items": BULK_SAMPLE_ITEM,
@@ -107,9 +118,19 @@ BULK_ACCEPTED: dict[str, Any] = {
     },
 }
 
+_ITEM: dict[str, Any] = {
+    "type": "object",
+    "required": ["executionId", "code"],
+    "properties": {
+        "executionId": _UUID,
+        "code": {"type": "string"},
+        "detail": {"type": ["string", "null"]},
+    },
+}
+
 BULK_PROGRESS: dict[str, Any] = {
     "type": "object",
-    "required": ["id", "action", "status", "total", "done", "succeeded", "refused"],
+    "required": ["id", "action", "status", "total", "done", "succeeded", "parked", "refused"],
     "properties": {
         "id": _UUID,
         "action": {"enum": list(BULK_ACTIONS)},
@@ -122,21 +143,23 @@ BULK_PROGRESS: dict[str, Any] = {
         },
         "total": {"type": "integer", "minimum": 0},
         "done": {"type": "integer", "minimum": 0, "description": "Items with an outcome."},
-        "succeeded": {"type": "integer", "minimum": 0, "description": "Items acted on."},
+        "succeeded": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Items acted on as asked (cancelled, retried, failed).",
+        },
+        "parked": {
+            "type": "array",
+            "description": "Cancels that took effect as a park for an operator's decision "
+            "(`CANCELLED_AFTER_WRITES`: a write was done or may have been), each with what "
+            "became of its machine commands (withdrawn, asked to stop). Not refusals.",
+            "items": _ITEM,
+        },
         "refused": {
             "type": "array",
             "description": "Every item the normal rules refused, with its problem code "
-            "(`NOT_CANCELLABLE`, `NOT_RECONCILABLE`, ...), or whose cancel the write rule "
-            "turned into a park for an operator (`CANCELLED_AFTER_WRITES`).",
-            "items": {
-                "type": "object",
-                "required": ["executionId", "code"],
-                "properties": {
-                    "executionId": _UUID,
-                    "code": {"type": "string"},
-                    "detail": {"type": ["string", "null"]},
-                },
-            },
+            "(`NOT_CANCELLABLE`, `NOT_RECONCILABLE`, ...); nothing was done to it.",
+            "items": _ITEM,
         },
         "createdAt": _TIMESTAMP,
         "finishedAt": {"type": ["string", "null"], "format": "date-time"},

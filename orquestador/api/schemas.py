@@ -396,11 +396,22 @@ EXECUTION: dict[str, Any] = {
                             "properties": {
                                 "attempt": {"type": "integer", "minimum": 1},
                                 "status": {
-                                    "enum": ["RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN"],
+                                    "enum": [
+                                        "RUNNING",
+                                        "WAITING",
+                                        "STOPPED",
+                                        "SUCCEEDED",
+                                        "FAILED",
+                                        "UNKNOWN",
+                                    ],
                                     "description": (
                                         "UNKNOWN: the effect may have happened. An attempt"
                                         " interrupted mid-call ends FAILED (a read) or"
                                         " UNKNOWN (a write) with errorCode INTERRUPTED."
+                                        " WAITING: a durable wait's attempt under way,"
+                                        " between its rounds (startedAt: its first round);"
+                                        " STOPPED: such an attempt the execution's end"
+                                        " stopped."
                                     ),
                                 },
                                 "errorCode": {"type": "string"},

@@ -498,12 +498,29 @@ def _audit_view(event: Row) -> dict[str, Any]:
     return body
 
 
-def _history(step: Row, ended: list[Row]) -> list[dict[str, Any]]:
+def _history(step: Row, ended: list[Row], *, paused: bool = False) -> list[dict[str, Any]]:
     history = [_attempt_view(a) for a in ended]
     if step.status == "RUNNING":  # the attempt under way has not ended: not in the history
         history.append(
             {"attempt": step.attempt, "status": "RUNNING", "startedAt": timestamp(step.started_at)}
         )
+    elif (
+        step.status == "FAILED"
+        and step.error_code == NOT_READY
+        and all(a.attempt != step.attempt for a in ended)
+    ):
+        # A durable wait between its rounds: its attempt is under way (the execution counts
+        # it), not missing; or it stopped there when the execution ended. It began with
+        # the wait's first round.
+        started = _first_start(step) if step.attempt == 1 else step.started_at
+        line: dict[str, Any] = {
+            "attempt": step.attempt,
+            "status": "WAITING" if paused else "STOPPED",
+            "startedAt": timestamp(started),
+        }
+        if not paused and step.finished_at is not None:
+            line["finishedAt"] = timestamp(step.finished_at)
+        history.append(line)
     return history
 
 
@@ -528,7 +545,7 @@ def _step_view(
             body["startedAt"] = timestamp(_first_start(step))
         if not paused and step.finished_at is not None:
             body["finishedAt"] = timestamp(step.finished_at)
-        body["attempts"] = _history(step, ended)
+        body["attempts"] = _history(step, ended, paused=paused)
         return body
     body = {"actionId": step.action_id, "status": step.status}
     if _first_start(step) is not None:

@@ -27,6 +27,7 @@ from orquestador.cli.output import (
 )
 from orquestador.client import Client
 from orquestador.domain.statuses import BulkAction, ExecutionStatus, values
+from orquestador.wording import bulk_outcome_in_words
 
 # How often the progress is asked for while the worker acts.
 POLL_SECONDS = 0.5
@@ -133,7 +134,7 @@ def _print_preview(preview: dict[str, Any], action: str) -> None:
         return
     print(f"{count} execution{'s' if count != 1 else ''} match; a bulk {action} acts on each")
     print_table(
-        ("ID", "STATUS", "ERROR", "FLOW", "MACHINE", "CREATED"),
+        ("ID", "STATUS", "ERROR", "FLOW", "MACHINE", "CREATED", "CANCEL"),
         [
             (
                 item["id"],
@@ -142,12 +143,19 @@ def _print_preview(preview: dict[str, Any], action: str) -> None:
                 flow_name(item),
                 item.get("machineId"),
                 item["createdAt"],
+                ("PARKS" if item["parks"] else "ends") if "parks" in item else None,
             )
             for item in preview["sample"]
         ],
     )
     if count > len(preview["sample"]):
         print(f"... and {count - len(preview['sample'])} more")
+    parks = preview.get("parks", 0)
+    if parks:
+        print(
+            f"warning: a cancel parks {parks} of them for a decision instead of ending "
+            f"{'it' if parks == 1 else 'them'}: a write was done or may have been (PARKS above)"
+        )
 
 
 def _confirmed(count: int, action: str) -> bool:
@@ -183,7 +191,7 @@ def _draw_bar(found: dict[str, Any]) -> None:
     filled = BAR_WIDTH if total == 0 else BAR_WIDTH * done // total
     print(
         f"\r[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}"
-        f"  {found['succeeded']} succeeded, {len(found['refused'])} refused",
+        f"  {bulk_outcome_in_words(found)}",
         end="",
         file=sys.stderr,
         flush=True,
@@ -191,11 +199,15 @@ def _draw_bar(found: dict[str, Any]) -> None:
 
 
 def _print_result(found: dict[str, Any]) -> None:
-    refused = found["refused"]
-    print(
-        f"done: {found['done']} of {found['total']}; {found['succeeded']} succeeded, "
-        f"{len(refused)} refused"
-    )
+    refused, parked = found["refused"], found.get("parked", [])
+    print(f"done: {found['done']} of {found['total']}; {bulk_outcome_in_words(found)}")
+    if parked:
+        print()
+        print("parked for a decision (decide each: orquestador executions evidence ID):")
+        print_table(
+            ("EXECUTION", "WHAT WAS DONE"),
+            [(item["executionId"], cell(item.get("detail"))) for item in parked],
+        )
     if refused:
         print()
         print_table(

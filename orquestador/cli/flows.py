@@ -161,6 +161,9 @@ def _lint(args: argparse.Namespace) -> int:
     findings = lint_definition(definition)
     for finding in findings:
         print(f"{path}: {finding.path or '/'}: {finding.message}")
+    if not findings:
+        # Silence would leave a person wondering whether anything was checked.
+        print(f"{path}: ok: no findings")
     return 1 if findings else 0
 
 

@@ -32,3 +32,19 @@ class EmailOutcome(enum.StrEnum):
 AUDIT_NOTICE_WRITTEN = "NOTICE_WRITTEN"
 # The audit row that says a queued e-mail was delivered or failed: {noticeId, email}.
 AUDIT_NOTICE_EMAIL_SETTLED = "NOTICE_EMAIL_SETTLED"
+
+# Each e-mail outcome as a person reads it beside a notice (pages, its history).
+EMAIL_OUTCOME_WORDS: dict[str, str] = {
+    EmailOutcome.QUEUED: "an e-mail is queued",
+    EmailOutcome.DELIVERED: "its e-mail was delivered",
+    EmailOutcome.FAILED: "its e-mail could not be delivered",
+    EmailOutcome.OFF_ON_NODE: "no e-mail (the flow does not send one)",
+    EmailOutcome.ORG_OPTED_OUT: "no e-mail (the organization opted out)",
+    EmailOutcome.NO_RECIPIENTS: "no e-mail (the organization names nobody to send it to)",
+    EmailOutcome.SIMULATION: "no e-mail (a dry run)",
+}
+
+
+def email_outcome_in_words(outcome: str | None) -> str:
+    """What became of a notice's e-mail, in words; an outcome without words as it is."""
+    return EMAIL_OUTCOME_WORDS.get(str(outcome), f"e-mail: {outcome}")

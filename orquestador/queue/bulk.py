@@ -21,7 +21,8 @@ cancel's write rule judges what it finds, parking instead of releasing after any
 
 An item the rules refuse (a RUNNING execution cannot be cancelled; only a parked one can
 be retried or failed) is recorded REFUSED with its problem code; a cancel the write rule
-turns into a park for an operator is recorded PARKED, CANCELLED_AFTER_WRITES. Nothing is
+turns into a park for an operator is recorded PARKED, CANCELLED_AFTER_WRITES, with what
+became of its machine commands in words: it took effect, it was not refused. Nothing is
 ever forced.
 """
 
@@ -35,14 +36,36 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, case, func, insert, literal, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Select,
+    and_,
+    case,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.exc import DBAPIError
 
 from orquestador import metrics
-from orquestador.db.schema import bulk_action, bulk_item
+from orquestador.db.schema import (
+    action_attempt,
+    action_execution,
+    bulk_action,
+    bulk_item,
+    machine_command,
+)
 from orquestador.errors import DecisionInvalid, OrquestadorError
+from orquestador.machines.cancel import CancelledCommands
 from orquestador.queue.reconciliation import (
     CANCELLED_AFTER_WRITES,
+    Cancelled,
     Resolution,
     cancel_in_transaction,
     resolve_in_transaction,
@@ -117,8 +140,11 @@ class BulkProgress:
     total: int
     done: int
     succeeded: int
-    # Every item that is not SUCCEEDED (REFUSED or PARKED), in execution id order.
+    # The items the rules refused, in execution id order.
     refused: list[RefusedItem]
+    # The cancels the write rule turned into a park for an operator's decision: acted
+    # on, not refused (their machine commands were withdrawn or asked to stop).
+    parked: list[RefusedItem]
     created_at: datetime
     finished_at: datetime | None
 
@@ -277,6 +303,7 @@ def _act(
 ) -> ItemOutcome:
     """The item's action in a savepoint: a refusal leaves nothing of it behind."""
     try:
+        cancelled: Cancelled | None = None
         with conn.begin_nested():
             if bulk.action == "cancel":
                 cancelled = cancel_in_transaction(
@@ -307,15 +334,63 @@ def _act(
             extra={"bulk_id": str(bulk.id), "execution_id": str(execution_id)},
         )
         return ItemOutcome(execution_id, "REFUSED", ITEM_FAILED, type(failed).__name__)
-    if status == "RECONCILIATION_REQUIRED" and bulk.action == "cancel":
+    if status == "RECONCILIATION_REQUIRED" and cancelled is not None:
         return ItemOutcome(
-            execution_id,
-            "PARKED",
-            CANCELLED_AFTER_WRITES,
-            "writes done or in doubt: parked for an operator's decision",
-            status,
+            execution_id, "PARKED", CANCELLED_AFTER_WRITES, parked_words(cancelled.commands), status
         )
     return ItemOutcome(execution_id, "SUCCEEDED", status=status)
+
+
+def parked_words(commands: CancelledCommands) -> str:
+    """What a cancel that parked did, as the bulk's item says it."""
+    done = [
+        f"{count} machine command{'s' if count != 1 else ''} {what}"
+        for count, what in (
+            (len(commands.cancelled), "withdrawn"),
+            (len(commands.stop_requested), "asked to stop"),
+        )
+        if count
+    ]
+    said = "parked for a decision: a write was done or may have been"
+    return f"{said}; {', '.join(done)}" if done else said
+
+
+def parks_on_cancel(execution_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether a cancel of this execution, were it made now, would park it rather than
+    end it: the write rule of cancel_in_transaction, read without locks (for a preview).
+
+    A write done (a step SUCCEEDED that is not a machine command no agent ever took)
+    or in doubt (RUNNING, UNKNOWN, or an unsettled UNKNOWN attempt) parks it.
+    """
+    step, attempt, command = (
+        action_execution.alias("step"),
+        action_attempt.alias("doubt"),
+        machine_command.alias("untaken"),
+    )
+    # Withdrawn by the cancel itself (pending), or final without ever being handed out.
+    untaken = exists().where(
+        command.c.external_key == step.c.external_key,
+        command.c.sent_at.is_(None),
+        command.c.status.in_(("pending", "cancelled", "expired")),
+    )
+    in_doubt = exists().where(
+        attempt.c.execution_id == step.c.execution_id,
+        attempt.c.action_id == step.c.action_id,
+        attempt.c.attempt > step.c.attempt_base,
+        attempt.c.status == "UNKNOWN",
+    )
+    return exists().where(
+        step.c.execution_id == execution_id,
+        step.c.effect != "READ_ONLY",
+        or_(
+            and_(
+                step.c.status == "SUCCEEDED",
+                ~and_(step.c.capability == "machine.command", untaken),
+            ),
+            step.c.status.in_(("RUNNING", "UNKNOWN")),
+            and_(step.c.status != "SUCCEEDED", in_doubt),
+        ),
+    )
 
 
 def _no_output(capability: str, version: int, output: Any) -> list[str]:
@@ -397,9 +472,9 @@ _PROGRESS = text(
     """
 )
 
-_REFUSED = text(
+_NOT_AS_ASKED = text(
     """
-    SELECT execution_id, code, detail FROM bulk_item
+    SELECT execution_id, outcome, code, detail FROM bulk_item
     WHERE bulk_id = :bulk_id AND outcome IN ('REFUSED', 'PARKED')
     ORDER BY execution_id
     """
@@ -414,7 +489,17 @@ def bulk_progress(conn: Connection, bulk_id: uuid.UUID, org_id: str) -> BulkProg
     row = conn.execute(_PROGRESS, {"bulk_id": bulk_id, "org_id": org_id}).first()
     if row is None:
         return None
-    refused = [RefusedItem(*item) for item in conn.execute(_REFUSED, {"bulk_id": bulk_id})]
+    others = conn.execute(_NOT_AS_ASKED, {"bulk_id": bulk_id}).all()
+    refused = [
+        RefusedItem(item.execution_id, item.code, item.detail)
+        for item in others
+        if item.outcome == "REFUSED"
+    ]
+    parked = [
+        RefusedItem(item.execution_id, item.code, item.detail)
+        for item in others
+        if item.outcome == "PARKED"
+    ]
     return BulkProgress(
         id=row.id,
         action=row.action,
@@ -426,6 +511,7 @@ def bulk_progress(conn: Connection, bulk_id: uuid.UUID, org_id: str) -> BulkProg
         done=row.done,
         succeeded=row.succeeded,
         refused=refused,
+        parked=parked,
         created_at=row.created_at,
         finished_at=row.finished_at,
     )

@@ -80,10 +80,10 @@ def test_yes_previews_starts_and_reports_each_refused_item(
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "14 executions match; a bulk cancel acts on each"
-    assert lines[1].split() == ["ID", "STATUS", "ERROR", "FLOW", "MACHINE", "CREATED"]
+    assert lines[1].split() == ["ID", "STATUS", "ERROR", "FLOW", "MACHINE", "CREATED", "CANCEL"]
     assert "... and 4 more" in lines
     assert any(line.startswith("bulk ") and "14 executions" in line for line in lines)
-    assert "done: 14 of 14; 13 succeeded, 1 refused" in lines
+    assert "done: 14 of 14; 13 cancelled, 1 refused" in lines
     assert any(line.split()[:2] == [str(running[0]), "NOT_CANCELLABLE"] for line in lines)
     assert set(statuses(owner_engine, pending).values()) == {"CANCELLED"}
     assert all(len(rows) == 1 for rows in audits(owner_engine, "EXECUTION_CANCELLED").values())
@@ -132,7 +132,7 @@ def test_on_a_terminal_it_asks_and_only_yes_starts_it(server: Server, owner_engi
 
     accepted = _on_a_terminal(server, b"yes\n", *args)
     assert accepted.returncode == 0, accepted.stderr
-    assert "done: 2 of 2; 2 succeeded, 0 refused" in accepted.stdout
+    assert "done: 2 of 2; 2 cancelled, 0 refused" in accepted.stdout
     assert set(statuses(owner_engine, pending).values()) == {"CANCELLED"}
 
 
@@ -203,5 +203,29 @@ def test_on_a_terminal_the_progress_is_a_bar(server: Server, owner_engine: Engin
         os.close(controller)
     assert result.returncode == 0, shown
     assert "Type yes to go on" in shown
-    assert f"[{'#' * 30}] 6/6  6 succeeded, 0 refused" in shown
-    assert "done: 6 of 6; 6 succeeded, 0 refused" in result.stdout
+    assert f"[{'#' * 30}] 6/6  6 cancelled, 0 refused" in shown
+    assert "done: 6 of 6; 6 cancelled, 0 refused" in result.stdout
+
+
+def test_a_cancel_that_parks_is_said_as_what_took_effect_and_warned_of_before(
+    server: Server, owner_engine: Engine
+) -> None:
+    flow = publish(owner_engine)
+    arrange(owner_engine, flow, 2, status="RETRY_WAIT")
+    (written,) = arrange(owner_engine, flow, 1, status="RETRY_WAIT", checkpoint="SUCCEEDED")
+
+    result = _bulk(server, "--flow", str(flow), "--action", "cancel", "--reason", "outage", "--yes")
+
+    # Nothing refused: everything took effect, the park included.
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    done = lines.index("done: 3 of 3; 2 cancelled, 1 parked for a decision, 0 refused")
+    (previewed,) = [line for line in lines[:done] if line.startswith(str(written))]
+    assert previewed.split()[-1] == "PARKS"
+    assert (
+        "warning: a cancel parks 1 of them for a decision instead of ending it: a write was "
+        "done or may have been (PARKS above)"
+    ) in lines[:done]
+    (parked,) = [line for line in lines[done:] if line.startswith(str(written))]
+    assert "parked for a decision: a write was done or may have been" in parked
+    assert "CANCELLED_AFTER_WRITES" not in result.stdout

@@ -131,7 +131,12 @@ def test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused(
     written = arrange(owner_engine, flow, 1, status="RETRY_WAIT", checkpoint="SUCCEEDED")
     elsewhere = arrange(owner_engine, publish(owner_engine, OTHER_ORG), 2, org=OTHER_ORG)
 
-    accepted = start(api, {"filter": {"flowId": str(flow)}, "action": "cancel", "reason": REASON})
+    body = {"filter": {"flowId": str(flow)}, "action": "cancel", "reason": REASON}
+    # The preview warns which one a cancel will park rather than end.
+    preview = api.post("/executions/bulk", {**body, "preview": True}, **operator()).get_json()
+    assert (preview["count"], preview["parks"]) == (11, 1)
+    assert {item["id"] for item in preview["sample"] if item["parks"]} == {str(written[0])}
+    accepted = start(api, body)
     assert accepted["status"] == "RUNNING" and accepted["total"] == 11
     before = progress(api, accepted["bulkId"])
     assert (before["status"], before["done"], before["succeeded"]) == ("RUNNING", 0, 0)
@@ -143,11 +148,11 @@ def test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused(
     assert after["status"] == "DONE" and after["finishedAt"] is not None
     assert (after["total"], after["done"], after["succeeded"]) == (11, 11, 8)
     refused = {uuid.UUID(item["executionId"]): item["code"] for item in after["refused"]}
-    assert refused == {
-        running[0]: "NOT_CANCELLABLE",
-        running[1]: "NOT_CANCELLABLE",
-        written[0]: "CANCELLED_AFTER_WRITES",
-    }
+    assert refused == {running[0]: "NOT_CANCELLABLE", running[1]: "NOT_CANCELLABLE"}
+    # The park took effect: it is said as what was done, never as a refusal.
+    (parked,) = after["parked"]
+    assert (parked["executionId"], parked["code"]) == (str(written[0]), "CANCELLED_AFTER_WRITES")
+    assert parked["detail"].startswith("parked for a decision")
     now = statuses(owner_engine, pending + waiting + running + written + elsewhere)
     assert {now[i] for i in pending + waiting} == {"CANCELLED"}
     assert {now[i] for i in running} == {"RUNNING"}

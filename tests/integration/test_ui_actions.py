@@ -524,3 +524,20 @@ def test_a_wait_under_way_is_part_of_the_story(api: Api, waiting_one: str) -> No
     words = text_of(page.get_data(as_text=True))
 
     assert "Step wait waits for command poweroff on machine m-1 (now sent)" in words
+
+
+def test_a_wait_between_its_rounds_counts_the_attempt_the_execution_counts(
+    api: Api, waiting_one: str, owner_engine: Engine
+) -> None:
+    with owner_engine.begin() as conn:
+        conn.execute(text("UPDATE execution SET attempts = 1 WHERE id = :id"), {"id": waiting_one})
+    view = api.get(f"/executions/{waiting_one}").get_json()
+    html = signed_in(api, scopes=READER).get(f"/ui/executions/{waiting_one}").get_data(as_text=True)
+
+    (step,) = view["steps"]
+    (attempt,) = step["attempts"]
+    # Under way since the wait's first round, 8 s ago, not its latest.
+    assert (attempt["attempt"], attempt["status"]) == (1, "WAITING")
+    assert attempt["startedAt"] == step["startedAt"]
+    counts = re.findall(r"<dt>Attempts</dt><dd>(\d+)</dd>", html)
+    assert counts == ["1", "1"]  # the execution's, then its wait step's

@@ -340,6 +340,8 @@ def test_the_notices_panel_shows_open_notices_and_all_on_ask(
     words = text_of(page)
     assert "Disk almost full" in words and "warning" in words and "automation" in words
     assert "Machine m-1 has 3% free on /var." in words
+    # What became of the e-mail, in words, never the stored enum.
+    assert "no e-mail (the flow does not send one)" in words and "off_on_node" not in words
     assert f"/ui/executions/{arranged.execution_id}" in page
     assert "Old news" not in words and "Their secret notice" not in words
     assert "Old news" in text_of(everything) and "dismissed" in text_of(everything)

@@ -46,10 +46,11 @@ def _lint(tmp_path: Path, content: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_clean_flow_exits_0_and_prints_nothing(tmp_path: Path) -> None:
+def test_a_clean_flow_exits_0_and_says_so_in_one_line(tmp_path: Path) -> None:
     result = _lint(tmp_path, json.dumps(CLEAN))
 
-    assert (result.returncode, result.stdout) == (0, ""), result.stderr
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{tmp_path / 'flow.json'}: ok: no findings"]
 
 
 def test_unreached_states_and_transitions_that_can_never_run_are_one_line_each(

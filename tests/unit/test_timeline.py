@@ -268,3 +268,17 @@ def test_the_acceptance_names_the_flow_version_and_what_asked_when_no_person_did
     ]
     # Whom a fire or an event acts for stays the row's actor.
     assert [m.actor for m in story] == ["alice", "alice", "panel"]
+
+
+def test_a_step_s_first_attempt_runs_from_the_step_s_first_start_not_its_last_round() -> None:
+    # A wait that began at T0 and failed on its last round, 19 ms long, 9 s later.
+    last_round = _attempt(1, 9, 19, status="FAILED", error_code="WAIT_TIMEOUT")
+    retried = _attempt(2, 30, 40, status="FAILED")
+    steps = [{"actionId": "charge", "startedAt": T0.isoformat()}]
+
+    first, second = timeline([], [last_round, retried], steps)
+
+    assert first.words == "Step charge, attempt 1, failed after 9 s (WAIT_TIMEOUT)."
+    assert first.at == T0
+    # A later attempt is its own: it began when it began.
+    assert second.words == "Step charge, attempt 2, failed after 40 ms."

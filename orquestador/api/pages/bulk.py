@@ -33,6 +33,7 @@ from orquestador.api.pages.routes import (
 from orquestador.api.problems import ApiProblem
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
+from orquestador.wording import BULK_DONE_WORDS
 
 CRITERIA = tuple(BULK_FILTER["properties"])
 REFRESH_SECONDS = 2
@@ -203,9 +204,13 @@ def bulk_page(bulk_id: str) -> Any:
     if found is None:
         raise not_found_page()
     view = progress_view(found)
-    answer = Response(
-        render_template("bulk.html", caller=g.caller, bulk=view), mimetype="text/html"
+    page = render_template(
+        "bulk.html",
+        caller=g.caller,
+        bulk=view,
+        done_word=BULK_DONE_WORDS.get(view["action"], "done"),
     )
+    answer = Response(page, mimetype="text/html")
     if view["status"] != "DONE":
         answer.headers["Refresh"] = str(REFRESH_SECONDS)  # follows the worker by itself
     return answer

@@ -55,6 +55,7 @@ from orquestador.api.tokens import mint_token, page_audience
 from orquestador.api.views import execution_views
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.errors import ConfigError
+from orquestador.notices.vocabulary import email_outcome_in_words
 from orquestador.wording import command_status_meaning, duration_in_words
 
 log = logging.getLogger(__name__)
@@ -627,6 +628,12 @@ def _when(value: str | None) -> str:
 @blueprint.app_template_filter("in_words")
 def _in_words(seconds: int | None) -> str:
     return "—" if seconds is None else duration_in_words(seconds)
+
+
+@blueprint.app_template_filter("email_words")
+def _email_words(outcome: Any) -> str:
+    """What became of a notice's e-mail, in words."""
+    return email_outcome_in_words(outcome)
 
 
 @blueprint.app_template_filter("command_meaning")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from orquestador.notices.vocabulary import email_outcome_in_words
 from orquestador.wording import duration_in_words
 
 # Facts a timeline entry never shows: the frozen evidence is the page's then/now and
@@ -46,8 +47,14 @@ def timeline(
     flow version the execution runs, which the acceptance names. `outputs` False leaves
     out the step outputs an operator confirmed: a step's output is shown only to those
     who may decide on it, as the evidence is."""
+    steps = list(steps)
+    # A step's first start: a wait's rounds (and a reclaim) restart the attempt's own
+    # start, and a 9 s wait would read as its last round's 19 ms.
+    first_starts = {
+        s["actionId"]: datetime.fromisoformat(s["startedAt"]) for s in steps if s.get("startedAt")
+    }
     moments = [_audit_moment(row, flow, outputs) for row in audit]
-    moments += [_attempt_moment(row) for row in attempts]
+    moments += [_attempt_moment(row, first_starts.get(row.action_id)) for row in attempts]
     moments += [_wait_moment(s) for s in steps if "waitingFor" in s and s.get("startedAt")]
     # Stable: an attempt ends before the audit row its outcome wrote in the same instant.
     return sorted(moments, key=lambda moment: moment.at)
@@ -73,17 +80,21 @@ _ATTEMPT_WORDS = {
 }
 
 
-def _attempt_moment(row: Any) -> Moment:
+def _attempt_moment(row: Any, first_start: datetime | None = None) -> Moment:
     ended = (
         "was interrupted" if row.finished_at is None else _ATTEMPT_WORDS.get(row.status, row.status)
     )
+    # The first attempt began with the step's first start, whatever rounds came after.
+    started = row.started_at
+    if row.attempt == 1 and first_start is not None and first_start < started:
+        started = first_start
     words = f"Step {row.action_id}, attempt {row.attempt}, {ended}"
     if row.finished_at is not None:
-        words += f" after {took(row.started_at, row.finished_at)}"
+        words += f" after {took(started, row.finished_at)}"
     if row.error_code:
         words += f" ({row.error_code})"
     facts = (("Message", row.message),) if row.message else ()
-    return Moment(at=row.started_at, kind="attempt", words=words + ".", facts=facts)
+    return Moment(at=started, kind="attempt", words=words + ".", facts=facts)
 
 
 def _wait_moment(step: dict[str, Any]) -> Moment:
@@ -214,15 +225,7 @@ def _resolved(actor: str, d: dict[str, Any]) -> str:
 
 
 def _email(d: dict[str, Any]) -> str:
-    return {
-        "queued": "an e-mail is queued",
-        "delivered": "its e-mail was delivered",
-        "failed": "its e-mail could not be delivered",
-        "off_on_node": "no e-mail (the flow does not send one)",
-        "org_opted_out": "no e-mail (the organization opted out)",
-        "no_recipients": "no e-mail (the organization names nobody to send it to)",
-        "simulation": "no e-mail (a dry run)",
-    }.get(_get(d, "email"), f"e-mail: {_get(d, 'email')}")
+    return email_outcome_in_words(_get(d, "email"))
 
 
 _SENTENCES = {
