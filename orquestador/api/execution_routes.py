@@ -39,6 +39,7 @@ from orquestador.api.execution_waits import (
     settled,
     wait_until_settled,
 )
+from orquestador.api.flow_store import find_flow
 from orquestador.api.paging import cursor, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CANCEL_BODY, RECONCILIATION_BODY
@@ -54,6 +55,7 @@ from orquestador.api.views import (
 )
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
+from orquestador.domain.typed_text import TextNotUnderstood, value_from_text
 from orquestador.errors import (
     DecisionInvalid,
     IntegrationUnavailable,
@@ -255,7 +257,7 @@ def reconcile_as(caller: Caller, execution_id: uuid.UUID, body: dict[str, Any]) 
         action_id=body["actionId"],
         output=body.get("output"),
         to_state=body.get("toState"),
-        correction=_correction(body.get("correction")),
+        correction=_correction(access, execution_id, body.get("correction")),
     )
     try:
         with engine().connect() as connection:
@@ -501,11 +503,42 @@ def _output_problems(capability: str, version: int, output: Any) -> list[str]:
     return sorted(messages)
 
 
-def _correction(entries: list[dict[str, Any]] | None) -> tuple[tuple[str, Any], ...] | None:
-    """The body's `[{path, value}]` as the (path, value) pairs of a Resolution."""
+def _correction(
+    access: ResourceAccess, execution_id: uuid.UUID, entries: list[dict[str, Any]] | None
+) -> tuple[tuple[str, Any], ...] | None:
+    """The body's `[{path, value} | {path, text}]` as the (path, value) pairs of a
+    Resolution. A `text` is read by the flow's data schema at its path (the execution's
+    pinned version: it never changes); 422 CORRECTION_INVALID when it cannot be read."""
     if entries is None:
         return None
-    return tuple((entry["path"], entry["value"]) for entry in entries)
+    schema: Any = None
+    if any("text" in entry for entry in entries):
+        with engine().connect() as connection:
+            row = access.find_execution(connection, execution_id)
+            found = (
+                find_flow(connection, org=access.caller.org, flow_id=row.flow_id)
+                if row is not None
+                else None
+            )
+        schema = found.data_schema if found is not None else None
+    pairs: list[tuple[str, Any]] = []
+    problems: list[Problem] = []
+    for index, entry in enumerate(entries):
+        if "value" in entry:
+            pairs.append((entry["path"], entry["value"]))
+            continue
+        try:
+            pairs.append((entry["path"], value_from_text(entry["text"], schema, entry["path"])))
+        except TextNotUnderstood as unread:
+            problems.append(Problem(f"/correction/{index}/text", unread.message))
+    if problems:
+        raise ApiProblem(
+            422,
+            "CORRECTION_INVALID",
+            "A correction's text cannot be read as the value of its field.",
+            problems=problems,
+        )
+    return tuple(pairs)
 
 
 def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:

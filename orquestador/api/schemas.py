@@ -725,7 +725,8 @@ RECONCILIATION_BODY: dict[str, Any] = {
             ),
             "items": {
                 "type": "object",
-                "required": ["path", "value"],
+                "required": ["path"],
+                "oneOf": [{"required": ["value"]}, {"required": ["text"]}],
                 "additionalProperties": False,
                 "properties": {
                     "path": {
@@ -739,6 +740,18 @@ RECONCILIATION_BODY: dict[str, Any] = {
                         ),
                     },
                     "value": {"description": "The value the path holds from now on (any JSON)."},
+                    "text": {
+                        "type": "string",
+                        "maxLength": 65536,
+                        "description": (
+                            "Instead of `value`: the new value as a person typed it. The"
+                            " flow's dataSchema at the path decides: a field that holds"
+                            ' text takes it as is (`large`, or `"large"` with quotes);'
+                            " any other field reads it as JSON (`950`). Text the schema"
+                            " cannot place is 422 `CORRECTION_INVALID`, saying how to"
+                            " quote it."
+                        ),
+                    },
                 },
             },
         },

@@ -116,9 +116,10 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
     reconcile.add_argument(
         "--correct",
         action="append",
-        metavar="PATH=JSON",
+        metavar="PATH=VALUE",
         help="retry: first set PATH of the request data (a JSON Pointer, as a flow's updates "
-        "write it: /amount) to JSON (or @FILE); repeat for more paths",
+        "write it: /amount) to VALUE: for a text field the text as is (/plan=large), else "
+        "JSON (/amount=950), or @FILE of JSON; repeat for more paths",
     )
 
     def reconcile_checked(args: argparse.Namespace) -> int:
@@ -382,11 +383,17 @@ def _writes_done(view: dict[str, Any]) -> str:
 
 
 def correction_argument(text: str) -> dict[str, Any]:
-    """`--correct PATH=JSON` as a correction's `{path, value}`; the path ends at the first `=`."""
+    """`--correct PATH=VALUE` as a correction's `{path, text}` (the server reads the text by
+    the flow's data schema: a text field takes it as is), or with `@FILE` its JSON as
+    `{path, value}`; the path ends at the first `=`."""
     path, equals, value = text.partition("=")
     if not equals or not path:
-        raise UsageProblem(f"--correct takes PATH=JSON (say /amount=950), not {text!r}")
-    return {"path": path, "value": json_argument(value, f"--correct {path}")}
+        raise UsageProblem(
+            f"--correct takes PATH=VALUE (say /amount=950 or /plan=large), not {text!r}"
+        )
+    if value.startswith("@"):
+        return {"path": path, "value": json_argument(value, f"--correct {path}")}
+    return {"path": path, "text": value}
 
 
 def print_execution(view: dict[str, Any]) -> None:

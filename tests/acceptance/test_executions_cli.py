@@ -632,3 +632,33 @@ def test_a_dev_record_naming_another_host_is_never_used(
 
     # The record was passed over for this host's default address, where the dev server is.
     assert len(heard) == 1
+
+
+def test_a_correction_takes_text_for_a_text_field_and_says_how_to_write_the_rest(
+    server: Server, runtime_engine: Engine
+) -> None:
+    charge = _charge(UncertainError("connection reset"), {"chargeId": "ch_3"})
+    schema = {
+        "type": "object",
+        "properties": {"plan": {"type": "string"}, "seats": {"type": "integer"}},
+    }
+    definition = flow_definition(
+        [action("charge", "test.charge", input={"plan": {"from": "/data/plan"}})],
+        data_schema=schema,
+    )
+    eid = start_execution(runtime_engine, definition, {"plan": "pro", "seats": 2})
+    assert run_once(runtime_engine, Executor(registry_of(charge), settings())) == (
+        "RECONCILIATION_REQUIRED"
+    )
+    retry = ["reconcile", str(eid), "--action", "charge", "--decision", "retry", "--reason", "r"]
+
+    unread = _run(*retry, "--correct", "/plan=large", "--correct", "/seats=many", env=_as(server))
+    corrected = _run(*retry, "--correct", "/plan=large", "--correct", "/seats=5", env=_as(server))
+
+    assert unread.returncode == 1
+    _one_line_no_traceback(unread)
+    assert "422 CORRECTION_INVALID" in unread.stderr
+    assert '/seats takes a whole number such as 950, not the text "many"' in unread.stderr
+    assert corrected.returncode == 0, corrected.stderr
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert request.data == {"plan": "large", "seats": 5}

@@ -287,18 +287,37 @@ def test_an_operator_retries_with_a_correction_from_the_page(
         data={**form, "value1": '"a lot"'},
         headers={"Origin": HOST},
     )
+    unread = client.post(
+        f"/ui/executions/{eid}/reconciliation",
+        data={**form, "value1": "lots", "path2": "/note", "value2": "by phone"},
+        headers={"Origin": HOST},
+    )
     assert forged.status_code == 403 and refused.status_code == 422
-    assert "/correction/0/value" in refused.get_data(as_text=True)
+    # Said next to the field, in words, with everything typed kept; no bare error page.
+    html = refused.get_data(as_text=True)
+    assert re.search(r'id="value1-problem">[^<]*integer', html), html
+    assert 'value="&#34;a lot&#34;"' in html and f">{REASON}</textarea>" in html
+    assert unread.status_code == 422
+    html = unread.get_data(as_text=True)
+    assert (
+        'id="value1-problem">/amount takes a whole number such as 950, not the text '
+        "&#34;lots&#34;</p>"
+    ) in html
+    assert 'value="by phone"' in html and "value2-problem" not in html
     assert _everything(runtime_engine, eid) == before
 
+    # A text field takes its text as typed, without JSON quotes.
     response = client.post(
-        f"/ui/executions/{eid}/reconciliation", data=form, headers={"Origin": HOST}
+        f"/ui/executions/{eid}/reconciliation",
+        data={**form, "path2": "/note", "value2": "by phone"},
+        headers={"Origin": HOST},
     )
 
     assert response.status_code == 303
     assert response.headers["Location"] == f"/ui/executions/{eid}?done=reconciled-retry"
     run = execution(runtime_engine, eid)
-    assert request_row(runtime_engine, run.request_id).data["amount"] == 950
+    data = request_row(runtime_engine, run.request_id).data
+    assert (data["amount"], data["note"]) == (950, "by phone")
     page = text_of(client.get(response.headers["Location"]).get_data(as_text=True))
     assert "operator-1 asked for a retry of step charge with a correction" in page
     assert "Corrected /amount 900 → 950" in page

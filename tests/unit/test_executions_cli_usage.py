@@ -79,9 +79,9 @@ def test_a_correction_goes_only_with_retry(
 @pytest.mark.parametrize(
     ("correct", "said"),
     [
-        ("amount", "--correct takes PATH=JSON (say /amount=950), not 'amount'"),
-        ("=950", "--correct takes PATH=JSON"),
-        ("/amount=nine", "--correct /amount is not valid JSON"),
+        ("amount", "--correct takes PATH=VALUE (say /amount=950 or /plan=large), not 'amount'"),
+        ("=950", "--correct takes PATH=VALUE"),
+        ("/amount=@no-such-file.json", "--correct /amount: cannot read no-such-file.json"),
     ],
 )
 def test_a_malformed_correction_is_a_usage_error_before_any_request(

@@ -9,10 +9,11 @@ form was on, which says what was done.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 from urllib.parse import urlencode
 
-from flask import g, redirect, render_template, request, url_for
+from flask import Response, g, redirect, render_template, request, url_for
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.approval_routes import MAX_COMMENT_CHARACTERS, decide_as
@@ -230,6 +231,14 @@ CORRECTION_ROWS = 3
 def reconcile_form(execution_id: str) -> Any:
     identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="deciding reconciliations")
+    return _reconcile_page(identifier, typed={}, problems={}, status=200)
+
+
+def _reconcile_page(
+    identifier: uuid.UUID, *, typed: dict[str, str], problems: dict[str, str], status: int
+) -> Response:
+    """The decision page; after a refusal, with what was typed and what is wrong beside it
+    (`problems` by field name, "<decision>" for a decision's form as a whole)."""
     evidence = read_evidence(g.caller, identifier)
     found = read_execution(ResourceAccess(g.caller), identifier, for_page=True)
     if evidence is None or found is None:
@@ -237,7 +246,7 @@ def reconcile_form(execution_id: str) -> Any:
     with engine().connect() as connection:
         flow = find_flow(connection, org=g.caller.org, flow_id=found.row.flow_id)
     steps = {step["actionId"]: step for step in found.view["steps"]}
-    return render_template(
+    page = render_template(
         "reconcile.html",
         caller=g.caller,
         execution=page_facts(found.row, found.view),
@@ -248,7 +257,11 @@ def reconcile_form(execution_id: str) -> Any:
         states=FlowDefinition.from_json(flow.definition).states if flow is not None else (),
         correction_rows=range(1, CORRECTION_ROWS + 1),
         reason_limit=MAX_REASON_CHARACTERS,
+        typed=typed,
+        problems=problems,
+        refused_forms={name.split("-", 1)[0] for name in problems},
     )
+    return Response(page, status=status, mimetype="text/html")
 
 
 @blueprint.post("/executions/<execution_id>/reconciliation")
@@ -257,38 +270,82 @@ def reconcile_execution(execution_id: str) -> Any:
     identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="deciding reconciliations")
     decision = request.form.get("decision", "")
+    if decision not in ("confirm", "retry", "fail"):
+        raise ApiProblem(422, "FORM_INVALID", "Choose confirm, retry or fail.")
+    # What the person typed, kept under the decision's own field names.
+    typed = {f"{decision}-{name}": value for name, value in request.form.items()}
+    problems: dict[str, str] = {}
+    reason = request.form.get("reason", "").strip()
+    if not reason:
+        problems["reason"] = "Say why: it is kept in the audit trail with your name."
+    elif len(reason) > MAX_REASON_CHARACTERS:
+        problems["reason"] = f"At most {MAX_REASON_CHARACTERS} characters."
     body: dict[str, Any] = {
         "decision": decision,
         "actionId": request.form.get("actionId") or None,
-        "reason": _text("reason", required=True, limit=MAX_REASON_CHARACTERS),
+        "reason": reason,
     }
+    rows: list[int] = []  # the form row of each correction entry
     if decision == "confirm":
-        body["output"] = _form_json("output", default={})
+        try:
+            body["output"] = parse_json(request.form.get("output", "").strip() or "{}")
+        except ValueError:
+            problems["output"] = 'Not JSON: the output is an object such as {"chargeId": "ch_1"}.'
     elif decision == "fail" and request.form.get("toState"):
         body["toState"] = request.form["toState"]
     elif decision == "retry":
-        correction = _correction_rows()
+        correction = []
+        for n in range(1, CORRECTION_ROWS + 1):
+            path = request.form.get(f"path{n}", "").strip()
+            text = request.form.get(f"value{n}", "")
+            if not path:
+                if text.strip():
+                    problems[f"path{n}"] = "Say which field this value goes to, e.g. /plan."
+                continue
+            if not text.strip():
+                problems[f"value{n}"] = (
+                    f'Give the new value for {path}: for a text field just the text (write "" '
+                    "for an empty one)."
+                )
+                continue
+            correction.append({"path": path, "text": text.strip()})
+            rows.append(n)
         if correction:
             body["correction"] = correction
-    reconcile_as(g.caller, identifier, checked_object(body, RECONCILIATION_BODY))
+    if not problems:
+        try:
+            reconcile_as(g.caller, identifier, checked_object(body, RECONCILIATION_BODY))
+        except ApiProblem as refused:
+            if refused.status != 422:
+                raise
+            problems = _decision_field_problems(refused, rows)
+    if problems:
+        placed = {f"{decision}-{name}": message for name, message in problems.items()}
+        return _reconcile_page(identifier, typed=typed, problems=placed, status=422)
     page = url_for("ui.execution_page", execution_id=str(identifier))
     return redirect(f"{page}?done=reconciled-{decision}", 303)
 
 
-def _correction_rows() -> list[dict[str, Any]]:
-    """The correction form's filled rows as the API's [{path, value}]."""
-    rows = []
-    for n in range(1, CORRECTION_ROWS + 1):
-        path = request.form.get(f"path{n}", "").strip()
-        if not path:
-            continue
-        value = _form_json(f"value{n}", default=None)
-        if value is None and not request.form.get(f"value{n}", "").strip():
-            raise ApiProblem(
-                422, "FORM_INVALID", f"Give the new value for {path} (JSON: a text in quotes)."
-            )
-        rows.append({"path": path, "value": value})
-    return rows
+def _decision_field_problems(refused: ApiProblem, rows: list[int]) -> dict[str, str]:
+    """A refused decision's problems by the form field they are about ("" for the form)."""
+    placed: dict[str, str] = {}
+    for problem in refused.problems:
+        parts = problem.path.split("/")
+        name = ""
+        if len(parts) > 2 and parts[1] == "correction" and parts[2].isdigit():
+            index = int(parts[2])
+            if index < len(rows):
+                field = "path" if len(parts) > 3 and parts[3] == "path" else "value"
+                name = f"{field}{rows[index]}"
+        elif len(parts) > 1 and parts[1] in ("output", "toState", "reason"):
+            name = parts[1]
+        message = problem.message
+        placed[name] = f"{placed[name]}; {message}" if name in placed else message
+    if not placed:
+        placed[""] = refused.detail or refused.code
+    elif "" not in placed and refused.detail:
+        placed[""] = refused.detail
+    return placed
 
 
 # --- schedules ---------------------------------------------------------------------------
