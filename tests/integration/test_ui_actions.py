@@ -152,7 +152,9 @@ def test_a_cancel_needs_a_reason_and_a_foreign_execution_is_not_found(
     client = signed_in(api, scopes=OPERATOR)
     token = csrf_of(client, cancel_page(waiting_one))
     status, html = post_cancel(client, waiting_one, csrf=token, reason="  ")
-    assert status == 422 and "Fill in the reason" in html
+    # The form again, the problem said beside the box, not an error page.
+    assert status == 422 and 'id="cancel-reason-problem">Say why' in html
+    assert 'name="reason"' in html
 
     foreign = waiting(api, owner_engine, org=OTHER_ORG).execution_id
     assert post_cancel(client, foreign, csrf=token, reason="x")[0] == 404
@@ -541,3 +543,18 @@ def test_a_wait_between_its_rounds_counts_the_attempt_the_execution_counts(
     assert attempt["startedAt"] == step["startedAt"]
     counts = re.findall(r"<dt>Attempts</dt><dd>(\d+)</dd>", html)
     assert counts == ["1", "1"]  # the execution's, then its wait step's
+
+
+def test_the_approvals_page_offers_no_decision_to_the_person_who_asked(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    # alice asked for the transition and is also among the approvers named.
+    _approval(api, executor, runtime_engine, approvers=["alice", "bob"])
+
+    asker = signed_in(api, sub="alice", scopes=APPROVER).get("/ui/approvals")
+    other = signed_in(api, sub="bob", scopes=APPROVER).get("/ui/approvals")
+
+    html = asker.get_data(as_text=True)
+    assert 'value="approved"' not in html and 'value="rejected"' not in html
+    assert "You asked for this or own its request, so someone else decides it." in text_of(html)
+    assert 'value="approved"' in other.get_data(as_text=True)

@@ -115,7 +115,15 @@ def _back(default: str, done: str) -> Any:
 def cancel_execution(execution_id: str) -> Any:
     identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="cancelling")
-    reason = _text("reason", required=True, limit=MAX_REASON_CHARACTERS)
+    reason = request.form.get("reason", "").strip()
+    problem = None
+    if not reason:
+        problem = "Say why: it is kept in the audit trail with your name."
+    elif len(reason) > MAX_REASON_CHARACTERS:
+        problem = f"At most {MAX_REASON_CHARACTERS} characters."
+    if problem is not None:
+        # The form again, with what was typed and what is wrong beside it.
+        return _cancel_page(identifier, reason=reason, problem=problem, status=422)
     cancel_as(g.caller, identifier, reason)
     return _back(url_for("ui.execution_page", execution_id=str(identifier)), "cancelled")
 
@@ -156,15 +164,24 @@ def dismiss_notice(notice_id: str) -> Any:
 def cancel_form(execution_id: str) -> Any:
     identifier = page_id(execution_id)
     require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="cancelling")
+    return _cancel_page(identifier, reason="", problem=None, status=200)
+
+
+def _cancel_page(
+    identifier: uuid.UUID, *, reason: str, problem: str | None, status: int
+) -> Response:
     found = read_execution(ResourceAccess(g.caller), identifier)
     if found is None:
         raise not_found_page()
-    return render_template(
+    page = render_template(
         "cancel.html",
         caller=g.caller,
         execution=page_facts(found.row, found.view),
         reason_limit=MAX_REASON_CHARACTERS,
+        reason=reason,
+        problem=problem,
     )
+    return Response(page, status=status, mimetype="text/html")
 
 
 def _form_json(name: str, *, default: Any) -> Any:

@@ -424,6 +424,9 @@ def approvals() -> Any:
             {
                 **approval_view(row),
                 "askedBy": list(row.requesters or []),
+                # Whoever asked for it or owns the request never decides it (SELF_APPROVAL):
+                # the page offers them no Approve or Reject to be refused.
+                "mayDecide": caller.sub not in (row.requesters or []),
                 "secondsLeft": seconds_left if is_open(row) else None,
                 "state": _approval_state(row),
             }
