@@ -31,6 +31,7 @@ class Profile:
     bulks: int = 0  # a bulk retry against a single retry of one park
     approvals: int = 0  # approvals decided near their deadline, most with a cancel racing
     schedules: int = 0  # schedules firing every few seconds
+    schedule_seconds: int = 3  # the least interval between a schedule's fires (up to +2)
     rollouts: int = 0  # rollouts of a checkout over a few items
     running_cancels: int = 0  # cancels of executions while a step runs
 
@@ -85,12 +86,15 @@ def for_minutes(minutes: float, workers: int = 3) -> Profile:
         machines=max(4, int(seconds / 6)),
         pauses=max(1, int(seconds / 40)),
         frozen=max(1, int(seconds / 60)),
-        keyed=max(4, int(seconds / 5)),
+        # What the newer features add stays light beside the cases: the writes' route is
+        # rate limited for all, and a crowded run blurs the timing checks (6, 8).
+        keyed=max(4, int(seconds / 10)),
         corrections=max(2, int(seconds / 30)),
         deciders=max(1, int(seconds / 60)),
         bulks=max(1, int(seconds / 60)),
-        approvals=max(2, int(seconds / 20)),
+        approvals=max(2, int(seconds / 30)),
         schedules=1,
-        rollouts=max(1, int(seconds / 30)),
-        running_cancels=max(2, int(seconds / 15)),
+        schedule_seconds=6,
+        rollouts=max(1, int(seconds / 120)),
+        running_cancels=max(2, int(seconds / 20)),
     )

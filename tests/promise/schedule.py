@@ -663,7 +663,8 @@ def _draw_schedules(streams: _Streams, profile: Profile, cases: dict[str, Case])
     for number in range(profile.schedules):
         name = f"t{number:02d}"
         cases[name] = Case(name, "checkout")
-        drawn.append(PutSchedule(round(rng.uniform(0, 2.0), 3), name, rng.randint(3, 5)))
+        every = rng.randint(profile.schedule_seconds, profile.schedule_seconds + 2)
+        drawn.append(PutSchedule(round(rng.uniform(0, 2.0), 3), name, every))
     return drawn
 
 
