@@ -63,6 +63,7 @@ SHORT = Profile(
     keyed=2,
     corrections=1,
     deciders=1,
+    bulks=1,
     schedules=1,
 )
 

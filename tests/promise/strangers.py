@@ -50,9 +50,11 @@ def hold_bulk_item(
     had: threading.Event,
     release: threading.Event,
     most: float,
+    held: threading.Event,
 ) -> Hold:
     """Hold a bulk's item (NOWAIT: if its worker has it already, say so) until `release`
-    is set or `most` seconds pass; `had` is set once the lock is had or was not."""
+    is set or `most` seconds pass; `had` is set once the lock is had or was not, `held`
+    only when it is."""
     try:
         with engine.connect() as conn, conn.begin():
             found = conn.execute(
@@ -65,6 +67,7 @@ def hold_bulk_item(
             if found is None:
                 return Hold("the item had its outcome already")
             began = time.time()
+            held.set()
             had.set()
             release.wait(most)  # held until the race's other half has played out
         return Hold("held", began, time.time())
