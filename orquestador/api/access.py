@@ -98,6 +98,8 @@ class ExecutionFilter:
     created_before: datetime | None = None
     # Started by this schedule's fires (a schedule's page lists them).
     schedule_id: str | None = None
+    # The children a rollout step's execution started (rollout@1).
+    parent_execution_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ _EXECUTION_COLUMNS = (
     _OPEN_APPROVAL.label("open_approval_id"),
     execution.c.continued_from,
     _CONTINUED_BY.label("continued_by"),
+    execution.c.parent_execution_id,
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     _request_machine.label("machine_id"),
@@ -327,6 +330,8 @@ class ResourceAccess:
             conditions.append(execution.c.created_at > page.created_after)
         if page.created_before is not None:
             conditions.append(execution.c.created_at < page.created_before)
+        if page.parent_execution_id is not None:
+            conditions.append(execution.c.parent_execution_id == page.parent_execution_id)
         if page.after is not None:
             conditions.append(tuple_(execution.c.created_at, execution.c.id) < tuple_(*page.after))
         query = (

@@ -565,6 +565,7 @@ LIST_PARAMETERS = (
     "machineId",
     "createdAfter",
     "createdBefore",
+    "parentExecutionId",
     "simulation",
     "id",
     "limit",
@@ -612,6 +613,7 @@ def execution_filter(args: Mapping[str, str]) -> ExecutionFilter:
         machine_id=_text_argument(args, "machineId"),
         created_after=_instant_argument(args, "createdAfter"),
         created_before=_instant_argument(args, "createdBefore"),
+        parent_execution_id=_uuid_argument(args, "parentExecutionId"),
         after=read_cursor(after_text) if after_text is not None else None,
     )
 

@@ -234,6 +234,10 @@ EXECUTION: dict[str, Any] = {
                 " continues from, and accepted this one in the same transaction."
             ),
         },
+        "parentExecutionId": {
+            **_UUID,
+            "description": "The rollout step's execution that started this one as a child.",
+        },
         "continuedBy": {
             **_UUID,
             "description": (

@@ -254,7 +254,11 @@ def execution_view(
     approval_id = getattr(row, "open_approval_id", None)
     if approval_id is not None:
         body["waitingForApproval"] = str(approval_id)
-    for column, key in (("continued_from", "continuedFrom"), ("continued_by", "continuedBy")):
+    for column, key in (
+        ("continued_from", "continuedFrom"),
+        ("continued_by", "continuedBy"),
+        ("parent_execution_id", "parentExecutionId"),
+    ):
         # The execution whose finish continued into this one, and the one this one's did.
         value = getattr(row, column, None)
         if value is not None:

@@ -62,6 +62,11 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
     )
     listing.add_argument("--error-code", metavar="CODE", help="only executions with this errorCode")
     listing.add_argument(
+        "--parent",
+        metavar="ID",
+        help="only the children this rollout's execution started (its id or short id)",
+    )
+    listing.add_argument(
         "--created-after",
         metavar="TIME",
         help="only executions created after this instant (RFC 3339 with its offset, or Z)",
@@ -205,6 +210,9 @@ def _list(client: Client, args: argparse.Namespace) -> int:
         request_id=args.request,
         machine_id=args.machine,
         error_code=args.error_code,
+        parent_execution_id=(
+            resolve_execution_id(client, args.parent) if args.parent is not None else None
+        ),
         created_after=args.created_after,
         created_before=args.created_before,
         limit=args.limit,

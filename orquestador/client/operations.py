@@ -171,6 +171,7 @@ class Client:
         after: str | None = None,
         simulation: bool | None = None,
         id_prefix: str | None = None,
+        parent_execution_id: str | None = None,
     ) -> Json:
         """One page, `{items, next}`; `next` is the `after` of the following page."""
         params = _query(
@@ -186,6 +187,7 @@ class Client:
             after=after,
             simulation=simulation,
             id=id_prefix,
+            parentExecutionId=parent_execution_id,
         )
         return self.transport.call("GET", "/executions", params=params)
 

@@ -268,6 +268,11 @@ def _core_paths() -> dict[str, Any]:
                         "offset, or Z).",
                     ),
                     query_parameter(
+                        "parentExecutionId",
+                        {"type": "string", "format": "uuid"},
+                        "Only the children this rollout step's execution started.",
+                    ),
+                    query_parameter(
                         "limit",
                         {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
                         "Page size.",

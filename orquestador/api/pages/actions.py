@@ -51,6 +51,7 @@ from orquestador.api.pages.routes import (
 )
 from orquestador.api.pages.start_form import read_start_form, with_refusal
 from orquestador.api.problems import ApiProblem
+from orquestador.api.rollout_routes import mark_as, retry_as
 from orquestador.api.run_routes import start_run
 from orquestador.api.schemas import RECONCILIATION_BODY, RUN_BODY
 from orquestador.api.sign_in_links import landing_page
@@ -82,6 +83,11 @@ DONE = {
     "ran": "The schedule fired now: this is the execution it started.",
     "deleted": "The schedule was deleted; what it started stays.",
     "started": "The run started: this page follows it until it ends.",
+    "rollout-pause": "The rollout is paused: no child starts until it resumes.",
+    "rollout-resume": "The rollout runs again.",
+    "rollout-cancel": "The rollout was cancelled: no child starts; the running ones were "
+    "cancelled as the write rule allows.",
+    "rollout-retry-failed": "A new rollout over the failed children started: this is it.",
 }
 
 
@@ -126,6 +132,24 @@ def cancel_execution(execution_id: str) -> Any:
         return _cancel_page(identifier, reason=reason, problem=problem, status=422)
     cancel_as(g.caller, identifier, reason)
     return _back(url_for("ui.execution_page", execution_id=str(identifier)), "cancelled")
+
+
+@blueprint.post("/executions/<execution_id>/rollout/<what>")
+@page_action
+def steer_rollout(execution_id: str, what: str) -> Any:
+    identifier = page_id(execution_id)
+    page = url_for("ui.execution_page", execution_id=str(identifier))
+    if what == "retry-failed":
+        require_page_scope(SCOPE_EXECUTIONS_RECONCILE, what="retrying a rollout's failed children")
+        retried = retry_as(g.caller, identifier)
+        again = url_for("ui.execution_page", execution_id=retried["executionId"])
+        return redirect(f"{again}?done=rollout-retry-failed", 303)
+    if what not in ("pause", "resume", "cancel"):
+        raise not_found_page()
+    require_page_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE, what="steering a rollout")
+    reason = _text("reason", required=what == "cancel", limit=MAX_REASON_CHARACTERS)
+    mark_as(g.caller, identifier, what, reason)
+    return _back(page, f"rollout-{what}")
 
 
 @blueprint.post("/approvals/<approval_id>/decision")

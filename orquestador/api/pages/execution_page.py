@@ -7,9 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from orquestador.api.auth import SCOPE_EXECUTIONS_RECONCILE, Caller
+from orquestador.api.context import engine
 from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.pages.timeline import timeline
 from orquestador.domain.pointer_updates import data_before_corrections
+from orquestador.domain.rollouts import machine_of
+from orquestador.rollouts.reading import latest_rollout, rollout_children, rollout_view
+
+# A rollout's grid links at most this many children of each status; the list (filtered
+# by parent) has them all.
+GRID_LINKS = 200
+# The grid's groups, in the order a person reads them.
+GRID_ORDER = ("failed", "running", "waiting", "cancelled", "skipped", "succeeded")
 
 # Statuses that change without a person: the page refreshes itself while in one.
 MOVING = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
@@ -43,6 +52,14 @@ def started_by(read: ExecutionRead) -> dict[str, Any]:
             "by": "continuation",
             "continuedFrom": starter["continuedFrom"],
             "state": starter.get("state"),
+            "actor": actor,
+        }
+    if isinstance(starter, dict) and "rollout" in starter:
+        # A child a rollout step started, for whoever started the rollout.
+        return {
+            "by": "rollout",
+            "parent": starter["rollout"],
+            "item": starter.get("item"),
             "actor": actor,
         }
     if isinstance(starter, dict) and "moment" in starter:
@@ -90,9 +107,56 @@ def request_when_accepted(read: ExecutionRead) -> dict[str, Any] | None:
     }
 
 
+def rollout_section(read: ExecutionRead, caller: Caller) -> dict[str, Any] | None:
+    """The execution's rollout as its page shows it: the counts and budget, its marks, the
+    children grouped by status (linked), and what the person may do; None without one."""
+    with engine().connect() as connection:
+        row = latest_rollout(connection, org=caller.org, execution_id=read.row.id)
+        if row is None:
+            return None
+        view = rollout_view(row)
+        children = rollout_children(connection, row)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for child in children:
+        groups.setdefault(child["status"], []).append(
+            {
+                "index": child["index"],
+                "machine": machine_of(child["item"]) or f"item {child['index']}",
+                "executionId": child.get("executionId"),
+                "refusal": child.get("refusal"),
+            }
+        )
+    if view["cancelRequested"]:
+        state = f"cancelled by {view['cancelledBy']}"
+    elif view["paused"]:
+        state = f"paused by {view['pausedBy']}: no child starts until it resumes"
+    elif view["live"]:
+        state = "running"
+    else:
+        state = "ended"
+    return {
+        "view": view,
+        "state": state,
+        "groups": [
+            {
+                "status": status,
+                "count": len(groups[status]),
+                "children": groups[status][:GRID_LINKS],
+            }
+            for status in GRID_ORDER
+            if status in groups
+        ],
+        "may_steer": view["live"] and not view["cancelRequested"] and may_cancel(caller),
+        "may_retry": not view["live"]
+        and view["failed"] > 0
+        and caller.has_scope(SCOPE_EXECUTIONS_RECONCILE),
+    }
+
+
 def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
     status = read.row.status
     return {
+        "rollout": rollout_section(read, caller),
         "timeline": timeline(
             read.audit,
             read.attempts,

@@ -414,7 +414,15 @@ def executions() -> Any:
 
 
 # The search form's fields, by their query parameters (the JSON listing's own names).
-SEARCH_FIELDS = ("id", "machineId", "flowKey", "errorCode", "createdAfter", "createdBefore")
+SEARCH_FIELDS = (
+    "id",
+    "machineId",
+    "flowKey",
+    "errorCode",
+    "createdAfter",
+    "createdBefore",
+    "parentExecutionId",
+)
 # What a person is told about a time they typed that is not one.
 _TIME_EXAMPLE = "a date and time such as 2026-03-01T09:30 (UTC), or with its offset"
 
@@ -466,7 +474,8 @@ def _bulk_url(kept: dict[str, str]) -> str | None:
         or g.caller.has_scope(SCOPE_EXECUTIONS_RECONCILE)
     ):
         return None
-    if {"id", "simulation"} & kept.keys():
+    # A rollout's children are not a bulk criterion: the bulk would take more than shown.
+    if {"id", "simulation", "parentExecutionId"} & kept.keys():
         return None
     criteria = {name: kept[name] for name in BULK_CRITERIA if name in kept}
     for name in ("createdAfter", "createdBefore"):
