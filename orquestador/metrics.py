@@ -2,9 +2,11 @@
 
 Callers import the object and update it; nothing else creates metrics. Which to use:
 
-- ``EXECUTIONS_TOTAL.labels(status=...).inc()``: when an execution reaches a status
-  (SUCCEEDED, FAILED, RECONCILIATION_REQUIRED, CANCELLED, RETRY_WAIT, WAITING), once
-  per change, by the process that made it (the worker's executor, reconciliation).
+- ``count_move(status)``: when an execution moves into a status (SUCCEEDED, FAILED,
+  RECONCILIATION_REQUIRED, CANCELLED, RETRY_WAIT, WAITING), once per move, by the process
+  that made it (the worker's executor, reconciliation, cancel, bulk). It counts
+  ``EXECUTIONS_TOTAL`` (moves: a wait's every round is one) and, for a final status,
+  ``EXECUTIONS_FINISHED_TOTAL`` (ends: each execution once, by how it ended).
 - ``ACTION_DURATION_SECONDS.labels(capability=..., outcome=...).observe(seconds)``:
   around each adapter call; ``outcome`` is one of ``ACTION_OUTCOMES`` (succeeded,
   failed, retry, not_ready, unknown, simulated). ``capability`` is the adapter's
@@ -19,7 +21,8 @@ Callers import the object and update it; nothing else creates metrics. Which to 
 - ``CLAIM_BATCH_SIZE.observe(n)``: after each claim statement that returned rows.
 - ``QUEUE_DEPTH.labels(status=...).set(n)``, ``OLDEST_DUE_SECONDS.set(s)``,
   ``RECONCILIATION_REQUIRED.set(n)``, ``EMAIL_OUTBOX_DEPTH.set(n)``: sampled by the
-  maintenance leader (orquestador.worker.maintenance); nobody else sets them, so the
+  maintenance leader every 5 s (orquestador.worker.queue_gauges, between the maintenance
+  passes, so they are never older than that); nobody else sets them, so the
   whole fleet exposes one consistent value: the others report 0, so ``max`` across
   workers in PromQL is the leader's value. ``MAINTENANCE_LEADER`` is 1 on the leader.
 - ``HTTP_REQUESTS_TOTAL.labels(route=..., status=...)`` and
@@ -53,10 +56,28 @@ ACTION_OUTCOMES = ("succeeded", "failed", "retry", "not_ready", "unknown", "simu
 
 EXECUTIONS_TOTAL = Counter(
     "executions_total",
-    "Executions that reached a status, by that status.",
+    "Moves of executions into a status, by that status (a wait's rounds count each time).",
     ["status"],
     namespace=NAMESPACE,
 )
+
+# The statuses an execution ends in: each execution is counted once, by the one it ends in.
+FINAL_STATUSES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+EXECUTIONS_FINISHED_TOTAL = Counter(
+    "executions_finished_total",
+    "Executions that ended, by their final status (each execution once).",
+    ["status"],
+    namespace=NAMESPACE,
+)
+
+
+def count_move(status: str) -> None:
+    """An execution moved into `status`: a move, and when the status is final, an end."""
+    EXECUTIONS_TOTAL.labels(status=status).inc()
+    if status in FINAL_STATUSES:
+        EXECUTIONS_FINISHED_TOTAL.labels(status=status).inc()
+
 
 ACTION_DURATION_SECONDS = Histogram(
     "action_duration_seconds",

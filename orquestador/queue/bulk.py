@@ -401,7 +401,7 @@ def _no_output(capability: str, version: int, output: Any) -> list[str]:
 def _count(bulk: RunningBulk, outcome: ItemOutcome) -> None:
     # As the single-execution routes count: every cancel, and a decision that failed one.
     if outcome.status is not None and (bulk.action == "cancel" or outcome.status == "FAILED"):
-        metrics.EXECUTIONS_TOTAL.labels(status=outcome.status).inc()
+        metrics.count_move(outcome.status)
 
 
 def finish_if_done(conn: Connection, bulk_id: uuid.UUID) -> bool:

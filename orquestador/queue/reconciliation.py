@@ -329,7 +329,7 @@ def resolve(
             conn, resolution, output_problems=output_problems, claims_budget=claims_budget
         )
     if status == "FAILED":
-        metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
+        metrics.count_move(status)
     return status
 
 
@@ -610,7 +610,7 @@ def cancel(
     """
     with conn.begin():
         cancelled = cancel_in_transaction(conn, execution_id, org_id, actor, reason)
-    metrics.EXECUTIONS_TOTAL.labels(status=cancelled.status).inc()
+    metrics.count_move(cancelled.status)
     return cancelled
 
 

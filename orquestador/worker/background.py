@@ -17,6 +17,7 @@ from orquestador.notices.mailer import Mailer
 from orquestador.notices.smtp import SmtpSender, SmtpTarget
 from orquestador.worker.bulk_runner import BulkRunner
 from orquestador.worker.maintenance import MaintenanceLoop
+from orquestador.worker.queue_gauges import QueueGauges
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,13 @@ def background_loops(settings: Settings, engine: Engine, worker_id: str) -> list
     (SKIP LOCKED shares them all) and runs maintenance (its advisory lock lets one worker at
     a time do the work).
     """
+    maintenance = MaintenanceLoop(settings, engine, worker_id)
     loops: list[Loop] = [
         PlatformEventConsumer(engine, max_attempts=settings.execution_max_attempts),
         ScheduleFirer(engine, max_attempts=settings.execution_max_attempts),
         BulkRunner(engine, claims_budget=settings.execution_max_attempts),
-        MaintenanceLoop(settings, engine, worker_id),
+        maintenance,
+        QueueGauges(maintenance),
     ]
     found = mailer(settings, engine, worker_id)
     if found is not None:

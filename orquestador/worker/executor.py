@@ -146,7 +146,7 @@ class Executor:
         if status == LEASE_LOST:
             metrics.LEASE_LOST_TOTAL.inc()
         elif status in _COUNTED:
-            metrics.EXECUTIONS_TOTAL.labels(status=status).inc()
+            metrics.count_move(status)
         return status
 
     def _run(self, source: Engine | Connection, claim: Claim, stop: threading.Event) -> str:

@@ -478,6 +478,9 @@ class MaintenanceLoop(Loop):
         self.passes = 0  # passes this worker did as the leader
         self._was_leader = False
         self._lock = threading.Lock()
+        # Held while the gauges are set or zeroed: a worker stepping down never leaves
+        # a sample behind it.
+        self._gauges_lock = threading.Lock()
 
     def run(self) -> None:
         try:
@@ -505,9 +508,21 @@ class MaintenanceLoop(Loop):
     def _step_down(self, why: str) -> None:
         if self._was_leader:
             log.warning("maintenance leadership lost: %s", why, extra={"worker_id": self.worker_id})
-            self._was_leader = False
-            MAINTENANCE_LEADER.set(0)
-            _zero_gauges()
+            with self._gauges_lock:
+                self._was_leader = False
+                MAINTENANCE_LEADER.set(0)
+                _zero_gauges()
+
+    def sample_gauges_if_leader(self) -> bool:
+        """Sample the gauges now when this worker leads (between its passes); whether it did."""
+        with self._gauges_lock:
+            if not self._was_leader:
+                return False
+            with self.engine.connect() as conn:
+                sample_gauges(
+                    conn, PassReport(), agent_offline_seconds=self.settings.agent_offline_seconds
+                )
+        return True
 
     def run_pass(self) -> bool:
         """One pass (the caller holds the lock); True when retention has more to delete."""
@@ -518,7 +533,7 @@ class MaintenanceLoop(Loop):
         more |= expiring
         with self.engine.begin() as conn:
             report.handed_off = conn.execute(_HAND_OFF).rowcount
-        with self.engine.connect() as conn:
+        with self._gauges_lock, self.engine.connect() as conn:
             sample_gauges(conn, report, agent_offline_seconds=self.settings.agent_offline_seconds)
         with self._lock:
             self.passes += 1

@@ -50,6 +50,10 @@ def test_executions_actions_retries_and_lost_leases_are_counted(runtime_engine):
     }
     retries = _value("orquestador_retries_total", capability="test.metrics@1")
     lost = _value("orquestador_lease_lost_total")
+    finished = {
+        status: _value("orquestador_executions_finished_total", status=status)
+        for status in ("SUCCEEDED", "CANCELLED")
+    }
 
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.metrics")]))
     assert run_once(runtime_engine, executor) == "WAITING"
@@ -60,6 +64,14 @@ def test_executions_actions_retries_and_lost_leases_are_counted(runtime_engine):
 
     for status in ("WAITING", "RETRY_WAIT", "SUCCEEDED"):
         assert _value("orquestador_executions_total", status=status) == before[status] + 1
+    # Three moves, one end: the finished counter counts the execution once, by how it ended,
+    # and knows no status an execution does not end in.
+    succeeded = _value("orquestador_executions_finished_total", status="SUCCEEDED")
+    assert succeeded == finished["SUCCEEDED"] + 1
+    assert (
+        REGISTRY.get_sample_value("orquestador_executions_finished_total", {"status": "WAITING"})
+        is None
+    )
     for outcome in ("not_ready", "retry", "succeeded"):
         assert (
             _value(
@@ -84,3 +96,5 @@ def test_executions_actions_retries_and_lost_leases_are_counted(runtime_engine):
     with runtime_engine.connect() as conn:
         cancel(conn, pending, ORG, "user-1", "changed my mind")
     assert _value("orquestador_executions_total", status="CANCELLED") == before["CANCELLED"] + 1
+    cancelled = _value("orquestador_executions_finished_total", status="CANCELLED")
+    assert cancelled == finished["CANCELLED"] + 1

@@ -23,6 +23,7 @@ from orquestador.metrics import (
 )
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.maintenance import LeaderLock, MaintenanceLoop, PassReport
+from orquestador.worker.queue_gauges import QueueGauges
 from tests.db_support import RUNTIME_ROLE
 from tests.integration.schedule_support import schedule_flow
 from tests.integration.worker_support import (
@@ -552,3 +553,29 @@ def test_a_pass_expires_pending_commands_past_their_deliver_by_time(owner_engine
         ).all()
     assert [tuple(row) for row in statuses] == [("late", "expired"), ("on-time", "pending")]
     assert _one_pass(runtime_engine).expired_commands == 0
+
+
+def test_the_leader_s_queue_gauges_follow_the_queue_between_passes(
+    database, owner_engine, runtime_engine
+):
+    """A pass every 60 s would leave the gauges a minute behind: the gauge loop samples
+    them between passes, on the leader only, and a worker that does not lead sets none."""
+    leader = MaintenanceLoop(settings(), runtime_engine, "w-leader")
+    other = MaintenanceLoop(settings(), runtime_engine, "w-other")
+    try:
+        leader.run_once()
+        assert other.run_once() is False  # the lock is the leader's
+        before = QUEUE_DEPTH.labels(status="PENDING")._value.get()
+        _request_with_execution(owner_engine, simulation=False, created_days_ago=0, finished=False)
+
+        assert other.sample_gauges_if_leader() is False
+        assert QUEUE_DEPTH.labels(status="PENDING")._value.get() == before
+        gauges = QueueGauges(leader)
+        assert gauges.interval_seconds <= 5
+        assert gauges.run_once() is False
+
+        assert QUEUE_DEPTH.labels(status="PENDING")._value.get() == before + 1
+        assert leader.passes == 1  # no maintenance pass ran for it
+    finally:
+        leader.lock.release()
+        other.lock.release()
