@@ -16,7 +16,7 @@ from orquestador.api.paging import cursor, page_limit, query_problem, read_curso
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view
-from orquestador.approvals.store import DECISIONS, record_decision
+from orquestador.approvals.store import DECISIONS, record_decision, why_closed
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,7 @@ def decide_as(caller: Caller, approval_id: uuid.UUID, decision: str, comment: st
             )
         decided = record_decision(conn, row, caller.sub, decision, comment)
         if decided is None:
-            raise ApiProblem(
-                409,
-                "APPROVAL_CLOSED",
-                "The approval was decided, its deadline passed, or its execution ended.",
-            )
+            raise ApiProblem(409, "APPROVAL_CLOSED", why_closed(conn, approval_id))
         after = _access(caller).find(conn, approval_id)
     log.info("approval decided", extra={"approval_id": str(approval_id), "decision": decision})
     assert after is not None

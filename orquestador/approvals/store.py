@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, text
@@ -138,13 +139,32 @@ _DECIDE = text(
 )
 
 
+# The request, then the execution: the order a cancel and a reconciliation lock them in
+# (queue/reconciliation.py). Held until the decision commits, so a cancel racing it
+# either committed first (the decision then reads the execution ended) or waits behind it.
+_LOCK_REQUEST = text("SELECT 1 FROM request WHERE id = :request_id FOR UPDATE")
+_LOCK_EXECUTION = text("SELECT status FROM execution WHERE id = :execution_id FOR UPDATE")
+
+_EXECUTION_ENDED = {
+    "CANCELLED": "its execution was cancelled",
+    "FAILED": "its execution failed",
+    "SUCCEEDED": "its execution has already ended",
+    "RECONCILIATION_REQUIRED": "its execution waits for an operator's decision",
+}
+
+
 def record_decision(
     conn: Connection, row: Row, sub: str, decision: str, comment: str
 ) -> Row | None:
-    """Decide the open approval `row` (read by the caller's access); None if it closed first.
+    """Decide the open approval `row` (read by the caller's access, its row locked); None if
+    it closed first (`why_closed` says how).
 
+    The request and the execution are locked first, in the order every cancel and
+    reconciliation takes them, so the execution's status is read as committed.
     Audited with who, when and the comment, in the same transaction as the wake.
     """
+    conn.execute(_LOCK_REQUEST, {"request_id": row.request_id})
+    conn.execute(_LOCK_EXECUTION, {"execution_id": row.execution_id})
     decided = conn.execute(
         _DECIDE, {"id": row.id, "decision": decision, "sub": sub, "comment": comment}
     ).first()
@@ -163,6 +183,31 @@ def record_decision(
     )
     wake_waiting(conn, wait_key(after.id))
     return after
+
+
+def why_closed(conn: Connection, approval_id: uuid.UUID) -> str:
+    """Why the approval cannot be decided any more, in words for the person who tried."""
+    found = conn.execute(
+        text(
+            """
+            SELECT a.status, a.decided_by, a.deadline_at, a.deadline_at <= clock_timestamp()
+                   AS passed, e.status AS execution_status
+            FROM approval a JOIN execution e ON e.id = a.execution_id
+            WHERE a.id = :id
+            """
+        ),
+        {"id": approval_id},
+    ).one()
+    if found.status in DECISIONS:
+        return f"The approval was already {found.status} by {found.decided_by}."
+    if found.status == "expired" or found.passed:
+        deadline = found.deadline_at.astimezone(UTC)
+        return (
+            f"The approval's deadline passed ({deadline:%Y-%m-%d %H:%M} UTC):"
+            " nobody can decide it any more."
+        )
+    ended = _EXECUTION_ENDED.get(found.execution_status, "its execution has ended")
+    return f"The approval can no longer be decided: {ended}."
 
 
 def decision_output(row: Row) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from orquestador.approvals.store import close_at_deadline
+from orquestador.queue.reconciliation import cancel_in_transaction
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import ORG, OTHER_ORG, Api, problem
 from tests.integration.approval_support import (  # the fixtures api, executor, registry
@@ -243,6 +244,98 @@ def test_an_approval_whose_execution_was_cancelled_is_not_decided(
     assert open_approvals(api, "bob") == []
     closed = api.get("/approvals?status=closed", sub="bob", scopes=DECIDE).get_json()["items"]
     assert [(a["id"], a["status"], a["open"]) for a in closed] == [(item["id"], "open", False)]
+
+
+def test_a_decision_racing_an_uncommitted_cancel_waits_for_it_and_is_refused_in_words(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    """The cancel holds the execution (not yet committed) when bob approves: the decision
+    waits for it, reads the execution cancelled, and answers 409 in words; nothing is
+    approved or audited."""
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    answers: dict[str, Any] = {}
+
+    def decision() -> None:
+        answers["decision"] = decide(api, item["id"], "bob", "approved")
+
+    racer = threading.Thread(target=decision)
+    with runtime_engine.connect() as canceller, owner_engine.connect() as watcher:
+        canceller.begin()
+        cancelled = cancel_in_transaction(canceller, execution_id, ORG, "carol", "not needed")
+        assert cancelled.status == "CANCELLED"
+        racer.start()
+        wait_until(
+            lambda: "decision" in answers or waiting_on_locks(watcher) == 1,
+            what="the decision to wait for the cancel",
+        )
+        assert "decision" not in answers, "decided while the cancel held the execution"
+        canceller.commit()
+    racer.join(30)
+
+    refused = answers["decision"]
+    assert refused.status_code == 409, refused.get_data(as_text=True)
+    assert problem(refused)["code"] == "APPROVAL_CLOSED"
+    assert problem(refused)["detail"] == (
+        "The approval can no longer be decided: its execution was cancelled."
+    )
+    assert audit(runtime_engine, execution_id, "APPROVAL_DECIDED") == []
+    closed = api.get("/approvals?status=closed", sub="bob", scopes=DECIDE).get_json()["items"]
+    assert [(a["id"], a["status"]) for a in closed] == [(item["id"], "open")]
+
+
+def test_a_decision_racing_a_park_that_holds_only_the_execution_waits_and_is_refused(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    """The worker's writes lock the execution row alone: a decision racing a park that
+    has not committed yet waits for that row and reads the execution parked."""
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    answers: dict[str, Any] = {}
+
+    def decision() -> None:
+        answers["decision"] = decide(api, item["id"], "bob", "approved")
+
+    racer = threading.Thread(target=decision)
+    with owner_engine.connect() as parking, owner_engine.connect() as watcher:
+        parking.begin()
+        parking.execute(
+            text(
+                "UPDATE execution SET status = 'RECONCILIATION_REQUIRED',"
+                " error_code = 'UNCERTAIN_OUTCOME', wait_key = NULL WHERE id = :id"
+            ),
+            {"id": execution_id},
+        )
+        racer.start()
+        wait_until(
+            lambda: "decision" in answers or waiting_on_locks(watcher) == 1,
+            what="the decision to wait for the park",
+        )
+        assert "decision" not in answers, "decided while the park held the execution"
+        parking.commit()
+    racer.join(30)
+
+    refused = answers["decision"]
+    assert refused.status_code == 409, refused.get_data(as_text=True)
+    assert problem(refused)["detail"] == (
+        "The approval can no longer be decided: its execution waits for an operator's decision."
+    )
+    assert audit(runtime_engine, execution_id, "APPROVAL_DECIDED") == []
+
+
+def test_a_decision_after_the_deadline_says_so(
+    api: Api, executor: Executor, runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    _past_deadline(owner_engine, item["id"])
+    refused = decide(api, item["id"], "bob", "approved")
+    assert refused.status_code == 409
+    assert problem(refused)["detail"].startswith("The approval's deadline passed (")
+    assert problem(refused)["detail"].endswith("nobody can decide it any more.")
 
 
 # --- races: held at the approval's row lock, then let go at once ---------------------

@@ -26,6 +26,10 @@ them (an equivalent mutation is noise, not a survivor):
   constraint again. Its `e.fencing_token = i.token` is listed: a stale row whose
   execution another session holds must be refused, not answered busy.
 - Migration 0010's batch function: 0011 replaces it, so no database runs it any more.
+- The request lock of an approval decision (`approvals/store.py` `_LOCK_REQUEST`): it keeps
+  the lock order of a cancel and a reconciliation (request, then execution), so the two
+  never deadlock; without it the execution lock still serializes them, and only a
+  deadlock, which PostgreSQL breaks by refusing one side, would tell.
 - In `machines/cancel.py`'s untaken command steps, `a.capability = 'machine.command'`,
   `a.status = 'SUCCEEDED'` and `c.status IN ('cancelled', 'expired')`: a step's external
   key is its own command's only (another step's key names another action), only the
@@ -2309,6 +2313,37 @@ CORRECTION_KEY_GUARDS = [
     ),
 ]
 
+# --- an approval decision locks what it decides about (approvals/store.py) --------------
+
+_APPROVAL_RACE = (
+    f"{APPROVALS}::test_a_decision_racing_an_uncommitted_cancel_waits_for_it_and_is_refused"
+    "_in_words"
+)
+
+APPROVAL_LOCK_GUARDS = [
+    Mutation(
+        "approval-decision-locks-the-execution",
+        _APPROVALS_PY,
+        '    conn.execute(_LOCK_EXECUTION, {"execution_id": row.execution_id})\n',
+        "",
+        "A decision reads its execution's status under the execution's row lock: a decision "
+        "racing a park or a cancel is never recorded for an execution that no longer waits.",
+        (
+            f"{APPROVALS}::test_a_decision_racing_a_park_that_holds_only_the_execution_waits"
+            "_and_is_refused",
+        ),
+    ),
+    Mutation(
+        "approval-closed-says-why",
+        _APPROVALS_PY,
+        '    ended = _EXECUTION_ENDED.get(found.execution_status, "its execution has ended")\n',
+        '    ended = "it is closed"\n',
+        "A refused decision says in words why: decided by whom, the deadline, or the "
+        "execution's end.",
+        (_APPROVAL_RACE,),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2338,6 +2373,7 @@ MUTATIONS: list[Mutation] = [
     *ROLLOUT_GUARDS,
     *BULK_ITEM_GUARDS,
     *CORRECTION_KEY_GUARDS,
+    *APPROVAL_LOCK_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but

@@ -155,8 +155,10 @@ def paths() -> dict[str, Any]:
                 "description": _SCOPE
                 + " The person who asked for the transition, and the request's owner, are "
                 "refused 403 `SELF_APPROVAL`. A decided or expired approval, one past its "
-                "deadline, or one whose execution ended is 409 `APPROVAL_CLOSED`: of a "
-                "decision and the deadline, exactly one wins.",
+                "deadline, or one whose execution ended (a cancel that commits while "
+                "the decision waits for its lock included) is 409 `APPROVAL_CLOSED`, its "
+                "`detail` saying which in words: of a decision and the deadline, exactly "
+                "one wins.",
                 "security": SECURED,
                 "parameters": [id_parameter("approvalId")],
                 "requestBody": body(ref("ApprovalDecision")),
