@@ -1900,7 +1900,7 @@ BULK_GUARDS = [
     Mutation(
         "bulk-reports-a-cancel-the-write-rule-parked",
         _BULK_PY,
-        '    if status == "RECONCILIATION_REQUIRED" and bulk.action == "cancel":\n',
+        '    if status == "RECONCILIATION_REQUIRED" and cancelled is not None:\n',
         "    if False:\n",
         "A cancel the write rule turned into a park is reported with its code, not as done.",
         (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
