@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from collections.abc import Callable
@@ -12,19 +11,7 @@ from typing import Any, Literal
 
 from orquestador.actions.errors import TransientError
 from orquestador.actions.lookup import LookupResult
-
-
-class Effect(enum.StrEnum):
-    """How safe it is to call an adapter again; declared by the adapter, never by the flow."""
-
-    READ_ONLY = "READ_ONLY"
-    IDEMPOTENT_WRITE = "IDEMPOTENT_WRITE"
-    NON_IDEMPOTENT_WRITE = "NON_IDEMPOTENT_WRITE"
-
-    @property
-    def writes(self) -> bool:
-        return self is not Effect.READ_ONLY
-
+from orquestador.domain.effects import Effect
 
 # What a dry run does with an adapter that has no simulate: refuse the step, or call it.
 DryRun = Literal["simulate", "call"]

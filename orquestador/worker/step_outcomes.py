@@ -36,8 +36,10 @@ from orquestador.actions import (
     Unknown,
 )
 from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
+from orquestador.domain import recovery
 from orquestador.domain.canonical import canonical_json
 from orquestador.domain.flow_definition import ActionSpec
+from orquestador.domain.statuses import CheckpointStatus
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue import (
     RETRY_APPROVED,
@@ -80,12 +82,6 @@ class ExecutionEnded(Exception):
         self.status = status
 
 
-def _interrupted_status(effect: Effect) -> str:
-    # An attempt whose outcome we never saw: a read cannot have changed anything,
-    # a write may have.
-    return "FAILED" if effect is Effect.READ_ONLY else "UNKNOWN"
-
-
 def _not_found_message(message: str | None) -> str:
     # The lookup's word first: a cut for length takes the end of the call's own message.
     note = "lookup: the provider has no write under the external key"
@@ -114,6 +110,16 @@ class Step:
         return Effect.READ_ONLY if self.simulated else self.adapter.effect
 
 
+def _interrupted(
+    action_id: str,
+    ends_as: CheckpointStatus | None,
+    code: str = "INTERRUPTED",
+    message: str | None = None,
+) -> CheckpointOutcome | None:
+    # How a RUNNING attempt a decision ends is recorded; None: it had ended already.
+    return None if ends_as is None else CheckpointOutcome(action_id, ends_as, code, message)
+
+
 def _is_waiting(found: Checkpoint) -> bool:
     # Parked by NotReady between two rounds of the same attempt.
     return found.status == "FAILED" and found.error_code == NOT_READY
@@ -127,6 +133,15 @@ class _Answer:
     # FOUND, NOT_FOUND, UNKNOWN, ERROR, TIMEOUT, OUTPUT_INVALID, NO_LOOKUP, or IN_FLIGHT
     # (not asked: the abandoned call under the key still ran past the grace).
     why: str
+
+    @property
+    def said(self) -> recovery.LookUp:
+        """The answer as recovery decides by it."""
+        if isinstance(self.result, Found):
+            return recovery.LookUp.FOUND
+        if isinstance(self.result, NotFound):
+            return recovery.LookUp.NOT_FOUND
+        return recovery.LookUp.UNKNOWN
 
 
 def _lookup_detail(answer: _Answer | None) -> dict[str, str]:
@@ -210,9 +225,9 @@ class StepOutcomes:
         raise NotImplementedError
 
     def recover(self, found: Checkpoint, attempt: ActionAttempt, step: Step) -> tuple[Any] | None:
-        """Apply the recovery rules to an existing checkpoint: (output,) to reuse, None to run."""
-        adapter = step.adapter
-        mismatched = [
+        """Carry out `domain.recovery.recover` for a checkpoint found on claiming: (output,)
+        to reuse, None to run the step."""
+        mismatched = tuple(
             name
             for name, mine, theirs in (
                 ("inputHash", attempt.input_hash, found.input_hash),
@@ -222,63 +237,57 @@ class StepOutcomes:
                 ("adapterVersion", attempt.adapter_version, found.adapter_version),
             )
             if mine != theirs
-        ]
-        if found.status == "FAILED" and found.error_code == RETRY_APPROVED:
-            # An operator discarded this checkpoint: the step runs again as it is now.
-            mismatched = []
-        if mismatched:
-            # Never reuse (or overwrite) a result recorded for something else.
-            self.reconcile(ContractMismatch.code, actionId=found.action_id, mismatched=mismatched)
-        if found.status == "SUCCEEDED":
-            return (found.output,)
-        if _is_waiting(found):
-            return None  # the next round of the same attempt: nothing spent, nothing to settle
-        interrupted = found.status in ("RUNNING", "UNKNOWN")
-        exhausted = found.attempts_in_budget >= adapter.max_attempts
-        non_idempotent = adapter.effect is Effect.NON_IDEMPOTENT_WRITE
+        )
+        begun = recovery.Begun(
+            status=CheckpointStatus(found.status),
+            effect=step.adapter.effect,
+            attempts_in_budget=found.attempts_in_budget,
+            max_attempts=step.adapter.max_attempts,
+            mismatched=mismatched,
+            retry_approved=found.status == "FAILED" and found.error_code == RETRY_APPROVED,
+            waiting=_is_waiting(found),
+        )
         answer = None
-        if interrupted and (non_idempotent or exhausted):
-            # A write in doubt is about to be parked (a non-idempotent one always, a safe
-            # one by the write rule once out of attempts): ask the provider first.
+        decision = recovery.recover(begun)
+        if isinstance(decision, recovery.LookUpFirst):
             answer = self.look_up(step, found.attempt)
-            if isinstance(answer.result, Found):
+            decision = recovery.recover(begun, answer.said)
+        match decision:
+            case recovery.Reuse():
+                return (found.output,)
+            case recovery.TakeFound():
+                assert isinstance(answer, _Answer) and isinstance(answer.result, Found)
                 return (self.found(step, answer.result),)
-        if answer is not None and isinstance(answer.result, NotFound) and found.status == "RUNNING":
-            # An earlier holder's attempt: that holder may only be paused, its request not
-            # sent yet. NotFound is proof once that call can no longer send (SPEC 25).
-            self.await_earlier_call(step, found)
-            # The attempt left RUNNING did not happen: it ends FAILED, and the next one is
-            # as safe as after a TransientError, within the budget.
-            ended = CheckpointOutcome(
-                found.action_id,
-                "FAILED",
-                "INTERRUPTED",
-                _not_found_message(None),
-                settles_earlier=exhausted,
-            )
-            if exhausted:
-                self.fail("RETRIES_EXHAUSTED", outcome=ended, actionId=found.action_id)
-            end_attempt(self.conn, self.claim, ended)
-            return None
-        if interrupted and non_idempotent:
-            # An UNKNOWN attempt already ended (and is in the history); a RUNNING one ends
-            # here, as found. A NotFound cannot settle an attempt that already ended
-            # UNKNOWN without restarting the budget, so that one is parked too.
-            self.reconcile(
-                "INTERRUPTED_NON_IDEMPOTENT_WRITE",
-                outcome=CheckpointOutcome(found.action_id, "UNKNOWN", "INTERRUPTED")
-                if found.status == "RUNNING"
-                else None,
-                actionId=found.action_id,
-                **_lookup_detail(answer),
-            )
-        if exhausted:
-            outcome = None
-            if found.status == "RUNNING":
-                outcome = CheckpointOutcome(
-                    found.action_id, _interrupted_status(adapter.effect), "INTERRUPTED"
+            case recovery.SettleNotFound(exhausted=exhausted):
+                self.await_earlier_call(step, found)
+                # The attempt left RUNNING did not happen: it ends FAILED, and the next one
+                # is as safe as after a TransientError, within the budget.
+                ended = CheckpointOutcome(
+                    found.action_id,
+                    "FAILED",
+                    "INTERRUPTED",
+                    _not_found_message(None),
+                    settles_earlier=exhausted,
                 )
-            self.fail("RETRIES_EXHAUSTED", outcome=outcome, actionId=found.action_id)
+                if exhausted:
+                    self.fail(recovery.RETRIES_EXHAUSTED, outcome=ended, actionId=found.action_id)
+                end_attempt(self.conn, self.claim, ended)
+                return None
+            case recovery.Park(reason=recovery.CONTRACT_MISMATCH):
+                self.reconcile(
+                    ContractMismatch.code, actionId=found.action_id, mismatched=list(mismatched)
+                )
+            case recovery.Park(reason=reason, ends_as=ends_as):
+                self.reconcile(
+                    reason,
+                    outcome=_interrupted(found.action_id, ends_as),
+                    actionId=found.action_id,
+                    **_lookup_detail(answer),
+                )
+            case recovery.Fail(code=code, ends_as=ends_as):
+                self.fail(
+                    code, outcome=_interrupted(found.action_id, ends_as), actionId=found.action_id
+                )
         return None
 
     def await_earlier_call(self, step: Step, found: Checkpoint) -> None:
@@ -304,78 +313,90 @@ class StepOutcomes:
     def retry_or_fail(
         self,
         step: Step,
+        *,
         attempt_number: int,
+        attempt: int,
         status: str,
         code: str,
-        attempt: int,
         retry_after: float | None = None,
         message: str | None = None,
-        *,
         not_found: bool = False,
     ) -> Any:
-        """Schedule the next attempt, or fail the execution; the output if a lookup found it.
+        """Carry out `domain.recovery.retry_or_fail`: schedule the next attempt, or fail the
+        execution; the output if a look-up found the write.
 
         `attempt_number` is the attempt as numbered in the history; `attempt` counts
-        within the action's budget. `not_found`: a lookup already answered NotFound.
+        within the action's budget. `not_found`: a look-up already answered NotFound.
         """
-        adapter = step.adapter
-        action_id = step.action_id
-        if attempt < adapter.max_attempts and self.claim.attempts < self.claim.max_attempts:
-            outcome = CheckpointOutcome(action_id, status, code, message)
-            delay = self.x.retry.delay(attempt, retry_after)
-            schedule_retry(self.conn, self.claim, outcome, delay, attempt)
-            metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
-            log.info(
-                "retry scheduled in %.3fs",
-                delay,
-                extra={**self.claim.log_extra, "action_id": action_id},
-            )
-            raise ExecutionEnded("RETRY_WAIT")
-        if not not_found and step.risk.writes and (status == "UNKNOWN" or attempt > 1):
-            # Out of attempts while this one, or an earlier one of the budget, may have
-            # written: the write rule would park the execution. Ask the provider first.
+        adapter, action_id = step.adapter, step.action_id
+        failed = recovery.Failed(
+            status=CheckpointStatus(status),
+            writes=step.risk.writes,
+            attempt=attempt,
+            max_attempts=adapter.max_attempts,
+            execution_attempts=self.claim.attempts,
+            execution_max_attempts=self.claim.max_attempts,
+            not_found=not_found,
+        )
+        decision = recovery.retry_or_fail(failed)
+        if isinstance(decision, recovery.LookUpFirst):
             answer = self.look_up(step, attempt_number)
             if isinstance(answer.result, Found):
                 return self.found(step, answer.result)
-            if isinstance(answer.result, NotFound):
-                status, message, not_found = "FAILED", _not_found_message(message), True
-        outcome = CheckpointOutcome(action_id, status, code, message, settles_earlier=not_found)
-        self.fail("RETRIES_EXHAUSTED", outcome=outcome, actionId=action_id)
+            decision = recovery.retry_or_fail(failed, answer.said)
+        match decision:
+            case recovery.Retry():
+                outcome = CheckpointOutcome(action_id, status, code, message)
+                delay = self.x.retry.delay(attempt, retry_after)
+                schedule_retry(self.conn, self.claim, outcome, delay, attempt)
+                metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
+                log.info(
+                    "retry scheduled in %.3fs",
+                    delay,
+                    extra={**self.claim.log_extra, "action_id": action_id},
+                )
+                raise ExecutionEnded("RETRY_WAIT")
+            case recovery.Fail(code=failed_code, ends_as=ends_as, settles_earlier=settles):
+                if settles and not not_found:
+                    message = _not_found_message(message)  # this look-up's NotFound
+                outcome = CheckpointOutcome(
+                    action_id, ends_as or status, code, message, settles_earlier=settles
+                )
+                self.fail(failed_code, outcome=outcome, actionId=action_id)
+        raise AssertionError(f"retry_or_fail decided {decision!r}")
 
     def uncertain(
-        self, step: Step, attempt_number: int, attempt: int, code: str, message: str
+        self, step: Step, *, attempt_number: int, attempt: int, code: str, message: str
     ) -> Any:
-        """The call may have written: look it up, retry, or park; the output if it was found."""
-        if step.risk is Effect.NON_IDEMPOTENT_WRITE:
+        """Carry out `domain.recovery.after_uncertain_call`: the call may have written; look
+        it up, retry, or park. The output if the look-up found it."""
+        answer = None
+        decision = recovery.after_uncertain_call(step.risk)
+        if isinstance(decision, recovery.LookUpFirst):
             answer = self.look_up(step, attempt_number)
-            if isinstance(answer.result, Found):
+            decision = recovery.after_uncertain_call(step.risk, answer.said)
+        match decision:
+            case recovery.TakeFound():
+                assert isinstance(answer, _Answer) and isinstance(answer.result, Found)
                 return self.found(step, answer.result)
-            if isinstance(answer.result, NotFound):
-                # It did not happen: the next attempt is as safe as after a TransientError.
+            case recovery.Retry(status=status, not_found=not_found):
                 return self.retry_or_fail(
                     step,
-                    attempt_number,
-                    "FAILED",
-                    code,
-                    attempt,
-                    message=_not_found_message(message),
-                    not_found=True,
+                    attempt_number=attempt_number,
+                    attempt=attempt,
+                    status=status,
+                    code=code,
+                    message=_not_found_message(message) if not_found else message,
+                    not_found=not_found,
                 )
-            self.reconcile(
-                "UNCERTAIN_OUTCOME",
-                outcome=CheckpointOutcome(step.action_id, "UNKNOWN", code, message),
-                actionId=step.action_id,
-                **_lookup_detail(answer),
-            )
-        # Safe to repeat with the same external key; the provider deduplicates writes.
-        return self.retry_or_fail(
-            step,
-            attempt_number,
-            _interrupted_status(step.risk),
-            code,
-            attempt,
-            message=message,
-        )
+            case recovery.Park(reason=reason, ends_as=ends_as):
+                self.reconcile(
+                    reason,
+                    outcome=_interrupted(step.action_id, ends_as, code, message),
+                    actionId=step.action_id,
+                    **_lookup_detail(answer),
+                )
+        raise AssertionError(f"after_uncertain_call decided {decision!r}")
 
     def wait_outlived(self, step: Step) -> bool:
         """Whether a wait has gone on longer than any wait may (WAIT_MAX_SECONDS), counted

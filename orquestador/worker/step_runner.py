@@ -31,6 +31,7 @@ from orquestador.actions import (
 from orquestador.actions.contracts import RateLimit
 from orquestador.actions.registry import timeouts_of
 from orquestador.actions.rehearsals import rehearsed
+from orquestador.domain import recovery
 from orquestador.domain.canonical import input_hash
 from orquestador.domain.errors import MappingError
 from orquestador.domain.flow_definition import ActionSpec
@@ -47,7 +48,6 @@ from orquestador.worker.step_outcomes import (
     ExecutionEnded,
     Step,
     StepOutcomes,
-    _interrupted_status,
     _is_waiting,
     output_problems,
 )
@@ -310,7 +310,13 @@ class StepRunner(StepOutcomes):
             # The job's stop signal is now set as well, so after a lookup's Found the run
             # hands its lease back before the next action, and the next holder goes on
             # from the SUCCEEDED checkpoint without calling anything again.
-            return self.uncertain(step, attempt_number, attempt, "ADAPTER_TIMEOUT", message)
+            return self.uncertain(
+                step,
+                attempt_number=attempt_number,
+                attempt=attempt,
+                code="ADAPTER_TIMEOUT",
+                message=message,
+            )
         except NotReady as exc:
             _timed(adapter, "unknown" if adapter.effect.writes else "not_ready", began)
             if adapter.effect.writes:
@@ -320,7 +326,11 @@ class StepRunner(StepOutcomes):
                 message = "NotReady raised by a writing adapter; only a read may wait"
                 log.warning("action outcome uncertain: %s", message, extra=extra)
                 return self.uncertain(
-                    step, attempt_number, attempt, "NOT_READY_FROM_WRITE", message
+                    step,
+                    attempt_number=attempt_number,
+                    attempt=attempt,
+                    code="NOT_READY_FROM_WRITE",
+                    message=message,
                 )
             observed = exc.observed or dict(ctx.observed)
             if self.wait_outlived(step):
@@ -339,12 +349,12 @@ class StepRunner(StepOutcomes):
             )
             return self.retry_or_fail(
                 step,
-                attempt_number,
-                "FAILED",
-                "TRANSIENT",
-                attempt,
-                exc.retry_after,
-                message,
+                attempt_number=attempt_number,
+                attempt=attempt,
+                status="FAILED",
+                code="TRANSIENT",
+                retry_after=exc.retry_after,
+                message=message,
             )
         except PermanentError as exc:
             if call is not _simulation_unsupported:  # nothing was called: nothing to time
@@ -364,7 +374,13 @@ class StepRunner(StepOutcomes):
                 message,
                 extra={**extra, "error": type(exc).__name__},
             )
-            return self.uncertain(step, attempt_number, attempt, "UNCERTAIN", message)
+            return self.uncertain(
+                step,
+                attempt_number=attempt_number,
+                attempt=attempt,
+                code="UNCERTAIN",
+                message=message,
+            )
         _timed(adapter, "simulated" if step.simulated else "succeeded", began)
         if self.x.hooks.after_adapter:
             self.x.hooks.after_adapter(self.claim, spec.id)
@@ -375,7 +391,9 @@ class StepRunner(StepOutcomes):
         claim, adapter, action_id = self.claim, step.adapter, step.action_id
         problems = output_problems(self.x.schemas, adapter, output)
         if problems:
-            outcome = CheckpointOutcome(action_id, _interrupted_status(step.risk), "OUTPUT_INVALID")
+            outcome = CheckpointOutcome(
+                action_id, recovery.interrupted_status(step.risk), "OUTPUT_INVALID"
+            )
             if step.risk is Effect.NON_IDEMPOTENT_WRITE:
                 self.reconcile(
                     "OUTPUT_INVALID", outcome=outcome, actionId=action_id, paths=problems

@@ -1315,6 +1315,7 @@ _WRITER_PY = "orquestador/worker/protocol_writer.py"
 _EXECUTOR_PY = "orquestador/worker/executor.py"
 _STEP_RUNNER_PY = "orquestador/worker/step_runner.py"
 _STEP_OUTCOMES_PY = "orquestador/worker/step_outcomes.py"
+_RECOVERY_PY = "orquestador/domain/recovery.py"
 # The dry-run rule: a writer is never invoked, a read only when it opts in.
 _DRY_RUN_REFUSAL = (
     '        elif loaded.simulation and (adapter.effect.writes or adapter.dry_run != "call"):'
@@ -1448,34 +1449,34 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "recover-mismatch-parks",
-        _STEP_OUTCOMES_PY,
-        "        if mismatched:\n            # Never reuse (or overwrite) a result recorded",
-        "        if False:\n            # Never reuse (or overwrite) a result recorded",
+        _RECOVERY_PY,
+        "    if begun.mismatched and not begun.retry_approved:\n",
+        "    if False:\n",
         "A checkpoint recorded for something else is never reused nor overwritten.",
         (_mismatch("inputHash"),),
     ),
     Mutation(
         "recover-reuses-success",
-        _STEP_OUTCOMES_PY,
-        '        if found.status == "SUCCEEDED":\n            return (found.output,)\n',
+        _RECOVERY_PY,
+        "    if begun.status is CheckpointStatus.SUCCEEDED:\n        return Reuse()\n",
         "",
         "A step that succeeded is never run again: recovery reuses its output.",
         (f"{EXECUTOR}::test_recovery_reuses_succeeded_outputs_and_keeps_the_external_key",),
     ),
     Mutation(
         "recover-interrupted-non-idempotent-parks",
-        _STEP_OUTCOMES_PY,
-        "        if interrupted and non_idempotent:\n",
-        "        if False:\n",
+        _RECOVERY_PY,
+        "    if interrupted and non_idempotent:\n",
+        "    if False:\n",
         "An interrupted NON_IDEMPOTENT_WRITE is never repeated: the execution parks "
         "INTERRUPTED_NON_IDEMPOTENT_WRITE.",
         (f"{EXECUTOR}::test_interrupted_non_idempotent_write_requires_reconciliation",),
     ),
     Mutation(
         "recover-exhausted-fails",
-        _STEP_OUTCOMES_PY,
-        "        if exhausted:\n            outcome = None\n",
-        "        if False:\n            outcome = None\n",
+        _RECOVERY_PY,
+        "    if exhausted:\n        return Fail(\n",
+        "    if False:\n        return Fail(\n",
         "An interrupted step with no attempt left is not called again; the write rule ends "
         "the execution.",
         (f"{WRITE_RULE}::test_an_interrupted_idempotent_write_with_no_attempt_left_is_parked",),
@@ -1525,10 +1526,9 @@ EXECUTOR_GUARDS = [
     ),
     Mutation(
         "uncertain-non-idempotent-parks",
-        _STEP_OUTCOMES_PY,
-        "        if step.risk is Effect.NON_IDEMPOTENT_WRITE:\n"
-        "            answer = self.look_up(step, attempt_number)\n",
-        "        if False:\n            answer = self.look_up(step, attempt_number)\n",
+        _RECOVERY_PY,
+        "    if effect is Effect.NON_IDEMPOTENT_WRITE:\n        if answer is LookUp.NOT_ASKED:\n",
+        "    if False:\n        if answer is LookUp.NOT_ASKED:\n",
         "A NON_IDEMPOTENT_WRITE whose outcome is uncertain is never retried blindly: looked "
         "up, or parked.",
         (f"{EXECUTOR}::test_uncertain_non_idempotent_write_is_parked_not_retried",),
