@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import UUID
 
 from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
 from orquestador.approvals.store import WAIT_PREFIX as APPROVAL_WAIT_PREFIX
+from orquestador.db.request_machine import REQUEST_MACHINE
 from orquestador.db.schema import (
     KEY_HOLDING,
     action_attempt,
@@ -132,7 +133,7 @@ _OUTPUT_END = (
 )
 
 # The machine the request names, else the one its data names (a moment's machineId).
-_request_machine = func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId"))
+_request_machine = REQUEST_MACHINE
 
 # The approval a WAITING execution waits on, while a person can still decide it (open,
 # before its deadline): until then nothing but a person moves the execution. Its wait key

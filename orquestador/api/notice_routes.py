@@ -147,10 +147,14 @@ def _notice_page(args: Mapping[str, str]) -> NoticePage:
     include = args.get("includeDismissed", "false")
     if include not in ("true", "false"):
         raise query_problem("includeDismissed", "true or false")
+    tests = args.get("test", "false")
+    if tests not in ("true", "false"):
+        raise query_problem("test", "true or false")
     limit = page_limit(args, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
     after = args.get("after")
     return NoticePage(
         limit=limit,
         include_dismissed=include == "true",
+        tests=tests == "true",
         after=read_cursor(after) if after is not None else None,
     )

@@ -6,8 +6,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 
+from orquestador.db.request_machine import REQUEST_MACHINE
 from orquestador.db.schema import execution, flow, request
 
 
@@ -38,9 +39,7 @@ def approval_subject(
             flow.c.key,
             flow.c.version,
             execution.c.transition_id,
-            func.coalesce(request.c.machine_id, request.c.data.op("->>")("machineId")).label(
-                "machine_id"
-            ),
+            REQUEST_MACHINE.label("machine_id"),
             execution.c.actor_snapshot.op("->>")("sub").label("requested_by"),
         )
         .select_from(

@@ -477,8 +477,10 @@ class Client:
         include_dismissed: bool | None = None,
         limit: int | None = None,
         after: str | None = None,
+        test: bool | None = None,
     ) -> Json:
-        params = _query(includeDismissed=include_dismissed, limit=limit, after=after)
+        """One page of the panel; `test=True`: the dry runs' notices instead."""
+        params = _query(includeDismissed=include_dismissed, limit=limit, after=after, test=test)
         return self.transport.call("GET", "/notices", params=params)
 
     @operation("dismissNotice")

@@ -59,6 +59,8 @@ _COLUMNS = (
 class NoticePage:
     limit: int
     include_dismissed: bool = False
+    # The panel is the real runs' notices; a dry run's (marked test) only when asked for.
+    tests: bool = False
     # (created_at, id) of the last notice of the previous page.
     after: tuple[datetime, uuid.UUID] | None = None
 
@@ -88,7 +90,7 @@ class NoticeAccess:
 
     def list_notices(self, conn: Connection, page: NoticePage) -> list[Row]:
         """Up to `page.limit` + 1 notices, newest first; the extra one says there are more."""
-        conditions = [panel_notice.c.org_id == self.org_id]
+        conditions = [panel_notice.c.org_id == self.org_id, panel_notice.c.test.is_(page.tests)]
         if not page.include_dismissed:
             conditions.append(panel_notice.c.dismissed_at.is_(None))
         if page.after is not None:

@@ -295,6 +295,23 @@ def test_an_email_names_its_flow_and_machine_and_links_the_execution_page(
     assert notice.body == "The nightly backup of m-1 failed."
 
 
+def test_an_email_names_the_machine_its_request_s_data_names_as_every_page_does(
+    runtime_engine, worker, sink
+):
+    # A request made with the data alone names its machine only there: the footer reads
+    # it as the pages, the search and the filters do.
+    set_preferences(runtime_engine)
+    definition = _notify_flow(email=True)
+    request_id = create_request(
+        runtime_engine, publish_flow(runtime_engine, definition), {"machineId": "m-9"}
+    )
+    accept_transition(runtime_engine, request_id)
+
+    [received] = sink.wait_for(1)
+
+    assert "Machine: m-9" in received.message.get_content().splitlines()
+
+
 def test_without_a_public_base_url_an_email_has_no_link_line(database, runtime_engine):
     set_preferences(runtime_engine)
     notify = _registry(database).get("notify", 1)  # PUBLIC_BASE_URL unset

@@ -60,9 +60,14 @@ def test_notices_are_listed_newest_first_for_the_callers_organization_only(api, 
 
     response = api.get("/notices", **READER)
 
-    assert _titles(response) == ["last", "dry run", "first"]
+    # The panel is the real runs': a dry run's notice only when asked for, and then alone.
+    assert _titles(response) == ["last", "first"]
+    rehearsed = api.get("/notices?test=true", **READER)
+    assert _titles(rehearsed) == ["dry run"]
+    (dry,) = rehearsed.get_json()["items"]
+    assert dry["test"] is True and dry["email"] == "simulation"
+    assert api.get("/notices?test=yes", **READER).status_code == 400
     items = {item["title"]: item for item in response.get_json()["items"]}
-    assert items["dry run"]["test"] is True and items["dry run"]["email"] == "simulation"
     assert items["first"] | {"createdAt": None} == {
         "id": first,
         "category": "automation",

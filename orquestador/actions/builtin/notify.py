@@ -23,6 +23,7 @@ from orquestador.actions.contracts import ActionContext, Adapter, Effect
 from orquestador.actions.lookup import Found, LookupResult, NotFound
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
+from orquestador.db.request_machine import REQUEST_MACHINE
 from orquestador.db.schema import flow, panel_notice, request
 from orquestador.notices.preferences import email_decision
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION, SEVERITIES, EmailOutcome
@@ -105,7 +106,8 @@ def _about(conn: Connection, ctx: ActionContext, public_base_url: str) -> str:
     found = None
     if request_id is not None:
         found = conn.execute(
-            select(flow.c.key, flow.c.version, request.c.machine_id)
+            # The request's machine as every reader reads it: its column, else its data's.
+            select(flow.c.key, flow.c.version, REQUEST_MACHINE.label("machine_id"))
             .select_from(request.join(flow, flow.c.id == request.c.flow_id))
             .where(request.c.id == request_id, request.c.org_id == ctx.identity.org_id)
         ).one_or_none()

@@ -123,13 +123,19 @@ def paths() -> dict[str, Any]:
                 "operationId": "listNotices",
                 "summary": "The organization's panel notices, newest first",
                 "description": "Scope `notices:read`. Dismissed notices only with "
-                "`includeDismissed=true`; a dry run's notices are listed with `test: true`.",
+                "`includeDismissed=true`. The panel is the real runs': a dry run's notices "
+                "(`test: true`) are listed only with `test=true`, and then alone.",
                 "security": SECURED,
                 "parameters": [
                     query_parameter(
                         "includeDismissed",
                         {"type": "string", "enum": ["true", "false"]},
                         "Also list dismissed notices (default false).",
+                    ),
+                    query_parameter(
+                        "test",
+                        {"type": "string", "enum": ["true", "false"]},
+                        "true: the dry runs' notices instead of the real ones (default false).",
                     ),
                     query_parameter(
                         "limit",

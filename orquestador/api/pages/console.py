@@ -167,11 +167,14 @@ def request_page(request_id: str) -> Any:
 
 
 def _request_machine(row: Any) -> str | None:
-    """The machine the request names, else the one its data names (as executions say)."""
+    """The machine the request names, else the one its data names: REQUEST_MACHINE
+    (db/request_machine.py) read from a row already loaded, text as `->>` gives it."""
     if row.machine_id is not None:
         return str(row.machine_id)
     named = row.data.get("machineId") if isinstance(row.data, dict) else None
-    return named if isinstance(named, str) else None
+    if named is None or isinstance(named, str):
+        return named
+    return json.dumps(named, ensure_ascii=False)
 
 
 # --- flows -----------------------------------------------------------------------------
