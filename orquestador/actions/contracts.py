@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -125,6 +125,11 @@ class Adapter:
     # step would have had. Without it a dry run's step fails SIMULATION_UNSUPPORTED; the
     # engine never calls a writer's `invoke` in one.
     simulate: Callable[[ActionContext], dict[str, Any]] | None = field(default=None, repr=False)
+    # A dry run's outcome only this adapter can play (rollout@1's `children`): called with
+    # the context and the outcome instead of `simulate` (actions/rehearsals.py).
+    rehearse: Callable[[ActionContext, Mapping[str, Any]], dict[str, Any]] | None = field(
+        default=None, repr=False
+    )
     # "call" lets a dry run invoke a READ_ONLY adapter for real; by default nothing
     # outside is called in one (SPEC 16).
     dry_run: DryRun = "simulate"

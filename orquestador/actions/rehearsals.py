@@ -8,7 +8,9 @@
   action's `onError` exit is taken as in a real run;
 - `{"deadline": true}`: a step that waits with a deadline (approval@1, machine.wait@1)
   fails with its own deadline code;
-- `{"decision": "approved" | "rejected"}`: an approval answers a person's decision.
+- `{"decision": "approved" | "rejected"}`: an approval answers a person's decision;
+- `{"children": {"INDEX": "succeeded" | "failed" | "cancelled"}}`: a rollout's children end
+  so, by item index (the rest succeed), within the rollout's batch and failure budget.
 
 Nothing outside is called for such a step, whatever its effect: the answer is the dry
 run's, and the audit says it was rehearsed.
@@ -25,6 +27,7 @@ from typing import Any
 from orquestador.actions.builtin.approval import APPROVAL_DEADLINE_EXCEEDED
 from orquestador.actions.builtin.approval import CAPABILITY as APPROVAL
 from orquestador.actions.builtin.machine import WAIT_DEADLINE_EXCEEDED
+from orquestador.actions.builtin.rollout import CAPABILITY as ROLLOUT
 from orquestador.actions.contracts import ActionContext
 from orquestador.actions.errors import PermanentError
 from orquestador.domain.errors import Problem
@@ -49,6 +52,12 @@ OUTCOMES_SCHEMA: dict[str, Any] = {
             "error": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]{0,63}$"},
             "deadline": {"const": True},
             "decision": {"enum": ["approved", "rejected"]},
+            "children": {
+                "type": "object",
+                "maxProperties": 10_000,
+                "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,4})$"},
+                "additionalProperties": {"enum": ["succeeded", "failed", "cancelled"]},
+            },
         },
     },
 }
@@ -71,6 +80,8 @@ def outcome_problems(
             )
         elif "decision" in outcome and capability != APPROVAL:
             problems.append(Problem(f"{at}/decision", "only an approval takes a decision"))
+        elif "children" in outcome and capability != ROLLOUT:
+            problems.append(Problem(f"{at}/children", "only a rollout has children"))
     return problems
 
 
@@ -82,11 +93,20 @@ def describe(outcome: Mapping[str, Any]) -> str:
         return f"error {outcome['error']}"
     if "deadline" in outcome:
         return "the deadline passed"
+    if "children" in outcome:
+        return f"{len(outcome['children'])} children's outcomes given"
     return f"the decision {outcome['decision']}"
 
 
-def rehearsed(outcome: Mapping[str, Any], capability: str) -> Callable[[ActionContext], Any]:
-    """The call a step makes instead of its simulation: it answers `outcome`."""
+def rehearsed(
+    outcome: Mapping[str, Any],
+    capability: str,
+    own: Callable[[ActionContext, Mapping[str, Any]], Any] | None = None,
+) -> Callable[[ActionContext], Any]:
+    """The call a step makes instead of its simulation: it answers `outcome`. An outcome
+    only its adapter can play (a rollout's `children`) goes to the adapter's `rehearse`."""
+    if "children" in outcome and own is not None:
+        return lambda ctx: own(ctx, outcome)
 
     def play(ctx: ActionContext) -> Any:
         ctx.observe({"summary": f"rehearsed: {describe(outcome)}"})

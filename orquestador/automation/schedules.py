@@ -99,6 +99,7 @@ def fire_data(key: str, fire_time: str, data: Any) -> dict[str, Any]:
 _FLOW_COLUMNS = (
     flow.c.id,
     flow.c.key,
+    flow.c.version,
     flow.c.trigger,
     flow.c.definition,
     flow.c.data_schema,

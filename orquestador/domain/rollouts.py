@@ -127,3 +127,22 @@ class RolloutCounts:
             "running": self.running,
             "maxFailures": self.max_failures,
         }
+
+
+def play(total: int, batch: int, max_failures: int, outcomes: dict[int, str]) -> list[str]:
+    """What a dry run's rollout does with `outcomes` (item index -> succeeded, failed or
+    cancelled; succeeded when not given): each item's status, in order.
+
+    The rehearsal lets children end in the order they started: item i starts once item
+    i - batch has ended, and only while the failures among the ended ones are within the
+    budget; once they are not, the rest are skipped. So, as in a real run, failures can end
+    above the budget by the children already running.
+    """
+    statuses: list[str] = []
+    for index in range(total):
+        ended = statuses[: max(index - batch + 1, 0)]
+        if ended.count("failed") > max_failures or "skipped" in statuses:
+            statuses.append("skipped")
+            continue
+        statuses.append(outcomes.get(index, "succeeded"))
+    return statuses

@@ -224,7 +224,7 @@ class StepRunner(StepOutcomes):
         outcome = self.rehearsed_outcome(spec.id) if loaded.simulation else None
         if outcome is not None:
             # The dry run rehearses this path: the step answers what it was told to.
-            call, simulated = rehearsed(outcome, adapter.capability), True
+            call, simulated = rehearsed(outcome, adapter.capability, adapter.rehearse), True
         elif loaded.simulation and adapter.simulate is not None:
             call, simulated = adapter.simulate, True
         elif loaded.simulation and (adapter.effect.writes or adapter.dry_run != "call"):

@@ -17,6 +17,7 @@ only effect that may wait.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from orquestador.actions.builtin.database import BuiltinDatabase, builtin_timeout_seconds
@@ -27,7 +28,13 @@ from orquestador.actions.registry import AdapterRegistry
 from orquestador.automation.schedules import FlowNotFound, resolve_flow
 from orquestador.config import Settings
 from orquestador.domain.flow_definition import FlowDefinition
-from orquestador.domain.rollouts import ROLLOUT_MAX_ITEMS, RolloutCounts, limit_of, machine_of
+from orquestador.domain.rollouts import (
+    ROLLOUT_MAX_ITEMS,
+    RolloutCounts,
+    limit_of,
+    machine_of,
+    play,
+)
 from orquestador.domain.statuses import RolloutChildStatus
 from orquestador.rollouts.store import (
     RolloutDraft,
@@ -217,34 +224,63 @@ class Rollouts:
 
     def simulate(self, ctx: ActionContext) -> dict[str, Any]:
         """A dry run starts nothing: it says what it would start, every child succeeding."""
+        return self._play(ctx, {})
+
+    def rehearse(self, ctx: ActionContext, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        """A dry run's rollout whose children end as `outcome["children"]` says, by item
+        index (the rest succeed)."""
+        children = outcome.get("children", {})
+        return self._play(ctx, {int(index): status for index, status in children.items()})
+
+    def _play(self, ctx: ActionContext, outcomes: dict[int, str]) -> dict[str, Any]:
+        """The rollout played in a dry run: it starts nothing real, says what it would
+        start, and ends as the real step would with these children's ends."""
         items = list(ctx.inputs["items"])
         if len(items) > ROLLOUT_MAX_ITEMS:
             raise PermanentError(ROLLOUT_TOO_MANY_ITEMS, too_many_items(len(items)))
-        machines = [machine_of(item) for item in items]
+        with self._database.engine.connect() as conn:
+            flow_row, _ = _child_flow(conn, ctx.identity.org_id, ctx.inputs["flow"])
         total = len(items)
         batch = limit_of(ctx.inputs["batch"], total, minimum=1)
         budget = limit_of(ctx.inputs["maxFailures"], total, minimum=0)
-        ctx.observe(
-            {
-                "summary": (
-                    f"would start {total} child requests of {ctx.inputs['flow']} "
-                    f"({ctx.inputs['transition']}), {batch} at a time, stopping after "
-                    f"{budget + 1} failures"
-                ),
-                "machines": machines[:50],
-                "batch": batch,
-                "maxFailures": budget,
-            }
+        statuses = play(total, batch, budget, outcomes)
+        started = total - statuses.count("skipped")
+        machines = [machine_of(item) for item in items]
+        counts = RolloutCounts(
+            total=total,
+            started=started,
+            running=0,
+            succeeded=statuses.count("succeeded"),
+            failed=statuses.count("failed"),
+            cancelled=statuses.count("cancelled"),
+            max_failures=budget,
         )
+        seen = {
+            "summary": (
+                f"would start {started} of {total} child requests of {flow_row.key} "
+                f"v{flow_row.version} ({ctx.inputs['transition']}), {batch} at a time, "
+                f"stopping once failures exceed {budget}"
+            ),
+            "machines": machines[:50],
+            **counts.as_json(),
+        }
+        if counts.budget_spent:
+            raise PermanentError(
+                ROLLOUT_FAILURE_BUDGET,
+                f"rehearsed: failures {counts.failed} of at most {budget} allowed: "
+                f"{counts.skipped} of {total} items would be skipped",
+                observed=seen,
+            )
+        ctx.observe(seen)
         return {
             "total": total,
-            "succeeded": total,
-            "failed": 0,
-            "cancelled": 0,
-            "skipped": 0,
+            "succeeded": counts.succeeded,
+            "failed": counts.failed,
+            "cancelled": counts.cancelled,
+            "skipped": counts.skipped,
             "children": [
-                {"item": item, "requestId": None, "executionId": None, "status": "succeeded"}
-                for item in items
+                {"item": item, "requestId": None, "executionId": None, "status": status}
+                for item, status in zip(items, statuses, strict=True)
             ],
         }
 
@@ -284,5 +320,6 @@ def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDat
             max_attempts=3,
             invoke=calls.invoke,
             simulate=calls.simulate,
+            rehearse=calls.rehearse,
         )
     )
