@@ -11,6 +11,7 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orquestador.domain.quotas import Quotas, parse_org_quotas
 from orquestador.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class Settings:
     max_continuations: int = _env("MAX_CONTINUATIONS", "50", "worker")
     # Shares of the free slots: "acme=3,globex=0.5"; an organization not named weighs 1.
     org_weights: str = _env("ORG_WEIGHTS", "", "worker")
+
+    # Each organization's limits (docs/OPERATIONS.md#quotas); ORG_QUOTAS overrides them
+    # per organization as JSON, e.g. {"acme": {"schedules": 500, "scheduleMinSeconds": 10}}.
+    quota_schedules: int = _env("QUOTA_SCHEDULES", "100", "quotas")
+    schedule_min_seconds: int = _env("SCHEDULE_MIN_SECONDS", "60", "quotas")
+    org_quotas: str = _env("ORG_QUOTAS", "", "quotas")
 
     retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
     retry_cap_seconds: float = _env("RETRY_CAP_SECONDS", "300", "retries")
@@ -182,6 +189,13 @@ class Settings:
     def adapter_module_names(self) -> list[str]:
         return [name.strip() for name in self.adapter_modules.split(",") if name.strip()]
 
+    def quotas_for(self, org: str) -> Quotas:
+        """The organization's limits: the QUOTA_* settings, then its ORG_QUOTAS entry."""
+        defaults = Quotas(
+            schedules=self.quota_schedules, schedule_min_seconds=self.schedule_min_seconds
+        )
+        return defaults.overridden(parse_org_quotas(self.org_quotas)[0].get(org, {}))
+
     @property
     def org_weight_map(self) -> dict[str, float]:
         """ORG_WEIGHTS as {organization: weight}; items `problems` refuses are left out."""
@@ -283,6 +297,8 @@ class Settings:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
             "max_continuations",
+            "quota_schedules",
+            "schedule_min_seconds",
             "db_pool_size",
             "worker_drain_seconds",
             "adapter_abandon_grace_seconds",
@@ -324,6 +340,8 @@ class Settings:
                     f"TRUSTED_PROXIES: {item!r} is not an address or network (e.g. 10.0.0.5, "
                     "10.0.0.0/24, ::1)"
                 )
+        for problem in parse_org_quotas(self.org_quotas)[1]:
+            problems.append(f"ORG_QUOTAS: {problem}")
         for item in _org_weights(self.org_weights)[1]:
             problems.append(
                 f"ORG_WEIGHTS: {item!r} is not organization=weight with a weight above 0"

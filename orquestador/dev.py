@@ -87,8 +87,11 @@ def _dev_settings(settings: Settings, runtime_url: str, migration_url: str) -> S
         for name in _SWITCHES
     }
     _ensure_dev_secret(settings)
+    # Trying schedules out means watching them fire: every second unless the environment
+    # names a minimum.
+    pace = {} if "SCHEDULE_MIN_SECONDS" in os.environ else {"schedule_min_seconds": 1}
     return settings.with_overrides(
-        database_url=runtime_url, migration_database_url=migration_url, **switches
+        database_url=runtime_url, migration_database_url=migration_url, **switches, **pace
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
@@ -15,6 +16,7 @@ from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.automation.firing import run_now
 from orquestador.automation.schedules import (
     FlowNotFound,
+    QuotaExceeded,
     Schedule,
     ScheduleRefused,
     ScheduleSpec,
@@ -25,7 +27,12 @@ from orquestador.automation.schedules import (
     schedule_id_problem,
 )
 from orquestador.domain.errors import Problem
-from orquestador.domain.schedule_times import CATCH_UP_SKIP, Timing, timing_problems
+from orquestador.domain.schedule_times import (
+    CATCH_UP_SKIP,
+    Timing,
+    pace_problem,
+    timing_problems,
+)
 
 blueprint = Blueprint("schedules", __name__, url_prefix=f"{API_PREFIX}/schedules")
 
@@ -63,6 +70,10 @@ def _known_schedule_id(schedule_id: str) -> str:
     return schedule_id
 
 
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
 def _spec(body: dict[str, Any]) -> ScheduleSpec:
     if ("flow" in body) == ("flowId" in body):
         raise ApiProblem(
@@ -77,6 +88,17 @@ def _spec(body: dict[str, Any]) -> ScheduleSpec:
     cron, every = body.get("cron"), body.get("everySeconds")
     timezone = body.get("timezone", "UTC")
     problems = timing_problems(cron, every, timezone)
+    if not problems:
+        quotas = api_context().settings.quotas_for(current_caller().org)
+        pace = pace_problem(Timing(cron, every, timezone), quotas.schedule_min_seconds, _now())
+        if pace is not None:
+            raise ApiProblem(
+                422,
+                "QUOTA_EXCEEDED",
+                f"The organization's quota scheduleMinSeconds ({quotas.schedule_min_seconds})"
+                " allows no schedule that fires this often.",
+                problems=[pace],
+            )
     if problems:
         raise ApiProblem(
             422,
@@ -110,10 +132,22 @@ def put(schedule_id: str) -> tuple[Response, int, dict[str, str]]:
     try:
         with engine().begin() as connection:
             found, created = put_schedule(
-                connection, org=caller.org, key=schedule_id, spec=spec, actor=caller.sub
+                connection,
+                org=caller.org,
+                key=schedule_id,
+                spec=spec,
+                actor=caller.sub,
+                max_schedules=api_context().settings.quotas_for(caller.org).schedules,
             )
     except FlowNotFound:
         raise not_found() from None
+    except QuotaExceeded as exceeded:
+        raise ApiProblem(
+            422,
+            "QUOTA_EXCEEDED",
+            f"{exceeded} Delete a schedule, or ask the operator to raise the quota.",
+            problems=[Problem("", f"quota {exceeded.quota}: {exceeded.used} of {exceeded.limit}")],
+        ) from None
     except ScheduleRefused as refused:
         # The transaction rolled back: the schedule is as it was.
         raise ApiProblem(422, refused.code, str(refused), problems=refused.problems) from None

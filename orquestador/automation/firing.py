@@ -1,7 +1,9 @@
 """Firing schedules: each fire time of a schedule starts its flow once, whatever the workers.
 
 A round locks due schedules with SKIP LOCKED (workers share them without waiting on each
-other), decides under the schedule's catch-up policy which passed fire times to start
+other), taken in turns across organizations (each one's earliest due schedule before
+anyone's second: one organization's flood never makes another's schedule miss), decides
+under the schedule's catch-up policy which passed fire times to start
 (`domain.schedule_times.plan_round`), and for each writes, in the same transaction, the
 fire row, the request, the accepted execution of the flow's `start` transition (through
 `queue.acceptance`, as platform events do) and the schedule's next fire time. A person's
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, func, or_, select
+from sqlalchemy import Connection, Engine, Row, Select, and_, func, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 
@@ -75,18 +77,7 @@ def fire_due_schedules(
         if now is None:
             now = connection.scalar(select(func.clock_timestamp()))
         assert now is not None
-        due = connection.execute(
-            select(schedule)
-            .where(
-                ~schedule.c.paused,
-                schedule.c.next_fire_at.is_not(None),
-                schedule.c.next_fire_at <= now,
-                or_(schedule.c.retry_at.is_(None), schedule.c.retry_at <= now),
-            )
-            .order_by(schedule.c.next_fire_at)
-            .limit(batch_size)
-            .with_for_update(skip_locked=True)
-        ).all()
+        due = connection.execute(_due_in_turns(now, batch_size)).all()
         more = len(due) == batch_size
         outcomes: Outcomes = Counter()
         for row in due:
@@ -94,6 +85,49 @@ def fire_due_schedules(
     for outcome, count in outcomes.items():
         SCHEDULE_FIRES_TOTAL.labels(outcome=outcome).inc(count)
     return more
+
+
+def _is_due(table: Any, now: datetime) -> Any:
+    return and_(
+        ~table.c.paused,
+        table.c.next_fire_at.is_not(None),
+        table.c.next_fire_at <= now,
+        or_(table.c.retry_at.is_(None), table.c.retry_at <= now),
+    )
+
+
+def _due_in_turns(now: datetime, batch_size: int) -> Select[Any]:
+    """The round's due schedules, taken in turns across organizations, locked.
+
+    Round robin: each organization's earliest due schedule comes before anyone's second,
+    so one organization's thousand due schedules never push another's out of a round
+    (only more organizations with due schedules than a round holds can). The turns are
+    counted in a subquery without locks (no window function may sit beside FOR UPDATE);
+    the outer SELECT re-checks that each row is still due as it locks it, and skips the
+    rows another worker's round holds.
+    """
+    ranked = (
+        select(
+            schedule.c.org_id,
+            schedule.c.id,
+            func.row_number()
+            .over(
+                partition_by=schedule.c.org_id,
+                order_by=(schedule.c.next_fire_at, schedule.c.id),
+            )
+            .label("turn"),
+        )
+        .where(_is_due(schedule, now))
+        .subquery()
+    )
+    return (
+        select(schedule)
+        .join(ranked, and_(ranked.c.org_id == schedule.c.org_id, ranked.c.id == schedule.c.id))
+        .where(_is_due(schedule, now))
+        .order_by(ranked.c.turn, schedule.c.next_fire_at, schedule.c.org_id)
+        .limit(batch_size)
+        .with_for_update(of=schedule, skip_locked=True)
+    )
 
 
 def _fire_or_put_off(

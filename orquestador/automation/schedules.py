@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select
+from sqlalchemy import Connection, Row, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from orquestador.db.schema import flow, schedule
@@ -71,6 +71,37 @@ class Schedule:
 
 class FlowNotFound(Exception):
     """No flow of the organization has this key or id."""
+
+
+class QuotaExceeded(Exception):
+    """The organization's quota does not allow this: `quota` names it, `limit` is its limit."""
+
+    def __init__(self, quota: str, limit: int, used: int) -> None:
+        super().__init__(f"The organization's quota {quota} ({limit}) allows no more.")
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+
+
+# Creations of one organization's schedules take turns (a lock for the transaction), so
+# two at once cannot both find the last place free; the count and its comparison with
+# the limit are one statement.
+_SCHEDULES_QUOTA = text(
+    """
+    WITH turn AS (
+        SELECT pg_advisory_xact_lock(hashtext('orquestador schedule quota'), hashtext(:org))
+    )
+    SELECT count(s.id) AS used, count(s.id) < :limit AS room
+    FROM turn LEFT JOIN schedule s ON s.org_id = :org
+    """
+)
+
+
+def require_schedule_room(connection: Connection, *, org: str, limit: int) -> None:
+    """QuotaExceeded unless the organization may create one more schedule."""
+    used, room = connection.execute(_SCHEDULES_QUOTA, {"org": org, "limit": limit}).one()
+    if not room:
+        raise QuotaExceeded("schedules", limit, used)
 
 
 class ScheduleRefused(Exception):
@@ -198,7 +229,13 @@ def _in_schedule_terms(problem: Problem, wrapped: bool) -> Problem:
 
 
 def put_schedule(
-    connection: Connection, *, org: str, key: str, spec: ScheduleSpec, actor: str
+    connection: Connection,
+    *,
+    org: str,
+    key: str,
+    spec: ScheduleSpec,
+    actor: str,
+    max_schedules: int | None = None,
 ) -> tuple[Schedule, bool]:
     """Create or replace the schedule; return it and whether it was created.
 
@@ -206,7 +243,8 @@ def put_schedule(
     of it could not start (the transition, the data). The next fire time is kept when the
     timing did not change and the schedule was and stays running; otherwise it is the
     first fire time after now (none while paused): changing when a schedule fires, or
-    resuming it, never makes up for fire times before the change.
+    resuming it, never makes up for fire times before the change. `max_schedules`: the
+    organization's quota, checked when the schedule is new (QuotaExceeded).
     """
     flow_row, flow_key = resolve_flow(connection, org=org, named=spec.flow)
     now: datetime = connection.scalar(select(func.clock_timestamp()))
@@ -220,6 +258,8 @@ def put_schedule(
     current = connection.execute(
         select(schedule).where(schedule.c.org_id == org, schedule.c.id == key).with_for_update()
     ).one_or_none()
+    if current is None and max_schedules is not None:
+        require_schedule_room(connection, org=org, limit=max_schedules)
     next_fire_at: datetime | None
     if spec.paused:
         next_fire_at = None

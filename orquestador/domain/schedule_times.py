@@ -99,6 +99,31 @@ def timing_problems(cron: str | None, every_seconds: int | None, timezone: str) 
     return problems
 
 
+# How many of a cron's next fire times its smallest gap is looked for in: a day of
+# minutes and more, enough to meet any pattern of hours within a day and a DST change.
+GAP_FIRES_LOOKED_AT = 1500
+
+
+def pace_problem(timing: Timing, min_seconds: int, now: datetime) -> Problem | None:
+    """Why the timing fires more often than the organization's scheduleMinSeconds allows:
+    a period below it, or a cron whose smallest gap over its next fire times is."""
+    if min_seconds <= 1:
+        return None
+    said = f"fires more often than every {min_seconds} s (the quota scheduleMinSeconds)"
+    if timing.every_seconds is not None:
+        if timing.every_seconds < min_seconds:
+            return Problem("/everySeconds", said)
+        return None
+    # A cron fires at most once a minute: no gap below a minimum of a minute or less.
+    if min_seconds <= 60:
+        return None
+    times = list(itertools.islice(timing._cron_after(now), GAP_FIRES_LOOKED_AT))
+    gaps = (later - earlier for earlier, later in itertools.pairwise(times))
+    if any(gap < timedelta(seconds=min_seconds) for gap in gaps):
+        return Problem("/cron", said)
+    return None
+
+
 def cron_problem(cron: str) -> str | None:
     """Why a cron expression is refused: five fields (minute hour day month weekday) only."""
     if len(cron) > MAX_CRON_CHARACTERS:

@@ -106,6 +106,8 @@ def api_settings(runtime_dsn: str, **overrides: Any) -> Settings:
         "request_api_enabled": True,
         "flow_admin_enabled": True,
         "jwt_secret": SECRET,
+        # Tests put schedules of every second; the quota's own tests set it back.
+        "schedule_min_seconds": 1,
     }
     values.update(overrides)
     return Settings.from_env({}, **values)

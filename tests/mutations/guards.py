@@ -1722,10 +1722,32 @@ _MACHINE_CANCEL_PY = "orquestador/machines/cancel.py"
 EXPIRY = "tests/integration/test_command_expiry.py"
 AGENT_COMMANDS = "tests/unit/test_agent_commands.py"
 
+SCHEDULE_QUOTAS = "tests/integration/test_schedule_quotas.py"
+_FIRING_PY = "orquestador/automation/firing.py"
 CREDENTIALS = "tests/integration/test_machine_credentials.py"
 _CREDENTIALS_PY = "orquestador/machines/credentials.py"
 
 EXPIRY_GUARDS = [
+    Mutation(
+        "schedules-fire-in-turns-across-organizations",
+        _FIRING_PY,
+        ".order_by(ranked.c.turn, schedule.c.next_fire_at, schedule.c.org_id)",
+        ".order_by(schedule.c.next_fire_at, schedule.c.org_id)",
+        "A firing round takes each organization's earliest due schedule before anyone's "
+        "second: one organization's flood never pushes another's schedule out of a round.",
+        (
+            f"{SCHEDULE_QUOTAS}::test_one_organization_s_flood_never_pushes_another_s_schedule"
+            "_out_of_a_round",
+        ),
+    ),
+    Mutation(
+        "schedule-quota-checked-at-creation",
+        "orquestador/automation/schedules.py",
+        "    if current is None and max_schedules is not None:\n",
+        "    if False:\n",
+        "An organization never holds more schedules than its quota.",
+        (f"{SCHEDULE_QUOTAS}::test_an_organization_holds_at_most_its_quota_of_schedules",),
+    ),
     Mutation(
         "claim-refuses-a-revoked-credential",
         _COMMANDS_PY,
