@@ -3,6 +3,7 @@ rounds that take due schedules in turns across organizations."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -46,7 +47,7 @@ def test_an_organization_holds_at_most_its_quota_of_schedules(api: Api) -> None:
 
 
 def test_org_quotas_raises_one_organization_s_limits(database) -> None:
-    overrides = '{"%s": {"schedules": 4, "scheduleMinSeconds": 5}}' % ORG
+    overrides = json.dumps({ORG: {"schedules": 4, "scheduleMinSeconds": 5}})
     with running_api(database.runtime_dsn, quota_schedules=3, org_quotas=overrides) as api:
         flow_id = publish(api)
         for n in range(4):
