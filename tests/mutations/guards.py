@@ -469,7 +469,7 @@ SCHEDULE_GUARDS = [
     Mutation(
         "schedule-paused-never-fires",
         _FIRING_PY,
-        "                ~schedule.c.paused,\n",
+        "        ~table.c.paused,\n",
         "",
         "A paused schedule never fires, whatever its next fire time says.",
         (f"{FIRING}::test_a_paused_schedule_never_fires",),
@@ -1723,7 +1723,6 @@ EXPIRY = "tests/integration/test_command_expiry.py"
 AGENT_COMMANDS = "tests/unit/test_agent_commands.py"
 
 SCHEDULE_QUOTAS = "tests/integration/test_schedule_quotas.py"
-_FIRING_PY = "orquestador/automation/firing.py"
 CREDENTIALS = "tests/integration/test_machine_credentials.py"
 _CREDENTIALS_PY = "orquestador/machines/credentials.py"
 
