@@ -16,8 +16,6 @@ its own, and stops cleanly on SIGTERM or SIGINT.
 from __future__ import annotations
 
 import contextlib
-import email.utils
-import json
 import logging
 import os
 import random
@@ -27,8 +25,6 @@ import subprocess
 import tempfile
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +32,7 @@ from types import FrameType
 from typing import Any
 
 from orquestador.backoff import Backoff
+from orquestador.client import ApiError, Client, ClientError
 
 log = logging.getLogger(__name__)
 
@@ -298,17 +295,9 @@ class ApiBusy(ApiUnreachable):
         self.retry_after = retry_after
 
 
-def retry_after_seconds(value: str | None, now: float | None = None) -> float:
-    """A Retry-After header (seconds or an HTTP date) as seconds within bounds."""
-    seconds = BUSY_DEFAULT_SECONDS
-    text = (value or "").strip()
-    if text.isdigit():
-        seconds = float(text)
-    elif text:
-        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
-            when = email.utils.parsedate_to_datetime(text)
-            seconds = when.timestamp() - (time.time() if now is None else now)
-    return min(max(seconds, 1.0), BUSY_MAX_SECONDS)
+def bounded_retry_after(seconds: float | None) -> float:
+    """A 429's Retry-After within bounds; BUSY_DEFAULT_SECONDS when it gave none."""
+    return min(max(BUSY_DEFAULT_SECONDS if seconds is None else seconds, 1.0), BUSY_MAX_SECONDS)
 
 
 class TokenRefused(Exception):
@@ -316,40 +305,35 @@ class TokenRefused(Exception):
 
 
 class AgentClient:
-    """The two agent routes over HTTP with a bearer token."""
+    """The agent's two routes, through the Python client (`orquestador.client`), in the
+    agent's error model: a refused token stops it, 429 and 5xx and silence are outages to
+    wait out, any other answer is returned as (status, problem) for the loop to judge."""
 
-    def __init__(self, api_url: str, token: str) -> None:
-        self._base = api_url.rstrip("/")
-        self._token = token
+    def __init__(self, api_url: str, token: str, poll_wait_seconds: float = POLL_WAIT_SECONDS):
+        # A long poll's answer may take its whole wait: its read timeout leaves room.
+        self._polls = Client(api_url, token, timeout=(10.0, poll_wait_seconds + 15))
+        self._reports = Client(api_url, token, timeout=(10.0, 30.0))
 
-    def _post(self, path: str, body: Any, timeout: float) -> tuple[int, Any]:
-        request = urllib.request.Request(
-            self._base + path,
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
-        )
+    def _answer(self, call: Callable[[], Any]) -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
-                return response.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as error:
-            if error.code in (401, 403):
-                raise TokenRefused(f"the API answered {error.code} to the agent's token") from None
-            if error.code == 429:
-                raise ApiBusy(retry_after_seconds(error.headers.get("Retry-After"))) from None
-            if error.code >= 500:
-                raise ApiUnreachable(f"the API answered {error.code}") from None
-            return error.code, _problem_of(error)
-        except (OSError, ValueError) as error:  # URLError, timeouts, resets, bad JSON
-            raise ApiUnreachable(_reason(error)) from None
+            return 200, call()
+        except ApiError as error:
+            if error.status in (401, 403):
+                raise TokenRefused(
+                    f"the API answered {error.status} to the agent's token"
+                ) from None
+            if error.status == 429:
+                raise ApiBusy(bounded_retry_after(error.retry_after)) from None
+            if error.status >= 500:
+                raise ApiUnreachable(f"the API answered {error.status}") from None
+            return error.status, error.problem
+        except ClientError as error:  # no connection, no answer in time, not the API
+            raise ApiUnreachable(getattr(error, "reason", None) or str(error)) from None
 
     def next_command(self, wait_seconds: float) -> dict[str, Any] | None:
-        status, body = self._post(
-            f"/agent/commands/next?wait={wait_seconds:g}", {}, timeout=wait_seconds + 15
-        )
-        if status == 204:
-            return None
+        status, body = self._answer(lambda: self._polls.take_next_command(wait=wait_seconds))
+        if status == 200 and body is None:
+            return None  # 204: nothing came within the wait
         if status != 200 or not isinstance(body, dict):
             raise ApiUnreachable(f"unexpected answer {status} to commands/next")
         return body
@@ -357,32 +341,27 @@ class AgentClient:
     def report(
         self, command_id: str, status: str, outcome: Outcome | None = None
     ) -> tuple[int, Any]:
-        """The HTTP status of the answer and its body."""
-        body: dict[str, Any] = {"status": status}
-        if outcome is not None:
-            body.update(exitCode=outcome.exit_code, output=outcome.output)
-            if outcome.output_offset:
-                body["outputOffset"] = outcome.output_offset
-        return self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
+        """The HTTP status of the answer (200, or the refusal's) and its body."""
+        return self._answer(
+            lambda: self._reports.report_command_status(
+                command_id,
+                status,
+                exit_code=outcome.exit_code if outcome else None,
+                output=outcome.output if outcome else None,
+                output_offset=(outcome.output_offset or None) if outcome else None,
+            )
+        )
 
     def report_running(self, command_id: str, chunk: Chunk | None) -> tuple[int, Any]:
         """`running` again, with the output's next chunk if there is one."""
-        body: dict[str, Any] = {"status": "running"}
-        if chunk is not None:
-            body.update(output=chunk.text, outputOffset=chunk.offset)
-        return self._post(f"/agent/commands/{command_id}/status", body, timeout=30)
-
-
-def _problem_of(error: urllib.error.HTTPError) -> Any:
-    try:
-        return json.loads(error.read())
-    except ValueError:
-        return None
-
-
-def _reason(error: BaseException) -> str:
-    reason = getattr(error, "reason", None) or error
-    return str(reason).strip() or type(error).__name__
+        return self._answer(
+            lambda: self._reports.report_command_status(
+                command_id,
+                "running",
+                output=chunk.text if chunk else None,
+                output_offset=chunk.offset if chunk else None,
+            )
+        )
 
 
 # --- the loop ----------------------------------------------------------------------------
@@ -667,7 +646,7 @@ def run_agent(
     kill_grace_seconds: float = KILL_GRACE_SECONDS,
 ) -> int:
     agent = Agent(
-        AgentClient(api_url, token),
+        AgentClient(api_url, token, poll_wait_seconds),
         commands,
         poll_wait_seconds=poll_wait_seconds,
         kill_grace_seconds=kill_grace_seconds,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import email.utils
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -92,11 +94,19 @@ class Transport:
 
 
 def _seconds(text: str | None) -> float | None:
-    """Retry-After in seconds (the API sends a whole number); None when absent or a date."""
-    try:
-        return max(0.0, float(text)) if text is not None else None
-    except ValueError:
+    """Retry-After in seconds: a number of them (the API's), or an HTTP date (a proxy's);
+    None when absent or unreadable."""
+    if text is None:
         return None
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def connection_failure_reason(error: BaseException) -> str:
