@@ -26,7 +26,8 @@ HOL_SECONDS = 2.0
 # A gap that touches a database outage (or the reconnects after it), or the wait for a
 # killed worker's leases to run out, is recovery, not blocking.
 AFTER_OUTAGE_SECONDS = 3.0
-AFTER_KILL_SECONDS = float(WORKER_SETTINGS["WORKER_LEASE_SECONDS"]) + 0.5
+LEASE_SECONDS = float(WORKER_SETTINGS["WORKER_LEASE_SECONDS"])
+AFTER_KILL_SECONDS = LEASE_SECONDS + 0.5
 # The audit rows an execution's plain run writes; any other one between two moments
 # (a retry, a park, a decision, a look-up's finding) explains a gap by itself.
 PLAIN = ("TRANSITION_ACCEPTED", "TRANSITION_COMPLETED")
@@ -110,6 +111,15 @@ def _blocker(
     held: list[HeldLock], execution_id: uuid.UUID, began: float, ended: float
 ) -> HeldLock | None:
     """The other execution's lock the gap waited for: the one released nearest its end."""
+    # Its own row held during the gap explains it, and so does the lease recovery after
+    # it: a job that cannot write its row gives it up and waits for its lease to end.
+    if any(
+        lock.execution_id == execution_id
+        and _overlap((lock.began, lock.ended), began, ended) > 0
+        and ended <= lock.ended + LEASE_SECONDS + 1.0
+        for lock in held
+    ):
+        return None
     overlapping = [
         lock
         for lock in held

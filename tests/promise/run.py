@@ -102,7 +102,12 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
                     say(f"  the provider still had calls in flight after {SETTLE_SECONDS:g} s")
                 timeline.log.pauses += _frozen_before_sending(folder)
                 outcome.findings = check(
-                    database, api, provider, timeline.event_inserts, timeline.log
+                    database,
+                    api,
+                    provider,
+                    timeline.event_inserts,
+                    timeline.log,
+                    fair_keys=profile.fair_keys,
                 )
                 outcome.stats = _stats(database, provider, timeline, workers)
                 for slot, status in workers.exited():
@@ -211,6 +216,17 @@ def _stats(
                 f"{n} {s}"
                 for s, n in database.rows(
                     "SELECT status, count(*) FROM approval GROUP BY 1 ORDER BY 1"
+                )
+            )
+            or "none"
+        ),
+        "rollouts: "
+        + (
+            ", ".join(
+                f"{r.total} items: {r.succeeded} succeeded, {r.failed} failed, "
+                f"{r.cancelled} cancelled, {r.total - r.next_index} never started"
+                for r in database.rows(
+                    "SELECT total, next_index, succeeded, failed, cancelled FROM rollout"
                 )
             )
             or "none"
