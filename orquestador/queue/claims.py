@@ -40,7 +40,9 @@ _DUE = _READY.format(e="e.") + " AND e.next_attempt_at <= now()"
 #    key. orquestador_key_room (migration 0015) counts each key's holders under the key's
 #    advisory lock, so two claims never both take the last place; the rest of a full key
 #    are marked key_blocked and leave the index. The same call takes the keys holders
-#    let go of since (key_release) and lets their oldest blocked executions back.
+#    let go of since (key_release) and lets their oldest blocked executions back. A first
+#    claim with an older execution of its key blocked is blocked behind it, whatever the
+#    room: a newcomer never takes a freed place ahead of those already waiting.
 #
 # now() (this transaction's start) serves the index conditions; the claim is the
 # transaction's first statement, so it differs from clock_timestamp() by microseconds and
@@ -104,7 +106,7 @@ _CLAIM = text(
             FROM generate_series(9, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
                 SELECT e.id, e.org_id, e.priority, e.next_attempt_at, e.concurrency_key,
-                       e.concurrency_limit, e.started_at
+                       e.concurrency_limit, e.started_at, e.created_at
                 FROM execution e
                 WHERE e.org_id = q.org_id AND e.priority = p.priority
                   AND {_DUE}
@@ -114,10 +116,24 @@ _CLAIM = text(
             ) d
             LIMIT q.quota
         ) c
+    ), behind AS (
+        -- A first claim behind an execution of its key that waits blocked (out of this
+        -- index, so not among the chosen) waits its turn too: oldest first under a key,
+        -- in the order blocked ones are let back (priority, then age).
+        SELECT c.id
+        FROM chosen c
+        WHERE c.concurrency_key IS NOT NULL AND c.started_at IS NULL
+          AND EXISTS (
+              SELECT FROM execution b
+              WHERE b.org_id = c.org_id AND b.concurrency_key = c.concurrency_key
+                AND b.key_blocked AND b.status = 'PENDING'
+                AND (b.priority > c.priority
+                     OR (b.priority = c.priority AND (b.created_at, b.id) < (c.created_at, c.id))))
     ), wanted AS (
         SELECT org_id, concurrency_key, min(concurrency_limit) AS lim, count(*) AS want
         FROM chosen
         WHERE concurrency_key IS NOT NULL AND started_at IS NULL
+          AND id <> ALL (ARRAY(SELECT id FROM behind))
         GROUP BY org_id, concurrency_key
     ), released AS (
         DELETE FROM key_release
@@ -142,12 +158,13 @@ _CLAIM = text(
         -- its place; a first claim runs if its rank under its key is within the room.
         SELECT c.id,
                c.concurrency_key IS NULL OR c.started_at IS NOT NULL
-               OR row_number() OVER (
-                    PARTITION BY c.org_id, c.concurrency_key, c.started_at IS NULL
+               OR (bh.id IS NULL AND row_number() OVER (
+                    PARTITION BY c.org_id, c.concurrency_key, c.started_at IS NULL, bh.id IS NULL
                     ORDER BY c.priority DESC, c.next_attempt_at, c.id
-               ) <= k.room AS runs
+               ) <= k.room) AS runs
         FROM chosen c
         LEFT JOIN room k ON k.org_id = c.org_id AND k.concurrency_key = c.concurrency_key
+        LEFT JOIN behind bh ON bh.id = c.id
     ), blocked AS (
         UPDATE execution SET key_blocked = true
         WHERE id = ANY (ARRAY(SELECT id FROM decided WHERE NOT runs))

@@ -482,3 +482,58 @@ def test_a_correction_cannot_move_an_execution_to_a_machine_another_holds(api, r
     )
     assert kept.status_code == 200, kept.get_data(as_text=True)
     assert rows(runtime_engine, first)[first].concurrency_key == "m-1"
+
+
+def test_a_new_execution_never_takes_a_freed_place_ahead_of_an_older_blocked_one(
+    api, runtime_engine
+):
+    """The holder ends; before any claim takes its release up, a new execution of the key
+    arrives, still in the claim's index while the older one is blocked out of it. The
+    place goes to the older one: oldest first under a key."""
+    flow = api.publish(keyed_flow())
+    holder, older = start(api, flow["id"]), start(api, flow["id"])
+    round_ = claim(runtime_engine, 10)
+    assert ids(round_) == {holder} and round_.blocked == 1
+    finish(runtime_engine, round_)
+    newer = start(api, flow["id"])
+
+    first = claim(runtime_engine, 10)
+    assert ids(first) == set(), "the newer execution took the place of the older one"
+    assert rows(runtime_engine, newer)[newer].key_blocked
+    nxt = claim(runtime_engine, 10)
+    assert ids(nxt) == {older}
+    finish(runtime_engine, nxt)
+    assert ids(claim_after_release(runtime_engine)) == {newer}
+
+
+def test_a_holder_due_again_runs_without_asking_the_full_key_for_room(api, runtime_engine):
+    """A holder back from a transient failure holds the key's only place: it runs again,
+    and is not blocked behind itself."""
+    flow = api.publish(keyed_flow())
+    holder = start(api, flow["id"])
+    assert ids(claim(runtime_engine, 10)) == {holder}
+    with runtime_engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE execution SET status = 'RETRY_WAIT', lease_owner = NULL,"
+                " lease_expires_at = NULL, next_attempt_at = now() WHERE id = :id"
+            ),
+            {"id": holder},
+        )
+    assert ids(claim(runtime_engine, 10)) == {holder}
+    assert not rows(runtime_engine, holder)[holder].key_blocked
+
+
+def test_a_parked_holder_keeps_a_newcomer_of_its_key_out(api, runtime_engine):
+    """Parked for a person, the holder still holds the machine: a new execution of the key
+    is blocked, not run beside it."""
+    flow = api.publish(keyed_flow())
+    holder = start(api, flow["id"])
+    first = claim(runtime_engine, 10)
+    assert ids(first) == {holder}
+    with runtime_engine.connect() as conn:
+        require_reconciliation(conn, first.claims[0], "UNCERTAIN_OUTCOME")
+    newcomer = start(api, flow["id"])
+    round_ = claim(runtime_engine, 10)
+    assert ids(round_) == set() and round_.blocked == 1
+    assert rows(runtime_engine, newcomer)[newcomer].key_blocked

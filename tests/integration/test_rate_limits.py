@@ -8,6 +8,7 @@ the next one. The provider double counts what reached it.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,41 @@ def test_takers_queued_on_the_bucket_at_once_take_no_more_than_the_burst(
     assert sorted(a is None for a in answers) == [False] * 4 + [True] * 2
     # The others are told when the next token is due: in about 1,000 s (the rate).
     assert all(500 < a < 1500 for a in answers if a is not None)
+
+
+def test_a_taker_whose_statement_began_earlier_never_moves_the_refill_clock_back(
+    runtime_engine: Engine, owner_engine: Engine
+) -> None:
+    """A taker queued on the bucket since T0 takes after one who took at T0 + 1 s: the
+    bucket keeps T0 + 1 s as its refill time, or the second between would be counted
+    again and give a token nobody earned."""
+    limit = RateLimit(per_second=1, burst=3)
+    with runtime_engine.connect() as conn:
+        assert take_token(conn, "clock", limit) is None  # the bucket exists, 2 left
+    answers: list[float | None] = []
+
+    def take() -> None:
+        with runtime_engine.connect() as conn:
+            answers.append(take_token(conn, "clock", limit))
+
+    early = threading.Thread(target=take)
+    with owner_engine.connect() as later, owner_engine.connect() as watcher:
+        later.begin()
+        later.execute(text("SELECT * FROM rate_bucket WHERE name = 'clock' FOR UPDATE"))
+        early.start()  # its statement begins now (T0) and queues on the row
+        wait_until(lambda: waiting_on_locks(watcher) == 1, what="the early taker queued")
+        time.sleep(1.0)  # time passing: the later taker takes a second after T0
+        later.execute(
+            text(
+                "UPDATE rate_bucket SET tokens = tokens - 1, refilled_at = clock_timestamp()"
+                " WHERE name = 'clock'"
+            )
+        )
+        later.commit()
+    early.join(10)
+    assert answers == [None]  # the last token
+    with runtime_engine.connect() as conn:
+        assert take_token(conn, "clock", limit) is not None, "a token from time counted twice"
 
 
 def test_the_bucket_refills_at_the_rate_up_to_the_burst(

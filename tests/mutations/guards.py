@@ -2365,6 +2365,46 @@ APPROVAL_LOCK_GUARDS = [
     ),
 ]
 
+# --- keys and rate limits the review removed by hand (claims, migration 0015, buckets) ---
+
+KEY_PLACE_GUARDS = [
+    Mutation(
+        "key-holder-keeps-its-place",
+        _CLAIMS_PY,
+        "               c.concurrency_key IS NULL OR c.started_at IS NOT NULL\n",
+        "               c.concurrency_key IS NULL\n",
+        "An execution that holds its key (a retry, a wait's next round, a requeue) runs "
+        "again without asking the key for room it already has.",
+        (f"{KEYS}::test_a_holder_due_again_runs_without_asking_the_full_key_for_room",),
+    ),
+    Mutation(
+        "key-parked-holder-holds",
+        _KEYS_SQL,
+        "'WAITING', 'RECONCILIATION_REQUIRED')\"",
+        "'WAITING')\"",
+        "An execution parked for a person still holds its key: the machine may be mid-change.",
+        (f"{KEYS}::test_a_parked_holder_keeps_a_newcomer_of_its_key_out",),
+    ),
+    Mutation(
+        "rate-refill-clock-never-goes-back",
+        _RATES_PY,
+        "        refilled_at = greatest(b.refilled_at, now())\n",
+        "        refilled_at = now()\n",
+        "A taker whose transaction began earlier never moves the bucket's clock back, so no "
+        "time is counted twice towards new tokens.",
+        (f"{RATES}::test_a_taker_whose_statement_began_earlier_never_moves_the_refill_clock_back",),
+    ),
+    Mutation(
+        "key-newcomer-waits-behind-the-blocked",
+        _CLAIMS_PY,
+        "          AND EXISTS (\n              SELECT FROM execution b\n",
+        "          AND false AND EXISTS (\n              SELECT FROM execution b\n",
+        "A new execution never takes a freed place under its key ahead of an older blocked "
+        "one: oldest first.",
+        (f"{KEYS}::test_a_new_execution_never_takes_a_freed_place_ahead_of_an_older_blocked_one",),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2395,6 +2435,7 @@ MUTATIONS: list[Mutation] = [
     *BULK_ITEM_GUARDS,
     *CORRECTION_KEY_GUARDS,
     *APPROVAL_LOCK_GUARDS,
+    *KEY_PLACE_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
