@@ -101,6 +101,10 @@ class ExecutionFilter:
     schedule_id: str | None = None
     # The children a rollout step's execution started (rollout@1).
     parent_execution_id: uuid.UUID | None = None
+    # "created": newest first, page after page; "duration": the longest runs first (from
+    # its first claim to its end, or to now), one page only: a keyset cursor follows
+    # creation order, not a duration that grows while an execution runs.
+    sort: str = "created"
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,9 @@ _EXECUTION_COLUMNS = (
     execution.c.continued_from,
     _CONTINUED_BY.label("continued_by"),
     execution.c.parent_execution_id,
+    execution.c.started_at,
+    execution.c.finished_at,
+    execution.c.actor_snapshot.op("->>")("sub").label("started_by"),
     flow.c.key.label("flow_key"),
     flow.c.version.label("flow_version"),
     _request_machine.label("machine_id"),
@@ -335,12 +342,18 @@ class ResourceAccess:
             conditions.append(execution.c.parent_execution_id == page.parent_execution_id)
         if page.after is not None:
             conditions.append(tuple_(execution.c.created_at, execution.c.id) < tuple_(*page.after))
+        order = [execution.c.created_at.desc(), execution.c.id.desc()]
+        if page.sort == "duration":
+            ran = func.coalesce(execution.c.finished_at, func.clock_timestamp()) - (
+                execution.c.started_at
+            )
+            order = [ran.desc().nulls_last(), *order]
         query = (
             select(*_EXECUTION_COLUMNS)
             .join(request, request.c.id == execution.c.request_id)
             .join(flow, flow.c.id == execution.c.flow_id)
             .where(*conditions)
-            .order_by(execution.c.created_at.desc(), execution.c.id.desc())
+            .order_by(*order)
             .limit(page.limit + 1)
         )
         return list(connection.execute(query))

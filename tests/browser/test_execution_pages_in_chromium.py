@@ -294,3 +294,46 @@ def test_a_wait_reads_what_it_waits_for_then_stops_in_words_and_a_short_id_finds
     assert browser.execute_script("return document.documentElement.scrollWidth") <= width
     screenshot(browser, "search-on-a-phone")
     assert _policy_violations(browser) == []
+
+
+def test_the_list_reads_as_a_table_on_a_desk_sorts_by_duration_and_keeps_cards_on_a_phone(
+    site: tuple[Api, str], browser: Any, owner_engine: Engine
+) -> None:
+    from tests.browser.browser_support import sign_in
+
+    api, base = site
+    quick = completed(api, owner_engine, sub="bob")
+    slow = completed(api, owner_engine)
+    with owner_engine.begin() as connection:
+        for arranged, seconds in ((quick, 3), (slow, 125)):
+            connection.exec_driver_sql(
+                "UPDATE execution SET started_at = now() - make_interval(secs => %s),"
+                " finished_at = now() WHERE id = %s",
+                (seconds + 1, arranged.execution_id),
+            )
+    sign_in(browser, base, api.token(scopes=["requests:read", "requests:read-all"]))
+
+    browser.set_window_size(*DESK)
+    browser.get(f"{base}/ui/executions")
+    table = _by_css(browser, "table.execution-table")
+    assert table.is_displayed() and not _by_css(browser, "ul.executions").is_displayed()
+    headers = [th.text for th in _all_css(browser, "table.execution-table th")]
+    assert headers == [
+        "Status", "Flow and transition", "Machine", "Started", "Duration", "Attempts",
+        "Started by",
+    ]  # fmt: skip
+    # Newest first: the slow one was arranged last.
+    rows = [row.text for row in _all_css(browser, "table.execution-table tbody tr")]
+    assert "2 min 6 s" in rows[0] and "alice" in rows[0] and "bob" in rows[1]
+    _navigates(browser, _by_css(browser, "th a[href*='sort=duration']").click)
+    assert "sort=duration" in browser.current_url
+    rows = [row.text for row in _all_css(browser, "table.execution-table tbody tr")]
+    assert ["2 min 6 s" in rows[0], "4 s" in rows[1]] == [True, True]
+    assert _by_css(browser, "th[aria-sort=descending]").text == "Duration"
+    screenshot(browser, "list-table-by-duration")
+
+    browser.set_window_size(*PHONE)
+    browser.get(f"{base}/ui/executions")
+    assert not _by_css(browser, "table.execution-table").is_displayed()
+    assert _by_css(browser, "ul.executions").is_displayed()
+    screenshot(browser, "list-cards-on-a-phone")

@@ -102,6 +102,11 @@ def _list(site: Site) -> str:
     return "/ui/executions"
 
 
+def _by_duration(site: Site) -> str:
+    _executions_of_every_kind(site)
+    return "/ui/executions?sort=duration"
+
+
 def _dry_runs(site: Site) -> str:
     _executions_of_every_kind(site)
     return "/ui/executions?simulation=true"
@@ -430,6 +435,7 @@ def _login(site: Site) -> str:
 PAGES: list[PageCase] = [
     PageCase("login", _login, signed_in=False),
     PageCase("executions", _list),
+    PageCase("executions-by-duration", _by_duration),
     PageCase("executions-dry-runs", _dry_runs),
     PageCase("executions-search-two", _search_finding_two),
     PageCase("executions-search-none", _search_finding_none),

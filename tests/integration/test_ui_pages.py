@@ -237,7 +237,9 @@ def test_the_list_reads_the_same_number_of_statements_for_one_execution_or_many(
     finally:
         event.remove(engine, "before_cursor_execute", count)
 
-    assert page.count("WAIT_DEADLINE_EXCEEDED") == 5
+    # Each execution once in the desk's table and once in the phone's cards.
+    assert page.count('<span class="code">WAIT_DEADLINE_EXCEEDED</span>') == 10
+    assert page.count("<tr>") == 6  # the header row and one per execution
     assert five == one
 
 
@@ -310,3 +312,23 @@ def test_a_short_id_two_executions_share_lists_both(api: Api, owner_engine: Engi
     html = page.get_data(as_text=True)
     assert arranged.execution_id in html and other_id in html
     assert unrelated.execution_id not in html
+
+
+def test_the_longest_first_is_one_page_and_an_order_it_does_not_know_is_said(
+    api: Api, owner_engine: Engine
+) -> None:
+    for _ in range(3):
+        completed(api, owner_engine)
+    client = signed_in(api)
+
+    longest = client.get("/ui/executions?sort=duration&limit=2")
+    unknown = client.get("/ui/executions?sort=slowest")
+    paged = client.get("/ui/executions?sort=duration&after=x")
+
+    html = longest.get_data(as_text=True)
+    assert longest.status_code == 200 and "Older executions" not in html
+    assert "The longest 2 only" in text_of(html)
+    assert unknown.status_code == 400 and "duration (longest first)" in text_of(
+        unknown.get_data(as_text=True)
+    )
+    assert paged.status_code == 400

@@ -17,6 +17,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -48,7 +49,7 @@ from orquestador.api.pages.forms import (
     require_csrf,
     require_same_origin,
 )
-from orquestador.api.paging import cursor
+from orquestador.api.paging import cursor, query_problem
 from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_link
 from orquestador.api.tokens import mint_token, page_audience
@@ -386,7 +387,7 @@ def home() -> Any:
 def executions() -> Any:
     kept = search_arguments()
     try:
-        page = execution_filter(_filter_arguments(kept))
+        page = replace(execution_filter(_filter_arguments(kept)), sort=_list_order(kept))
     except ApiProblem as refused:
         if refused.status != 400:
             raise
@@ -409,8 +410,24 @@ def executions() -> Any:
         return redirect(url_for("ui.execution_page", execution_id=str(rows[0].id)), 303)
     views = execution_views(rows, steps, attempts, facts)
     items = [page_facts(row, view) for row, view in zip(rows, views, strict=True)]
-    next_url = url_for("ui.executions", **kept, after=cursor(rows[-1])) if more else None
+    next_url = None
+    if more and page.sort == "created":
+        next_url = url_for("ui.executions", **kept, after=cursor(rows[-1]))
     return _executions_page(kept, items=items, next_url=next_url, problems=[], status=200)
+
+
+# How the list is ordered: by creation (newest first, page after page), or by how long
+# each ran (the longest first: the first page only).
+LIST_ORDERS = ("created", "duration")
+
+
+def _list_order(kept: dict[str, str]) -> str:
+    order = kept.get("sort", "created")
+    if order not in LIST_ORDERS:
+        raise query_problem("sort", "created (newest first) or duration (longest first)")
+    if order == "duration" and request.args.get("after") is not None:
+        raise query_problem("after", "the longest executions are one page: narrow the search")
+    return order
 
 
 # The search form's fields, by their query parameters (the JSON listing's own names).
@@ -431,7 +448,7 @@ def search_arguments() -> dict[str, str]:
     """The list's filters as the person gave them, empty fields left out: every link of
     the list (status, dry runs, older executions) keeps them."""
     kept: dict[str, str] = {}
-    for name in (*SEARCH_FIELDS, "status", "simulation", "limit"):
+    for name in (*SEARCH_FIELDS, "status", "simulation", "limit", "sort"):
         value = request.args.get(name, "").strip()
         if value:
             kept[name] = value
@@ -517,6 +534,15 @@ def _executions_page(
         dry_runs_url=url_for("ui.executions", **others, simulation="true"),
         status_links=status_links,
         next_url=next_url,
+        sort=kept.get("sort", "created"),
+        sort_urls={
+            order: url_for(
+                "ui.executions",
+                **{name: value for name, value in kept.items() if name != "sort"},
+                **({"sort": order} if order != "created" else {}),
+            )
+            for order in LIST_ORDERS
+        },
         bulk_url=_bulk_url(kept) if items else None,
         problems=[
             {
@@ -571,12 +597,23 @@ def not_found_page() -> ApiProblem:
 
 
 def page_facts(row: Any, view: dict[str, Any]) -> dict[str, Any]:
-    """The view plus what a person reads it by: the flow's key and the state it left."""
+    """The view plus what a person reads it by: the flow's key and the state it left,
+    when it started (its first claim), how long it ran (to its end, or to now) and who
+    started it."""
+    started = getattr(row, "started_at", None)
+    finished = getattr(row, "finished_at", None)
+    ran = None
+    if started is not None:
+        ran = max(0, int(((finished or datetime.now(UTC)) - started).total_seconds()))
     return {
         **view,
         "flowKey": row.flow_key,
         "flowVersion": row.flow_version,
         "fromState": row.accepted_state,
+        "startedAt": started.isoformat() if started is not None else None,
+        "runSeconds": ran,
+        "running": started is not None and finished is None,
+        "startedBy": getattr(row, "started_by", None),
     }
 
 
