@@ -44,6 +44,8 @@ import os
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from orquestador.domain.statuses import ExecutionStatus
+
 # In multiprocess mode each metric opens its file in PROMETHEUS_MULTIPROC_DIR as it is
 # made, so the directory must exist by now (gunicorn's start hook also empties it).
 _MULTIPROCESS_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip()
@@ -62,7 +64,7 @@ EXECUTIONS_TOTAL = Counter(
 )
 
 # The statuses an execution ends in: each execution is counted once, by the one it ends in.
-FINAL_STATUSES = ("SUCCEEDED", "FAILED", "CANCELLED")
+FINAL_STATUSES = (ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
 
 EXECUTIONS_FINISHED_TOTAL = Counter(
     "executions_finished_total",
@@ -181,7 +183,13 @@ HTTP_REQUEST_DURATION_SECONDS = Histogram(
 )
 
 # Statuses the queue gauges report, so a status that drained to zero reads 0, not absent.
-QUEUE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING", "RECONCILIATION_REQUIRED")
+QUEUE_STATUSES = (
+    ExecutionStatus.PENDING,
+    ExecutionStatus.RUNNING,
+    ExecutionStatus.RETRY_WAIT,
+    ExecutionStatus.WAITING,
+    ExecutionStatus.RECONCILIATION_REQUIRED,
+)
 
 # The database's health as the product sees it, sampled by the maintenance leader.
 DB_OLDEST_TRANSACTION_SECONDS = Gauge(

@@ -40,7 +40,7 @@ def parse_org_quotas(raw: str) -> tuple[dict[str, dict[str, int]], list[str]]:
         return {}, []
     try:
         document: Any = json.loads(raw)
-    except ValueError as error:
+    except json.JSONDecodeError as error:
         return {}, [f"not JSON ({error.msg})"]
     if not isinstance(document, dict):
         return {}, ['a JSON object of organizations, e.g. {"acme": {"schedules": 500}}']

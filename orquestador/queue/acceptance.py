@@ -21,6 +21,7 @@ from orquestador.db.schema import EXECUTION_READY_CHANNEL, audit_event, executio
 from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.errors import OrquestadorError
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,9 @@ def queue_execution(
             org_id=request_row.org_id,
             flow_id=request_row.flow_id,
             transition_id=transition_id,
-            status="PENDING" if parked_for is None else "RECONCILIATION_REQUIRED",
+            status=ExecutionStatus.PENDING
+            if parked_for is None
+            else ExecutionStatus.RECONCILIATION_REQUIRED,
             error_code=parked_for,
             accepted_revision=accepted_revision,
             accepted_state=request_row.state,

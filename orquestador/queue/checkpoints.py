@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import JSONB_VALUE
+from orquestador.domain.statuses import CheckpointStatus
 from orquestador.errors import ContractMismatch
 from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale, still_holds
 from orquestador.queue.prepared import run_alone
@@ -59,9 +60,9 @@ class CheckpointOutcome:
     observed: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in ("FAILED", "UNKNOWN"):
+        if self.status not in (CheckpointStatus.FAILED, CheckpointStatus.UNKNOWN):
             raise ValueError(f"an attempt ends FAILED or UNKNOWN, not {self.status}")
-        if self.settles_earlier and self.status != "FAILED":
+        if self.settles_earlier and self.status != CheckpointStatus.FAILED:
             raise ValueError("only an attempt that ends FAILED settles the earlier ones")
 
 

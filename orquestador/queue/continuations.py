@@ -33,6 +33,7 @@ from sqlalchemy import Connection, insert, text
 from orquestador.db.schema import audit_event
 from orquestador.domain.concurrency import KeyMissing
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.queue.acceptance import (
     CONCURRENCY_KEY_MISSING,
     TRANSITION_NOT_ALLOWED,
@@ -185,7 +186,7 @@ def _continue(
             chain.org_id,
             claim.request_id,
             execution_id,
-            "RECONCILIATION_REQUIRED",
+            ExecutionStatus.RECONCILIATION_REQUIRED,
             {
                 "reason": CONTINUATION_LIMIT,
                 "continuations": count,

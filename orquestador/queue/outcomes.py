@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import JSONB_VALUE
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
 from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale
@@ -289,16 +290,16 @@ def _park(conn: Connection, claim: Claim, reason: str, detail: dict[str, Any], w
     _audit(
         conn,
         claim,
-        "RECONCILIATION_REQUIRED",
+        ExecutionStatus.RECONCILIATION_REQUIRED,
         {"reason": reason, **detail, "checkpoints": _evidence(conn, claim)},
     )
-    _end(conn, claim, "RECONCILIATION_REQUIRED", reason, None, what, detail)
+    _end(conn, claim, ExecutionStatus.RECONCILIATION_REQUIRED, reason, None, what, detail)
     log.warning(
         "execution needs reconciliation: %s",
         reason,
         extra={**claim.log_extra, "error_code": reason, **_log_detail(detail)},
     )
-    return "RECONCILIATION_REQUIRED"
+    return ExecutionStatus.RECONCILIATION_REQUIRED
 
 
 def _log_detail(detail: dict[str, Any]) -> dict[str, Any]:
@@ -475,13 +476,13 @@ def fail_execution(
             {"request_id": claim.request_id, "execution_id": claim.execution_id},
         )
         _audit(conn, claim, "EXECUTION_FAILED", {"errorCode": error_code, **detail})
-        _end(conn, claim, "FAILED", error_code, None, "fail", detail)
+        _end(conn, claim, ExecutionStatus.FAILED, error_code, None, "fail", detail)
     log.info(
         "execution failed: %s",
         error_code,
         extra={**claim.log_extra, "error_code": error_code, **_log_detail(detail)},
     )
-    return "FAILED"
+    return ExecutionStatus.FAILED
 
 
 def require_reconciliation(
@@ -570,7 +571,7 @@ def exit_on_error(
         _end(
             conn,
             claim,
-            "FAILED",
+            ExecutionStatus.FAILED,
             attempt_outcome.error_code,
             {"outcome": "STEP_ERROR", "toState": on_error_state, "actionId": action_id},
             "error exit",
@@ -582,4 +583,4 @@ def exit_on_error(
         attempt_outcome.error_code,
         extra={**claim.log_extra, "action_id": action_id, "error_code": attempt_outcome.error_code},
     )
-    return "FAILED"
+    return ExecutionStatus.FAILED

@@ -27,6 +27,7 @@ from orquestador.domain.flow_definition import (
 )
 from orquestador.domain.mappings import build_context
 from orquestador.domain.pointer_updates import apply_updates, validate_request_data
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.errors import ContractMismatch, LeaseLost, RequestChanged
 from orquestador.queue import (
     CheckpointOutcome,
@@ -61,7 +62,15 @@ LEFT_RUNNING = "LEFT_RUNNING"  # a write failed; RUNNING and checkpoints wait fo
 
 
 # The statuses a run can leave an execution in, as orquestador_executions_total counts them.
-_COUNTED = frozenset(("SUCCEEDED", "FAILED", "RECONCILIATION_REQUIRED", "RETRY_WAIT", "WAITING"))
+_COUNTED = frozenset(
+    (
+        ExecutionStatus.SUCCEEDED,
+        ExecutionStatus.FAILED,
+        ExecutionStatus.RECONCILIATION_REQUIRED,
+        ExecutionStatus.RETRY_WAIT,
+        ExecutionStatus.WAITING,
+    )
+)
 
 
 class Executor:
@@ -160,7 +169,7 @@ class Executor:
                 require_reconciliation(
                     run.conn, claim, ContractMismatch.code, detail={"why": exc.message}
                 )
-                return "RECONCILIATION_REQUIRED"
+                return ExecutionStatus.RECONCILIATION_REQUIRED
         except ExecutionEnded as ended:
             return ended.status
         except LeaseLost:
@@ -257,7 +266,7 @@ class _ExecutionRun(StepRunner):
         require_reconciliation(
             self.conn, self.claim, reason, attempt_outcome=outcome, detail=detail
         )
-        raise ExecutionEnded("RECONCILIATION_REQUIRED")
+        raise ExecutionEnded(ExecutionStatus.RECONCILIATION_REQUIRED)
 
     def run(self) -> str:
         claim = self.claim
@@ -336,7 +345,7 @@ class _ExecutionRun(StepRunner):
             )
             return LEFT_RUNNING
         log.info("execution succeeded", extra=claim.log_extra)
-        return "SUCCEEDED"
+        return ExecutionStatus.SUCCEEDED
 
     def _finish_and_continue(self, finish: Finish, transition_id: str, flow: FlowDefinition) -> str:
         """The finish into a state the flow continues from, with its continuation in the same
@@ -378,4 +387,4 @@ class _ExecutionRun(StepRunner):
                 "continued_as": str(continued.execution_id) if continued.execution_id else None,
             },
         )
-        return "SUCCEEDED"
+        return ExecutionStatus.SUCCEEDED

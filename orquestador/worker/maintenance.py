@@ -34,6 +34,7 @@ from sqlalchemy.exc import ProgrammingError
 from orquestador.config import Settings, libpq_url
 from orquestador.db.bounds import floors_above, read_function_bounds
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.loop import Loop
 from orquestador.machines.expiry import expire_undelivered
@@ -414,13 +415,15 @@ _HAND_OFF = text(
 
 
 def sample_gauges(conn: Connection, report: PassReport, *, agent_offline_seconds: float) -> None:
-    depth = {status: 0 for status in QUEUE_STATUSES}
+    depth: dict[str, int] = {status: 0 for status in QUEUE_STATUSES}
     depth.update({status: int(n) for status, n in conn.execute(_WAITING_DEPTH).all()})
-    depth["RUNNING"] = int(conn.execute(_RUNNING_DEPTH).scalar_one())
-    depth["RECONCILIATION_REQUIRED"] = int(conn.execute(_RECONCILIATION_DEPTH).scalar_one())
+    depth[ExecutionStatus.RUNNING] = int(conn.execute(_RUNNING_DEPTH).scalar_one())
+    depth[ExecutionStatus.RECONCILIATION_REQUIRED] = int(
+        conn.execute(_RECONCILIATION_DEPTH).scalar_one()
+    )
     report.queue_depth = depth
     report.oldest_due_seconds = float(conn.execute(_OLDEST_DUE).scalar_one())
-    report.reconciliation_required = depth["RECONCILIATION_REQUIRED"]
+    report.reconciliation_required = depth[ExecutionStatus.RECONCILIATION_REQUIRED]
     report.email_outbox_depth = int(conn.execute(_OUTBOX_DEPTH).scalar_one())
     report.agents_offline = count_offline(conn, agent_offline_seconds)
     report.oldest_transaction_seconds = float(conn.execute(_OLDEST_TRANSACTION).scalar_one())

@@ -39,7 +39,7 @@ from orquestador.db.schema import ATTEMPT_MESSAGE_MAX
 from orquestador.domain import recovery
 from orquestador.domain.canonical import canonical_json
 from orquestador.domain.flow_definition import ActionSpec
-from orquestador.domain.statuses import CheckpointStatus
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue import (
     RETRY_APPROVED,
@@ -122,7 +122,7 @@ def _interrupted(
 
 def _is_waiting(found: Checkpoint) -> bool:
     # Parked by NotReady between two rounds of the same attempt.
-    return found.status == "FAILED" and found.error_code == NOT_READY
+    return found.status == CheckpointStatus.FAILED and found.error_code == NOT_READY
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,8 @@ class StepOutcomes:
             attempts_in_budget=found.attempts_in_budget,
             max_attempts=step.adapter.max_attempts,
             mismatched=mismatched,
-            retry_approved=found.status == "FAILED" and found.error_code == RETRY_APPROVED,
+            retry_approved=found.status == CheckpointStatus.FAILED
+            and found.error_code == RETRY_APPROVED,
             waiting=_is_waiting(found),
         )
         answer = None
@@ -264,7 +265,7 @@ class StepOutcomes:
                 # is as safe as after a TransientError, within the budget.
                 ended = CheckpointOutcome(
                     found.action_id,
-                    "FAILED",
+                    CheckpointStatus.FAILED,
                     "INTERRUPTED",
                     _not_found_message(None),
                     settles_earlier=exhausted,
@@ -308,7 +309,7 @@ class StepOutcomes:
             due.isoformat(),
             extra={**step.log_extra, "attempt": found.attempt},
         )
-        raise ExecutionEnded("RETRY_WAIT")
+        raise ExecutionEnded(ExecutionStatus.RETRY_WAIT)
 
     def retry_or_fail(
         self,
@@ -355,7 +356,7 @@ class StepOutcomes:
                     delay,
                     extra={**self.claim.log_extra, "action_id": action_id},
                 )
-                raise ExecutionEnded("RETRY_WAIT")
+                raise ExecutionEnded(ExecutionStatus.RETRY_WAIT)
             case recovery.Fail(code=failed_code, ends_as=ends_as, settles_earlier=settles):
                 if settles and not not_found:
                     message = _not_found_message(message)  # this look-up's NotFound
@@ -421,7 +422,7 @@ class StepOutcomes:
             due.isoformat(),
             extra={**step.log_extra, "wait_key": exc.wait_key},
         )
-        raise ExecutionEnded("WAITING")
+        raise ExecutionEnded(ExecutionStatus.WAITING)
 
     def identity(self) -> Identity:
         loaded = self.execution
@@ -538,7 +539,9 @@ class StepOutcomes:
         message: str,
         observed: dict[str, Any],
     ) -> NoReturn:
-        outcome = CheckpointOutcome(spec.id, "FAILED", exc.code, message, observed=observed or None)
+        outcome = CheckpointOutcome(
+            spec.id, CheckpointStatus.FAILED, exc.code, message, observed=observed or None
+        )
         if spec.on_error:
             try:
                 status = exit_on_error(self.conn, self.claim, outcome, spec.on_error, action_ids)

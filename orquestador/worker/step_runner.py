@@ -36,6 +36,7 @@ from orquestador.domain.canonical import input_hash
 from orquestador.domain.errors import MappingError
 from orquestador.domain.flow_definition import ActionSpec
 from orquestador.domain.mappings import build_context, resolve_inputs
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost
 from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
 from orquestador.queue.batches import SucceedRow
@@ -164,7 +165,7 @@ class StepRunner(StepOutcomes):
         wait_for_token(self.conn, self.claim, step.action_id, adapter.key, delay, counted=counted)
         metrics.RATE_LIMIT_WAITS_TOTAL.labels(capability=adapter.key).inc()
         log.info("rate limited; trying again in %.3fs", delay, extra=step.log_extra)
-        raise ExecutionEnded("RETRY_WAIT")
+        raise ExecutionEnded(ExecutionStatus.RETRY_WAIT)
 
     def adapter_for(self, spec: ActionSpec) -> Adapter:
         """The step's adapter, if this worker has it and may run it here."""
@@ -302,7 +303,7 @@ class StepRunner(StepOutcomes):
                 self.reconcile(
                     "UNCERTAIN_OUTCOME",
                     outcome=CheckpointOutcome(
-                        step.action_id, "UNKNOWN", "ADAPTER_TIMEOUT", message
+                        step.action_id, CheckpointStatus.UNKNOWN, "ADAPTER_TIMEOUT", message
                     ),
                     actionId=step.action_id,
                     lookup="IN_FLIGHT",
@@ -351,7 +352,7 @@ class StepRunner(StepOutcomes):
                 step,
                 attempt_number=attempt_number,
                 attempt=attempt,
-                status="FAILED",
+                status=CheckpointStatus.FAILED,
                 code="TRANSIENT",
                 retry_after=exc.retry_after,
                 message=message,
