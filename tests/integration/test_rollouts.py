@@ -232,3 +232,33 @@ def test_an_item_never_gets_a_second_child_even_if_the_rollout_s_place_goes_back
         requests = conn.execute(text("SELECT count(*) FROM request")).scalar_one()
     assert started == 2
     assert requests == 3  # the parent's and its two children's
+
+
+def test_a_child_ending_between_a_first_round_s_read_and_its_park_makes_it_due_at_once(
+    database: Any, runtime_engine: Engine, monkeypatch: Any
+) -> None:
+    from orquestador.actions.builtin import rollout as rollout_adapter
+    from tests.integration.worker_support import claim_one
+
+    provider = PatchProvider(seconds=0.0)
+    executor = Executor(rollout_registry(database, provider), _settings(database), _hooks())
+    parent = start_rollout(runtime_engine, ["m-0", "m-1"], batch=1)
+    read = rollout_adapter.read_counts
+
+    def read_then_a_child_ends(conn: Any, rollout_id: Any) -> Any:
+        seen = read(conn, rollout_id)
+        # The round has read "one running"; the child ends before the round parks, while
+        # the parent's row has no wait key yet for the child's end to mark.
+        child_claim = claim_one(runtime_engine, "w2")
+        with runtime_engine.connect() as other:
+            assert executor.run(other, child_claim) == "SUCCEEDED"
+        return seen
+
+    monkeypatch.setattr(rollout_adapter, "read_counts", read_then_a_child_ends)
+    assert run_once(runtime_engine, executor) == "WAITING"
+    with runtime_engine.connect() as conn:
+        due = conn.execute(
+            text("SELECT next_attempt_at <= clock_timestamp() FROM execution WHERE id = :id"),
+            {"id": parent},
+        ).scalar_one()
+    assert due  # not the 30 s fallback: the park saw the rollout change after its claim

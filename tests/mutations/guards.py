@@ -2282,6 +2282,41 @@ ROLLOUT_GUARDS = [
         "the two neither loses the item nor starts it twice.",
         ("tests/acceptance/test_rollout_crash.py",),
     ),
+    Mutation(
+        "rollout-pause-stops-starts",
+        _ROLLOUT_STORE_PY,
+        "      AND r.paused_at IS NULL AND r.cancelled_at IS NULL\n",
+        "      AND r.cancelled_at IS NULL\n",
+        "No child of a paused rollout starts until it resumes.",
+        (
+            "tests/integration/test_rollout_control.py::test_a_paused_rollout_starts_no_child"
+            "_until_it_resumes",
+        ),
+    ),
+    Mutation(
+        "rollout-cancel-stops-starts",
+        _ROLLOUT_STORE_PY,
+        "      AND r.paused_at IS NULL AND r.cancelled_at IS NULL\n",
+        "      AND r.paused_at IS NULL\n",
+        "No child of a cancelled rollout starts.",
+        (
+            "tests/integration/test_rollout_control.py::test_a_cancel_starts_no_new_child_and"
+            "_cancels_the_running_ones",
+        ),
+    ),
+    Mutation(
+        "park-first-round-looks-at-the-rollout",
+        _WAITS_PY,
+        "WHERE r.id = :rollout_id AND r.changed_at > :claimed_at\n",
+        "WHERE false AND r.id = :rollout_id AND r.changed_at > :claimed_at\n",
+        "A child ending between a rollout's first round's read and its park (no wait key on "
+        "the row yet, so no wake marks it) makes the park due at once.",
+        (
+            rolled(
+                "test_a_child_ending_between_a_first_round_s_read_and_its_park_makes_it_due_at_once"
+            ),
+        ),
+    ),
 ]
 
 # --- a bulk item acts on the episode it matched (queue/bulk.py, queue/reconciliation.py) --
