@@ -71,6 +71,8 @@ class Settings:
     # per organization as JSON, e.g. {"acme": {"schedules": 500, "scheduleMinSeconds": 10}}.
     quota_schedules: int = _env("QUOTA_SCHEDULES", "100", "quotas")
     schedule_min_seconds: int = _env("SCHEDULE_MIN_SECONDS", "60", "quotas")
+    quota_transitions_per_second: int = _env("QUOTA_TRANSITIONS_PER_SECOND", "50", "quotas")
+    quota_transitions_burst: int = _env("QUOTA_TRANSITIONS_BURST", "200", "quotas")
     org_quotas: str = _env("ORG_QUOTAS", "", "quotas")
 
     retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
@@ -192,7 +194,10 @@ class Settings:
     def quotas_for(self, org: str) -> Quotas:
         """The organization's limits: the QUOTA_* settings, then its ORG_QUOTAS entry."""
         defaults = Quotas(
-            schedules=self.quota_schedules, schedule_min_seconds=self.schedule_min_seconds
+            schedules=self.quota_schedules,
+            schedule_min_seconds=self.schedule_min_seconds,
+            transitions_per_second=self.quota_transitions_per_second,
+            transitions_burst=self.quota_transitions_burst,
         )
         return defaults.overridden(parse_org_quotas(self.org_quotas)[0].get(org, {}))
 
@@ -297,6 +302,8 @@ class Settings:
                 problems.append(f"{_env_name(name)} must be greater than zero")
         for name in (
             "max_continuations",
+            "quota_transitions_per_second",
+            "quota_transitions_burst",
             "quota_schedules",
             "schedule_min_seconds",
             "db_pool_size",

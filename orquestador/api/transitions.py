@@ -8,6 +8,7 @@ from sqlalchemy import Engine
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.quota_checks import require_transition_token
 from orquestador.queue import acceptance
 from orquestador.queue.acceptance import TransitionCommand, TransitionRefused
 
@@ -26,6 +27,7 @@ def accept_transition(
 ) -> uuid.UUID:
     """Queue the transition and return the new execution's id, or raise the 404/409/422 problem."""
     caller = access.caller
+    require_transition_token(caller.org)
     try:
         return acceptance.accept_transition(
             engine,

@@ -14,6 +14,8 @@ from typing import Any
 QUOTA_FIELDS = {
     "schedules": "schedules",
     "scheduleMinSeconds": "schedule_min_seconds",
+    "transitionsPerSecond": "transitions_per_second",
+    "transitionsBurst": "transitions_burst",
 }
 # No limit worth the name goes beyond this (and a JSON number stays an exact integer).
 MAX_QUOTA = 1_000_000_000
@@ -25,6 +27,9 @@ class Quotas:
 
     schedules: int
     schedule_min_seconds: int
+    # Transitions asked for, on average a second and at once (a token bucket).
+    transitions_per_second: int
+    transitions_burst: int
 
     def overridden(self, overrides: dict[str, int]) -> Quotas:
         return replace(self, **{QUOTA_FIELDS[name]: value for name, value in overrides.items()})

@@ -108,6 +108,9 @@ def api_settings(runtime_dsn: str, **overrides: Any) -> Settings:
         "jwt_secret": SECRET,
         # Tests put schedules of every second; the quota's own tests set it back.
         "schedule_min_seconds": 1,
+        # Tests ask for transitions as fast as they can; the quota's own tests set it back.
+        "quota_transitions_per_second": 100_000,
+        "quota_transitions_burst": 100_000,
     }
     values.update(overrides)
     return Settings.from_env({}, **values)

@@ -118,3 +118,31 @@ def test_one_organization_s_flood_never_pushes_another_s_schedule_out_of_a_round
     fire_due_schedules(runtime_engine, max_attempts=3, batch_size=10, now=now)
 
     assert len(fires(runtime_engine, "quiet")) == 1, "the quiet organization waited its turn"
+
+
+# --- transitions asked for, a token bucket per organization ------------------------------
+
+
+def test_transitions_beyond_the_burst_are_429_with_retry_after_and_the_bucket_is_shared(
+    database,
+) -> None:
+    limits = {"quota_transitions_per_second": 1, "quota_transitions_burst": 3}
+    # Two apps stand for two API processes: one bucket in the database serves both.
+    with (
+        running_api(database.runtime_dsn, **limits) as first,
+        running_api(database.runtime_dsn, **limits) as second,
+    ):
+        flow_id = first.publish()["id"]
+        body = {"flow": flow_id, "transition": "power-off", "data": {"machineId": "m-1"}}
+        answers = [api.post("/runs", body).status_code for api in (first, second, first, second)]
+        other = first.post("/runs", body, org=OTHER_ORG)
+
+        assert answers[:3] == [202, 202, 202]
+        assert answers[3] == 429
+        refused = second.post("/runs", body)
+        assert refused.status_code == 429
+        assert problem(refused)["code"] == "QUOTA_EXCEEDED"
+        assert "transitionsPerSecond" in problem(refused)["detail"]
+        assert 1 <= int(refused.headers["Retry-After"]) <= 2
+        # Another organization draws on a bucket of its own (its flow is missing: 422).
+        assert other.status_code == 422

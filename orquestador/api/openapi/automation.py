@@ -14,6 +14,7 @@ from orquestador.api.openapi.parts import (
     json_response,
     problems,
     ref,
+    transitions_quota_429,
 )
 from orquestador.automation.plans import MAX_PLAN_ID_CHARACTERS, MAX_PLAN_NAME_CHARACTERS
 from orquestador.db.schema import MOMENTS
@@ -263,6 +264,7 @@ def paths() -> dict[str, Any]:
                 ),
                 "200": json_response(ref("EventNotStarted"), "Recorded; nothing started."),
                 **problems(*WRITE_ERRORS),
+                **transitions_quota_429(),
             },
         },
     }

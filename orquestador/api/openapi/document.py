@@ -32,6 +32,7 @@ from orquestador.api.openapi.parts import (
     problems,
     query_parameter,
     ref,
+    transitions_quota_429,
 )
 from orquestador.api.views import API_PREFIX
 from orquestador.db.schema import EXECUTION_STATUSES
@@ -195,6 +196,7 @@ def _core_paths() -> dict[str, Any]:
                         ref("TransitionAccepted"), "Accepted.", Location="The execution."
                     ),
                     **problems(*WRITE_ERRORS, "404", "409"),
+                    **transitions_quota_429(),
                 },
             },
         },
@@ -215,6 +217,7 @@ def _core_paths() -> dict[str, Any]:
                 "responses": {
                     "202": json_response(ref("RunStarted"), "Accepted.", Location="The execution."),
                     **problems(*WRITE_ERRORS),
+                    **transitions_quota_429(),
                 },
             },
         },

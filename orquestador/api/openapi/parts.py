@@ -89,3 +89,21 @@ SECURED = [{"bearerAuth": []}]
 # Every operation can meet the request-head limits (docs/API.md, "Limits").
 READ_ERRORS = ("401", "403", "404", "414", "431")
 WRITE_ERRORS = ("400", "401", "403", "413", "414", "415", "422", "431")
+
+
+def transitions_quota_429() -> dict[str, Any]:
+    """The 429 of an operation that asks for a transition: the organization's bucket."""
+    return {
+        "429": {
+            "description": "`QUOTA_EXCEEDED`: the organization's quota `transitionsPerSecond` "
+            "(a token bucket shared by every API process: `transitionsPerSecond` on average, "
+            "`transitionsBurst` at once) is used up. Ask again after `Retry-After` seconds.",
+            "headers": {
+                "Retry-After": {
+                    "description": "Seconds until the bucket holds a token again.",
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            },
+            "content": {"application/problem+json": {"schema": ref("Problem")}},
+        }
+    }

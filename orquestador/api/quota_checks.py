@@ -1,0 +1,42 @@
+"""The quotas the API checks before it accepts work, each refusal a 429 naming its quota."""
+
+from __future__ import annotations
+
+import math
+
+from orquestador.actions.contracts import RateLimit
+from orquestador.api.context import api_context, engine
+from orquestador.api.problems import ApiProblem
+from orquestador.queue.rate_limits import take_token
+
+# The organization's bucket among the routes' (table rate_bucket); no route name has a colon.
+TRANSITIONS_BUCKET = "org-transitions:"
+
+
+def require_transition_token(org: str) -> None:
+    """Take one of the organization's transition tokens, or answer 429 with Retry-After.
+
+    A token bucket in the database (`rate_bucket`), so every API process draws on the
+    same one: `transitionsPerSecond` on average, `transitionsBurst` at once. Taken before
+    the transition's own transaction, so a refused transition still counts: the quota is
+    on what is asked for.
+    """
+    quotas = api_context().settings.quotas_for(org)
+    if quotas.transitions_per_second == 0 or quotas.transitions_burst == 0:
+        wait: float | None = 60.0
+    else:
+        limit = RateLimit(
+            per_second=float(quotas.transitions_per_second), burst=quotas.transitions_burst
+        )
+        with engine().connect() as conn:
+            wait = take_token(conn, f"{TRANSITIONS_BUCKET}{org}", limit)
+    if wait is None:
+        return
+    raise ApiProblem(
+        429,
+        "QUOTA_EXCEEDED",
+        f"The organization's quota transitionsPerSecond ({quotas.transitions_per_second} a "
+        f"second, {quotas.transitions_burst} at once) is used up: ask again after Retry-After "
+        "seconds.",
+        headers={"Retry-After": str(max(1, math.ceil(wait)))},
+    )
