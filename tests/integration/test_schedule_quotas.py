@@ -4,6 +4,8 @@ rounds that take due schedules in turns across organizations."""
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -134,15 +136,19 @@ def test_transitions_beyond_the_burst_are_429_with_retry_after_and_the_bucket_is
     ):
         flow_id = first.publish()["id"]
         body = {"flow": flow_id, "transition": "power-off", "data": {"machineId": "m-1"}}
-        answers = [api.post("/runs", body).status_code for api in (first, second, first, second)]
+        started = time.monotonic()
+        answers = [api.post("/runs", body) for api in (first, second) * 5]
+        elapsed = time.monotonic() - started
         other = first.post("/runs", body, org=OTHER_ORG)
 
-        assert answers[:3] == [202, 202, 202]
-        assert answers[3] == 429
-        refused = second.post("/runs", body)
-        assert refused.status_code == 429
-        assert problem(refused)["code"] == "QUOTA_EXCEEDED"
-        assert "transitionsPerSecond" in problem(refused)["detail"]
-        assert 1 <= int(refused.headers["Retry-After"]) <= 2
-        # Another organization draws on a bucket of its own (its flow is missing: 422).
-        assert other.status_code == 422
+    statuses = [answer.status_code for answer in answers]
+    assert statuses[:3] == [202, 202, 202]
+    # The burst, then one a second whichever process is asked (a busy machine is slow).
+    assert statuses.count(202) <= 3 + math.ceil(elapsed)
+    refused = [answer for answer in answers if answer.status_code == 429]
+    assert refused and set(statuses) == {202, 429}
+    assert problem(refused[0])["code"] == "QUOTA_EXCEEDED"
+    assert "transitionsPerSecond" in problem(refused[0])["detail"]
+    assert 1 <= int(refused[0].headers["Retry-After"]) <= 2
+    # Another organization draws on a bucket of its own (its flow is missing: 422).
+    assert other.status_code == 422
