@@ -303,8 +303,19 @@ def test_a_flow_author_starts_a_dry_run_from_the_page(api: Api, runtime_engine: 
     execution_id = location.split("/")[-1].split("?")[0]
     assert execution(runtime_engine, uuid.UUID(execution_id)).simulation is True
     assert "The dry run started" in text_of(client.get(location).get_data(as_text=True))
-    assert bad.status_code == 422 and "not valid JSON" in bad.get_data(as_text=True)
+    # The flow page again, the JSON as typed and what is wrong beside it.
+    html = bad.get_data(as_text=True)
+    assert bad.status_code == 422
+    assert 'id="dry-data-problem">This is not valid JSON' in html and ">{nope</textarea>" in html
     assert forged.status_code == 403
+    refused = client.post(
+        f"/ui/flows/{flow_id}/dry-runs",
+        data={**form, "transition": "no-such-transition"},
+        headers={"Origin": HOST},
+    )
+    assert refused.status_code in (409, 422)
+    html = refused.get_data(as_text=True)
+    assert "The dry run was not started." in text_of(html) and "Unprocessable" not in html
     with runtime_engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM execution")).scalar_one() == 1
 

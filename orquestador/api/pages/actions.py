@@ -64,6 +64,7 @@ from orquestador.automation.schedules import (
     schedule_id_problem,
     set_paused,
 )
+from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 
 MAX_REASON_CHARACTERS = 2000
@@ -208,33 +209,52 @@ def _cancel_page(
     return Response(page, status=status, mimetype="text/html")
 
 
-def _form_json(name: str, *, default: Any) -> Any:
-    text = request.form.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return parse_json(text)
-    except ValueError:
-        raise ApiProblem(422, "FORM_INVALID", f"The {name} is not valid JSON.") from None
-
-
 @blueprint.post("/flows/<flow_id>/dry-runs")
 @page_action
 def start_flow_dry_run(flow_id: str) -> Any:
+    """A dry run from the flow page. What the form or the API refuses shows the flow page
+    again with the form as typed and each problem beside its field."""
     identifier = page_id(flow_id)
     require_page_scope(SCOPE_FLOWS_ADMIN, what="starting dry runs")
-    body: dict[str, Any] = {
-        "transition": request.form.get("transition", ""),
-        "data": _form_json("data", default={}),
+    typed = {
+        name: request.form.get(name, "") for name in ("transition", "state", "data", "outcomes")
     }
-    if request.form.get("state"):
-        body["state"] = request.form["state"]
-    outcomes = _form_json("outcomes", default=None)
-    if outcomes is not None:
-        body["outcomes"] = outcomes
-    execution_id, _ = start_dry_run(g.caller, identifier, checked_object(body, DRY_RUN_BODY))
-    page = url_for("ui.execution_page", execution_id=str(execution_id))
-    return redirect(f"{page}?done=dry-run", 303)
+    problems: dict[str, str] = {}
+    body: dict[str, Any] = {"transition": typed["transition"], "data": {}}
+    for name, example in (("data", "{}"), ("outcomes", '{"step": {"error": "CODE"}}')):
+        text = typed[name].strip()
+        if not text:
+            continue
+        try:
+            body[name] = parse_json(text)
+        except ValueError:
+            problems[name] = f"This is not valid JSON: give an object, such as {example}."
+    if typed["state"]:
+        body["state"] = typed["state"]
+    if not problems:
+        try:
+            execution_id, _ = start_dry_run(
+                g.caller, identifier, checked_object(body, DRY_RUN_BODY)
+            )
+        except ApiProblem as refused:
+            if refused.status not in (400, 409, 422):
+                raise
+            for problem in refused.problems or [Problem("", refused.detail or refused.code)]:
+                name = problem.path.strip("/").split("/", 1)[0]
+                name = name if name in typed else ""
+                said = problem.message if name else (refused.detail or problem.message)
+                problems[name] = f"{problems[name]}; {said}" if name in problems else said
+            problems.setdefault("", refused.detail or refused.code)
+        else:
+            page = url_for("ui.execution_page", execution_id=str(execution_id))
+            return redirect(f"{page}?done=dry-run", 303)
+    found = read_flow_page(identifier)
+    return flow_page_response(
+        found,
+        start=found.blank_start,
+        status=422,
+        dry_run={**typed, "problems": problems},
+    )
 
 
 @blueprint.post("/flows/<flow_id>/runs")

@@ -224,8 +224,15 @@ def read_flow_page(identifier: uuid.UUID) -> FlowPage:
     return FlowPage(row, versions)
 
 
-def flow_page_response(found: FlowPage, *, start: StartForm, status: int = 200) -> Response:
-    """The flow page; `start` is its Start form, empty or as a person typed it."""
+def flow_page_response(
+    found: FlowPage,
+    *,
+    start: StartForm,
+    status: int = 200,
+    dry_run: dict[str, Any] | None = None,
+) -> Response:
+    """The flow page; `start` is its Start form, empty or as a person typed it; `dry_run`
+    its dry-run form as typed, with `problems` by field ("" for the form)."""
     view = flow_view(found.row)
     page = render_template(
         "flow.html",
@@ -234,6 +241,7 @@ def flow_page_response(found: FlowPage, *, start: StartForm, status: int = 200) 
         versions=[flow_version_view(v) for v in found.versions],
         definition=definition_in_words(view["definition"]),
         start=start,
+        dry=dry_run or {"data": "{}", "outcomes": "", "problems": {}},
         may_start=g.caller.has_scope(SCOPE_REQUESTS_WRITE),
     )
     return Response(page, status=status, mimetype="text/html")
