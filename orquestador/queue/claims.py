@@ -106,7 +106,7 @@ _CLAIM = text(
             FROM generate_series(9, 0, -1) AS p(priority)
             CROSS JOIN LATERAL (
                 SELECT e.id, e.org_id, e.priority, e.next_attempt_at, e.concurrency_key,
-                       e.concurrency_limit, e.started_at, e.created_at
+                       e.concurrency_limit, e.started_at, e.created_at, e.status
                 FROM execution e
                 WHERE e.org_id = q.org_id AND e.priority = p.priority
                   AND {_DUE}
@@ -186,6 +186,9 @@ _CLAIM = text(
                             UNION ALL SELECT id FROM decided WHERE runs))
       AND r.id = e.request_id AND f.id = e.flow_id
     RETURNING e.id, e.fencing_token, e.attempts, e.max_attempts, e.request_id,
+              -- Whether this claim spent an attempt: what a rate limit's wait gives back.
+              e.id <> ALL (ARRAY(SELECT id FROM chosen WHERE status = 'WAITING'))
+                  AS counted_attempt,
               e.lease_expires_at, e.next_attempt_at, e.created_at,
               clock_timestamp() AS claimed_at, e.trace_parent,
               -- What the load reads, used only for a first holder (see _snapshot).
@@ -274,6 +277,7 @@ def claim_round(
             claimed_at=row.claimed_at,
             snapshot=_snapshot(row),
             trace_parent=row.trace_parent,
+            counted_attempt=row.counted_attempt,
         )
         for row in rows
     ]

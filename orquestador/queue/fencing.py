@@ -37,6 +37,9 @@ class Claim:
     snapshot: LoadedExecution | None = field(default=None, compare=False, repr=False)
     # The acceptance's W3C traceparent: this holder's spans continue its trace.
     trace_parent: str | None = field(default=None, compare=False, repr=False)
+    # Whether the claim counted an attempt (it does for all but a wait's next round), as
+    # the claimed row said: a rate limit's wait gives back exactly that.
+    counted_attempt: bool = field(default=True, compare=False, repr=False)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -159,9 +159,9 @@ class StepRunner(StepOutcomes):
         delay = take_token(self.conn, adapter.key, limit)
         if delay is None:
             return
-        loaded = self.execution
-        # A claim that woke a waiting execution counted no attempt (see the claim).
-        counted = not any(_is_waiting(c) for c in loaded.checkpoints.values())
+        # The claimed row said whether the claim counted an attempt (a wait's next round
+        # counts none): exactly that one is given back.
+        counted = self.claim.counted_attempt
         wait_for_token(self.conn, self.claim, step.action_id, adapter.key, delay, counted=counted)
         metrics.RATE_LIMIT_WAITS_TOTAL.labels(capability=adapter.key).inc()
         log.info("rate limited; trying again in %.3fs", delay, extra=step.log_extra)

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
+from orquestador.actions import Effect, NotReady
 from orquestador.actions.contracts import RateLimit
 from orquestador.errors import ConfigError, LeaseLost
 from orquestador.integrations.routes import load_routes
@@ -23,6 +24,7 @@ from orquestador.queue.rate_limits import RATE_LIMITED, take_token, wait_for_tok
 from tests.integration.route_provider import RouteProvider
 from tests.integration.route_support import billing_route, fast_executor, route_registry
 from tests.integration.worker_support import (
+    RecordingAdapter,
     action,
     attempt_history,
     audit,
@@ -33,6 +35,7 @@ from tests.integration.worker_support import (
     flow_definition,
     make_due,
     run_once,
+    scripted,
     start_execution,
     wait_until,
     waiting_on_locks,
@@ -224,6 +227,43 @@ def test_a_call_over_the_limit_waits_for_the_next_token_without_spending_an_atte
     assert provider.effects == {f"{first}:charge": 1, f"{second}:charge": 1}
     assert execution(runtime_engine, second).attempts == 1
     assert [a.attempt for a in attempt_history(runtime_engine, second, "charge")] == [1]
+
+
+def test_a_token_wait_gives_back_exactly_the_attempt_the_claim_took(
+    runtime_engine: Engine, tmp_path: Path
+) -> None:
+    """A wait's round was claimed and its worker died before the round started: the
+    reclaim counts an attempt (an interruption), though the step's checkpoint still says
+    it waits. When the next step then finds no token, that attempt, the one the claim
+    took, is given back: decided by the claimed row, not by what the checkpoints say."""
+    ready = RecordingAdapter(
+        "test.ready", Effect.READ_ONLY, output=scripted(NotReady(0.01), {"ready": True})
+    )
+    with RouteProvider().serve() as provider:
+        registry = route_registry(tmp_path, provider.url, billing_route(extra=SLOW))
+        registry.add(ready.adapter())
+        executor = fast_executor(registry)
+        with runtime_engine.connect() as conn:  # the route's only token is gone
+            assert take_token(conn, ROUTE, RateLimit(per_second=0.01, burst=1)) is None
+        definition = flow_definition(
+            [
+                action("ready", "test.ready"),
+                action("charge", "billing.invoice", input={"amount": {"const": 42}}),
+            ]
+        )
+        eid = start_execution(runtime_engine, definition)
+        assert run_once(runtime_engine, executor) == "WAITING"
+        make_due(runtime_engine, eid)
+        claim_one(runtime_engine, "died")  # the worker dies before it loads anything
+        expire_lease(runtime_engine, eid)
+        before = execution(runtime_engine, eid).attempts
+
+        assert run_once(runtime_engine, executor, "recovering") == "RETRY_WAIT"
+
+        row = execution(runtime_engine, eid)
+        assert row.error_code == RATE_LIMITED
+        assert row.attempts == before, "the token wait kept the attempt its claim took"
+        assert provider.received == []
 
 
 def test_a_step_done_before_the_wait_is_not_called_again(

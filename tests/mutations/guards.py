@@ -2430,6 +2430,15 @@ KEY_PLACE_GUARDS = [
         (f"{RATES}::test_a_taker_whose_statement_began_earlier_never_moves_the_refill_clock_back",),
     ),
     Mutation(
+        "rate-wait-gives-back-what-the-claim-took",
+        _STEP_RUNNER_PY,
+        "        counted = self.claim.counted_attempt\n",
+        "        counted = False\n",
+        "A rate limit's wait gives back exactly the attempt its claim took, as the claimed "
+        "row said, whatever the loaded checkpoints say.",
+        (f"{RATES}::test_a_token_wait_gives_back_exactly_the_attempt_the_claim_took",),
+    ),
+    Mutation(
         "key-newcomer-waits-behind-the-blocked",
         _CLAIMS_PY,
         "          AND EXISTS (\n              SELECT FROM execution b\n",
