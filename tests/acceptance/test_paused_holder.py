@@ -30,7 +30,7 @@ from tests.integration.worker_support import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-GRACE_SECONDS = 4
+GRACE_SECONDS = 10  # wide: a slow machine must not let B outwait a short pause
 
 
 def _spawn(database: Any, provider: ProviderDouble, pause_dir: Path | None) -> subprocess.Popen:
