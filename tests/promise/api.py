@@ -47,6 +47,8 @@ class Api:
             adapter_modules="tests.promise.adapters",
             execution_max_attempts=max_attempts,
             log_level="WARNING",
+            # The checker's schedule fires every few seconds (the default quota is 60 s).
+            schedule_min_seconds=1,
         )
         self.app: Flask = create_app(self.settings)
         self.owner = self._token("alice", OWNER_SCOPES)

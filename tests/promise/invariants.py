@@ -92,9 +92,8 @@ def check(
     provider: ProviderDouble,
     event_inserts: dict[str, str],
     disturbances: ActionLog,
-    fair_keys: bool = True,
 ) -> Findings:
-    """Every invariant, over what the run left behind (16 only with `fair_keys`)."""
+    """Every invariant, over what the run left behind."""
     records = Records(database, provider)
     findings = Findings()
     findings.violations += no_double_write(records)
@@ -115,8 +114,7 @@ def check(
     findings.violations += cancels_never_refused(disturbances, records)
     findings.violations += one_execution_per_fire(records)
     findings.violations += rollouts_exactly_once(records)
-    if fair_keys:
-        findings.violations += keys_taken_oldest_first(records)
+    findings.violations += keys_taken_oldest_first(records)
     findings.notes += blocked_behind_parks(records)
     findings.notes += notes
     findings.notes += [

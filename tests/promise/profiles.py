@@ -34,7 +34,6 @@ class Profile:
     schedule_seconds: int = 3  # the least interval between a schedule's fires (up to +2)
     rollouts: int = 0  # rollouts of a checkout over a few items
     running_cancels: int = 0  # cancels of executions while a step runs
-    fair_keys: bool = True  # whether invariant 16 (a key goes to its oldest waiter) is checked
 
     def replay(self, seed: int) -> str:
         """The command that runs this profile with this seed again."""
@@ -67,8 +66,6 @@ SHORT = Profile(
     bulks=1,
     schedules=1,
     rollouts=1,
-    # Oldest-first key fairness is not on main yet: the suite leaves invariant 16 out.
-    fair_keys=False,
 )
 
 

@@ -102,12 +102,7 @@ def run(seed: int, profile: Profile, folder: Path, say: Callable[[str], None] = 
                     say(f"  the provider still had calls in flight after {SETTLE_SECONDS:g} s")
                 timeline.log.pauses += _frozen_before_sending(folder)
                 outcome.findings = check(
-                    database,
-                    api,
-                    provider,
-                    timeline.event_inserts,
-                    timeline.log,
-                    fair_keys=profile.fair_keys,
+                    database, api, provider, timeline.event_inserts, timeline.log
                 )
                 outcome.stats = _stats(database, provider, timeline, workers)
                 for slot, status in workers.exited():

@@ -527,9 +527,11 @@ class Timeline:
     def _putschedule(self, action: PutSchedule) -> None:
         case = self.schedule.cases[action.case]
         code, body = self.api.put_schedule(action.case, case.flow, action.every, action.case)
-        if code in (200, 201):
-            with self.log._lock:
-                self.log.schedules.append(action.case)
+        if code not in (200, 201):
+            self.log.anomaly(f"schedule {action.case} not put: {_said(code, body)} {body}")
+            return
+        with self.log._lock:
+            self.log.schedules.append(action.case)
         self.log.note(f"schedule {action.case} every {action.every} s: {_said(code, body)}")
 
     def _lock(self, action: Lock) -> None:
