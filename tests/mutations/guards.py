@@ -2449,6 +2449,38 @@ KEY_PLACE_GUARDS = [
     ),
 ]
 
+# --- what operators read: a cancel's preview, the ends counted, gauges of the leader ----
+
+OPERATOR_SEAM_GUARDS = [
+    Mutation(
+        "bulk-preview-parks-only-the-executions-with-a-write",
+        _BULK_PY,
+        "    return exists().where(\n        step.c.execution_id == execution_id,\n",
+        "    return exists().where(\n        step.c.execution_id != execution_id,\n",
+        "A cancel's preview warns of exactly the executions a cancel would park.",
+        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
+    ),
+    Mutation(
+        "executions-finished-counts-only-final-statuses",
+        "orquestador/metrics.py",
+        "    if status in FINAL_STATUSES:\n",
+        "    if True:\n",
+        "An execution is counted as ended once, by its final status, never by a move.",
+        ("tests/integration/test_engine_metrics.py",),
+    ),
+    Mutation(
+        "queue-gauges-sampled-by-the-leader-only",
+        "orquestador/worker/maintenance.py",
+        "            if not self._was_leader:\n                return False\n",
+        "",
+        "Only the maintenance leader sets the queue gauges, so the fleet exposes one value.",
+        (
+            "tests/integration/test_maintenance.py::"
+            "test_the_leader_s_queue_gauges_follow_the_queue_between_passes",
+        ),
+    ),
+]
+
 # --- the list -------------------------------------------------------------------------
 
 MUTATIONS: list[Mutation] = [
@@ -2480,6 +2512,7 @@ MUTATIONS: list[Mutation] = [
     *CORRECTION_KEY_GUARDS,
     *APPROVAL_LOCK_GUARDS,
     *KEY_PLACE_GUARDS,
+    *OPERATOR_SEAM_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
