@@ -65,6 +65,17 @@ def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+def _run_executions(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    return subprocess.run(
+        [*ORQUESTADOR, "executions", *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def _start(client: Client, machines: list[str], **rollout: object) -> str:
     child = child_flow()
     client.publish_flow(child)
@@ -109,6 +120,14 @@ def test_an_operator_retries_the_failed_children(served: Served, runtime_engine:
     execution_id = _start(served.alice, ["m-1", "m-2", "m-3"], batch=3, maxFailures=1)
     wait_until(status_is(runtime_engine, execution_id, "SUCCEEDED"), timeout=30)
     served.provider.failing = frozenset()
+
+    listed = _run_executions("list", "--parent", execution_id[:8], env=served.operator_env)
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()[1:]
+    assert sorted(row.split()[0] for row in rows) == sorted(
+        str(c.id) for c in children(runtime_engine, execution_id)
+    )
+    assert {row.split()[1] for row in rows} == {"SUCCEEDED", "FAILED"}
 
     retried = _run("retry-failed", execution_id, env=served.operator_env)
     assert retried.returncode == 0, retried.stderr
