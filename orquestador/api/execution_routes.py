@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import re
@@ -23,7 +22,6 @@ from orquestador.api.auth import (
     SCOPE_REQUESTS_READ,
     SCOPE_REQUESTS_WRITE,
     Caller,
-    authenticate,
     current_caller,
     requires_scope,
 )
@@ -288,29 +286,8 @@ def reconcile_as(caller: Caller, execution_id: uuid.UUID, body: dict[str, Any]) 
     return _view_or_404(access, execution_id)
 
 
-def requires_any_scope(*scopes: str) -> Callable[[F], F]:
-    """Like requires_scope, satisfied by any one of `scopes`."""
-
-    def decorate(view: F) -> F:
-        @functools.wraps(view)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            caller = authenticate(api_context().verifier)
-            if not any(caller.has_scope(scope) for scope in scopes):
-                raise ApiProblem(
-                    403,
-                    "INSUFFICIENT_SCOPE",
-                    f"This operation needs one of the scopes {', '.join(scopes)}.",
-                )
-            g.caller = caller
-            return view(*args, **kwargs)
-
-        return guarded  # type: ignore[return-value]
-
-    return decorate
-
-
 @blueprint.post("/<uuid:execution_id>/cancel")
-@requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
+@requires_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
 def cancel_execution(execution_id: uuid.UUID) -> Response:
     body = read_json_object(CANCEL_BODY)
     view, cancelled = cancel_as(current_caller(), execution_id, body["reason"])

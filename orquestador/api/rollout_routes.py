@@ -26,7 +26,7 @@ from orquestador.api.auth import (
 )
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
-from orquestador.api.execution_routes import require_visible, requires_any_scope
+from orquestador.api.execution_routes import require_visible
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.rollouts.control import (
@@ -80,21 +80,21 @@ def read_rollout(
 
 
 @blueprint.post("/<uuid:execution_id>/rollout/pause")
-@requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
+@requires_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
 def pause(execution_id: uuid.UUID) -> Response:
     body = read_json_object(MARK_BODY)
     return jsonify(mark_as(current_caller(), execution_id, "pause", body.get("reason", "")))
 
 
 @blueprint.post("/<uuid:execution_id>/rollout/resume")
-@requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
+@requires_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
 def resume(execution_id: uuid.UUID) -> Response:
     body = read_json_object(MARK_BODY)
     return jsonify(mark_as(current_caller(), execution_id, "resume", body.get("reason", "")))
 
 
 @blueprint.post("/<uuid:execution_id>/rollout/cancel")
-@requires_any_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
+@requires_scope(SCOPE_EXECUTIONS_CANCEL, SCOPE_REQUESTS_WRITE)
 def cancel(execution_id: uuid.UUID) -> Response:
     body = read_json_object(CANCEL_ROLLOUT_BODY)
     return jsonify(mark_as(current_caller(), execution_id, "cancel", body["reason"]))
