@@ -25,6 +25,7 @@ from orquestador.api import (
     machine_routes,
     notice_routes,
     plan_routes,
+    quota_routes,
     request_routes,
     rollout_routes,
     run_routes,
@@ -114,6 +115,7 @@ def create_app(
         app.register_blueprint(bulk_routes.blueprint)
         app.register_blueprint(event_routes.blueprint)
         app.register_blueprint(notice_routes.blueprint)
+        app.register_blueprint(quota_routes.blueprint)
         app.register_blueprint(approval_routes.blueprint)
         app.register_blueprint(auth_routes.blueprint)
         app.register_blueprint(agent_routes.blueprint)

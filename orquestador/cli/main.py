@@ -18,6 +18,7 @@ from orquestador.cli.machines import add_machines_command
 from orquestador.cli.notices import add_notices_command
 from orquestador.cli.output import EXIT_USAGE, CommandFailed, one_line
 from orquestador.cli.processes import add_process_commands
+from orquestador.cli.quotas import add_quotas_command
 from orquestador.cli.rollouts import add_rollouts_command
 from orquestador.cli.run import add_run_command, add_wait_action
 from orquestador.cli.schedules import add_schedules_command
@@ -100,5 +101,6 @@ def _parser() -> argparse.ArgumentParser:
     add_machines_command(command)
     add_schedules_command(command)
     add_notices_command(command)
+    add_quotas_command(command)
     add_history_command(command)
     return parser

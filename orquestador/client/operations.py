@@ -487,6 +487,10 @@ class Client:
     def dismiss_notice(self, notice_id: str) -> Json:
         return self.transport.call("POST", f"/notices/{segment(notice_id)}/dismiss")
 
+    @operation("readQuotas")
+    def get_quotas(self, org: str) -> Json:
+        return self.transport.call("GET", f"/orgs/{segment(org)}/quotas")
+
     @operation("readNotificationPreferences")
     def get_notification_preferences(self, org: str) -> Json:
         return self.transport.call("GET", f"/orgs/{segment(org)}/notification-preferences")

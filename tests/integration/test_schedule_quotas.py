@@ -152,3 +152,26 @@ def test_transitions_beyond_the_burst_are_429_with_retry_after_and_the_bucket_is
     assert 1 <= int(refused[0].headers["Retry-After"]) <= 2
     # Another organization draws on a bucket of its own (its flow is missing: 422).
     assert other.status_code == 422
+
+
+def test_get_quotas_shows_each_limit_with_what_is_in_use(database) -> None:
+    limits = {"quota_schedules": 5, "quota_transitions_per_second": 1}
+    with running_api(database.runtime_dsn, **limits, quota_transitions_burst=200) as api:
+        flow_id = publish(api)
+        assert put(api, "s-1", {"flowId": flow_id, "everySeconds": 600}).status_code == 201
+        data = {"scheduleId": "by-hand", "fireTime": "now", "data": {}}
+        run = {"flow": flow_id, "transition": "run", "data": data}
+        assert api.post("/runs", run, scopes=["requests:write"]).status_code == 202
+
+        answer = api.get(f"/orgs/{ORG}/quotas", scopes=["plans:admin"])
+        foreign = api.get(f"/orgs/{OTHER_ORG}/quotas", scopes=["plans:admin"])
+        unscoped = api.get(f"/orgs/{ORG}/quotas", scopes=["requests:read"])
+
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    quotas = answer.get_json()["quotas"]
+    assert quotas["schedules"] == {"limit": 5, "used": 1}
+    assert quotas["scheduleMinSeconds"] == {"limit": 1}
+    assert quotas["transitionsPerSecond"] == {"limit": 1}
+    assert quotas["transitionsBurst"]["limit"] == 200
+    assert quotas["transitionsBurst"]["used"] in (0, 1)  # one taken, refilled within a second
+    assert foreign.status_code == 404 and unscoped.status_code == 403

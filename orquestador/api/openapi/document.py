@@ -17,6 +17,7 @@ from orquestador.api.openapi import (
     bulk,
     machines,
     notices,
+    quotas,
     rollouts,
     schedules,
 )
@@ -456,6 +457,7 @@ _AREAS = (
     rollouts,
     schedules,
     auth,
+    quotas,
 )
 
 
