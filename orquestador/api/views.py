@@ -12,6 +12,7 @@ from sqlalchemy import Row
 
 from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
+from orquestador.domain.statuses import UNFINISHED
 from orquestador.machines.liveness import AgentSeen
 from orquestador.machines.output import output_end
 from orquestador.queue.waits import NOT_READY
@@ -22,8 +23,6 @@ API_PREFIX = "/api/v1"
 # ExecutionView shows at most these keys of execution.result: the business outcome,
 # never raw provider output.
 _RESULT_KEYS = {"outcome": "outcome", "toState": "toState"}
-
-_UNFINISHED = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 
 
 def timestamp(value: datetime | None) -> str | None:
@@ -280,7 +279,7 @@ def execution_view(
             step,
             by_action.get(step.action_id, []),
             row.next_attempt_at if waiting else None,
-            paused=row.status in _UNFINISHED,
+            paused=row.status in UNFINISHED,
         )
         for step in steps_read
     ]

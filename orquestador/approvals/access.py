@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Row, func, literal, or_, select, tuple_
 
-from orquestador.approvals.store import LIVE_STATUSES
 from orquestador.db.schema import approval, execution, flow, request
+from orquestador.domain.statuses import UNFINISHED
 
 # The execution's status beside the approval: an approval whose execution is not live
 # (it ended: a cancel, a lapsed wait; or it is parked for a person) cannot be decided,
@@ -47,7 +47,7 @@ def is_open(row: Row) -> bool:
     return (
         row.status == "open"
         and row.read_at < row.deadline_at
-        and row.execution_status in LIVE_STATUSES
+        and row.execution_status in UNFINISHED
     )
 
 
@@ -115,14 +115,14 @@ class ApprovalAccess:
             query = query.where(
                 approval.c.status == "open",
                 approval.c.deadline_at > func.clock_timestamp(),
-                execution.c.status.in_(LIVE_STATUSES),
+                execution.c.status.in_(sorted(UNFINISHED)),
             )
         elif page.status == "closed":
             query = query.where(
                 or_(
                     approval.c.status != "open",
                     approval.c.deadline_at <= func.clock_timestamp(),
-                    execution.c.status.notin_(LIVE_STATUSES),
+                    execution.c.status.notin_(sorted(UNFINISHED)),
                 )
             )
         if page.after is not None:

@@ -17,11 +17,13 @@ from sqlalchemy import Connection, Row, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from orquestador.db.schema import approval, audit_event, request
+from orquestador.domain.statuses import UNFINISHED
 from orquestador.queue.waits import wake_waiting
 
 WAIT_PREFIX = "approval:"
 # An execution that may still go on with a decision.
-LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
+# The unfinished statuses as an SQL list: a decision is recorded only while its execution lives.
+_UNFINISHED_SQL = ", ".join(f"'{status}'" for status in sorted(UNFINISHED))
 DECISIONS = ("approved", "rejected")
 
 AUDIT_DECIDED = "APPROVAL_DECIDED"
@@ -133,7 +135,7 @@ _DECIDE = text(
     WHERE id = :id AND status = 'open'
       AND deadline_at > clock_timestamp()
       AND EXISTS (SELECT FROM execution e
-                  WHERE e.id = approval.execution_id AND e.status IN {LIVE_STATUSES!r})
+                  WHERE e.id = approval.execution_id AND e.status IN ({_UNFINISHED_SQL}))
     RETURNING id
     """
 )

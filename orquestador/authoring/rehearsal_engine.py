@@ -25,10 +25,10 @@ from orquestador.authoring.cases import Case, Ended, Played
 from orquestador.client import ApiError, Client
 from orquestador.config import Settings, sqlalchemy_url
 from orquestador.db import migrate
+from orquestador.domain.statuses import UNFINISHED
 from orquestador.errors import OrquestadorError
 
 # Statuses a dry run still moves on from.
-LIVE_STATUSES = frozenset({"PENDING", "RUNNING", "RETRY_WAIT", "WAITING"})
 ORG = "flows-test"
 AUTHOR = "flows-test"
 SCOPES = ["flows:admin", "requests:read", "requests:write"]
@@ -81,7 +81,7 @@ class RehearsalEngine:
             if execution["status"] == "SUCCEEDED" and execution.get("continuedBy"):
                 execution_id = execution["continuedBy"]
                 continue
-            if execution["status"] not in LIVE_STATUSES:
+            if execution["status"] not in UNFINISHED:
                 break
             return Played(
                 case,

@@ -28,13 +28,13 @@ from orquestador.cli.output import (
 )
 from orquestador.client import ApiError, Client
 from orquestador.config import Settings
+from orquestador.domain.statuses import UNFINISHED
 from orquestador.wording import counted
 
 if TYPE_CHECKING:
     from orquestador.authoring.apply import Change
 
 # Statuses a dry run still moves on from.
-LIVE_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 
 
 def add_flows_command(command: CommandFactory) -> None:
@@ -380,7 +380,7 @@ def _dry_run(client: Client, args: argparse.Namespace) -> int:
             execution_id = view["continuedBy"]
             continue
         break
-    if view["status"] in LIVE_STATUSES:
+    if view["status"] in UNFINISHED:
         raise UsageProblem(
             f"the dry run {execution_id} is still {view['status']} after {args.timeout:g} s;"
             f" 'orquestador executions wait {execution_id}' follows it"

@@ -417,7 +417,7 @@ APPROVAL_GUARDS = [
     Mutation(
         "approval-decision-while-the-execution-lives",
         _APPROVALS_PY,
-        "                  WHERE e.id = approval.execution_id AND e.status IN {LIVE_STATUSES!r})",
+        "                  WHERE e.id = approval.execution_id AND e.status IN ({_UNFINISHED_SQL}))",
         "                  WHERE e.id = approval.execution_id)",
         "An approval whose execution ended is not decided: nobody would act on it.",
         (f"{APPROVALS}::test_an_approval_whose_execution_was_cancelled_is_not_decided",),

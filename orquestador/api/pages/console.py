@@ -50,8 +50,8 @@ from orquestador.api.views import (
     flow_view,
 )
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
-from orquestador.approvals.store import LIVE_STATUSES
 from orquestador.automation.schedules import find_schedule, list_schedules, schedule_id_problem
+from orquestador.domain.statuses import UNFINISHED
 from orquestador.machines.liveness import agent_of, agents_seen
 from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 
@@ -459,7 +459,7 @@ def _approval_state(row: Any) -> str:
         return "open"
     if row.status != "open":
         return row.status
-    if row.execution_status not in LIVE_STATUSES:
+    if row.execution_status not in UNFINISHED:
         return f"closed: its execution is {row.execution_status}"
     return "closed: the deadline passed"
 

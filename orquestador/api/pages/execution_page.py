@@ -12,6 +12,7 @@ from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.pages.timeline import timeline
 from orquestador.domain.pointer_updates import data_before_corrections
 from orquestador.domain.rollouts import machine_of
+from orquestador.domain.statuses import UNFINISHED
 from orquestador.rollouts.reading import latest_rollout, rollout_children, rollout_view
 
 # A rollout's grid links at most this many children of each status; the list (filtered
@@ -21,7 +22,6 @@ GRID_LINKS = 200
 GRID_ORDER = ("failed", "running", "waiting", "cancelled", "skipped", "succeeded")
 
 # Statuses that change without a person: the page refreshes itself while in one.
-MOVING = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 REFRESH_SECONDS = 5
 
 
@@ -166,8 +166,8 @@ def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
         ),
         "started": started_by(read),
         "request_now": read.request,
-        "may_cancel": status in MOVING and may_cancel(caller),
+        "may_cancel": status in UNFINISHED and may_cancel(caller),
         "may_reconcile": status == "RECONCILIATION_REQUIRED"
         and caller.has_scope(SCOPE_EXECUTIONS_RECONCILE),
-        "refresh_seconds": REFRESH_SECONDS if status in MOVING else None,
+        "refresh_seconds": REFRESH_SECONDS if status in UNFINISHED else None,
     }
