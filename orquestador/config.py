@@ -73,6 +73,7 @@ class Settings:
     schedule_min_seconds: int = _env("SCHEDULE_MIN_SECONDS", "60", "quotas")
     quota_transitions_per_second: int = _env("QUOTA_TRANSITIONS_PER_SECOND", "50", "quotas")
     quota_transitions_burst: int = _env("QUOTA_TRANSITIONS_BURST", "200", "quotas")
+    quota_bulk_items: int = _env("QUOTA_BULK_ITEMS", "100000", "quotas")
     org_quotas: str = _env("ORG_QUOTAS", "", "quotas")
 
     retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
@@ -198,6 +199,7 @@ class Settings:
             schedule_min_seconds=self.schedule_min_seconds,
             transitions_per_second=self.quota_transitions_per_second,
             transitions_burst=self.quota_transitions_burst,
+            bulk_items=self.quota_bulk_items,
         )
         return defaults.overridden(parse_org_quotas(self.org_quotas)[0].get(org, {}))
 
@@ -304,6 +306,7 @@ class Settings:
             "max_continuations",
             "quota_transitions_per_second",
             "quota_transitions_burst",
+            "quota_bulk_items",
             "quota_schedules",
             "schedule_min_seconds",
             "db_pool_size",

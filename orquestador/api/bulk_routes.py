@@ -19,11 +19,11 @@ from orquestador.api.auth import (
 )
 from orquestador.api.body import read_json_object
 from orquestador.api.bulk_schemas import BULK_BODY
-from orquestador.api.context import engine
+from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.domain.errors import Problem
-from orquestador.queue.bulk import MAX_ITEMS, BulkProgress, BulkRequest, accept_bulk, bulk_progress
+from orquestador.queue.bulk import BulkProgress, BulkRequest, accept_bulk, bulk_progress
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ def preview_as(caller: Caller, action: str, criteria: dict[str, Any]) -> dict[st
 def start_as(caller: Caller, body: dict[str, Any]) -> tuple[uuid.UUID, int]:
     """Accept a bulk action (a body of BULK_BODY's shape) for `caller`: (its id, total).
 
-    The API's and the pages' one way in; 422 BULK_TOO_LARGE beyond MAX_ITEMS matches.
+    The API's and the pages' one way in; 422 BULK_TOO_LARGE beyond the organization's
+    quota bulkItems.
     """
     action = body["action"]
     access = _access_for(caller, action)
@@ -86,13 +87,17 @@ def start_as(caller: Caller, body: dict[str, Any]) -> tuple[uuid.UUID, int]:
         reason=body["reason"],
         filter=body["filter"],
     )
+    max_items = api_context().settings.quotas_for(caller.org).bulk_items
     with engine().begin() as connection:
-        bulk_id, total = accept_bulk(connection, bulk, access.bulk_matches(found))
+        bulk_id, total = accept_bulk(
+            connection, bulk, access.bulk_matches(found), max_items=max_items
+        )
     if bulk_id is None:
         raise ApiProblem(
             422,
             "BULK_TOO_LARGE",
-            f"The filter matches {total} executions; a bulk action takes at most {MAX_ITEMS}.",
+            f"The filter matches {total} executions; a bulk action takes at most {max_items} "
+            "(the organization's quota bulkItems).",
             problems=[Problem("/filter", "narrow it (createdAfter, createdBefore, flowId, ...)")],
         )
     log.info(

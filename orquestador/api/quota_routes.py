@@ -61,6 +61,7 @@ def read_quotas(org: str) -> Response:
                 "limit": quotas.transitions_burst,
                 "used": max(0, quotas.transitions_burst - available),
             },
+            "bulkItems": {"limit": quotas.bulk_items},
         },
     }
     return jsonify(answer)

@@ -153,7 +153,7 @@ class BulkProgress:
 
 
 def accept_bulk(
-    conn: Connection, bulk: BulkRequest, matching: Select[Any]
+    conn: Connection, bulk: BulkRequest, matching: Select[Any], *, max_items: int = MAX_ITEMS
 ) -> tuple[uuid.UUID | None, int]:
     """Record the bulk and its items in one statement; its id and how many items it has.
 
@@ -161,8 +161,9 @@ def accept_bulk(
     caller's visibility in its WHERE (the API builds it with ResourceAccess); each item
     keeps the second as the execution it saw. One statement reads the matches
     once (a CTE referenced twice is computed once), so the total and the items agree. A
-    bulk that matched nothing is DONE at once; one that matched more than MAX_ITEMS is
-    not written: the id is None, and the count says how many matched.
+    bulk that matched nothing is DONE at once; one that matched more than `max_items` (the
+    organization's quota bulkItems) is not written: the id is None, and the count says how
+    many matched.
     """
     matched = matching.cte("matched")
     counted = select(func.count()).select_from(matched).scalar_subquery()
@@ -180,7 +181,7 @@ def accept_bulk(
                 counted,
                 _case(empty, "DONE", "RUNNING"),
                 _case(empty, func.clock_timestamp(), None),
-            ).where(counted <= MAX_ITEMS),
+            ).where(counted <= max_items),
         )
         .returning(bulk_action.c.id, bulk_action.c.total)
         .cte("accepted")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -10,7 +11,6 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orquestador.queue import bulk
 from orquestador.queue.bulk import BulkWalk, act_on_chunk
 from tests.integration.api_support import Api, problem, running_api
 from tests.integration.bulk_support import (
@@ -226,18 +226,20 @@ def test_a_bulk_that_matches_nothing_is_done_at_once(api: Api, owner_engine: Eng
 
 
 def test_too_many_matches_are_refused_before_anything_is_written(
-    api: Api, owner_engine: Engine, monkeypatch: pytest.MonkeyPatch
+    database, owner_engine: Engine
 ) -> None:
     arrange(owner_engine, publish(owner_engine), 3)
-    monkeypatch.setattr(bulk, "MAX_ITEMS", 2)
-    response = api.post(
-        "/executions/bulk",
-        {"filter": {"status": "PENDING"}, "action": "cancel", "reason": REASON},
-        **operator(),
-    )
+    body = {"filter": {"status": "PENDING"}, "action": "cancel", "reason": REASON}
+    with running_api(database.runtime_dsn, quota_bulk_items=2) as api:
+        response = api.post("/executions/bulk", body, **operator())
     assert response.status_code == 422
     assert problem(response)["code"] == "BULK_TOO_LARGE"
+    assert "quota bulkItems" in problem(response)["detail"]
     assert table_counts(owner_engine) == (0, 0)
+    # ORG_QUOTAS raises it for the organization: the same filter is taken.
+    overrides = json.dumps({ORG: {"bulkItems": 3}})
+    with running_api(database.runtime_dsn, quota_bulk_items=2, org_quotas=overrides) as api:
+        assert api.post("/executions/bulk", body, **operator()).status_code == 202
 
 
 @pytest.mark.parametrize(

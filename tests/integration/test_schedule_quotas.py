@@ -174,4 +174,5 @@ def test_get_quotas_shows_each_limit_with_what_is_in_use(database) -> None:
     assert quotas["transitionsPerSecond"] == {"limit": 1}
     assert quotas["transitionsBurst"]["limit"] == 200
     assert quotas["transitionsBurst"]["used"] in (0, 1)  # one taken, refilled within a second
+    assert quotas["bulkItems"] == {"limit": 100_000}
     assert foreign.status_code == 404 and unscoped.status_code == 403

@@ -1740,6 +1740,18 @@ EXPIRY_GUARDS = [
         ),
     ),
     Mutation(
+        "bulk-never-beyond-its-quota",
+        "orquestador/queue/bulk.py",
+        "            ).where(counted <= max_items),\n",
+        "            ),\n",
+        "A bulk action whose filter matches more executions than the organization's quota "
+        "bulkItems writes nothing.",
+        (
+            "tests/integration/test_bulk_actions.py::test_too_many_matches_are_refused_before"
+            "_anything_is_written",
+        ),
+    ),
+    Mutation(
         "schedule-quota-checked-at-creation",
         "orquestador/automation/schedules.py",
         "    if current is None and max_schedules is not None:\n",

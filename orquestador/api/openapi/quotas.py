@@ -25,7 +25,7 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Each quota by its name (the names ORG_QUOTAS takes): "
                 "`schedules` (used: schedules held), `scheduleMinSeconds`, "
                 "`transitionsPerSecond`, `transitionsBurst` (used: tokens taken from the "
-                "bucket and not yet refilled).",
+                "bucket and not yet refilled), `bulkItems`.",
                 "additionalProperties": _QUOTA,
             },
         },
