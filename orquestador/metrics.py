@@ -154,6 +154,17 @@ AGENTS_OFFLINE = Gauge(
     multiprocess_mode="max",
 )
 
+QUOTA_USE_RATIO = Gauge(
+    "quota_use_ratio",
+    "Per quota, the highest share of its limit any organization uses (1: one is at its "
+    "limit): schedules held, transition tokens taken from the bucket.",
+    ["quota"],
+    namespace=NAMESPACE,
+    multiprocess_mode="max",
+)
+# The quotas the gauge follows (the others are not a use that lasts).
+GAUGED_QUOTAS = ("schedules", "transitionsBurst")
+
 EMAIL_OUTBOX_DEPTH = Gauge(
     "email_outbox_depth",
     "E-mails not yet delivered (pending in the outbox).",

@@ -34,6 +34,7 @@ from sqlalchemy.exc import ProgrammingError
 from orquestador.config import Settings, libpq_url
 from orquestador.db.bounds import floors_above, read_function_bounds
 from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
+from orquestador.domain.quotas import Quotas
 from orquestador.domain.statuses import ExecutionStatus
 from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.loop import Loop
@@ -45,11 +46,13 @@ from orquestador.metrics import (
     DB_DEAD_TUPLES,
     DB_OLDEST_TRANSACTION_SECONDS,
     EMAIL_OUTBOX_DEPTH,
+    GAUGED_QUOTAS,
     HOT_TABLES,
     MAINTENANCE_LEADER,
     OLDEST_DUE_SECONDS,
     QUEUE_DEPTH,
     QUEUE_STATUSES,
+    QUOTA_USE_RATIO,
     RECONCILIATION_REQUIRED,
 )
 from orquestador.redaction import error_line
@@ -137,6 +140,7 @@ class PassReport:
     agents_offline: int = 0
     oldest_transaction_seconds: float = 0.0
     dead_tuples: dict[str, int] = field(default_factory=dict)
+    quota_use: dict[str, float] = field(default_factory=dict)
 
 
 # --- retention ----------------------------------------------------------------
@@ -414,7 +418,41 @@ _HAND_OFF = text(
 )
 
 
-def sample_gauges(conn: Connection, report: PassReport, *, agent_offline_seconds: float) -> None:
+# Each organization's use of the quotas that last: schedules held, and the transition
+# tokens its bucket is short of (refilled for the time since it was last drawn on).
+_QUOTA_USE = text(
+    """
+    SELECT org_id, 'schedules' AS quota, count(*)::float AS used
+    FROM schedule GROUP BY org_id
+    UNION ALL
+    SELECT substr(name, length('org-transitions:') + 1), 'transitionsBurst', tokens
+    FROM rate_bucket WHERE name LIKE 'org-transitions:%'
+    """
+)
+
+
+def quota_use_ratios(conn: Connection, quotas_for: Callable[[str], Quotas]) -> dict[str, float]:
+    """Per gauged quota, the highest share of its limit any organization uses."""
+    ratios = dict.fromkeys(GAUGED_QUOTAS, 0.0)
+    for org, quota, value in conn.execute(_QUOTA_USE):
+        limits = quotas_for(org)
+        if quota == "schedules":
+            used, limit = value, limits.schedules
+        else:
+            # The bucket's tokens as last written; refilling since only lowers the use.
+            used, limit = limits.transitions_burst - value, limits.transitions_burst
+        share = used / limit if limit > 0 else (1.0 if used > 0 else 0.0)
+        ratios[quota] = max(ratios[quota], min(1.0, max(0.0, share)))
+    return ratios
+
+
+def sample_gauges(
+    conn: Connection,
+    report: PassReport,
+    *,
+    agent_offline_seconds: float,
+    quotas_for: Callable[[str], Quotas] | None = None,
+) -> None:
     depth: dict[str, int] = {status: 0 for status in QUEUE_STATUSES}
     depth.update({status: int(n) for status, n in conn.execute(_WAITING_DEPTH).all()})
     depth[ExecutionStatus.RUNNING] = int(conn.execute(_RUNNING_DEPTH).scalar_one())
@@ -438,6 +476,10 @@ def sample_gauges(conn: Connection, report: PassReport, *, agent_offline_seconds
     DB_OLDEST_TRANSACTION_SECONDS.set(report.oldest_transaction_seconds)
     for table, dead in report.dead_tuples.items():
         DB_DEAD_TUPLES.labels(table=table).set(dead)
+    if quotas_for is not None:
+        report.quota_use = quota_use_ratios(conn, quotas_for)
+        for quota, share in report.quota_use.items():
+            QUOTA_USE_RATIO.labels(quota=quota).set(share)
 
 
 def _zero_gauges() -> None:
@@ -452,6 +494,8 @@ def _zero_gauges() -> None:
     DB_OLDEST_TRANSACTION_SECONDS.set(0)
     for table in HOT_TABLES:
         DB_DEAD_TUPLES.labels(table=table).set(0)
+    for quota in GAUGED_QUOTAS:
+        QUOTA_USE_RATIO.labels(quota=quota).set(0)
 
 
 # --- the loop ------------------------------------------------------------------
@@ -523,7 +567,10 @@ class MaintenanceLoop(Loop):
                 return False
             with self.engine.connect() as conn:
                 sample_gauges(
-                    conn, PassReport(), agent_offline_seconds=self.settings.agent_offline_seconds
+                    conn,
+                    PassReport(),
+                    agent_offline_seconds=self.settings.agent_offline_seconds,
+                    quotas_for=self.settings.quotas_for,
                 )
         return True
 
@@ -537,7 +584,12 @@ class MaintenanceLoop(Loop):
         with self.engine.begin() as conn:
             report.handed_off = conn.execute(_HAND_OFF).rowcount
         with self._gauges_lock, self.engine.connect() as conn:
-            sample_gauges(conn, report, agent_offline_seconds=self.settings.agent_offline_seconds)
+            sample_gauges(
+                conn,
+                report,
+                agent_offline_seconds=self.settings.agent_offline_seconds,
+                quotas_for=self.settings.quotas_for,
+            )
         with self._lock:
             self.passes += 1
         deleted = sum(report.deleted.values())

@@ -19,6 +19,7 @@ from orquestador.metrics import (
     DB_OLDEST_TRANSACTION_SECONDS,
     EMAIL_OUTBOX_DEPTH,
     QUEUE_DEPTH,
+    QUOTA_USE_RATIO,
     RECONCILIATION_REQUIRED,
 )
 from orquestador.worker.listener import libpq_conninfo
@@ -579,3 +580,30 @@ def test_the_leader_s_queue_gauges_follow_the_queue_between_passes(
     finally:
         leader.lock.release()
         other.lock.release()
+
+
+def test_the_quota_gauges_show_the_organization_nearest_its_limit(owner_engine, runtime_engine):
+    flow_id = publish_flow(owner_engine, schedule_flow())
+    with owner_engine.begin() as conn:
+        # One organization holds 30 schedules of its 100, another 5; one bucket is short
+        # of 50 of its 200 transition tokens.
+        for org, count in (("org-big", 30), ("org-small", 5)):
+            conn.execute(
+                text(
+                    "INSERT INTO schedule (org_id, id, flow_id, every_seconds, updated_by)"
+                    " SELECT :org, 's-' || n, :flow, 3600, 'tester'"
+                    " FROM generate_series(1, :count) AS n"
+                ),
+                {"org": org, "flow": flow_id, "count": count},
+            )
+        conn.execute(
+            text(
+                "INSERT INTO rate_bucket (name, tokens, refilled_at)"
+                " VALUES ('org-transitions:org-small', 150, now())"
+            )
+        )
+
+    report = _one_pass(runtime_engine)
+
+    assert report.quota_use == {"schedules": 0.3, "transitionsBurst": 0.25}
+    assert QUOTA_USE_RATIO.labels(quota="schedules")._value.get() == 0.3
