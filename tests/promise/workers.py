@@ -29,7 +29,9 @@ WORKER_SETTINGS = {
     "WORKER_DRAIN_SECONDS": "2",
     "WORKER_LOCK_TIMEOUT_MS": "500",
     "WORKER_STATEMENT_TIMEOUT_MS": "1500",
-    "ADAPTER_ABANDON_GRACE_SECONDS": "6",
+    # Well past the longest pause (schedule.PAUSE_MAX_SECONDS): a frozen holder that wakes
+    # on a starved machine still sends before a new holder trusts a NotFound.
+    "ADAPTER_ABANDON_GRACE_SECONDS": "10",
     "EXECUTION_MAX_ATTEMPTS": "20",
     "RETRY_BASE_SECONDS": "0.1",
     "RETRY_CAP_SECONDS": "1",
