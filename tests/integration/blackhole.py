@@ -11,8 +11,9 @@ class Blackhole:
     """Forwards 127.0.0.1:`port` to `target` until `vanish()`; from then on it keeps every
     socket open, passes nothing, and answers no new connection."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self._target = (target_host, target_port)
+    def __init__(self, target: tuple[str, int] | str) -> None:
+        # (host, port) over TCP, or the path of a server's Unix-domain socket.
+        self._target = target
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._vanished = threading.Event()
@@ -53,7 +54,11 @@ class Blackhole:
                 self._sockets.append(client)
             if self._vanished.is_set():
                 continue  # accepted by the kernel, never answered: a connect that hangs
-            upstream = socket.create_connection(self._target)
+            if isinstance(self._target, str):
+                upstream = socket.socket(socket.AF_UNIX)
+                upstream.connect(self._target)
+            else:
+                upstream = socket.create_connection(self._target)
             with self._lock:
                 self._sockets.append(upstream)
                 self._forwarded += 1

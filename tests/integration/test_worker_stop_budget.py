@@ -28,8 +28,15 @@ EXIT_MARGIN_SECONDS = 10
 
 def test_a_worker_whose_database_vanished_stops_within_its_budget(database: TestDatabase) -> None:
     url = database.runtime_url
-    hole = Blackhole(url.host or "127.0.0.1", url.port or 5432)
-    through_hole = url.set(host="127.0.0.1", port=hole.port).render_as_string(hide_password=False)
+    socket_dir = url.query.get("host")  # the embedded server listens on a socket only
+    if isinstance(socket_dir, str) and socket_dir.startswith("/"):
+        hole = Blackhole(f"{socket_dir}/.s.PGSQL.{url.port or 5432}")
+    else:
+        hole = Blackhole((url.host or "127.0.0.1", url.port or 5432))
+    query = {name: value for name, value in url.query.items() if name != "host"}
+    through_hole = url.set(host="127.0.0.1", port=hole.port, query=query).render_as_string(
+        hide_password=False
+    )
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
     env.update(
         DATABASE_URL=through_hole,
@@ -47,10 +54,11 @@ def test_a_worker_whose_database_vanished_stops_within_its_budget(database: Test
     try:
         # Running: the scheduler claims every 50 ms on a pooled connection (start-up and
         # the listener send a dozen messages or so; this many means claims are flowing).
-        wait_until(lambda: hole.sent() >= 40, what="the worker's claims to flow")
+        # A busy machine may take seconds to start the process: the bound is generous.
+        wait_until(lambda: hole.sent() >= 40, timeout=120, what="the worker's claims to flow")
         hole.vanish()
         # The scheduler's next claim (50 ms later at most) now waits on the hole for ever.
-        wait_until(lambda: hole.swallowed() >= 1, what="a claim to wait on the hole")
+        wait_until(lambda: hole.swallowed() >= 1, timeout=60, what="a claim to wait on the hole")
         asked = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         budget = DRAIN_SECONDS + STOP_GRACE_SECONDS
