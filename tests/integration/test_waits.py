@@ -283,7 +283,11 @@ def test_not_ready_from_a_writer_is_uncertain_never_a_wait(runtime_engine):
         Effect.NON_IDEMPOTENT_WRITE,
         output=lambda ctx: (_ for _ in ()).throw(NotReady(60)),
     )
-    executor = Executor(registry_of(write, charge), settings())
+    # The first execution's retry is due minutes later, so the next claim takes the second
+    # (with a retry due at once, a slow machine claimed the first one again).
+    executor = Executor(
+        registry_of(write, charge), settings(retry_base_seconds=600, retry_cap_seconds=600)
+    )
     retried = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     assert run_once(runtime_engine, executor) == "RETRY_WAIT"
     assert [(h.status, h.error_code) for h in attempt_history(runtime_engine, retried, "w")] == [
