@@ -488,6 +488,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # 0032: a bulk item remembers the execution as the bulk found it.
     step(server, name, "0032")
     assert _update_columns(server, name) == _declared_updates(at="0032")
+    # 0033: the partial index the quota openExecutions counts from.
+    step(server, name, "0033")
+    assert _update_columns(server, name) == _declared_updates(at="0033")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(
