@@ -73,7 +73,9 @@ class Settings:
     schedule_min_seconds: int = _env("SCHEDULE_MIN_SECONDS", "60", "quotas")
     quota_transitions_per_second: int = _env("QUOTA_TRANSITIONS_PER_SECOND", "50", "quotas")
     quota_transitions_burst: int = _env("QUOTA_TRANSITIONS_BURST", "200", "quotas")
+    quota_open_executions: int = _env("QUOTA_OPEN_EXECUTIONS", "100000", "quotas")
     quota_bulk_items: int = _env("QUOTA_BULK_ITEMS", "100000", "quotas")
+    quota_rollout_items: int = _env("QUOTA_ROLLOUT_ITEMS", "10000", "quotas")
     org_quotas: str = _env("ORG_QUOTAS", "", "quotas")
 
     retry_base_seconds: float = _env("RETRY_BASE_SECONDS", "1", "retries")
@@ -199,7 +201,9 @@ class Settings:
             schedule_min_seconds=self.schedule_min_seconds,
             transitions_per_second=self.quota_transitions_per_second,
             transitions_burst=self.quota_transitions_burst,
+            open_executions=self.quota_open_executions,
             bulk_items=self.quota_bulk_items,
+            rollout_items=self.quota_rollout_items,
         )
         return defaults.overridden(parse_org_quotas(self.org_quotas)[0].get(org, {}))
 
@@ -306,7 +310,9 @@ class Settings:
             "max_continuations",
             "quota_transitions_per_second",
             "quota_transitions_burst",
+            "quota_open_executions",
             "quota_bulk_items",
+            "quota_rollout_items",
             "quota_schedules",
             "schedule_min_seconds",
             "db_pool_size",

@@ -14,6 +14,7 @@ from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.openapi.automation import DRY_RUN_BODY
 from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.quota_checks import require_open_execution_room
 from orquestador.api.request_routes import check_request_data
 from orquestador.api.views import API_PREFIX
 from orquestador.domain.continuations import followed_by
@@ -40,8 +41,10 @@ def start_dry_run(
     """Start a dry run for `caller` (the API's and the pages' one way): (execution, request).
 
     `flow` is a flow version's id, or a key (its latest version). `body` has
-    DRY_RUN_BODY's shape already; what the flow itself rules out is a 422.
+    DRY_RUN_BODY's shape already; what the flow itself rules out is a 422. A dry run's
+    execution counts against the quota openExecutions like any other until it ends.
     """
+    require_open_execution_room(caller.org)
     with engine().begin() as connection:
         flow = flow_by_reference(connection, org=caller.org, reference=str(flow))
         if flow is None:

@@ -11,7 +11,7 @@ from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.openapi.automation import EVENT_BODY
 from orquestador.api.problems import ApiProblem
-from orquestador.api.quota_checks import require_transition_token
+from orquestador.api.quota_checks import require_open_execution_room, require_transition_token
 from orquestador.api.views import API_PREFIX
 from orquestador.automation.events import Actor, PlatformEvent, receive_event
 from orquestador.domain.errors import Problem
@@ -51,6 +51,7 @@ def post() -> tuple[Response, int, dict[str, str]]:
         data=body.get("data", {}),
     )
     require_transition_token(caller.org)
+    require_open_execution_room(caller.org)
     answer = receive_event(
         engine(),
         event,

@@ -7,10 +7,15 @@ import math
 from orquestador.actions.contracts import RateLimit
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem
+from orquestador.domain.errors import Problem
+from orquestador.queue.open_executions import count_open
 from orquestador.queue.rate_limits import take_token
 
 # The organization's bucket among the routes' (table rate_bucket); no route name has a colon.
 TRANSITIONS_BUCKET = "org-transitions:"
+# When to ask again once the organization has as many open executions as it may: they
+# end at the pace of its flows, which no one here knows.
+OPEN_EXECUTIONS_RETRY_SECONDS = 30
 
 
 def require_transition_token(org: str) -> None:
@@ -39,4 +44,31 @@ def require_transition_token(org: str) -> None:
         f"second, {quotas.transitions_burst} at once) is used up: ask again after Retry-After "
         "seconds.",
         headers={"Retry-After": str(max(1, math.ceil(wait)))},
+    )
+
+
+def require_open_execution_room(org: str) -> None:
+    """Answer 429 with Retry-After when the organization has as many executions not
+    ended as its quota openExecutions allows.
+
+    Counted after the transition's token is taken (the bucket bounds how often this runs)
+    and before the acceptance's transaction; queue/open_executions.py says by how much
+    acceptances at the same moment may go over.
+    """
+    limit = api_context().settings.quotas_for(org).open_executions
+    with engine().connect() as conn:
+        used = count_open(conn, org, up_to=limit)
+    if used < limit:
+        return
+    raise open_executions_exceeded(limit, used)
+
+
+def open_executions_exceeded(limit: int, used: int) -> ApiProblem:
+    return ApiProblem(
+        429,
+        "QUOTA_EXCEEDED",
+        f"The organization's quota openExecutions ({limit}) is used up: {used} executions "
+        "have not ended. Ask again after Retry-After seconds, once some have ended.",
+        problems=[Problem("", f"quota openExecutions: {used} of {limit}")],
+        headers={"Retry-After": str(OPEN_EXECUTIONS_RETRY_SECONDS)},
     )

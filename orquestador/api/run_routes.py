@@ -22,7 +22,7 @@ from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.problems import ApiProblem
-from orquestador.api.quota_checks import require_transition_token
+from orquestador.api.quota_checks import require_open_execution_room, require_transition_token
 from orquestador.api.request_routes import check_request_data
 from orquestador.api.schemas import RUN_BODY
 from orquestador.api.views import API_PREFIX
@@ -70,6 +70,7 @@ def start_run(caller: Caller, body: dict[str, Any]) -> RunStarted:
     paths point into the body (`/flow`, `/transition`, `/data/...`).
     """
     require_transition_token(caller.org)
+    require_open_execution_room(caller.org)
     with engine().begin() as connection:
         flow = flow_by_reference(connection, org=caller.org, reference=body["flow"])
         if flow is None:

@@ -12,6 +12,7 @@ from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.openapi.schedules import LIST_LIMIT, SCHEDULE_BODY
 from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.quota_checks import require_open_execution_room
 from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.automation.firing import run_now
 from orquestador.automation.schedules import (
@@ -194,6 +195,7 @@ def delete(schedule_id: str) -> tuple[str, int]:
 def run(schedule_id: str) -> tuple[Response, int, dict[str, str]]:
     caller = current_caller()
     key = _known_schedule_id(schedule_id)
+    require_open_execution_room(caller.org)
     try:
         with engine().begin() as connection:
             fired = run_now(

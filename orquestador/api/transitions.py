@@ -8,7 +8,7 @@ from sqlalchemy import Engine
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.problems import ApiProblem, not_found
-from orquestador.api.quota_checks import require_transition_token
+from orquestador.api.quota_checks import require_open_execution_room, require_transition_token
 from orquestador.queue import acceptance
 from orquestador.queue.acceptance import TransitionCommand, TransitionRefused
 
@@ -28,6 +28,7 @@ def accept_transition(
     """Queue the transition and return the new execution's id, or raise the 404/409/422 problem."""
     caller = access.caller
     require_transition_token(caller.org)
+    require_open_execution_room(caller.org)
     try:
         return acceptance.accept_transition(
             engine,

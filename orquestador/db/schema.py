@@ -145,6 +145,11 @@ KEY_HOLDING = (
     " AND status IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'WAITING', 'RECONCILIATION_REQUIRED')"
 )
 
+# An execution not ended (domain.statuses.OPEN), as the index and the quota's count say it.
+OPEN_EXECUTION = (
+    "status IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'WAITING', 'RECONCILIATION_REQUIRED')"
+)
+
 execution = Table(
     "execution",
     metadata,
@@ -284,6 +289,9 @@ execution = Table(
     ),
     # GET /executions: one organization's executions, newest first, by keyset.
     Index("ix_execution_listing", "org_id", "created_at", "id"),
+    # The quota openExecutions: an organization's executions not ended, counted at each
+    # acceptance from this index alone.
+    Index("ix_execution_open", "org_id", postgresql_where=text(OPEN_EXECUTION)),
 )
 
 action_execution = Table(

@@ -16,7 +16,9 @@ QUOTA_FIELDS = {
     "scheduleMinSeconds": "schedule_min_seconds",
     "transitionsPerSecond": "transitions_per_second",
     "transitionsBurst": "transitions_burst",
+    "openExecutions": "open_executions",
     "bulkItems": "bulk_items",
+    "rolloutItems": "rollout_items",
 }
 # No limit worth the name goes beyond this (and a JSON number stays an exact integer).
 MAX_QUOTA = 1_000_000_000
@@ -31,8 +33,12 @@ class Quotas:
     # Transitions asked for, on average a second and at once (a token bucket).
     transitions_per_second: int
     transitions_burst: int
+    # Executions not ended yet (parked ones too), at once.
+    open_executions: int
     # Executions one bulk action may take.
     bulk_items: int
+    # Items one rollout step may run over.
+    rollout_items: int
 
     def overridden(self, overrides: dict[str, int]) -> Quotas:
         return replace(self, **{QUOTA_FIELDS[name]: value for name, value in overrides.items()})

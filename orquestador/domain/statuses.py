@@ -32,6 +32,8 @@ UNFINISHED = frozenset(
 )
 # Where an execution ends: nothing moves it again.
 FINAL = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
+# Not ended yet, parked ones too: what the quota openExecutions counts.
+OPEN = frozenset(ExecutionStatus) - FINAL
 
 
 class CheckpointStatus(StrEnum):

@@ -25,7 +25,9 @@ SCHEMAS: dict[str, Any] = {
                 "description": "Each quota by its name (the names ORG_QUOTAS takes): "
                 "`schedules` (used: schedules held), `scheduleMinSeconds`, "
                 "`transitionsPerSecond`, `transitionsBurst` (used: tokens taken from the "
-                "bucket and not yet refilled), `bulkItems`.",
+                "bucket and not yet refilled), `openExecutions` (used: executions not "
+                "ended, parked ones too; a little over the limit when acceptances at the "
+                "same moment took the last places), `bulkItems`, `rolloutItems`.",
                 "additionalProperties": _QUOTA,
             },
         },

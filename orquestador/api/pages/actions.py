@@ -51,6 +51,7 @@ from orquestador.api.pages.routes import (
 )
 from orquestador.api.pages.start_form import read_start_form, with_refusal
 from orquestador.api.problems import ApiProblem
+from orquestador.api.quota_checks import require_open_execution_room
 from orquestador.api.rollout_routes import mark_as, retry_as
 from orquestador.api.run_routes import start_run
 from orquestador.api.schemas import RECONCILIATION_BODY, RUN_BODY
@@ -447,6 +448,7 @@ def _set_paused(key: str, *, paused: bool) -> Any:
 def run_schedule(schedule_id: str) -> Any:
     key = _schedule_key(schedule_id)
     require_page_scope(SCOPE_PLANS_ADMIN, what="running schedules")
+    require_open_execution_room(g.caller.org)
     try:
         with engine().begin() as conn:
             fired = run_now(
