@@ -12,6 +12,7 @@ from orquestador.api.openapi.parts import (
     body,
     flow_parameter,
     json_response,
+    open_executions_429,
     problems,
     ref,
     transitions_quota_429,
@@ -290,6 +291,7 @@ def paths() -> dict[str, Any]:
                     "is unknown, or the transition does not leave the state; `problems` "
                     "lists each.",
                 ),
+                **open_executions_429(),
             },
         },
     }

@@ -91,16 +91,42 @@ READ_ERRORS = ("401", "403", "404", "414", "431")
 WRITE_ERRORS = ("400", "401", "403", "413", "414", "415", "422", "431")
 
 
+# Why an operation that starts an execution may answer 429, besides a token.
+_OPEN_EXECUTIONS = (
+    "`QUOTA_EXCEEDED`, the problem naming `openExecutions`: the organization holds as "
+    "many executions not ended as its quota allows; ask again after `Retry-After` seconds."
+)
+
+
 def transitions_quota_429() -> dict[str, Any]:
-    """The 429 of an operation that asks for a transition: the organization's bucket."""
+    """The 429 of an operation that asks for a transition: the organization's bucket, or
+    its quota of open executions."""
     return {
         "429": {
             "description": "`QUOTA_EXCEEDED`: the organization's quota `transitionsPerSecond` "
             "(a token bucket shared by every API process: `transitionsPerSecond` on average, "
-            "`transitionsBurst` at once) is used up. Ask again after `Retry-After` seconds.",
+            "`transitionsBurst` at once) is used up. Ask again after `Retry-After` seconds. "
+            f"Or {_OPEN_EXECUTIONS}",
             "headers": {
                 "Retry-After": {
-                    "description": "Seconds until the bucket holds a token again.",
+                    "description": "Seconds until the bucket holds a token again (30 for "
+                    "`openExecutions`).",
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            },
+            "content": {"application/problem+json": {"schema": ref("Problem")}},
+        }
+    }
+
+
+def open_executions_429() -> dict[str, Any]:
+    """The 429 of an operation that starts an execution without taking a transition token."""
+    return {
+        "429": {
+            "description": _OPEN_EXECUTIONS,
+            "headers": {
+                "Retry-After": {
+                    "description": "Seconds to wait before asking again.",
                     "schema": {"type": "integer", "minimum": 1},
                 }
             },

@@ -10,6 +10,7 @@ from orquestador.api.openapi.parts import (
     WRITE_ERRORS,
     body,
     json_response,
+    open_executions_429,
     problems,
     ref,
 )
@@ -271,6 +272,7 @@ def paths() -> dict[str, Any]:
                     "`SCHEDULE_TRANSITION_INVALID`, `CONCURRENCY_KEY_MISSING`): nothing is "
                     "written.",
                 ),
+                **open_executions_429(),
             },
         }
     }
