@@ -48,6 +48,7 @@ from orquestador.db.schema import (
     request,
     schedule_fire,
 )
+from orquestador.domain.statuses import ApprovalStatus, ExecutionStatus
 from orquestador.machines.output import VIEW_CHARACTERS
 from orquestador.queue.bulk import parks_on_cancel
 
@@ -152,10 +153,10 @@ _WAITED_APPROVAL = case(
 _OPEN_APPROVAL = (
     select(approval.c.id)
     .where(
-        execution.c.status == "WAITING",
+        execution.c.status == ExecutionStatus.WAITING,
         approval.c.id == _WAITED_APPROVAL,
         approval.c.org_id == execution.c.org_id,
-        approval.c.status == "open",
+        approval.c.status == ApprovalStatus.OPEN,
         approval.c.deadline_at > func.clock_timestamp(),
     )
     .scalar_subquery()
@@ -208,7 +209,7 @@ VIEW_AUDIT_KINDS = (
     "TRANSITION_FAILED",
     "ACTION_SIMULATED",
     "EXECUTION_CANCELLED",
-    "RECONCILIATION_REQUIRED",
+    ExecutionStatus.RECONCILIATION_REQUIRED,  # the audit row of a park says its status
 )
 
 
@@ -572,7 +573,7 @@ class ResourceAccess:
             .join(flow, flow.c.id == execution.c.flow_id)
             .where(
                 execution.c.id.in_(execution_ids),
-                execution.c.status == "WAITING",
+                execution.c.status == ExecutionStatus.WAITING,
                 self._sees_execution(),
             )
         )
@@ -589,7 +590,7 @@ class ResourceAccess:
             .join(request, request.c.id == execution.c.request_id)
             .where(
                 execution.c.id.in_(execution_ids),
-                execution.c.status == "PENDING",
+                execution.c.status == ExecutionStatus.PENDING,
                 execution.c.started_at.is_(None),
                 execution.c.concurrency_key.is_not(None),
                 self._sees_execution(),

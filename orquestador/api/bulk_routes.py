@@ -23,6 +23,7 @@ from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.domain.errors import Problem
+from orquestador.domain.statuses import BulkStatus
 from orquestador.queue.bulk import BulkProgress, BulkRequest, accept_bulk, bulk_progress
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,11 @@ def start() -> tuple[Response, int] | Response:
         return jsonify(preview_as(caller, body["action"], body["filter"]))
     bulk_id, total = start_as(caller, body)
     answer = jsonify(
-        {"bulkId": str(bulk_id), "status": "DONE" if total == 0 else "RUNNING", "total": total}
+        {
+            "bulkId": str(bulk_id),
+            "status": BulkStatus.DONE if total == 0 else BulkStatus.RUNNING,
+            "total": total,
+        }
     )
     answer.headers["Location"] = f"{API_PREFIX}/bulk/{bulk_id}"
     return answer, 202

@@ -53,6 +53,7 @@ from orquestador.api.views import (
 )
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.domain.typed_text import TextNotUnderstood, value_from_text
 from orquestador.errors import (
     DecisionInvalid,
@@ -210,7 +211,7 @@ def read_evidence(caller: Caller, execution_id: uuid.UUID) -> dict[str, Any] | N
             audit = access.execution_audit(connection, execution_id)
             facts = read_view_facts(connection, access, [execution_id])[execution_id]
     in_doubt = None
-    if row.status == "RECONCILIATION_REQUIRED":
+    if row.status == ExecutionStatus.RECONCILIATION_REQUIRED:
         # The same rule the decision is checked with, on the same ordering of checkpoints.
         step = step_in_doubt(checkpoints)
         in_doubt = step.action_id if step is not None else None
@@ -319,7 +320,9 @@ def cancel_as(
     except NotCancellable as refused:
         raise ApiProblem(409, refused.code, refused.message) from None
     log.info(
-        "execution cancelled" if cancelled.status == "CANCELLED" else "cancel parked the execution",
+        "execution cancelled"
+        if cancelled.status == ExecutionStatus.CANCELLED
+        else "cancel parked the execution",
         extra={"execution_id": str(execution_id), "status": cancelled.status},
     )
     return _view_or_404(access, execution_id), cancelled
@@ -383,7 +386,7 @@ def _waits(
         return {}, read_at
     paused: dict[uuid.UUID, list[Row]] = {}
     for step in steps:
-        if step.status == "FAILED" and step.error_code == NOT_READY:
+        if step.status == CheckpointStatus.FAILED and step.error_code == NOT_READY:
             paused.setdefault(step.execution_id, []).append(step)
     found: dict[uuid.UUID, tuple[dict[str, float], list[uuid.UUID]]] = {}
     for context in contexts:

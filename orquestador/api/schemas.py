@@ -6,6 +6,7 @@ from typing import Any
 
 from orquestador.db.schema import COMMAND_STATUSES, EXECUTION_STATUSES
 from orquestador.domain.pointer_updates import MAX_CORRECTION_PATHS
+from orquestador.domain.statuses import CheckpointStatus, StepStatus, values
 
 _UUID = {"type": "string", "format": "uuid"}
 _TIMESTAMP = {"type": "string", "format": "date-time"}
@@ -293,7 +294,7 @@ EXECUTION: dict[str, Any] = {
                 "properties": {
                     "actionId": {"type": "string"},
                     "status": {
-                        "enum": ["RUNNING", "WAITING", "STOPPED", "SUCCEEDED", "FAILED", "UNKNOWN"],
+                        "enum": list(values(StepStatus)),
                         "description": (
                             "WAITING: a durable wait between its rounds (the execution is"
                             " WAITING); it has not failed. STOPPED: a wait that ended"
@@ -400,14 +401,7 @@ EXECUTION: dict[str, Any] = {
                             "properties": {
                                 "attempt": {"type": "integer", "minimum": 1},
                                 "status": {
-                                    "enum": [
-                                        "RUNNING",
-                                        "WAITING",
-                                        "STOPPED",
-                                        "SUCCEEDED",
-                                        "FAILED",
-                                        "UNKNOWN",
-                                    ],
+                                    "enum": list(values(StepStatus)),
                                     "description": (
                                         "UNKNOWN: the effect may have happened. An attempt"
                                         " interrupted mid-call ends FAILED (a read) or"
@@ -500,7 +494,7 @@ _REASON = {
     "pattern": "\\S",
     "description": "Why: what was checked, with whom. Kept in the audit trail.",
 }
-_STEP_STATUS = {"enum": ["RUNNING", "SUCCEEDED", "FAILED", "UNKNOWN"]}
+_STEP_STATUS = {"enum": list(values(CheckpointStatus))}
 _NULLABLE_TEXT = {"type": ["string", "null"]}
 _NULLABLE_TIMESTAMP = {"type": ["string", "null"], "format": "date-time"}
 

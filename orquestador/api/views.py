@@ -12,7 +12,7 @@ from sqlalchemy import Row
 
 from orquestador.api.access import KeyWait
 from orquestador.domain.mappings import MappingError, build_context, resolve_source
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.domain.statuses import UNFINISHED, CheckpointStatus, ExecutionStatus, StepStatus
 from orquestador.machines.liveness import AgentSeen
 from orquestador.machines.output import output_end
 from orquestador.queue.waits import NOT_READY
@@ -131,7 +131,7 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
     machine_commands: dict[str, Any] | None = None
     for event in audit:
         detail = event.detail if isinstance(event.detail, dict) else {}
-        if event.kind in ("EXECUTION_CANCELLED", "RECONCILIATION_REQUIRED"):
+        if event.kind in ("EXECUTION_CANCELLED", ExecutionStatus.RECONCILIATION_REQUIRED):
             # A cancel's row (ended or parked) lists the commands it cancelled or asked
             # to stop; a worker's park has none.
             if isinstance(detail.get("machineCommands"), dict):
@@ -262,7 +262,7 @@ def execution_view(
         value = getattr(row, column, None)
         if value is not None:
             body[key] = str(value)
-    waiting = row.status == "RETRY_WAIT"
+    waiting = row.status == ExecutionStatus.RETRY_WAIT
     if waiting:
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)
     body["attempts"] = row.attempts
@@ -292,7 +292,11 @@ def execution_view(
         if facts.machine_commands is not None:
             body["machineCommands"] = facts.machine_commands
         wait = facts.key_wait
-        if row.status == "PENDING" and wait is not None and wait.holders >= wait.limit:
+        if (
+            row.status == ExecutionStatus.PENDING
+            and wait is not None
+            and wait.holders >= wait.limit
+        ):
             body["blockedBy"] = {
                 "key": wait.key,
                 "limit": wait.limit,
@@ -357,7 +361,7 @@ def _flow_and_machine(body: dict[str, Any], row: Row) -> None:
 
 def _waiting_for(step: dict[str, Any], checkpoint: Row, facts: ExecutionFacts) -> None:
     """What a WAITING step waits for: the command, its machine and status now, the deadline."""
-    if step["status"] != "WAITING":
+    if step["status"] != StepStatus.WAITING:
         return
     seen = getattr(checkpoint, "observed", None)
     command_id = _command_id(seen)
@@ -460,7 +464,7 @@ def evidence_view(
     by_action: dict[str, list[Row]] = {}
     for attempt in attempts:
         by_action.setdefault(attempt.action_id, []).append(attempt)
-    parked = row.status == "RECONCILIATION_REQUIRED"
+    parked = row.status == ExecutionStatus.RECONCILIATION_REQUIRED
     return {
         "execution": execution_view(row, checkpoints, attempts, facts),
         "reason": row.error_code if parked else None,
@@ -487,7 +491,7 @@ def _evidence_step(step: Row, ended: list[Row]) -> dict[str, Any]:
         "startedAt": timestamp(_first_start(step)),
         "finishedAt": timestamp(step.finished_at),
     }
-    if step.status == "SUCCEEDED":
+    if step.status == CheckpointStatus.SUCCEEDED:
         body["output"] = step.output
     body["attempts"] = _history(step, ended)
     return body
@@ -503,12 +507,17 @@ def _audit_view(event: Row) -> dict[str, Any]:
 
 def _history(step: Row, ended: list[Row], *, paused: bool = False) -> list[dict[str, Any]]:
     history = [_attempt_view(a) for a in ended]
-    if step.status == "RUNNING":  # the attempt under way has not ended: not in the history
+    # The attempt under way has not ended: not in the history of ended attempts.
+    if step.status == CheckpointStatus.RUNNING:
         history.append(
-            {"attempt": step.attempt, "status": "RUNNING", "startedAt": timestamp(step.started_at)}
+            {
+                "attempt": step.attempt,
+                "status": StepStatus.RUNNING,
+                "startedAt": timestamp(step.started_at),
+            }
         )
     elif (
-        step.status == "FAILED"
+        step.status == CheckpointStatus.FAILED
         and step.error_code == NOT_READY
         and all(a.attempt != step.attempt for a in ended)
     ):
@@ -518,7 +527,7 @@ def _history(step: Row, ended: list[Row], *, paused: bool = False) -> list[dict[
         started = _first_start(step) if step.attempt == 1 else step.started_at
         line: dict[str, Any] = {
             "attempt": step.attempt,
-            "status": "WAITING" if paused else "STOPPED",
+            "status": StepStatus.WAITING if paused else StepStatus.STOPPED,
             "startedAt": timestamp(started),
         }
         if not paused and step.finished_at is not None:
@@ -539,10 +548,10 @@ def _step_view(
     # Between the rounds of a durable wait the checkpoint rests FAILED with NOT_READY;
     # to a reader of an unfinished execution that step is waiting, not failed. Once the
     # execution ended (cancelled, say) the wait stopped without its answer: not a failure.
-    if step.status == "FAILED" and step.error_code == NOT_READY:
+    if step.status == CheckpointStatus.FAILED and step.error_code == NOT_READY:
         body: dict[str, Any] = {
             "actionId": step.action_id,
-            "status": "WAITING" if paused else "STOPPED",
+            "status": StepStatus.WAITING if paused else StepStatus.STOPPED,
         }
         if _first_start(step) is not None:
             body["startedAt"] = timestamp(_first_start(step))
@@ -558,7 +567,10 @@ def _step_view(
     if step.error_code is not None:
         body["errorCode"] = step.error_code
     body["attempts"] = _history(step, ended)
-    if next_attempt_at is not None and step.status in ("FAILED", "UNKNOWN"):
+    if next_attempt_at is not None and step.status in (
+        CheckpointStatus.FAILED,
+        CheckpointStatus.UNKNOWN,
+    ):
         body["nextAttemptAt"] = timestamp(next_attempt_at)
     return body
 

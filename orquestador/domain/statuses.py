@@ -45,6 +45,26 @@ class CheckpointStatus(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
+# How an attempt ended (`action_attempt`): a checkpoint's status once it is no longer RUNNING.
+# An attempt interrupted before anyone saw its end is FAILED (a read) or UNKNOWN (a write).
+ENDED_CHECKPOINT = frozenset(
+    {CheckpointStatus.SUCCEEDED, CheckpointStatus.FAILED, CheckpointStatus.UNKNOWN}
+)
+
+
+class StepStatus(StrEnum):
+    """A step as the API shows it: its checkpoint's status, except a durable wait between
+    its rounds (its checkpoint rests FAILED, NOT_READY), which is WAITING while the
+    execution is unfinished and STOPPED once it ended without the wait's answer."""
+
+    RUNNING = "RUNNING"
+    WAITING = "WAITING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+
+
 class CommandStatus(StrEnum):
     """A machine command, moving forward only."""
 
@@ -60,6 +80,8 @@ class CommandStatus(StrEnum):
     EXPIRED = "expired"
 
 
+# A command on its way: no agent took it yet, or one took it and has not said how it ended.
+UNDER_WAY_COMMAND = frozenset({CommandStatus.PENDING, CommandStatus.SENT, CommandStatus.RUNNING})
 FINAL_COMMAND = frozenset(
     {
         CommandStatus.SUCCEEDED,
@@ -78,10 +100,25 @@ class ApprovalStatus(StrEnum):
     EXPIRED = "expired"
 
 
+class OutboxStatus(StrEnum):
+    """An e-mail in the outbox (`email_outbox`)."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
 class BulkAction(StrEnum):
     CANCEL = "cancel"
     RETRY = "retry"
     FAIL = "fail"
+
+
+class BulkStatus(StrEnum):
+    """A bulk action: RUNNING until every item has its outcome."""
+
+    RUNNING = "RUNNING"
+    DONE = "DONE"
 
 
 class BulkItemOutcome(StrEnum):

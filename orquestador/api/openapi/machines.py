@@ -12,6 +12,7 @@ from orquestador.api.openapi.parts import (
     query_parameter,
     ref,
 )
+from orquestador.domain.statuses import CommandStatus, values
 
 _READERS = (
     "Scope `requests:read-all` or `machines:admin`. Machines are the caller's "
@@ -109,18 +110,7 @@ SCHEMAS: dict[str, Any] = {
             "id": {"type": "string", "format": "uuid"},
             "command": {"type": "string"},
             "args": {"type": "array", "items": {"type": "string"}},
-            "status": {
-                "enum": [
-                    "pending",
-                    "sent",
-                    "running",
-                    "succeeded",
-                    "failed",
-                    "timed_out",
-                    "cancelled",
-                    "expired",
-                ]
-            },
+            "status": {"enum": list(values(CommandStatus))},
             "exitCode": {"type": ["integer", "null"]},
             "createdAt": _TIME,
             "sentAt": _MAYBE_TIME,

@@ -33,6 +33,7 @@ from orquestador.api.pages.routes import (
 from orquestador.api.problems import ApiProblem
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
+from orquestador.domain.statuses import BulkStatus
 from orquestador.wording import BULK_DONE_WORDS
 
 CRITERIA = tuple(BULK_FILTER["properties"])
@@ -211,6 +212,6 @@ def bulk_page(bulk_id: str) -> Any:
         done_word=BULK_DONE_WORDS.get(view["action"], "done"),
     )
     answer = Response(page, mimetype="text/html")
-    if view["status"] != "DONE":
+    if view["status"] != BulkStatus.DONE:
         answer.headers["Refresh"] = str(REFRESH_SECONDS)  # follows the worker by itself
     return answer

@@ -51,15 +51,18 @@ from orquestador.api.views import (
 )
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view, is_open
 from orquestador.automation.schedules import find_schedule, list_schedules, schedule_id_problem
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.domain.statuses import (
+    UNDER_WAY_COMMAND,
+    UNFINISHED,
+    ApprovalStatus,
+    ExecutionStatus,
+)
 from orquestador.machines.liveness import agent_of, agents_seen
 from orquestador.notices.access import NoticeAccess, NoticePage, notice_view
 
 # How many rows a page lists before it offers the next page.
 PAGE_SIZE = 50
-# Command statuses that change without a person: a machine page refreshes while one is.
-UNDER_WAY = ("pending", "sent", "running")
-RECONCILIATION = "RECONCILIATION_REQUIRED"
+RECONCILIATION = ExecutionStatus.RECONCILIATION_REQUIRED
 
 # The console's sections: label, endpoint, query, the scope that opens it (None: any
 # signed-in person), and the endpoints that belong to it.
@@ -357,7 +360,8 @@ def machine_page(machine_id: str) -> Any:
         raise not_found_page()
     facts = [_command_facts(command) for command in commands[:PAGE_SIZE]]
     # While a command is under way the page follows it (and its output) by itself.
-    moving = any(c["status"] in UNDER_WAY for c in facts)
+    # An under-way command changes without a person: the page refreshes while one is.
+    moving = any(c["status"] in UNDER_WAY_COMMAND for c in facts)
     page = render_template(
         "machine.html",
         caller=g.caller,
@@ -457,7 +461,7 @@ def _approval_state(row: Any) -> str:
     """Open, how it was decided, or why it can no longer be decided."""
     if is_open(row):
         return "open"
-    if row.status != "open":
+    if row.status != ApprovalStatus.OPEN:
         return row.status
     if row.execution_status not in UNFINISHED:
         return f"closed: its execution is {row.execution_status}"

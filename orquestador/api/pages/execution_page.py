@@ -12,7 +12,7 @@ from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.pages.timeline import timeline
 from orquestador.domain.pointer_updates import data_before_corrections
 from orquestador.domain.rollouts import machine_of
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.domain.statuses import UNFINISHED, ExecutionStatus
 from orquestador.rollouts.reading import latest_rollout, rollout_children, rollout_view
 
 # A rollout's grid links at most this many children of each status; the list (filtered
@@ -167,7 +167,7 @@ def page_context(read: ExecutionRead, caller: Caller) -> dict[str, Any]:
         "started": started_by(read),
         "request_now": read.request,
         "may_cancel": status in UNFINISHED and may_cancel(caller),
-        "may_reconcile": status == "RECONCILIATION_REQUIRED"
+        "may_reconcile": status == ExecutionStatus.RECONCILIATION_REQUIRED
         and caller.has_scope(SCOPE_EXECUTIONS_RECONCILE),
         "refresh_seconds": REFRESH_SECONDS if status in UNFINISHED else None,
     }

@@ -55,6 +55,7 @@ from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_lin
 from orquestador.api.tokens import mint_token, page_audience
 from orquestador.api.views import execution_views
 from orquestador.db.schema import EXECUTION_STATUSES
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.errors import ConfigError
 from orquestador.notices.vocabulary import email_outcome_in_words
 from orquestador.wording import command_status_meaning, duration_in_words
@@ -85,14 +86,14 @@ CONTENT_SECURITY_POLICY = (
 
 # The filter links of the list, in the order a person looks for them.
 STATUS_LINKS = (
-    ("RECONCILIATION_REQUIRED", "Reconciliation queue"),
-    ("WAITING", "Waiting"),
-    ("RETRY_WAIT", "Retry wait"),
-    ("PENDING", "Pending"),
-    ("RUNNING", "Running"),
-    ("FAILED", "Failed"),
-    ("SUCCEEDED", "Succeeded"),
-    ("CANCELLED", "Cancelled"),
+    (ExecutionStatus.RECONCILIATION_REQUIRED, "Reconciliation queue"),
+    (ExecutionStatus.WAITING, "Waiting"),
+    (ExecutionStatus.RETRY_WAIT, "Retry wait"),
+    (ExecutionStatus.PENDING, "Pending"),
+    (ExecutionStatus.RUNNING, "Running"),
+    (ExecutionStatus.FAILED, "Failed"),
+    (ExecutionStatus.SUCCEEDED, "Succeeded"),
+    (ExecutionStatus.CANCELLED, "Cancelled"),
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

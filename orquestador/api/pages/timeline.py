@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from orquestador.notices.vocabulary import email_outcome_in_words
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
+from orquestador.notices.vocabulary import EmailOutcome, email_outcome_in_words
 from orquestador.wording import duration_in_words
 
 # Facts a timeline entry never shows: the frozen evidence is the page's then/now and
@@ -74,9 +75,9 @@ def _seconds_in_words(seconds: float) -> str:
 
 
 _ATTEMPT_WORDS = {
-    "SUCCEEDED": "succeeded",
-    "FAILED": "failed",
-    "UNKNOWN": "ended without a known outcome",
+    CheckpointStatus.SUCCEEDED: "succeeded",
+    CheckpointStatus.FAILED: "failed",
+    CheckpointStatus.UNKNOWN: "ended without a known outcome",
 }
 
 
@@ -251,7 +252,7 @@ _SENTENCES = {
         f" the request {_get(d, 'fromState')} → {_get(d, 'toState')}."
     ),
     "EXECUTION_FAILED": lambda actor, d: f"Failed ({_get(d, 'errorCode')}).",
-    "RECONCILIATION_REQUIRED": _parked,
+    ExecutionStatus.RECONCILIATION_REQUIRED: _parked,
     "RECONCILIATION_RESOLVED": _resolved,
     "TRANSITION_FAILED": lambda actor, d: (
         f"{actor} ended the transition as failed: the request is in {_get(d, 'toState')}."
@@ -260,9 +261,9 @@ _SENTENCES = {
     "NOTICE_WRITTEN": lambda actor, d: f"A notice was written; {_email(d)}.",
     "NOTICE_EMAIL_SETTLED": lambda actor, d: (
         "A notice's e-mail was delivered."
-        if d.get("email") == "delivered"
+        if d.get("email") == EmailOutcome.DELIVERED
         else "A notice's e-mail could not be delivered."
-        if d.get("email") == "failed"
+        if d.get("email") == EmailOutcome.FAILED
         else f"A notice's e-mail settled: {_email(d)}."
     ),
     "APPROVAL_DECIDED": lambda actor, d: f"{actor} {_get(d, 'decision')} the approval.",
@@ -277,7 +278,7 @@ def _unknown(kind: str) -> str:
 # Facts worth a line of their own, by kind, in the order they are shown.
 _FACT_LABELS: dict[str, Sequence[tuple[str, str]]] = {
     "EXECUTION_CANCELLED": (("reason", "Reason"),),
-    "RECONCILIATION_REQUIRED": (("cancelReason", "Reason"),),
+    ExecutionStatus.RECONCILIATION_REQUIRED: (("cancelReason", "Reason"),),
     "RECONCILIATION_RESOLVED": (("reason", "Reason"), ("output", "Output")),
     "STEP_ERROR_EXIT": (("message", "Message"),),
     "CONTINUATION_REFUSED": (("message", "Why"),),
