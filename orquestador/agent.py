@@ -33,6 +33,7 @@ from typing import Any
 
 from orquestador.backoff import Backoff
 from orquestador.client import ApiError, Client, ClientError
+from orquestador.domain.statuses import CommandStatus
 
 log = logging.getLogger(__name__)
 
@@ -223,11 +224,11 @@ def run_command(
                 start_new_session=True,  # its own group, so a timeout kills its children too
             )
         except OSError as error:
-            return Outcome("failed", None, f"cannot start {argv[0]}: {error.strerror}")
+            return Outcome(CommandStatus.FAILED, None, f"cannot start {argv[0]}: {error.strerror}")
         code, status = _wait_or_stop(
             process, spec.timeout_seconds, lambda: should_stop(stream), check_seconds
         )
-        if status == "cancelled":
+        if status == CommandStatus.CANCELLED:
             code = _stop_group(process, kill_grace_seconds)
         if stream.backlog() > CHUNK_BYTES:
             # More is left than the last chunk holds: one more in order first, so the
@@ -250,14 +251,14 @@ def _wait_or_stop(
         left = give_up_at - time.monotonic()
         try:
             code = process.wait(timeout=max(min(check_seconds, left), 0))
-            return code, "succeeded" if code == 0 else "failed"
+            return code, CommandStatus.SUCCEEDED if code == 0 else CommandStatus.FAILED
         except subprocess.TimeoutExpired:
             pass
         if time.monotonic() >= give_up_at:
             _kill_group(process)
-            return None, "timed_out"
+            return None, CommandStatus.TIMED_OUT
         if should_stop():
-            return None, "cancelled"
+            return None, CommandStatus.CANCELLED
 
 
 def _stop_group(process: subprocess.Popen[bytes], grace_seconds: float) -> int:
@@ -357,7 +358,7 @@ class AgentClient:
         return self._answer(
             lambda: self._reports.report_command_status(
                 command_id,
-                "running",
+                CommandStatus.RUNNING,
                 output=chunk.text if chunk else None,
                 output_offset=chunk.offset if chunk else None,
             )
@@ -514,24 +515,28 @@ class Agent:
             # A command taken before (by this agent before a restart, say) that nothing
             # here runs now: there is nothing to stop, only the cancel to confirm.
             log.info("cancel asked for a command not running here", extra=extra)
-            self._report(command_id, "cancelled", Outcome("cancelled", None, ""))
+            self._report(
+                command_id, CommandStatus.CANCELLED, Outcome(CommandStatus.CANCELLED, None, "")
+            )
             return
         spec = self._commands.get(name)
         if spec is None:
             log.warning("unknown command %r: reported failed", name, extra=extra)
             outcome = Outcome(
-                "failed", None, f"unknown command {name!r}: not in AGENT_COMMANDS_FILE"
+                CommandStatus.FAILED, None, f"unknown command {name!r}: not in AGENT_COMMANDS_FILE"
             )
             self._report(command_id, outcome.status, outcome)
             return
         if self._too_late(command, received, extra):
             return
-        answer = self._report(command_id, "running")
+        answer = self._report(command_id, CommandStatus.RUNNING)
         if answer is None:
             return
         if answer.get("cancelRequested") is True:
             log.info("cancel asked before %s started: not run", name, extra=extra)
-            self._report(command_id, "cancelled", Outcome("cancelled", None, ""))
+            self._report(
+                command_id, CommandStatus.CANCELLED, Outcome(CommandStatus.CANCELLED, None, "")
+            )
             return
         # Checked again last thing before starting: the report may have taken a while.
         if self._too_late(command, received, extra):
@@ -581,7 +586,9 @@ class Agent:
             time.monotonic() - received,
             extra=extra,
         )
-        self._report(extra["command_id"], "expired", Outcome("expired", None, ""))
+        self._report(
+            extra["command_id"], CommandStatus.EXPIRED, Outcome(CommandStatus.EXPIRED, None, "")
+        )
         return True
 
     def _cancel_asked(self, command_id: str, stream: OutputStream) -> bool:

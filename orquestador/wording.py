@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orquestador.domain.statuses import BulkAction, CommandStatus
+
 
 def duration_in_words(seconds: int) -> str:
     """A duration as a person says it: 45 s, 2 min 5 s, 3 h 20 min."""
@@ -23,12 +25,12 @@ def counted(number: int, noun: str) -> str:
 
 # What a machine command's status means to a person, where the bare word does not say it.
 COMMAND_STATUS_MEANINGS = {
-    "pending": "no agent has taken it yet",
-    "sent": "its agent took it",
-    "running": "running on the machine",
-    "timed_out": "its agent stopped it when its time ran out",
-    "cancelled": "stopped, or withdrawn before any agent took it",
-    "expired": "never delivered: no agent took it before its deliver-by time",
+    CommandStatus.PENDING: "no agent has taken it yet",
+    CommandStatus.SENT: "its agent took it",
+    CommandStatus.RUNNING: "running on the machine",
+    CommandStatus.TIMED_OUT: "its agent stopped it when its time ran out",
+    CommandStatus.CANCELLED: "stopped, or withdrawn before any agent took it",
+    CommandStatus.EXPIRED: "never delivered: no agent took it before its deliver-by time",
 }
 
 
@@ -38,7 +40,11 @@ def command_status_meaning(status: str) -> str:
 
 
 # What a bulk action did to an item it acted on as asked.
-BULK_DONE_WORDS = {"cancel": "cancelled", "retry": "sent to run again", "fail": "failed"}
+BULK_DONE_WORDS = {
+    BulkAction.CANCEL: "cancelled",
+    BulkAction.RETRY: "sent to run again",
+    BulkAction.FAIL: "failed",
+}
 
 
 def bulk_outcome_in_words(progress: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from orquestador.actions.builtin.rollout import CAPABILITY as ROLLOUT
 from orquestador.actions.contracts import ActionContext
 from orquestador.actions.errors import PermanentError
 from orquestador.domain.errors import Problem
+from orquestador.domain.statuses import ApprovalStatus, RolloutChildStatus
 
 # The steps that wait with a deadline, and the code their deadline fails with.
 DEADLINE_CODES = {APPROVAL: APPROVAL_DEADLINE_EXCEEDED, "machine.wait": WAIT_DEADLINE_EXCEEDED}
@@ -51,12 +52,18 @@ OUTCOMES_SCHEMA: dict[str, Any] = {
             "output": {"type": "object"},
             "error": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]{0,63}$"},
             "deadline": {"const": True},
-            "decision": {"enum": ["approved", "rejected"]},
+            "decision": {"enum": [ApprovalStatus.APPROVED, ApprovalStatus.REJECTED]},
             "children": {
                 "type": "object",
                 "maxProperties": 10_000,
                 "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,4})$"},
-                "additionalProperties": {"enum": ["succeeded", "failed", "cancelled"]},
+                "additionalProperties": {
+                    "enum": [
+                        RolloutChildStatus.SUCCEEDED,
+                        RolloutChildStatus.FAILED,
+                        RolloutChildStatus.CANCELLED,
+                    ]
+                },
             },
         },
     },

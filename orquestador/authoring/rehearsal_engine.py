@@ -25,7 +25,7 @@ from orquestador.authoring.cases import Case, Ended, Played
 from orquestador.client import ApiError, Client
 from orquestador.config import Settings, sqlalchemy_url
 from orquestador.db import migrate
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.domain.statuses import UNFINISHED, ExecutionStatus
 from orquestador.errors import OrquestadorError
 
 # Statuses a dry run still moves on from.
@@ -78,7 +78,7 @@ class RehearsalEngine:
         while True:
             left = max(0.0, deadline - time.monotonic())
             execution = self._client.wait_execution(execution_id, left)
-            if execution["status"] == "SUCCEEDED" and execution.get("continuedBy"):
+            if execution["status"] == ExecutionStatus.SUCCEEDED and execution.get("continuedBy"):
                 execution_id = execution["continuedBy"]
                 continue
             if execution["status"] not in UNFINISHED:

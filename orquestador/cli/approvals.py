@@ -11,6 +11,7 @@ import argparse
 from orquestador.cli.api_commands import CommandFactory, client_actions
 from orquestador.cli.output import print_json, print_table
 from orquestador.client import Client
+from orquestador.domain.statuses import ApprovalStatus
 
 # What a person types, and what the API calls it.
 DECISIONS = {"approve": "approved", "reject": "rejected"}
@@ -48,7 +49,9 @@ def _list(client: Client, args: argparse.Namespace) -> int:
         (
             item["id"],
             # Open in the row, yet past its deadline or with its execution ended.
-            "lapsed" if item["status"] == "open" and not item["open"] else item["status"],
+            "lapsed"
+            if item["status"] == ApprovalStatus.OPEN and not item["open"]
+            else item["status"],
             item["deadlineAt"],
             f"{item['flowKey']} v{item['flowVersion']} {item['transitionId']}",
             item.get("machineId"),

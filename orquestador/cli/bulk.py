@@ -26,7 +26,7 @@ from orquestador.cli.output import (
     print_table,
 )
 from orquestador.client import Client
-from orquestador.domain.statuses import BulkAction, ExecutionStatus, values
+from orquestador.domain.statuses import BulkAction, BulkStatus, ExecutionStatus, values
 from orquestador.wording import bulk_outcome_in_words
 
 # How often the progress is asked for while the worker acts.
@@ -179,7 +179,7 @@ def _follow(client: Client, bulk_id: str, *, show_bar: bool) -> dict[str, Any]:
         found = client.get_bulk_action(bulk_id)
         if show_bar:
             _draw_bar(found)
-        if found["status"] == "DONE":
+        if found["status"] == BulkStatus.DONE:
             if show_bar:
                 print(file=sys.stderr)
             return found

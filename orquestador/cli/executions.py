@@ -33,7 +33,7 @@ from orquestador.cli.output import (
     printable_line,
 )
 from orquestador.client import ApiError, Client
-from orquestador.domain.statuses import ExecutionStatus, values
+from orquestador.domain.statuses import ExecutionStatus, StepStatus, values
 from orquestador.wording import duration_in_words
 
 MAX_PAGE_SIZE = 200
@@ -272,7 +272,7 @@ def _evidence(client: Client, args: argparse.Namespace) -> int:
             ("in doubt", found.get("inDoubt")),
         ]
     )
-    if execution["status"] == "RECONCILIATION_REQUIRED":
+    if execution["status"] == ExecutionStatus.RECONCILIATION_REQUIRED:
         action = f" --action {found['inDoubt']}" if found.get("inDoubt") else ""
         print(
             f"decide: orquestador executions reconcile {execution['id']}{action} "
@@ -349,7 +349,7 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
     view = client.cancel_execution(resolve_execution_id(client, args.execution), args.reason)
     if args.json:
         print_json(view)
-    elif view["status"] == "RECONCILIATION_REQUIRED":
+    elif view["status"] == ExecutionStatus.RECONCILIATION_REQUIRED:
         # The server kept the request busy: a write happened or may have, and only an
         # operator may decide what becomes of it. Saying "cancelled" here would mislead.
         print(f"not cancelled: parked for reconciliation after writes ({_writes_done(view)})")
@@ -461,10 +461,12 @@ def _print_decision(view: dict[str, Any]) -> None:
     decision = view.get("decision")
     if decision is None:
         said = {
-            "CANCELLED": "cancelled before anything was decided",
-            "RECONCILIATION_REQUIRED": "nothing decided yet: a person must first say what happened",
-            "SUCCEEDED": "ended without a recorded decision",
-            "FAILED": "ended without a recorded decision",
+            ExecutionStatus.CANCELLED: "cancelled before anything was decided",
+            ExecutionStatus.RECONCILIATION_REQUIRED: (
+                "nothing decided yet: a person must first say what happened"
+            ),
+            ExecutionStatus.SUCCEEDED: "ended without a recorded decision",
+            ExecutionStatus.FAILED: "ended without a recorded decision",
         }.get(view["status"], "not decided yet")
         print(f"\ndecision  {said}")
         return
@@ -508,7 +510,7 @@ def _print_then_and_now(view: dict[str, Any]) -> None:
                         else f"{waiting['deadline']} (passed)",
                     )
                 )
-        if step.get("status") == "STOPPED":
+        if step.get("status") == StepStatus.STOPPED:
             lines.append(("stopped", "the wait stopped when the execution ended"))
         if "observed" in step:
             lines.append(("then", json.dumps(step["observed"], ensure_ascii=False)))

@@ -28,7 +28,7 @@ from orquestador.cli.output import (
 )
 from orquestador.client import ApiError, Client
 from orquestador.config import Settings
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.domain.statuses import UNFINISHED, ExecutionStatus
 from orquestador.wording import counted
 
 if TYPE_CHECKING:
@@ -376,7 +376,7 @@ def _dry_run(client: Client, args: argparse.Namespace) -> int:
         # a state that continues by itself is followed into its continuation.
         view = client.wait_execution(execution_id, max(0.0, give_up_at - time.monotonic()))
         done += view.get("wouldHaveDone") or []
-        if view["status"] == "SUCCEEDED" and view.get("continuedBy"):
+        if view["status"] == ExecutionStatus.SUCCEEDED and view.get("continuedBy"):
             execution_id = view["continuedBy"]
             continue
         break

@@ -36,6 +36,7 @@ from orquestador.cli.output import (
 )
 from orquestador.client import Client
 from orquestador.client.operations import settled
+from orquestador.domain.statuses import ExecutionStatus
 
 DEFAULT_WAIT_SECONDS = 300.0
 _FOLLOWED = (
@@ -171,7 +172,7 @@ def follow(client: Client, execution_id: str, timeout: float, *, as_json: bool) 
     while True:
         view = client.wait_execution(execution_id, max(0.0, give_up_at - time.monotonic()))
         continued = view.get("continuedBy")
-        if view["status"] == "SUCCEEDED" and continued:
+        if view["status"] == ExecutionStatus.SUCCEEDED and continued:
             if not as_json:
                 print(
                     f"continued: execution {view['id']} ended in {view.get('toState')}, "
@@ -191,9 +192,9 @@ def follow(client: Client, execution_id: str, timeout: float, *, as_json: bool) 
 def exit_status(view: dict[str, Any]) -> int:
     """The exit status that says how the execution settled, or that it has not."""
     status = view["status"]
-    if status == "SUCCEEDED":
+    if status == ExecutionStatus.SUCCEEDED:
         return 0
-    if status in ("FAILED", "CANCELLED"):
+    if status in (ExecutionStatus.FAILED, ExecutionStatus.CANCELLED):
         return EXIT_REFUSED
     if settled(view):
         return EXIT_PARKED
@@ -202,15 +203,15 @@ def exit_status(view: dict[str, Any]) -> int:
 
 def _how_it_settled(view: dict[str, Any], timeout: float) -> str:
     execution_id, status = view["id"], view["status"]
-    if status == "SUCCEEDED":
+    if status == ExecutionStatus.SUCCEEDED:
         return f"\nsucceeded: the request is now in state {view.get('toState')}"
-    if status == "FAILED":
+    if status == ExecutionStatus.FAILED:
         return f"\nfailed: {view.get('errorCode')}" + (
             f"; the request is now in state {view['toState']}" if view.get("toState") else ""
         )
-    if status == "CANCELLED":
+    if status == ExecutionStatus.CANCELLED:
         return "\ncancelled: the request is back in the state it was in"
-    if status == "RECONCILIATION_REQUIRED":
+    if status == ExecutionStatus.RECONCILIATION_REQUIRED:
         return (
             f"\nparked for a person ({view.get('errorCode')}): see "
             f"orquestador executions evidence {execution_id}"

@@ -36,6 +36,7 @@ from orquestador.approvals.store import (
 )
 from orquestador.approvals.subject import approval_subject
 from orquestador.config import Settings
+from orquestador.domain.statuses import ApprovalStatus
 from orquestador.notices.preferences import email_decision
 from orquestador.notices.vocabulary import CATEGORY_AUTOMATION, EmailOutcome
 from orquestador.notices.writing import NoticeDraft, write_notice
@@ -137,13 +138,13 @@ class Approvals:
             row, written = open_approval(conn, _draft(ctx))
             if written and ctx.inputs.get("email", False):
                 self._mail(conn, ctx, row)
-        if row.status == "open" and row.read_at >= row.deadline_at:
+        if row.status == ApprovalStatus.OPEN and row.read_at >= row.deadline_at:
             with self._database.engine.begin() as conn:
                 row = close_at_deadline(conn, row.id, WORKER)
         if row.status in DECISIONS:
             return decision_output(row)
         seen = {"approvalId": str(row.id), "status": row.status}
-        if row.status == "expired":
+        if row.status == ApprovalStatus.EXPIRED:
             raise PermanentError(
                 APPROVAL_DEADLINE_EXCEEDED,
                 f"nobody decided before the deadline ({row.deadline_at.isoformat()})",

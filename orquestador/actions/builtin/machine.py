@@ -20,6 +20,7 @@ from orquestador.actions.errors import NotReady, PermanentError
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.config import Settings
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
+from orquestador.domain.statuses import CommandStatus
 from orquestador.machines.commands import (
     DEFAULT_DELIVERY_SECONDS,
     Command,
@@ -34,7 +35,7 @@ COMMAND_CANCELLED = "COMMAND_CANCELLED"
 COMMAND_EXPIRED = "COMMAND_EXPIRED"
 WAIT_DEADLINE_EXCEEDED = "WAIT_DEADLINE_EXCEEDED"
 # Final statuses that are no answer a flow can go on from: the wait fails instead.
-NO_ANSWER = ("cancelled", "expired")
+NO_ANSWER = (CommandStatus.CANCELLED, CommandStatus.EXPIRED)
 
 # An agent's token names its machine in `sub` ("machine:<id>", at most 200 characters).
 MAX_MACHINE_ID_CHARACTERS = 192
@@ -155,7 +156,7 @@ class MachineAdapters:
         # A stable, recognisable id derived from the key: nothing is written anywhere.
         return {
             "commandId": str(uuid.uuid5(uuid.NAMESPACE_URL, ctx.external_key)),
-            "status": "pending",
+            "status": CommandStatus.PENDING.value,
         }
 
     # --- machine.wait ------------------------------------------------------------------
@@ -180,7 +181,7 @@ class MachineAdapters:
             raise PermanentError(COMMAND_NOT_FOUND, "no such command in this organization")
         command = read.command
         seen = _seen(command)
-        if command.status == "cancelled":
+        if command.status == CommandStatus.CANCELLED:
             # Never an output: a flow reading `status` must not take a stopped command
             # (perhaps half done on the machine) for one that ran to its end.
             raise PermanentError(
@@ -189,14 +190,14 @@ class MachineAdapters:
                 "part of it",
                 observed=seen,
             )
-        if command.status == "expired" and not read.deadline_passed:
+        if command.status == CommandStatus.EXPIRED and not read.deadline_passed:
             raise PermanentError(
                 COMMAND_EXPIRED,
                 "the command was never delivered: its deliver-by time passed before any "
                 "agent took it",
                 observed=seen,
             )
-        if command.final and command.status != "expired":
+        if command.final and command.status != CommandStatus.EXPIRED:
             ctx.observe(seen)
             return {
                 "commandId": str(command.id),
@@ -217,13 +218,17 @@ class MachineAdapters:
         raise PermanentError(
             WAIT_DEADLINE_EXCEEDED,
             "the command was never delivered: no agent took it before the wait's deadline"
-            if command.status == "expired"
+            if command.status == CommandStatus.EXPIRED
             else f"the command was still {command.status} when the wait's deadline passed",
             observed=seen,
         )
 
     def simulate_wait(self, ctx: ActionContext) -> dict[str, Any]:
-        return {"commandId": ctx.inputs["commandId"], "status": "succeeded", "exitCode": 0}
+        return {
+            "commandId": ctx.inputs["commandId"],
+            "status": CommandStatus.SUCCEEDED.value,
+            "exitCode": 0,
+        }
 
 
 def _seen(command: Command) -> dict[str, Any]:
