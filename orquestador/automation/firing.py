@@ -11,6 +11,12 @@ fire row, the request, the accepted execution of the flow's `start` transition (
 row's key (organization, schedule, fire time) is what makes a fire time start at most
 one execution: a round that finds it written starts nothing for it. A crash anywhere
 before COMMIT leaves none of it, and the schedule is still due for the next round.
+
+A fire over the organization's quota openExecutions is put off, not started: its fire
+time stays the schedule's next one and the schedule is looked at again after
+QUOTA_RETRY_AFTER. A fire time waits so only until the schedule's following fire time
+passes; then it is missed (counted in the schedule's `missed` and the metric's outcome
+`missed`), as are any older ones the catch-up policy would have started.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,10 +45,11 @@ from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, schedule, schedule_fire
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
-from orquestador.domain.schedule_times import Timing, plan_round
+from orquestador.domain.schedule_times import Round, Timing, plan_round
 from orquestador.loop import Loop
 from orquestador.metrics import SCHEDULE_FIRES_TOTAL
 from orquestador.queue.acceptance import insert_request, queue_execution
+from orquestador.queue.open_executions import has_room
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +61,41 @@ BATCH_SIZE = 10
 # A schedule whose round failed in a way of its own is looked at again after this long
 # (its fire times unchanged), so it never stands in front of the others.
 RETRY_AFTER_FAILURE = timedelta(minutes=1)
+# A schedule whose fire the organization's quota openExecutions put off is looked at
+# again after this long (its executions end at their own pace).
+QUOTA_RETRY_AFTER = timedelta(seconds=5)
 # The audit row that keeps why a fire started nothing.
 FIRE_REJECTED_KIND = "SCHEDULE_FIRE_REJECTED"
 # What became of a fire time (the outcomes of orquestador_schedule_fires_total).
 STARTED, MISSED, REFUSED = "started", "missed", "refused"
 # Fire times a round handled, by outcome; counted into the metric once the round commits.
 Outcomes = Counter[str]
+# An organization's quota openExecutions (Settings.quotas_for(org).open_executions).
+OpenLimit = Callable[[str], int]
+
+
+class _Room:
+    """Whether each organization may start one more execution, within one round.
+
+    Counted afresh for each fire (the round's own fires count, as its transaction sees
+    them), except for an organization found full: a round only adds executions, so it
+    stays full until the round ends.
+    """
+
+    def __init__(self, connection: Connection, open_limit: OpenLimit | None) -> None:
+        self._connection = connection
+        self._open_limit = open_limit
+        self._full: set[str] = set()
+
+    def for_one_more(self, org: str) -> bool:
+        if self._open_limit is None:
+            return True
+        if org in self._full:
+            return False
+        if has_room(self._connection, org, self._open_limit(org)):
+            return True
+        self._full.add(org)
+        return False
 
 
 def fire_due_schedules(
@@ -67,11 +104,13 @@ def fire_due_schedules(
     max_attempts: int,
     batch_size: int = BATCH_SIZE,
     now: datetime | None = None,
+    open_limit: OpenLimit | None = None,
 ) -> bool:
     """Fire the passed fire times of up to `batch_size` due schedules in one transaction.
 
     True when more may be due at once (a full batch, or a schedule still behind). `now`
     is the database's clock; a test may pass another to stand at a chosen instant.
+    `open_limit`: each organization's quota openExecutions (None: no quota).
     """
     with engine.begin() as connection:
         if now is None:
@@ -80,8 +119,11 @@ def fire_due_schedules(
         due = connection.execute(_due_in_turns(now, batch_size)).all()
         more = len(due) == batch_size
         outcomes: Outcomes = Counter()
+        room = _Room(connection, open_limit)
         for row in due:
-            more |= _fire_or_put_off(connection, row, now, outcomes, max_attempts=max_attempts)
+            more |= _fire_or_put_off(
+                connection, row, now, outcomes, room, max_attempts=max_attempts
+            )
     for outcome, count in outcomes.items():
         SCHEDULE_FIRES_TOTAL.labels(outcome=outcome).inc(count)
     return more
@@ -131,7 +173,13 @@ def _due_in_turns(now: datetime, batch_size: int) -> Select[Any]:
 
 
 def _fire_or_put_off(
-    connection: Connection, row: Row, now: datetime, outcomes: Outcomes, *, max_attempts: int
+    connection: Connection,
+    row: Row,
+    now: datetime,
+    outcomes: Outcomes,
+    room: _Room,
+    *,
+    max_attempts: int,
 ) -> bool:
     """Fire one locked schedule in a savepoint; on a failure of its own, look again later.
 
@@ -141,7 +189,7 @@ def _fire_or_put_off(
     try:
         with connection.begin_nested():
             counted: Outcomes = Counter()
-            more = _fire(connection, row, now, counted, max_attempts=max_attempts)
+            more = _fire(connection, row, now, counted, room, max_attempts=max_attempts)
         outcomes.update(counted)
         return more
     except DBAPIError as error:
@@ -167,36 +215,68 @@ def _fire_or_put_off(
 
 
 def _fire(
-    connection: Connection, row: Row, now: datetime, outcomes: Outcomes, *, max_attempts: int
+    connection: Connection,
+    row: Row,
+    now: datetime,
+    outcomes: Outcomes,
+    room: _Room,
+    *,
+    max_attempts: int,
 ) -> bool:
     timing = Timing(row.cron, row.every_seconds, row.timezone)
     planned = plan_round(timing, row.catch_up, row.next_fire_at, now)
     fired: list[datetime] = []
-    for fire_time in planned.fire:
+    next_fire_at, missed, more = planned.next_fire_at, planned.missed, planned.more
+    retry_at: datetime | None = None
+    for n, fire_time in enumerate(planned.fire):
+        if not room.for_one_more(row.org_id):
+            next_fire_at, held, more = _put_off(planned.fire[n:], planned)
+            missed += len(planned.fire[n:]) - (held is not None)
+            retry_at = None if held is None else now + QUOTA_RETRY_AFTER
+            log.info(
+                "schedule fire put off: the organization's quota openExecutions is used up",
+                extra={"org_id": row.org_id, "schedule_id": row.id},
+            )
+            break
         outcome = fire_once(connection, row, timing, fire_time, max_attempts)
         if outcome is not None:
             outcomes[outcome] += 1
         if outcome == STARTED:
             fired.append(fire_time)
-    outcomes[MISSED] += planned.missed
+    outcomes[MISSED] += missed
     connection.execute(
         schedule.update()
         .where(schedule.c.org_id == row.org_id, schedule.c.id == row.id)
         .values(
-            next_fire_at=planned.next_fire_at,
-            missed=schedule.c.missed + planned.missed,
+            next_fire_at=next_fire_at,
+            missed=schedule.c.missed + missed,
             last_fired_at=fired[-1] if fired else schedule.c.last_fired_at,
-            retry_at=None,
+            retry_at=retry_at,
         )
     )
-    if planned.missed:
+    if missed:
         log.info(
-            "schedule let %d fire times go under its catch-up policy %r",
-            planned.missed,
+            "schedule let %d fire times go (catch-up policy %r, or over a quota)",
+            missed,
             row.catch_up,
             extra={"org_id": row.org_id, "schedule_id": row.id},
         )
-    return planned.more
+    return more
+
+
+def _put_off(
+    unstarted: list[datetime], planned: Round
+) -> tuple[datetime | None, datetime | None, bool]:
+    """Over the quota: (the schedule's next fire time, the fire time held, more due now).
+
+    A fire time waits while its window is open: until the schedule's following fire time.
+    Only the latest due one is still in it (the round's last, unless the round stopped
+    short of the latest due: `planned.more`); it is held, staying the schedule's next
+    fire time, and every other unstarted one is missed.
+    """
+    if planned.more:
+        return planned.next_fire_at, None, True
+    return unstarted[-1], unstarted[-1], False
 
 
 def fire_once(
@@ -402,15 +482,20 @@ class ScheduleFirer(Loop):
         engine: Engine,
         *,
         max_attempts: int,
+        open_limit: OpenLimit,
         interval_seconds: float = POLL_SECONDS,
         batch_size: int = BATCH_SIZE,
     ) -> None:
         super().__init__("schedules", interval_seconds)
         self.engine = engine
         self.max_attempts = max_attempts
+        self.open_limit = open_limit
         self.batch_size = batch_size
 
     def run_once(self) -> bool:
         return fire_due_schedules(
-            self.engine, max_attempts=self.max_attempts, batch_size=self.batch_size
+            self.engine,
+            max_attempts=self.max_attempts,
+            batch_size=self.batch_size,
+            open_limit=self.open_limit,
         )

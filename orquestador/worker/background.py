@@ -42,7 +42,11 @@ def background_loops(settings: Settings, engine: Engine, worker_id: str) -> list
     maintenance = MaintenanceLoop(settings, engine, worker_id)
     loops: list[Loop] = [
         PlatformEventConsumer(engine, max_attempts=settings.execution_max_attempts),
-        ScheduleFirer(engine, max_attempts=settings.execution_max_attempts),
+        ScheduleFirer(
+            engine,
+            max_attempts=settings.execution_max_attempts,
+            open_limit=lambda org: settings.quotas_for(org).open_executions,
+        ),
         BulkRunner(engine, claims_budget=settings.execution_max_attempts),
         maintenance,
         QueueGauges(maintenance),

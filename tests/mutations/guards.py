@@ -485,7 +485,7 @@ SCHEDULE_GUARDS = [
     Mutation(
         "schedule-misses-counted",
         _FIRING_PY,
-        "            missed=schedule.c.missed + planned.missed,\n",
+        "            missed=schedule.c.missed + missed,\n",
         "",
         "Fire times the catch-up policy lets go are counted where GET /schedules shows them.",
         (f"{FIRING}::test_after_downtime_the_catch_up_policy_applies_and_misses_are_visible",),
@@ -1723,6 +1723,8 @@ EXPIRY = "tests/integration/test_command_expiry.py"
 AGENT_COMMANDS = "tests/unit/test_agent_commands.py"
 
 SCHEDULE_QUOTAS = "tests/integration/test_schedule_quotas.py"
+OPEN_EXECUTIONS = "tests/integration/test_open_executions_quota.py"
+FIRES_OVER_QUOTA = "tests/integration/test_schedule_fires_over_quota.py"
 CREDENTIALS = "tests/integration/test_machine_credentials.py"
 _CREDENTIALS_PY = "orquestador/machines/credentials.py"
 
@@ -1749,6 +1751,47 @@ EXPIRY_GUARDS = [
         (
             "tests/integration/test_bulk_actions.py::test_too_many_matches_are_refused_before"
             "_anything_is_written",
+        ),
+    ),
+    Mutation(
+        "open-executions-quota-checked-at-acceptance",
+        "orquestador/api/quota_checks.py",
+        "    if used < limit:\n",
+        "    if True:\n",
+        "An organization holding its quota openExecutions of executions not ended gets no "
+        "new one from the API: 429 naming the quota.",
+        (f"{OPEN_EXECUTIONS}::test_runs_transitions_and_dry_runs_beyond_the_quota_are_429",),
+    ),
+    Mutation(
+        "open-executions-counted-up-to-the-limit",
+        "orquestador/queue/open_executions.py",
+        "    return limit > 0 and count_open(connection, org, up_to=limit) < limit\n",
+        "    return True\n",
+        "A schedule's fire over the quota openExecutions starts nothing.",
+        (
+            f"{FIRES_OVER_QUOTA}::test_a_fire_over_the_quota_waits_and_starts_once_an_execution_ends",
+        ),
+    ),
+    Mutation(
+        "schedule-fire-over-quota-held",
+        _FIRING_PY,
+        "    return unstarted[-1], unstarted[-1], False\n",
+        "    return planned.next_fire_at, None, planned.more\n",
+        "A fire put off by the quota openExecutions stays the schedule's next fire time and "
+        "starts once there is room, while the schedule's following fire time has not come.",
+        (
+            f"{FIRES_OVER_QUOTA}::test_a_fire_over_the_quota_waits_and_starts_once_an_execution_ends",
+        ),
+    ),
+    Mutation(
+        "schedule-fire-over-quota-missed-when-its-window-ends",
+        _FIRING_PY,
+        "    return unstarted[-1], unstarted[-1], False\n",
+        "    return unstarted[0], unstarted[0], False\n",
+        "A fire still over the quota when the schedule's following fire time passes is "
+        "missed, counted where GET /schedules shows it.",
+        (
+            f"{FIRES_OVER_QUOTA}::test_a_fire_still_over_the_quota_when_the_next_one_comes_is_missed",
         ),
     ),
     Mutation(
