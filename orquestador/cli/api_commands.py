@@ -6,17 +6,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from collections.abc import Callable, Sequence
 
-from orquestador.cli.output import (
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    UsageProblem,
-    loopback,
-    print_refusal,
-)
-from orquestador.client import API_PATH, ApiError, Client, ClientError, NotTheApi, RequestNotSent
+from orquestador.cli.output import UsageProblem, loopback
+from orquestador.client import API_PATH, Client, ClientError, NotTheApi, RequestNotSent
 from orquestador.config import Settings
 from orquestador.dev_address import trusted_dev_api
 
@@ -43,7 +36,7 @@ ClientAction = Callable[..., argparse.ArgumentParser]
 def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAction:
     """Register a command of API client actions; the factory of its actions.
 
-    Each action takes `--json`, runs through `run_client_action` and says its exit status.
+    Each action takes `--json`, runs `with_client` and says its exit status.
     """
     parser = command(name, summary, CLIENT_SETTINGS)
     actions = parser.add_subparsers(title="actions", required=True, metavar="ACTION")
@@ -65,31 +58,18 @@ def client_actions(command: CommandFactory, name: str, summary: str) -> ClientAc
             or "Exit status: 0 done, 1 refused by the server (its problem is printed), "
             f"2 usage or configuration. Settings: see 'orquestador {name} --help'.",
         )
-        sub.set_defaults(handler=run if epilog else functools.partial(run_client_action, run))
+        sub.set_defaults(handler=run if epilog else functools.partial(with_client, run))
         return sub
 
     return action
 
 
-def run_client_action(
-    action: Callable[[Client, argparse.Namespace], int],
-    args: argparse.Namespace,
-    *,
-    refused: int = EXIT_REFUSED,
+def with_client(
+    action: Callable[[Client, argparse.Namespace], int], args: argparse.Namespace
 ) -> int:
-    """Run `action` with a client of the settings' API; a refusal exits `refused`."""
-    try:
-        client = client_from_settings(Settings.from_env())
-        return action(client, args)
-    except UsageProblem as problem:
-        print(f"orquestador: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    except ApiError as refusal:
-        print_refusal(refusal, as_json=args.json)
-        return refused
-    except ClientError as error:
-        print(f"orquestador: {unanswered(error)}", file=sys.stderr)
-        return EXIT_USAGE
+    """Run `action` with a client of the settings' API. What a refusal or a server that
+    does not answer exits with is the command line's one table's (`cli.exits`)."""
+    return action(client_from_settings(Settings.from_env()), args)
 
 
 def client_from_settings(settings: Settings, *, minted: str | None = None) -> Client:

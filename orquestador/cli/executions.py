@@ -18,7 +18,7 @@ from orquestador.cli.api_commands import (
     ClientAction,
     CommandFactory,
     client_actions,
-    run_client_action,
+    with_client,
 )
 from orquestador.cli.output import (
     UsageProblem,
@@ -137,7 +137,7 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
             )
         if args.correct and args.decision != "retry":
             reconcile.error("--correct goes only with --decision retry")
-        return run_client_action(_reconcile, args)
+        return with_client(_reconcile, args)
 
     reconcile.set_defaults(handler=reconcile_checked)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Callable, Sequence
 
 from orquestador.cli.approvals import add_approvals_command
@@ -12,11 +11,11 @@ from orquestador.cli.bulk import add_bulk_action
 from orquestador.cli.checks import add_check_commands
 from orquestador.cli.decide import add_decide_command
 from orquestador.cli.executions import add_executions_command
+from orquestador.cli.exits import exit_status
 from orquestador.cli.flows import add_flows_command
 from orquestador.cli.history import add_history_command
 from orquestador.cli.machines import add_machines_command
 from orquestador.cli.notices import add_notices_command
-from orquestador.cli.output import EXIT_USAGE, CommandFailed, one_line
 from orquestador.cli.processes import add_process_commands
 from orquestador.cli.quotas import add_quotas_command
 from orquestador.cli.rollouts import add_rollouts_command
@@ -24,7 +23,6 @@ from orquestador.cli.run import add_run_command, add_wait_action
 from orquestador.cli.schedules import add_schedules_command
 from orquestador.cli.settings_read import settings_epilog
 from orquestador.cli.tokens import add_token_command
-from orquestador.errors import ConfigError, OrquestadorError
 
 log = logging.getLogger("orquestador")
 
@@ -35,38 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
-    except ConfigError as error:
-        for problem in error.problems:
-            print(f"orquestador: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    except CommandFailed as error:
-        print(f"orquestador: {error}", file=sys.stderr)
-        return error.status
-    except OrquestadorError as error:
-        print(f"orquestador: {error.message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as error:
-        said = _database_error(error)
-        if said is None:
+    except BaseException as error:  # KeyboardInterrupt too: one table says what each is
+        status = exit_status(error, args)
+        if status is None:
             raise
-        print(f"orquestador: {said}", file=sys.stderr)
-        return 1
-
-
-def _database_error(error: Exception) -> str | None:
-    """One line for a database error, else None. Only a command that touched a database
-    imported the modules its errors come from: a client of the API starts without them."""
-    embedded, sqlalchemy_exc = (
-        sys.modules.get("orquestador.db.embedded"),
-        sys.modules.get("sqlalchemy.exc"),
-    )
-    if embedded is not None and isinstance(error, embedded.EmbeddedPostgresError):
-        return f"embedded PostgreSQL: {error}"
-    if sqlalchemy_exc is not None and isinstance(error, sqlalchemy_exc.SQLAlchemyError):
-        return f"database error: {one_line(error)}"
-    return None
+        return status
 
 
 def _parser() -> argparse.ArgumentParser:

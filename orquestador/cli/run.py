@@ -22,7 +22,7 @@ from orquestador.cli.api_commands import (
     CLIENT_SETTINGS,
     ClientAction,
     CommandFactory,
-    run_client_action,
+    with_client,
 )
 from orquestador.cli.executions import print_execution, resolve_execution_id
 from orquestador.cli.output import (
@@ -79,7 +79,7 @@ def add_run_command(command: CommandFactory) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the API's JSON answer, for scripts"
     )
-    parser.set_defaults(handler=_checked_run)
+    parser.set_defaults(handler=_checked_run, refused_exit=EXIT_USAGE)
 
 
 def add_wait_action(action: ClientAction) -> None:
@@ -97,7 +97,7 @@ def add_wait_action(action: ClientAction) -> None:
     _timeout_option(wait)
     # Given an epilog, the action runs locally: the API's client comes in here, and a
     # refusal is the "refused or bad input" of the exit statuses above.
-    wait.set_defaults(handler=functools.partial(run_client_action, _wait, refused=EXIT_USAGE))
+    wait.set_defaults(handler=functools.partial(with_client, _wait), refused_exit=EXIT_USAGE)
 
 
 def _timeout_option(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +129,7 @@ def _checked_run(args: argparse.Namespace) -> int:
     if not args.wait and args.timeout is not None:
         print("orquestador: --timeout goes with --wait", file=sys.stderr)
         return EXIT_USAGE
-    return run_client_action(_run, args, refused=EXIT_USAGE)
+    return with_client(_run, args)
 
 
 def _run(client: Client, args: argparse.Namespace) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from orquestador.cli.api_commands import CommandFactory, client_from_settings, unanswered
-from orquestador.cli.output import CommandFailed, UsageProblem, print_refusal
+from orquestador.cli.api_commands import CommandFactory, client_from_settings
+from orquestador.cli.output import CommandFailed
 from orquestador.cli.settings_read import TOKEN_SETTINGS
 from orquestador.config import Settings
 
@@ -95,20 +95,12 @@ def _sign_in_link(
     for auth:link and the scopes handed on; print its URL."""
     from orquestador.api.auth import SCOPE_AUTH_LINK
     from orquestador.api.tokens import mint_token
-    from orquestador.client import ApiError, ClientError
 
     service = mint_token(
         settings, sub=f"{sub} (link)", org=org, scopes=[SCOPE_AUTH_LINK, *scopes], ttl_seconds=60
     )
-    try:
-        client = client_from_settings(settings, minted=service)
-        answer = client.create_sign_in_link(sub, org, " ".join(scopes), next_page)
-    except UsageProblem as problem:
-        raise CommandFailed(str(problem), 2) from None
-    except ApiError as refused:
-        print_refusal(refused, as_json=False)
-        return 1
-    except ClientError as error:
-        raise CommandFailed(unanswered(error), 2) from None
+    # A refusal (1) or no answer (2) is said as every client command says it (cli.exits).
+    client = client_from_settings(settings, minted=service)
+    answer = client.create_sign_in_link(sub, org, " ".join(scopes), next_page)
     print(answer["url"])
     return 0
