@@ -1,6 +1,36 @@
-"""Exception hierarchy of the product; each docstring is the default message."""
+"""Exception hierarchy of the product; each docstring is the default message.
+
+    OrquestadorError                 code, message
+    ├── ConfigError                  every bad setting at once (the CLI exits 2)
+    ├── DatabaseUnavailable          the API answers 503, a worker waits it out
+    ├── LeaseLost                    a holder's write fenced off: it stops, never retries
+    ├── RequestChanged, ContractMismatch, IntegrationUnavailable
+    ├── DomainError                  domain/errors.py: a rule of the pure code broken
+    │   └── DataValidationError ...  with its problems at their paths
+    ├── MigrationFailed, EngineUnavailable, CredentialRefused   (their own modules)
+    └── Refusal                      the caller's to change: code, message, problems
+        ├── NotReconcilable
+        │   └── StaleItem
+        ├── NotCancellable
+        ├── DecisionInvalid
+        ├── TransitionRefused        queue/acceptance.py, one code per reason
+        ├── RolloutRefused           rollouts/control.py
+        ├── ScheduleRefused, QuotaExceeded, FlowNotFound   automation/schedules.py
+        ├── CommandNotFound, StatusConflict                machines/commands.py
+        └── MachineNotEnrolled                             machines/credentials.py
+
+A refusal is translated once at each boundary: the API's one table
+(`api/problems.py` `REFUSAL_STATUS`) gives its HTTP status, the command line's
+(`cli/exits.py`) its exit status. A refusal whose code is NOT_FOUND is the API's one 404.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orquestador.domain.errors import Problem
 
 
 class OrquestadorError(Exception):
@@ -56,7 +86,32 @@ class IntegrationUnavailable(OrquestadorError):
     code = "INTEGRATION_UNAVAILABLE"
 
 
-class NotReconcilable(OrquestadorError):
+class Refusal(OrquestadorError):
+    """The product refuses what was asked."""
+
+    code = "REFUSED"
+    NOT_FOUND = "NOT_FOUND"  # the code of every refusal that is "no such thing of yours"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str | None = None,
+        problems: Iterable[Problem] = (),
+    ) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        # Each problem's own words at its path, when the refusal has some.
+        self.problems: list[Problem] = list(problems)
+
+    @property
+    def detail(self) -> str:
+        """What a person is told (an answer's detail); the message unless a class says more."""
+        return self.message
+
+
+class NotReconcilable(Refusal):
     """The execution is not waiting for this decision on this step."""
 
     code = "NOT_RECONCILABLE"
@@ -68,13 +123,13 @@ class StaleItem(NotReconcilable):
     code = "STALE_ITEM"
 
 
-class NotCancellable(OrquestadorError):
+class NotCancellable(Refusal):
     """Only an execution that has not started (or is waiting) can be cancelled."""
 
     code = "NOT_CANCELLABLE"
 
 
-class DecisionInvalid(OrquestadorError):
+class DecisionInvalid(Refusal):
     """The decision's content is invalid (an output that breaks the schema, an unknown state)."""
 
     code = "DECISION_INVALID"
@@ -85,10 +140,8 @@ class DecisionInvalid(OrquestadorError):
         message: str,
         paths: list[str] | None = None,
         *,
-        problems: list[tuple[str, str]] | None = None,
+        problems: Iterable[Problem] = (),
     ) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code, problems=problems)
         # Each problem's own words at its path, when it has some; else `message` at `paths`.
-        self.problems = list(problems or [])
-        self.paths = list(paths or []) or [path for path, _ in self.problems]
+        self.paths = list(paths or []) or [problem.path for problem in self.problems]

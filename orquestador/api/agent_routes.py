@@ -28,8 +28,6 @@ from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.config import libpq_url
 from orquestador.domain.errors import Problem
 from orquestador.machines import (
-    CommandNotFound,
-    StatusConflict,
     next_command,
     report_status,
 )
@@ -227,29 +225,19 @@ def report(command_id: str) -> Response:
         raise not_found() from None
     body = read_json_object(STATUS_BODY)
     settings = current_app.extensions[EXTENSION_KEY].settings
-    try:
-        with engine().begin() as conn:
-            record_seen(conn, org_id=caller.org, machine_id=machine)
-            reported = report_status(
-                conn,
-                org_id=caller.org,
-                machine_id=machine,
-                command_id=parsed,
-                status=body["status"],
-                exit_code=body.get("exitCode"),
-                output=body.get("output"),
-                output_offset=body.get("outputOffset", 0),
-                output_max_bytes=settings.command_output_max_bytes,
-            )
-    except CommandNotFound:
-        raise not_found() from None
-    except StatusConflict as conflict:
-        raise ApiProblem(
-            409,
-            "STATUS_CONFLICT",
-            f"The command is {conflict.current}; statuses only move forward "
-            "(pending, sent, running, then one final status).",
-        ) from None
+    with engine().begin() as conn:
+        record_seen(conn, org_id=caller.org, machine_id=machine)
+        reported = report_status(
+            conn,
+            org_id=caller.org,
+            machine_id=machine,
+            command_id=parsed,
+            status=body["status"],
+            exit_code=body.get("exitCode"),
+            output=body.get("output"),
+            output_offset=body.get("outputOffset", 0),
+            output_max_bytes=settings.command_output_max_bytes,
+        )
     return jsonify(
         {
             "id": str(reported.id),

@@ -56,10 +56,7 @@ from orquestador.domain.errors import Problem
 from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.domain.typed_text import TextNotUnderstood, value_from_text
 from orquestador.errors import (
-    DecisionInvalid,
     IntegrationUnavailable,
-    NotCancellable,
-    NotReconcilable,
 )
 from orquestador.machines.liveness import agents_seen
 from orquestador.queue.reconciliation import (
@@ -266,13 +263,9 @@ def reconcile_as(caller: Caller, execution_id: uuid.UUID, body: dict[str, Any]) 
                 output_problems=_output_problems,
                 claims_budget=api_context().settings.execution_max_attempts,
             )
-    except NotReconcilable as refused:
-        raise ApiProblem(409, refused.code, refused.message) from None
-    except DecisionInvalid as invalid:
-        raise ApiProblem(
-            422, invalid.code, invalid.message, problems=_decision_problems(invalid)
-        ) from None
     except IntegrationUnavailable as missing:
+        # Not the caller's refusal but the server's lack: said here, where it means
+        # that the output cannot be checked.
         raise ApiProblem(
             422,
             missing.code,
@@ -314,11 +307,8 @@ def cancel_as(
     operator = caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
     access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
     require_visible(access, execution_id, readable_by=None if operator else caller)
-    try:
-        with engine().connect() as connection:
-            cancelled = cancel(connection, execution_id, caller.org, caller.sub, reason)
-    except NotCancellable as refused:
-        raise ApiProblem(409, refused.code, refused.message) from None
+    with engine().connect() as connection:
+        cancelled = cancel(connection, execution_id, caller.org, caller.sub, reason)
     log.info(
         "execution cancelled"
         if cancelled.status == ExecutionStatus.CANCELLED
@@ -519,19 +509,6 @@ def _correction(
             problems=problems,
         )
     return tuple(pairs)
-
-
-def _decision_problems(invalid: DecisionInvalid) -> list[Problem]:
-    if invalid.code == "OUTPUT_INVALID":
-        # The protocol points into the output; the answer points into the body.
-        messages: dict[str, str] = g.get("output_messages", {})
-        return [
-            Problem(f"/output{path}", messages.get(path, invalid.message))
-            for path in invalid.paths or [""]
-        ]
-    if invalid.problems:
-        return [Problem(path, message) for path, message in invalid.problems]
-    return [Problem(path, invalid.message) for path in invalid.paths]
 
 
 # The listing's query parameters: a filter it does not know is refused, never ignored

@@ -20,7 +20,7 @@ from orquestador.api.context import EXTENSION_KEY, engine
 from orquestador.api.paging import page_limit, query_problem
 from orquestador.api.problems import not_found
 from orquestador.api.views import API_PREFIX, timestamp
-from orquestador.machines.credentials import Credential, MachineNotEnrolled, revoke_credentials
+from orquestador.machines.credentials import Credential, revoke_credentials
 from orquestador.machines.directory import (
     command_output,
     find_machine,
@@ -48,14 +48,10 @@ def credential_view(credential: Credential) -> dict[str, Any]:
 def revoke(machine_id: str) -> Response:
     caller = current_caller()
     _machine(machine_id)
-    try:
-        with engine().begin() as conn:
-            revoked = revoke_credentials(
-                conn, org_id=caller.org, machine_id=machine_id, revoked_by=caller.sub
-            )
-    except MachineNotEnrolled:
-        # Another organization's machine of the same id is this organization's unknown one.
-        raise not_found() from None
+    with engine().begin() as conn:
+        revoked = revoke_credentials(
+            conn, org_id=caller.org, machine_id=machine_id, revoked_by=caller.sub
+        )
     if revoked:
         log.info(
             "machine credentials revoked",

@@ -27,11 +27,9 @@ from orquestador.api.auth import (
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.execution_routes import require_visible
-from orquestador.api.problems import ApiProblem, not_found
+from orquestador.api.problems import not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.rollouts.control import (
-    ROLLOUT_NOT_FOUND,
-    RolloutRefused,
     cancel_rollout,
     mark,
     retry_failed,
@@ -48,7 +46,6 @@ MARK_BODY: dict[str, Any] = {
 }
 CANCEL_ROLLOUT_BODY: dict[str, Any] = {**MARK_BODY, "required": ["reason"]}
 # The problems' statuses, by code.
-_STATUS = {ROLLOUT_NOT_FOUND: 404}
 
 
 @blueprint.get("/<uuid:execution_id>/rollout")
@@ -115,24 +112,21 @@ def mark_as(caller: Caller, execution_id: uuid.UUID, what: str, reason: str) -> 
     access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
     require_visible(access, execution_id, readable_by=None if operator else caller)
     reason = reason or f"{what} by {caller.sub}"
-    try:
-        if what == "cancel":
-            cancelled = cancel_rollout(
-                engine(), execution_id=execution_id, org=caller.org, actor=caller.sub, reason=reason
-            )
-            view = read_rollout(caller, execution_id, access=access)
-            return {**view, "cancelledChildren": cancelled.children}
-        with engine().connect() as connection:
-            mark(
-                connection,
-                what=what,
-                execution_id=execution_id,
-                org=caller.org,
-                actor=caller.sub,
-                reason=reason,
-            )
-    except RolloutRefused as refused:
-        raise _problem(refused) from None
+    if what == "cancel":
+        cancelled = cancel_rollout(
+            engine(), execution_id=execution_id, org=caller.org, actor=caller.sub, reason=reason
+        )
+        view = read_rollout(caller, execution_id, access=access)
+        return {**view, "cancelledChildren": cancelled.children}
+    with engine().connect() as connection:
+        mark(
+            connection,
+            what=what,
+            execution_id=execution_id,
+            org=caller.org,
+            actor=caller.sub,
+            reason=reason,
+        )
     return read_rollout(caller, execution_id, access=access)
 
 
@@ -140,22 +134,13 @@ def retry_as(caller: Caller, execution_id: uuid.UUID) -> dict[str, Any]:
     """Retry the failed children for `caller`: a new run over just them."""
     access = ResourceAccess(caller, Reach.ORGANIZATION)
     require_visible(access, execution_id)
-    try:
-        with engine().connect() as connection:
-            retried = retry_failed(
-                connection,
-                execution_id=execution_id,
-                org=caller.org,
-                actor=caller.sub,
-                actor_snapshot=caller.snapshot(),
-                max_attempts=api_context().settings.execution_max_attempts,
-            )
-    except RolloutRefused as refused:
-        raise _problem(refused) from None
+    with engine().connect() as connection:
+        retried = retry_failed(
+            connection,
+            execution_id=execution_id,
+            org=caller.org,
+            actor=caller.sub,
+            actor_snapshot=caller.snapshot(),
+            max_attempts=api_context().settings.execution_max_attempts,
+        )
     return retried.as_json()
-
-
-def _problem(refused: RolloutRefused) -> ApiProblem:
-    if refused.code == ROLLOUT_NOT_FOUND:
-        return not_found()
-    return ApiProblem(_STATUS.get(refused.code, 409), refused.code, refused.message)

@@ -16,7 +16,6 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api import transitions
 from orquestador.api.auth import SCOPE_REQUESTS_WRITE, Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
@@ -104,13 +103,12 @@ def start_run(caller: Caller, body: dict[str, Any]) -> RunStarted:
             )
         except KeyMissing as missing:
             # Raised before anything of the execution is written; the transaction, the
-            # request with it, rolls back.
-            raise ApiProblem(
-                422,
+            # request with it, rolls back. The key's pointer (/data/...) points into the
+            # body as it stands.
+            raise acceptance.TransitionRefused(
                 acceptance.CONCURRENCY_KEY_MISSING,
                 "The transition declares a concurrency key that the request data does not give.",
-                # The key's pointer (/data/...) points into the body as it stands.
-                problems=[missing.problem],
+                [missing.problem],
             ) from None
     return RunStarted(created.id, execution_id, flow.id, flow.key, flow.version)
 
@@ -132,5 +130,5 @@ def _check_transition(definition: FlowDefinition, transition_id: str) -> None:
         )
 
 
-def _refused(code: str, message: str, problem: Problem) -> ApiProblem:
-    return ApiProblem(transitions.REFUSAL_STATUS[code], code, message, problems=[problem])
+def _refused(code: str, message: str, problem: Problem) -> acceptance.TransitionRefused:
+    return acceptance.TransitionRefused(code, message, [problem])

@@ -17,9 +17,7 @@ from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.automation.firing import run_now
 from orquestador.automation.schedules import (
     FlowNotFound,
-    QuotaExceeded,
     Schedule,
-    ScheduleRefused,
     ScheduleSpec,
     delete_schedule,
     find_schedule,
@@ -130,28 +128,15 @@ def put(schedule_id: str) -> tuple[Response, int, dict[str, str]]:
         )
     spec = _spec(read_json_object(SCHEDULE_BODY))
     caller = current_caller()
-    try:
-        with engine().begin() as connection:
-            found, created = put_schedule(
-                connection,
-                org=caller.org,
-                key=schedule_id,
-                spec=spec,
-                actor=caller.sub,
-                max_schedules=api_context().settings.quotas_for(caller.org).schedules,
-            )
-    except FlowNotFound:
-        raise not_found() from None
-    except QuotaExceeded as exceeded:
-        raise ApiProblem(
-            422,
-            "QUOTA_EXCEEDED",
-            f"{exceeded} Delete a schedule, or ask the operator to raise the quota.",
-            problems=[Problem("", f"quota {exceeded.quota}: {exceeded.used} of {exceeded.limit}")],
-        ) from None
-    except ScheduleRefused as refused:
-        # The transaction rolled back: the schedule is as it was.
-        raise ApiProblem(422, refused.code, str(refused), problems=refused.problems) from None
+    with engine().begin() as connection:
+        found, created = put_schedule(
+            connection,
+            org=caller.org,
+            key=schedule_id,
+            spec=spec,
+            actor=caller.sub,
+            max_schedules=api_context().settings.quotas_for(caller.org).schedules,
+        )
     if created:
         location = f"{API_PREFIX}/schedules/{schedule_id}"
         return jsonify(schedule_view(found)), 201, {"Location": location}
@@ -212,8 +197,6 @@ def run(schedule_id: str) -> tuple[Response, int, dict[str, str]]:
             "The schedule's flow no longer exists.",
             problems=[Problem("/flow", "no such flow in this organization")],
         ) from None
-    except ScheduleRefused as refused:
-        raise ApiProblem(422, refused.code, str(refused), problems=refused.problems) from None
     if fired is None:
         raise not_found()
     return (

@@ -29,6 +29,7 @@ from orquestador.domain.flow_definition import SCHEDULE_TRIGGER, FlowDefinition,
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.schedule_times import Timing
+from orquestador.errors import Refusal
 
 # The caller's schedule ids arrive in URLs; bounded like the other ids.
 MAX_SCHEDULE_ID_CHARACTERS = 200
@@ -69,18 +70,29 @@ class Schedule:
     updated_at: datetime
 
 
-class FlowNotFound(Exception):
+class FlowNotFound(Refusal):
     """No flow of the organization has this key or id."""
 
+    code = Refusal.NOT_FOUND
 
-class QuotaExceeded(Exception):
+
+class QuotaExceeded(Refusal):
     """The organization's quota does not allow this: `quota` names it, `limit` is its limit."""
 
+    code = "QUOTA_EXCEEDED"
+
     def __init__(self, quota: str, limit: int, used: int) -> None:
-        super().__init__(f"The organization's quota {quota} ({limit}) allows no more.")
+        super().__init__(
+            f"The organization's quota {quota} ({limit}) allows no more.",
+            problems=[Problem("", f"quota {quota}: {used} of {limit}")],
+        )
         self.quota = quota
         self.limit = limit
         self.used = used
+
+    @property
+    def detail(self) -> str:
+        return f"{self.message} Delete a schedule, or ask the operator to raise the quota."
 
 
 # Creations of one organization's schedules take turns (a lock for the transaction), so
@@ -104,13 +116,11 @@ def require_schedule_room(connection: Connection, *, org: str, limit: int) -> No
         raise QuotaExceeded("schedules", limit, used)
 
 
-class ScheduleRefused(Exception):
+class ScheduleRefused(Refusal):
     """The schedule cannot be put (or fired) as asked: `code` and the problems say why."""
 
     def __init__(self, code: str, message: str, problems: list[Problem]) -> None:
-        super().__init__(message)
-        self.code = code
-        self.problems = problems
+        super().__init__(message, code=code, problems=problems)
 
 
 def schedule_id_problem(key: str) -> str | None:

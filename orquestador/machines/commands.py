@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
+from orquestador.errors import Refusal
 from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
 from orquestador.machines.output import StoredOutput, append_chunk
 from orquestador.queue.waits import COMMAND_WAIT_PREFIX, wake_waiting
@@ -94,17 +95,28 @@ class AgentCommand:
         return answer
 
 
-class CommandNotFound(Exception):
+class CommandNotFound(Refusal):
     """No such command for this organization (and machine)."""
 
+    code = Refusal.NOT_FOUND
 
-class StatusConflict(Exception):
+
+class StatusConflict(Refusal):
     """The status would move backwards, or replace a different final status."""
+
+    code = "STATUS_CONFLICT"
 
     def __init__(self, current: str, wanted: str) -> None:
         super().__init__(f"the command is {current}; it cannot become {wanted}")
         self.current = current
         self.wanted = wanted
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"The command is {self.current}; statuses only move forward "
+            "(pending, sent, running, then one final status)."
+        )
 
 
 _COLUMNS = (

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.errors import Refusal
 from orquestador.machines.bell import announce_revocation
 
 # The longest an agent token may live without being enrolled (a day: enough to try
@@ -81,8 +82,10 @@ class Credential:
     revoked_by: str | None
 
 
-class MachineNotEnrolled(Exception):
+class MachineNotEnrolled(Refusal):
     """The machine has no enrolled credential in this organization (or not that one)."""
+
+    code = Refusal.NOT_FOUND
 
 
 def record_enrolment(

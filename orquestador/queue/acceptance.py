@@ -22,7 +22,7 @@ from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.statuses import ExecutionStatus
-from orquestador.errors import OrquestadorError
+from orquestador.errors import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,13 @@ class TransitionCommand:
     priority: int | None = None
 
 
-class TransitionRefused(OrquestadorError):
+class TransitionRefused(Refusal):
     """The transition cannot be accepted on the request as it is now."""
 
     code = "TRANSITION_REFUSED"
 
     def __init__(self, code: str, message: str, problems: list[Problem] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.problems = list(problems or [])
+        super().__init__(message, code=code, problems=problems or ())
 
 
 # The refusals' codes, stable: the API answers each with its own status.

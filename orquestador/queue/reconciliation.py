@@ -38,7 +38,7 @@ from sqlalchemy import Connection, bindparam, text
 from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
 from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import DataSchemaError, DataValidationError
+from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.pointer_updates import correct_request_data
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable, StaleItem
@@ -428,13 +428,13 @@ def _correct(
         raise DecisionInvalid(
             exc.code,
             "the flow's data schema cannot be used; publish a version that fixes it",
-            problems=[(p.path, p.message) for p in exc.problems],
+            problems=exc.problems,
         ) from None
     except DataValidationError as exc:
         raise DecisionInvalid(
             CORRECTION_INVALID,
             "the correction cannot be applied to the request data",
-            problems=[(f"/correction{p.path}", p.message) for p in exc.problems],
+            problems=[Problem(f"/correction{p.path}", p.message) for p in exc.problems],
         ) from None
     _keep_the_key(execution, data, correction)
     revision = conn.execute(
@@ -489,7 +489,7 @@ def _keep_the_key(execution: Any, data: Any, correction: tuple[tuple[str, Any], 
         f" ({execution.concurrency_key!r} to {now}); the execution holds the key it was"
         " accepted with: cancel or fail it and start the transition again for the other value",
         problems=[
-            (
+            Problem(
                 where,
                 f"changes the concurrency key {concurrency.pointer}, which the execution holds",
             )

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine, Row, bindparam, insert, text
 from orquestador.db.schema import JSONB_VALUE, audit_event
 from orquestador.domain.concurrency import KeyMissing
 from orquestador.domain.flow_definition import FlowDefinition
-from orquestador.errors import OrquestadorError
+from orquestador.errors import Refusal
 from orquestador.queue.acceptance import queue_execution
 from orquestador.queue.reconciliation import NotCancellable, cancel
 from orquestador.queue.waits import wake_waiting
@@ -38,12 +38,11 @@ ROLLOUT_RETRIED = "ROLLOUT_RETRIED"
 _LIVE = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 
 
-class RolloutRefused(OrquestadorError):
+class RolloutRefused(Refusal):
     """The rollout cannot do that now."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code)
 
 
 ROLLOUT_NOT_FOUND = "NOT_FOUND"

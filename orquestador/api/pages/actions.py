@@ -50,7 +50,7 @@ from orquestador.api.pages.routes import (
     signed_in,
 )
 from orquestador.api.pages.start_form import read_start_form, with_refusal
-from orquestador.api.problems import ApiProblem
+from orquestador.api.problems import ApiProblem, as_problem
 from orquestador.api.quota_checks import require_open_execution_room
 from orquestador.api.rollout_routes import mark_as, retry_as
 from orquestador.api.run_routes import start_run
@@ -67,6 +67,7 @@ from orquestador.automation.schedules import (
 )
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.errors import Refusal
 
 MAX_REASON_CHARACTERS = 2000
 
@@ -237,7 +238,8 @@ def start_flow_dry_run(flow_id: str) -> Any:
             execution_id, _ = start_dry_run(
                 g.caller, identifier, checked_object(body, DRY_RUN_BODY)
             )
-        except ApiProblem as refused:
+        except (ApiProblem, Refusal) as error:
+            refused = as_problem(error)
             if refused.status not in (400, 409, 422):
                 raise
             for problem in refused.problems or [Problem("", refused.detail or refused.code)]:
@@ -274,7 +276,8 @@ def start_flow_run(flow_id: str) -> Any:
         return flow_page_response(found, start=typed, status=422)
     try:
         started = start_run(g.caller, checked_object({**body, "flow": str(identifier)}, RUN_BODY))
-    except ApiProblem as refused:
+    except (ApiProblem, Refusal) as error:
+        refused = as_problem(error)
         if refused.status not in (409, 422):
             raise
         return flow_page_response(found, start=with_refusal(typed, refused), status=refused.status)
@@ -377,7 +380,8 @@ def reconcile_execution(execution_id: str) -> Any:
     if not problems:
         try:
             reconcile_as(g.caller, identifier, checked_object(body, RECONCILIATION_BODY))
-        except ApiProblem as refused:
+        except (ApiProblem, Refusal) as error:
+            refused = as_problem(error)
             if refused.status != 422:
                 raise
             problems = _decision_field_problems(refused, rows)

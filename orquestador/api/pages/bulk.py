@@ -30,10 +30,11 @@ from orquestador.api.pages.routes import (
     require_page_scope,
     signed_in,
 )
-from orquestador.api.problems import ApiProblem
+from orquestador.api.problems import ApiProblem, as_problem
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.errors import Problem
 from orquestador.domain.statuses import BulkStatus
+from orquestador.errors import Refusal
 from orquestador.wording import BULK_DONE_WORDS
 
 CRITERIA = tuple(BULK_FILTER["properties"])
@@ -144,7 +145,8 @@ def bulk_preview() -> Any:
     if criteria:
         try:
             preview = preview_as(g.caller, action, checked_object(criteria, BULK_FILTER))
-        except ApiProblem as refused:
+        except (ApiProblem, Refusal) as error:
+            refused = as_problem(error)
             if refused.status not in (400, 422):
                 raise
             return _preview_page(
@@ -175,7 +177,8 @@ def start_bulk() -> Any:
     body = {"filter": criteria, "action": action, "reason": reason}
     try:
         bulk_id, _ = start_as(g.caller, checked_object(body, BULK_BODY))
-    except ApiProblem as refused:
+    except (ApiProblem, Refusal) as error:
+        refused = as_problem(error)
         if refused.status not in (400, 422) or action not in _allowed_actions():
             raise
         # The preview again, with the reason as typed and what is wrong beside it.
@@ -184,7 +187,7 @@ def start_bulk() -> Any:
             problems["reason"] = "say why: it is kept in the audit of every execution"
         try:
             preview = preview_as(g.caller, action, checked_object(criteria, BULK_FILTER))
-        except ApiProblem:
+        except (ApiProblem, Refusal):
             preview = None
         return _preview_page(
             criteria=criteria,

@@ -50,13 +50,13 @@ from orquestador.api.pages.forms import (
     require_same_origin,
 )
 from orquestador.api.paging import cursor, query_problem
-from orquestador.api.problems import ApiProblem
+from orquestador.api.problems import ApiProblem, refusal_problem
 from orquestador.api.sign_in_links import SESSION_SECONDS, landing_page, use_link
 from orquestador.api.tokens import mint_token, page_audience
 from orquestador.api.views import execution_views
 from orquestador.db.schema import EXECUTION_STATUSES
 from orquestador.domain.statuses import ExecutionStatus
-from orquestador.errors import ConfigError
+from orquestador.errors import ConfigError, Refusal
 from orquestador.notices.vocabulary import email_outcome_in_words
 from orquestador.wording import command_status_meaning, duration_in_words
 
@@ -632,6 +632,11 @@ def _problem_page(problem: ApiProblem) -> Response:
         problems=problem.problems,
     )
     return Response(page, status=problem.status, mimetype="text/html")
+
+
+@blueprint.errorhandler(Refusal)
+def _refusal_page(refused: Refusal) -> Response:
+    return _problem_page(refusal_problem(refused))
 
 
 @blueprint.errorhandler(HTTPException)
