@@ -11,7 +11,7 @@ from orquestador.config import Settings
 from orquestador.domain.action_contracts import ActionContract, ConstantProblem, ContractOf
 
 # The adapters whose constant inputs are held to more than their schema: machine.command
-# to an operator setting, rollout to ROLLOUT_MAX_ITEMS.
+# to an operator setting, rollout to the organization's quota rolloutItems.
 MACHINE_COMMAND = ("machine.command", 1)
 ROLLOUT = (rollout.CAPABILITY, 1)
 
@@ -29,15 +29,17 @@ def _allowed_command(allowed: list[str]) -> ConstantProblem:
     return problem
 
 
-def contract_lookup(settings: Settings, registry: AdapterRegistry) -> ContractOf:
-    """The declared contract of each (capability, version) the registry has, else None."""
+def contract_lookup(settings: Settings, registry: AdapterRegistry, *, org: str) -> ContractOf:
+    """The declared contract of each (capability, version) the registry has, else None,
+    for a flow `org` publishes."""
     commands = _allowed_command(settings.machine_command_list)
+    items = rollout.constant_problem(settings.quotas_for(org).rollout_items)
 
     def contract_of(capability: str, version: int) -> ActionContract | None:
         if not registry.knows(capability, version):
             return None
         adapter = registry.get(capability, version)
-        constant_problem = {MACHINE_COMMAND: commands, ROLLOUT: rollout.constant_problem}
+        constant_problem = {MACHINE_COMMAND: commands, ROLLOUT: items}
         return ActionContract(
             input_schema=adapter.input_schema,
             output_schema=adapter.output_schema,

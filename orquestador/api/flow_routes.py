@@ -31,7 +31,7 @@ def publish() -> tuple[Response, int, dict[str, str]]:
     errors, warnings = validate_definition(
         definition,
         context.capability_problem,
-        contract_lookup(context.settings, app_adapters()),
+        contract_lookup(context.settings, app_adapters(), org=caller.org),
     )
     if errors:
         raise ApiProblem(

@@ -28,6 +28,7 @@ from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.execution_routes import require_visible
 from orquestador.api.problems import not_found
+from orquestador.api.quota_checks import require_open_execution_room
 from orquestador.api.views import API_PREFIX
 from orquestador.rollouts.control import (
     cancel_rollout,
@@ -134,6 +135,8 @@ def retry_as(caller: Caller, execution_id: uuid.UUID) -> dict[str, Any]:
     """Retry the failed children for `caller`: a new run over just them."""
     access = ResourceAccess(caller, Reach.ORGANIZATION)
     require_visible(access, execution_id)
+    # A new parent execution: held to the quota like any start.
+    require_open_execution_room(caller.org)
     with engine().connect() as connection:
         retried = retry_failed(
             connection,

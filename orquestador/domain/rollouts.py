@@ -10,9 +10,6 @@ from typing import Any
 
 from jsonpointer import JsonPointer, JsonPointerException
 
-# At most this many items in one rollout step: refused at publishing when the list is a
-# constant, when the step starts otherwise.
-ROLLOUT_MAX_ITEMS = 10_000
 # A limit given as a share of all items: "10%".
 PERCENT = re.compile(r"^(\d{1,3})%$")
 # A pointer into the item inside a string of the child's data: "{/item}", "{/item/name}".

@@ -32,6 +32,7 @@ from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.rollouts import ItemProblem, RolloutCounts, child_data, machine_of
 from orquestador.domain.statuses import RolloutChildStatus
 from orquestador.queue.acceptance import insert_request, queue_execution
+from orquestador.queue.open_executions import has_room
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +181,14 @@ def start_due_children(
     *,
     max_attempts: int,
     should_stop: Callable[[], bool],
+    open_limit: int | None = None,
 ) -> int:
     """Start children, one committed transaction each, while the rollout may; how many.
 
     Stops when `_TAKE_NEXT` takes no item (the batch is full, the budget spent, the
-    rollout paused, cancelled or done, the pause between starts not over) or the call
-    must wrap up (`should_stop`): the next round goes on from `next_index`.
+    rollout paused, cancelled or done, the pause between starts not over), when the
+    organization holds `open_limit` executions not ended (its quota openExecutions), or
+    when the call must wrap up (`should_stop`): the next round goes on from `next_index`.
     """
     with engine.connect() as conn:
         try:
@@ -196,6 +199,12 @@ def start_due_children(
     started = 0
     while not should_stop():
         with engine.begin() as conn:
+            if open_limit is not None and not has_room(conn, rollout.org_id, open_limit):
+                log.info(
+                    "rollout waits: the organization's quota openExecutions is used up",
+                    extra={"execution_id": str(rollout.execution_id)},
+                )
+                return started
             taken = conn.execute(_TAKE_NEXT, {"rollout_id": rollout.id}).first()
             if taken is None:
                 return started

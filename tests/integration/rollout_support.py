@@ -76,9 +76,9 @@ class PatchProvider:
         return most
 
 
-def rollout_registry(database: Any, provider: PatchProvider) -> AdapterRegistry:
+def rollout_registry(database: Any, provider: PatchProvider, **overrides: Any) -> AdapterRegistry:
     registry = AdapterRegistry()
-    register_builtins(registry, settings(database_url=database.runtime_dsn))
+    register_builtins(registry, settings(database_url=database.runtime_dsn, **overrides))
     registry.add(provider.adapter())
     return registry
 

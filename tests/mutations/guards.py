@@ -1725,6 +1725,7 @@ AGENT_COMMANDS = "tests/unit/test_agent_commands.py"
 SCHEDULE_QUOTAS = "tests/integration/test_schedule_quotas.py"
 OPEN_EXECUTIONS = "tests/integration/test_open_executions_quota.py"
 FIRES_OVER_QUOTA = "tests/integration/test_schedule_fires_over_quota.py"
+ROLLOUT_LIMITS = "tests/integration/test_rollout_limits.py"
 CREDENTIALS = "tests/integration/test_machine_credentials.py"
 _CREDENTIALS_PY = "orquestador/machines/credentials.py"
 
@@ -1793,6 +1794,24 @@ EXPIRY_GUARDS = [
         (
             f"{FIRES_OVER_QUOTA}::test_a_fire_still_over_the_quota_when_the_next_one_comes_is_missed",
         ),
+    ),
+    Mutation(
+        "rollout-children-held-to-open-executions",
+        "orquestador/rollouts/store.py",
+        "            if open_limit is not None and not has_room(conn, rollout.org_id, open_limit)"
+        ":\n",
+        "            if False:\n",
+        "A rollout starts no child while its organization holds its quota openExecutions.",
+        (f"{ROLLOUT_LIMITS}::test_a_rollout_starts_no_child_beyond_the_quota_open_executions",),
+    ),
+    Mutation(
+        "rollout-items-quota-when-the-step-starts",
+        "orquestador/actions/builtin/rollout.py",
+        "        if len(items) > limit:\n",
+        "        if False:\n",
+        "A rollout step over a list longer than its organization's quota rolloutItems fails "
+        "before any child starts.",
+        (f"{ROLLOUT_LIMITS}::test_a_list_over_the_organization_s_lower_quota_fails_the_step",),
     ),
     Mutation(
         "schedule-quota-checked-at-creation",

@@ -17,7 +17,7 @@ only effect that may wait.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from orquestador.actions.builtin.database import BuiltinDatabase, builtin_timeout_seconds
@@ -27,9 +27,10 @@ from orquestador.actions.errors import NotReady, PermanentError
 from orquestador.actions.registry import AdapterRegistry
 from orquestador.automation.schedules import FlowNotFound, resolve_flow
 from orquestador.config import Settings
+from orquestador.domain.action_contracts import ConstantProblem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.quotas import Quotas
 from orquestador.domain.rollouts import (
-    ROLLOUT_MAX_ITEMS,
     RolloutCounts,
     limit_of,
     machine_of,
@@ -124,26 +125,44 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def too_many_items(count: int) -> str:
+def too_many_items(count: int, limit: int) -> str:
     return (
-        f"the rollout has {count:,} items; a rollout step runs over at most "
-        f"{ROLLOUT_MAX_ITEMS:,} (ROLLOUT_MAX_ITEMS): split it into several steps or requests"
+        f"the rollout has {count:,} items; a rollout step runs over at most {limit:,} (the "
+        "organization's quota rolloutItems): split it into several steps or requests"
     )
 
 
-def constant_problem(name: str, value: Any) -> str | None:
-    """Publishing refuses a constant list of items longer than a rollout may run over."""
-    if name == "items" and isinstance(value, list) and len(value) > ROLLOUT_MAX_ITEMS:
-        return too_many_items(len(value))
-    return None
+def constant_problem(limit: int) -> ConstantProblem:
+    """Publishing refuses a constant list of items longer than the organization's quota
+    rolloutItems."""
+
+    def problem(name: str, value: Any) -> str | None:
+        if name == "items" and isinstance(value, list) and len(value) > limit:
+            return too_many_items(len(value), limit)
+        return None
+
+    return problem
 
 
 class Rollouts:
-    """The adapter's calls, on the built-ins' lazily made database."""
+    """The adapter's calls, on the built-ins' lazily made database; `quotas_for` gives an
+    organization's quotas (rolloutItems, openExecutions)."""
 
-    def __init__(self, database: BuiltinDatabase, *, max_attempts: int) -> None:
+    def __init__(
+        self,
+        database: BuiltinDatabase,
+        *,
+        max_attempts: int,
+        quotas_for: Callable[[str], Quotas],
+    ) -> None:
         self._database = database
         self._max_attempts = max_attempts
+        self._quotas_for = quotas_for
+
+    def _check_items(self, org: str, items: list[Any]) -> None:
+        limit = self._quotas_for(org).rollout_items
+        if len(items) > limit:
+            raise PermanentError(ROLLOUT_TOO_MANY_ITEMS, too_many_items(len(items), limit))
 
     def invoke(self, ctx: ActionContext) -> dict[str, Any]:
         engine = self._database.engine
@@ -159,6 +178,7 @@ class Rollouts:
             rollout,
             max_attempts=self._max_attempts,
             should_stop=lambda: ctx.should_stop() or ctx.seconds_left() < wrap_up,
+            open_limit=self._quotas_for(rollout.org_id).open_executions,
         )
         with engine.connect() as conn:
             counts, now = read_counts(conn, rollout.id)
@@ -196,8 +216,7 @@ class Rollouts:
     def _draft(self, conn: Any, ctx: ActionContext) -> RolloutDraft:
         inputs, identity = ctx.inputs, ctx.identity
         items = list(inputs["items"])
-        if len(items) > ROLLOUT_MAX_ITEMS:
-            raise PermanentError(ROLLOUT_TOO_MANY_ITEMS, too_many_items(len(items)))
+        self._check_items(identity.org_id, items)
         flow_row, definition = _child_flow(conn, identity.org_id, inputs["flow"])
         transition = definition.transitions.get(inputs["transition"])
         if transition is None or not transition.leaves(definition.initial_state):
@@ -236,8 +255,7 @@ class Rollouts:
         """The rollout played in a dry run: it starts nothing real, says what it would
         start, and ends as the real step would with these children's ends."""
         items = list(ctx.inputs["items"])
-        if len(items) > ROLLOUT_MAX_ITEMS:
-            raise PermanentError(ROLLOUT_TOO_MANY_ITEMS, too_many_items(len(items)))
+        self._check_items(ctx.identity.org_id, items)
         with self._database.engine.connect() as conn:
             flow_row, _ = _child_flow(conn, ctx.identity.org_id, ctx.inputs["flow"])
         total = len(items)
@@ -308,7 +326,9 @@ def _check_again_in(now: Any, counts: RolloutCounts) -> float:
 
 
 def register(registry: AdapterRegistry, settings: Settings, database: BuiltinDatabase) -> None:
-    calls = Rollouts(database, max_attempts=settings.execution_max_attempts)
+    calls = Rollouts(
+        database, max_attempts=settings.execution_max_attempts, quotas_for=settings.quotas_for
+    )
     registry.add(
         Adapter(
             capability=CAPABILITY,

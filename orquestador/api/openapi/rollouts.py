@@ -12,6 +12,7 @@ from orquestador.api.openapi.parts import (
     body,
     id_parameter,
     json_response,
+    open_executions_429,
     problems,
     ref,
 )
@@ -184,6 +185,7 @@ def paths() -> dict[str, Any]:
                         ref("RolloutRetried"), "The new run.", Location="The new execution."
                     ),
                     **problems(*WRITE_ERRORS, "404", "409"),
+                    **open_executions_429(),
                 },
             }
         },
