@@ -157,13 +157,13 @@ AGENTS_OFFLINE = Gauge(
 QUOTA_USE_RATIO = Gauge(
     "quota_use_ratio",
     "Per quota, the highest share of its limit any organization uses (1: one is at its "
-    "limit): schedules held, transition tokens taken from the bucket.",
+    "limit): schedules held, transition tokens taken from the bucket, executions not ended.",
     ["quota"],
     namespace=NAMESPACE,
     multiprocess_mode="max",
 )
 # The quotas the gauge follows (the others are not a use that lasts).
-GAUGED_QUOTAS = ("schedules", "transitionsBurst")
+GAUGED_QUOTAS = ("schedules", "transitionsBurst", "openExecutions")
 
 EMAIL_OUTBOX_DEPTH = Gauge(
     "email_outbox_depth",

@@ -33,7 +33,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from orquestador.config import Settings, libpq_url
 from orquestador.db.bounds import floors_above, read_function_bounds
-from orquestador.db.schema import PURGE_SIMULATIONS_FUNCTION
+from orquestador.db.schema import OPEN_EXECUTION, PURGE_SIMULATIONS_FUNCTION
 from orquestador.domain.quotas import Quotas
 from orquestador.domain.statuses import ExecutionStatus
 from orquestador.history.retention import make_months_ahead, purge_history
@@ -418,15 +418,19 @@ _HAND_OFF = text(
 )
 
 
-# Each organization's use of the quotas that last: schedules held, and the transition
-# tokens its bucket is short of (refilled for the time since it was last drawn on).
+# Each organization's use of the quotas that last: schedules held, the transition
+# tokens its bucket is short of (refilled for the time since it was last drawn on), and
+# its executions not ended (from the partial index ix_execution_open).
 _QUOTA_USE = text(
-    """
+    f"""
     SELECT org_id, 'schedules' AS quota, count(*)::float AS used
     FROM schedule GROUP BY org_id
     UNION ALL
     SELECT substr(name, length('org-transitions:') + 1), 'transitionsBurst', tokens
     FROM rate_bucket WHERE name LIKE 'org-transitions:%'
+    UNION ALL
+    SELECT org_id, 'openExecutions', count(*)::float
+    FROM execution WHERE {OPEN_EXECUTION} GROUP BY org_id
     """
 )
 
@@ -438,6 +442,8 @@ def quota_use_ratios(conn: Connection, quotas_for: Callable[[str], Quotas]) -> d
         limits = quotas_for(org)
         if quota == "schedules":
             used, limit = value, limits.schedules
+        elif quota == "openExecutions":
+            used, limit = value, limits.open_executions
         else:
             # The bucket's tokens as last written; refilling since only lowers the use.
             used, limit = limits.transitions_burst - value, limits.transitions_burst

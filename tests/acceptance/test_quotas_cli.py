@@ -40,5 +40,7 @@ def test_show_lists_each_quota_with_its_limit_and_use(database: TestDatabase) ->
     assert lines[0].split() == ["quota", "limit", "used"]
     assert ["schedules", "100", "0"] in [line.split() for line in lines]
     assert ["scheduleMinSeconds", "60", "-"] in [line.split() for line in lines]
+    assert ["openExecutions", "100000", "0"] in [line.split() for line in lines]
+    assert ["rolloutItems", "10000", "-"] in [line.split() for line in lines]
     assert json.loads(as_json.stdout)["quotas"]["transitionsBurst"]["limit"] == 200
     assert foreign.returncode == 1 and "404" in foreign.stderr

@@ -603,7 +603,22 @@ def test_the_quota_gauges_show_the_organization_nearest_its_limit(owner_engine, 
             )
         )
 
-    report = _one_pass(runtime_engine)
+    # Two executions not ended, one ended, of the 8 the organization may hold.
+    go = publish_flow(owner_engine, flow_definition([]))
+    ended = accept_transition(runtime_engine, create_request(runtime_engine, go))
+    for _ in range(2):
+        accept_transition(runtime_engine, create_request(runtime_engine, go))
+    with owner_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE execution SET status = 'SUCCEEDED' WHERE id = :id"), {"id": ended}
+        )
 
-    assert report.quota_use == {"schedules": 0.3, "transitionsBurst": 0.25}
+    report = _one_pass(runtime_engine, quota_open_executions=8)
+
+    assert report.quota_use == {
+        "schedules": 0.3,
+        "transitionsBurst": 0.25,
+        "openExecutions": 0.25,
+    }
     assert QUOTA_USE_RATIO.labels(quota="schedules")._value.get() == 0.3
+    assert QUOTA_USE_RATIO.labels(quota="openExecutions")._value.get() == 0.25

@@ -42,3 +42,17 @@ def test_a_bad_org_quotas_is_one_line_naming_what_is_wrong(raw: str, said: str) 
     with pytest.raises(ConfigError) as refused:
         Settings.from_env({"ORG_QUOTAS": raw})
     assert f"ORG_QUOTAS: {problems[0]}" in refused.value.problems
+
+
+def test_open_executions_and_rollout_items_are_settings_and_overrides() -> None:
+    settings = Settings.from_env(
+        {
+            "QUOTA_OPEN_EXECUTIONS": "1000",
+            "ORG_QUOTAS": '{"acme": {"openExecutions": 5, "rolloutItems": 7}}',
+        }
+    )
+    acme, other = settings.quotas_for("acme"), settings.quotas_for("globex")
+
+    assert (acme.open_executions, acme.rollout_items) == (5, 7)
+    assert (other.open_executions, other.rollout_items) == (1000, 10_000)
+    assert acme.as_json()["openExecutions"] == 5
