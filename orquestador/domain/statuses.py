@@ -30,6 +30,9 @@ UNFINISHED = frozenset(
         ExecutionStatus.WAITING,
     }
 )
+# Unfinished and held by no worker: the claim takes one once it is due (ix_execution_ready),
+# and a cancel ends one without racing a holder.
+UNHELD = UNFINISHED - {ExecutionStatus.RUNNING}
 # Where an execution ends: nothing moves it again.
 FINAL = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
 # Not ended yet, parked ones too: what the quota openExecutions counts.

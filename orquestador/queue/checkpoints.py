@@ -82,11 +82,12 @@ _START = text(
         INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
                                     error_code, message, started_at, finished_at)
         SELECT a.execution_id, a.action_id, a.attempt, a.fencing_token,
-               CASE WHEN a.effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END,
+               CASE WHEN a.effect = 'READ_ONLY' THEN '{CheckpointStatus.FAILED}'
+                    ELSE '{CheckpointStatus.UNKNOWN}' END,
                'INTERRUPTED', NULL, a.started_at, NULL
         FROM action_execution a, holder
         WHERE a.execution_id = holder.id AND a.action_id = :action_id
-          AND a.status = 'RUNNING' AND a.external_key = :external_key
+          AND a.status = '{CheckpointStatus.RUNNING}' AND a.external_key = :external_key
           AND a.effect <> 'NON_IDEMPOTENT_WRITE'
         ON CONFLICT DO NOTHING
     )
@@ -94,12 +95,14 @@ _START = text(
         execution_id, action_id, status, attempt, fencing_token, input_hash, external_key,
         effect, capability, adapter_version, output, error_code, started_at, finished_at,
         first_started_at)
-    SELECT holder.id, :action_id, 'RUNNING', :attempt, :token, :input_hash, :external_key,
+    SELECT holder.id, :action_id, '{CheckpointStatus.RUNNING}', :attempt, :token, :input_hash,
+           :external_key,
            :effect, :capability, :adapter_version, NULL, NULL, clock_timestamp(), NULL,
            clock_timestamp()
     FROM holder
     ON CONFLICT (execution_id, action_id) DO UPDATE
-    SET status = 'RUNNING', attempt = EXCLUDED.attempt, fencing_token = EXCLUDED.fencing_token,
+    SET status = '{CheckpointStatus.RUNNING}', attempt = EXCLUDED.attempt,
+        fencing_token = EXCLUDED.fencing_token,
         input_hash = EXCLUDED.input_hash, external_key = EXCLUDED.external_key,
         effect = EXCLUDED.effect, capability = EXCLUDED.capability,
         adapter_version = EXCLUDED.adapter_version, output = NULL, error_code = NULL,
@@ -109,32 +112,35 @@ _START = text(
         first_started_at = coalesce(a.first_started_at, EXCLUDED.first_started_at)
     -- A new attempt may replace a failed one or an interrupted safe one; never a success,
     -- never a different key, never an interrupted non-idempotent write.
-    WHERE a.status <> 'SUCCEEDED'
+    WHERE a.status <> '{CheckpointStatus.SUCCEEDED}'
       AND a.external_key = EXCLUDED.external_key
-      AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE' AND a.status IN ('RUNNING', 'UNKNOWN'))
+      AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE'
+               AND a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}'))
     RETURNING a.action_id, a.first_started_at
     """
 )
 
-_SUCCEED_TEMPLATE = """
+_SUCCEED_TEMPLATE = f"""
     WITH holder AS (
         -- Lock and check the lease: a late return after a reclaim records nothing.
-        SELECT {holder} FROM execution e WHERE {fence} FOR UPDATE
+        SELECT {{holder}} FROM execution e WHERE {{fence}} FOR UPDATE
     ), succeeded AS (
         UPDATE action_execution AS a
-        SET status = 'SUCCEEDED', output = :output, finished_at = clock_timestamp(){observed}
+        SET status = '{CheckpointStatus.SUCCEEDED}', output = :output,
+            finished_at = clock_timestamp(){{observed}}
         FROM holder
         -- Both key columns by value, so that any plan finds the row by its primary key.
         WHERE a.execution_id = :execution_id AND a.action_id = :action_id
           AND a.execution_id = holder.id
-          AND a.status = 'RUNNING' AND a.fencing_token = :token
+          AND a.status = '{CheckpointStatus.RUNNING}' AND a.fencing_token = :token
         RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
                   a.finished_at
-    ){audit}
+    ){{audit}}
     -- The attempt's line in the history, in the same statement as the checkpoint.
     INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
                                 error_code, message, started_at, finished_at)
-    SELECT execution_id, action_id, attempt, fencing_token, 'SUCCEEDED', NULL, NULL,
+    SELECT execution_id, action_id, attempt, fencing_token, '{CheckpointStatus.SUCCEEDED}',
+           NULL, NULL,
            started_at, finished_at
     FROM succeeded
     RETURNING action_id
@@ -185,7 +191,8 @@ _END_ATTEMPT = text(
             -- The latest observation wins; an attempt that saw nothing keeps the last one.
             observed = coalesce(:observed, a.observed)
         FROM holder
-        WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'
+        WHERE a.execution_id = holder.id AND a.action_id = :action_id
+          AND a.status = '{CheckpointStatus.RUNNING}'
         RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
                   a.finished_at
     )
@@ -212,22 +219,26 @@ _FOUND = text(
         -- A RUNNING attempt is the one that wrote. An attempt that already ended has its
         -- line in the history, so the finding takes the next attempt number, this holder's.
         UPDATE action_execution AS a
-        SET status = 'SUCCEEDED', output = :output, error_code = NULL,
-            attempt = CASE WHEN a.status = 'RUNNING' THEN a.attempt ELSE a.attempt + 1 END,
-            fencing_token = CASE WHEN a.status = 'RUNNING' THEN a.fencing_token ELSE :token END,
-            started_at = CASE WHEN a.status = 'RUNNING' THEN a.started_at
+        SET status = '{CheckpointStatus.SUCCEEDED}', output = :output, error_code = NULL,
+            attempt = CASE WHEN a.status = '{CheckpointStatus.RUNNING}' THEN a.attempt
+                           ELSE a.attempt + 1 END,
+            fencing_token = CASE WHEN a.status = '{CheckpointStatus.RUNNING}' THEN a.fencing_token
+                                 ELSE :token END,
+            started_at = CASE WHEN a.status = '{CheckpointStatus.RUNNING}' THEN a.started_at
                               ELSE clock_timestamp() END,
             finished_at = clock_timestamp()
         FROM holder
         WHERE a.execution_id = :execution_id AND a.action_id = :action_id
           AND a.execution_id = holder.id
-          AND a.status IN ('RUNNING', 'UNKNOWN') AND a.external_key = :external_key
+          AND a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}')
+          AND a.external_key = :external_key
         RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.external_key,
                   a.started_at, a.finished_at
     ), history AS (
         INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
                                     error_code, message, started_at, finished_at)
-        SELECT execution_id, action_id, attempt, fencing_token, 'SUCCEEDED', NULL,
+        SELECT execution_id, action_id, attempt, fencing_token, '{CheckpointStatus.SUCCEEDED}',
+               NULL,
                'found by lookup: the provider has this write under the external key',
                started_at,
                -- Left RUNNING by an earlier holder: nobody saw the attempt end.

@@ -8,13 +8,15 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import JSONB_VALUE
+from orquestador.db.sql_literals import quoted
+from orquestador.domain.statuses import UNHELD, ExecutionStatus
 from orquestador.queue.fencing import Claim
 from orquestador.queue.prepared import run_alone
 from orquestador.queue.snapshots import LoadedExecution
 
 # The claim's index condition (ix_execution_ready): work that may be claimed once it is
 # due. A PENDING execution whose key was full (key_blocked) is out until a holder ends.
-_READY = "{e}status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT {e}key_blocked"
+_READY = f"{{e}}status IN ({quoted(UNHELD)}) AND NOT {{e}}key_blocked"
 # ... and due: what the ranking reads and the lock takes.
 _DUE = _READY.format(e="e.") + " AND e.next_attempt_at <= now()"
 
@@ -54,7 +56,7 @@ _CLAIM = text(
     WITH RECURSIVE abandoned AS (
         SELECT id
         FROM execution
-        WHERE status = 'RUNNING' AND lease_expires_at <= now()
+        WHERE status = '{ExecutionStatus.RUNNING}' AND lease_expires_at <= now()
         ORDER BY next_attempt_at, created_at, id
         LIMIT :limit
         FOR UPDATE SKIP LOCKED
@@ -76,7 +78,7 @@ _CLAIM = text(
         FROM organizations o
         CROSS JOIN LATERAL (
             SELECT count(*) AS n FROM execution r
-            WHERE r.status = 'RUNNING' AND r.org_id = o.org_id
+            WHERE r.status = '{ExecutionStatus.RUNNING}' AND r.org_id = o.org_id
         ) running
         CROSS JOIN LATERAL (
             SELECT d.*
@@ -126,7 +128,7 @@ _CLAIM = text(
           AND EXISTS (
               SELECT FROM execution b
               WHERE b.org_id = c.org_id AND b.concurrency_key = c.concurrency_key
-                AND b.key_blocked AND b.status = 'PENDING'
+                AND b.key_blocked AND b.status = '{ExecutionStatus.PENDING}'
                 AND (b.priority > c.priority
                      OR (b.priority = c.priority AND (b.created_at, b.id) < (c.created_at, c.id))))
     ), wanted AS (
@@ -171,11 +173,11 @@ _CLAIM = text(
         RETURNING id
     ), claimed AS (
     UPDATE execution AS e
-    SET status = 'RUNNING',
+    SET status = '{ExecutionStatus.RUNNING}',
         -- A wait's next round is the same attempt going on: it spends none. (A holder
         -- that dies during the round leaves it RUNNING; that reclaim counts.) wait_key
         -- stays while the round runs, so a wake that lands meanwhile is not lost.
-        attempts = e.attempts + CASE WHEN e.status = 'WAITING' THEN 0 ELSE 1 END,
+        attempts = e.attempts + CASE WHEN e.status = '{ExecutionStatus.WAITING}' THEN 0 ELSE 1 END,
         fencing_token = e.fencing_token + 1,
         lease_owner = :owner,
         lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
@@ -187,7 +189,7 @@ _CLAIM = text(
       AND r.id = e.request_id AND f.id = e.flow_id
     RETURNING e.id, e.fencing_token, e.attempts, e.max_attempts, e.request_id,
               -- Whether this claim spent an attempt: what a rate limit's wait gives back.
-              e.id <> ALL (ARRAY(SELECT id FROM chosen WHERE status = 'WAITING'))
+              e.id <> ALL (ARRAY(SELECT id FROM chosen WHERE status = '{ExecutionStatus.WAITING}'))
                   AS counted_attempt,
               e.lease_expires_at, e.next_attempt_at, e.created_at,
               clock_timestamp() AS claimed_at, e.trace_parent,

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from sqlalchemy import Connection, text
 
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale, still_holds
 from orquestador.queue.transactions import one_statement
 
@@ -29,10 +30,10 @@ _AWAIT_EARLIER_CALL = text(
         SELECT a.started_at + make_interval(secs => :settle_seconds) AS settles_at
         FROM action_execution a
         WHERE a.execution_id = :execution_id AND a.action_id = :action_id
-          AND a.status = 'RUNNING' AND a.attempt = :attempt
+          AND a.status = '{CheckpointStatus.RUNNING}' AND a.attempt = :attempt
     ), waited AS (
         UPDATE execution AS e
-        SET status = 'RETRY_WAIT',
+        SET status = '{ExecutionStatus.RETRY_WAIT}',
             next_attempt_at = x.settles_at,
             -- Nothing was called: give back the attempt this claim counted.
             attempts = greatest(e.attempts - 1, 0),

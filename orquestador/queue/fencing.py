@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.errors import LeaseLost
 from orquestador.queue.snapshots import LoadedExecution
 
@@ -54,9 +55,9 @@ class Claim:
 # Every write a holder makes carries this predicate. The token, not the owner name,
 # is what tells a reclaimed execution apart; clock_timestamp() (not now(), frozen at
 # transaction start) is the database's clock at the moment the row is checked.
-FENCE = """
+FENCE = f"""
     e.id = :execution_id
-    AND e.status = 'RUNNING'
+    AND e.status = '{ExecutionStatus.RUNNING}'
     AND e.lease_owner = :owner
     AND e.fencing_token = :token
     AND e.lease_expires_at > clock_timestamp()

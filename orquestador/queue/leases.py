@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection, text
 
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.queue.fencing import FENCE, Claim
 from orquestador.queue.transactions import one_statement
 
@@ -21,10 +22,10 @@ from orquestador.queue.transactions import one_statement
 # by an operator's open transaction must not hold back the renewal of every other
 # lease. A skipped row that still holds its fence (as last committed) is busy: neither
 # renewed nor lost this round.
-_HELD_FENCE = """
+_HELD_FENCE = f"""
         e.id = ANY (CAST(:ids AS uuid[]))
           AND e.fencing_token = h.token
-          AND e.status = 'RUNNING'
+          AND e.status = '{ExecutionStatus.RUNNING}'
           AND e.lease_owner = :owner
           AND e.lease_expires_at > clock_timestamp()
 """

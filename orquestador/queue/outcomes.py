@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import JSONB_VALUE
-from orquestador.domain.statuses import ExecutionStatus
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.errors import ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
 from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale
@@ -41,7 +41,8 @@ _LOCK_EXECUTION = text(
     SELECT e.org_id, e.request_id, e.flow_id, e.transition_id, e.accepted_state,
            e.accepted_revision, e.lease_expires_at,
            coalesce((SELECT array_agg(a.action_id) FROM action_execution a
-                     WHERE a.execution_id = e.id AND a.status = 'SUCCEEDED'), '{{}}') AS succeeded
+                     WHERE a.execution_id = e.id
+                       AND a.status = '{CheckpointStatus.SUCCEEDED}'), '{{}}') AS succeeded
     FROM execution e
     WHERE {FENCE}
     FOR UPDATE
@@ -56,20 +57,21 @@ _STILL_VALID = text("SELECT CAST(:lease AS timestamptz) > clock_timestamp()")
 # attempt in the history ended UNKNOWN (uncertain, or interrupted mid-call). A later
 # attempt's FAILED does not undo an earlier attempt's write.
 _WRITES = text(
-    """
+    f"""
     SELECT
         coalesce(array_agg(a.action_id ORDER BY a.action_id)
-                 FILTER (WHERE a.status = 'SUCCEEDED'), '{}') AS succeeded,
+                 FILTER (WHERE a.status = '{CheckpointStatus.SUCCEEDED}'), '{{}}') AS succeeded,
         coalesce(array_agg(a.action_id ORDER BY a.action_id)
-                 FILTER (WHERE a.status <> 'SUCCEEDED' AND (
-                     a.status IN ('RUNNING', 'UNKNOWN')
+                 FILTER (WHERE a.status <> '{CheckpointStatus.SUCCEEDED}' AND (
+                     a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}')
                      OR EXISTS (SELECT 1 FROM action_attempt t
                                 WHERE t.execution_id = a.execution_id
                                   AND t.action_id = a.action_id
                                   -- Attempts an operator settled (approving a retry
                                   -- because the effect did not happen) no longer count.
                                   AND t.attempt > a.attempt_base
-                                  AND t.status = 'UNKNOWN'))), '{}') AS in_doubt
+                                  AND t.status = '{CheckpointStatus.UNKNOWN}'))),
+                 '{{}}') AS in_doubt
     FROM action_execution a
     WHERE a.execution_id = :execution_id AND a.effect <> 'READ_ONLY'
       -- A dry run never calls a writer's invoke (its simulate, or nothing): no write
@@ -131,7 +133,9 @@ _END_EXECUTION = text(
     SET status = :status, result = :result, error_code = :error_code,
         error_detail = :error_detail, lease_owner = NULL, lease_expires_at = NULL,
         wait_key = NULL,
-        finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED') THEN clock_timestamp() END,
+        finished_at = CASE WHEN :status IN ('{ExecutionStatus.SUCCEEDED}',
+                                            '{ExecutionStatus.FAILED}')
+                           THEN clock_timestamp() END,
         updated_at = clock_timestamp()
     WHERE {FENCE}
     RETURNING e.id
@@ -168,7 +172,8 @@ _COMPLETE = text(
         WHERE x.id = :execution_id
     )
     UPDATE execution AS e
-    SET status = 'SUCCEEDED', result = :result, error_code = NULL, error_detail = NULL,
+    SET status = '{ExecutionStatus.SUCCEEDED}', result = :result, error_code = NULL,
+        error_detail = NULL,
         lease_owner = NULL, lease_expires_at = NULL, wait_key = NULL,
         finished_at = clock_timestamp(), updated_at = clock_timestamp()
     WHERE {FENCE}
@@ -190,7 +195,7 @@ _OBSERVED = text(
 _WAIT_FOR_RETRY = text(
     f"""
     UPDATE execution AS e
-    SET status = 'RETRY_WAIT',
+    SET status = '{ExecutionStatus.RETRY_WAIT}',
         next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
         lease_owner = NULL, lease_expires_at = NULL, error_code = :error_code,
         updated_at = clock_timestamp()

@@ -19,6 +19,7 @@ import random
 from sqlalchemy import Connection, text
 
 from orquestador.actions.contracts import RateLimit
+from orquestador.domain.statuses import ExecutionStatus
 from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.transactions import one_statement
 
@@ -51,7 +52,7 @@ _WAIT_FOR_TOKEN = text(
     f"""
     WITH waited AS (
         UPDATE execution AS e
-        SET status = 'RETRY_WAIT',
+        SET status = '{ExecutionStatus.RETRY_WAIT}',
             next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
             -- No call was made: give back the attempt the claim counted, if it counted one.
             attempts = e.attempts - :counted,

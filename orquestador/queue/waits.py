@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
+from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.errors import ContractMismatch
 from orquestador.queue.fencing import FENCE, Claim, refuse_stale, still_holds
 from orquestador.queue.transactions import one_statement
@@ -38,18 +39,19 @@ _PARK = text(
         SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
     ), paused AS (
         UPDATE action_execution AS a
-        SET status = 'FAILED', error_code = '{NOT_READY}', finished_at = clock_timestamp(),
+        SET status = '{CheckpointStatus.FAILED}', error_code = '{NOT_READY}',
+            finished_at = clock_timestamp(),
             -- The latest observation wins; a round that saw nothing keeps the last one.
             observed = coalesce(:observed, a.observed)
         FROM holder
         WHERE a.execution_id = holder.id AND a.action_id = :action_id
-          AND a.status = 'RUNNING' AND a.fencing_token = :token
+          AND a.status = '{CheckpointStatus.RUNNING}' AND a.fencing_token = :token
           -- Only a read may wait: nothing it did needs settling before the next round.
           AND a.effect = 'READ_ONLY'
         RETURNING a.action_id
     )
     UPDATE execution AS e
-    SET status = 'WAITING', wait_key = :wait_key,
+    SET status = '{ExecutionStatus.WAITING}', wait_key = :wait_key,
         -- A wake on the same key that landed while this round ran (after its claim) may
         -- be what the round did not see: due at once instead of after the delay.
         next_attempt_at = CASE
@@ -89,14 +91,15 @@ _PARK = text(
 # statement found RUNNING is re-checked after the park's lock is gone and is WAITING by
 # then; it must still match, or the wake would be lost between the two.
 _WAKE = text(
-    """
+    f"""
     WITH touched AS (
         UPDATE execution SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-        WHERE status IN ('WAITING', 'RUNNING') AND wait_key = :wait_key
+        WHERE status IN ('{ExecutionStatus.WAITING}', '{ExecutionStatus.RUNNING}')
+          AND wait_key = :wait_key
         RETURNING status
     )
-    SELECT count(*) FILTER (WHERE status = 'WAITING') AS woken,
-           count(*) FILTER (WHERE status = 'RUNNING') AS marked
+    SELECT count(*) FILTER (WHERE status = '{ExecutionStatus.WAITING}') AS woken,
+           count(*) FILTER (WHERE status = '{ExecutionStatus.RUNNING}') AS marked
     FROM touched
     """
 )

@@ -194,7 +194,8 @@ CLAIM_GUARDS = [
     Mutation(
         "claim-spends-an-attempt",
         _CLAIMS_PY,
-        "attempts = e.attempts + CASE WHEN e.status = 'WAITING' THEN 0 ELSE 1 END,",
+        "attempts = e.attempts + CASE WHEN e.status = '{ExecutionStatus.WAITING}'"
+        " THEN 0 ELSE 1 END,",
         "attempts = e.attempts,",
         "A claim spends one of the execution's attempts, so a crash loop ends "
         "ATTEMPTS_EXHAUSTED instead of running forever.",
@@ -203,8 +204,8 @@ CLAIM_GUARDS = [
     Mutation(
         "claim-only-expired-leases",
         _CLAIMS_PY,
-        "WHERE status = 'RUNNING' AND lease_expires_at <= now()",
-        "WHERE status = 'RUNNING'",
+        "WHERE status = '{ExecutionStatus.RUNNING}' AND lease_expires_at <= now()",
+        "WHERE status = '{ExecutionStatus.RUNNING}'",
         "A RUNNING execution is taken over only once its lease has expired.",
         (f"{CLAIMS}::test_claim_sets_lease_token_and_attempts_from_database_time",),
     ),
@@ -236,8 +237,8 @@ CLAIM_GUARDS = [
     Mutation(
         "claim-claimable-statuses",
         _CLAIMS_PY,
-        "{e}status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND",
-        "{e}status <> 'RUNNING' AND",
+        "{{e}}status IN ({quoted(UNHELD)}) AND",
+        "{{e}}status <> '{ExecutionStatus.RUNNING}' AND",
         "A finished, failed, cancelled or parked execution is never claimed again.",
         (guard("test_an_execution_that_ended_or_is_parked_is_never_claimed"),),
     ),
@@ -548,7 +549,8 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "start-never-over-succeeded",
         _CHECKPOINTS_PY,
-        "    WHERE a.status <> 'SUCCEEDED'\n      AND a.external_key = EXCLUDED.external_key\n",
+        "    WHERE a.status <> '{CheckpointStatus.SUCCEEDED}'\n"
+        "      AND a.external_key = EXCLUDED.external_key\n",
         "    WHERE a.external_key = EXCLUDED.external_key\n",
         "A SUCCEEDED checkpoint is never started again (never re-run, never overwritten).",
         (guard("test_a_start_never_replaces_a_checkpoint_it_may_not[succeeded]"),),
@@ -564,8 +566,9 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "start-no-restart-interrupted-non-idempotent",
         _CHECKPOINTS_PY,
-        "\n      AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE'"
-        " AND a.status IN ('RUNNING', 'UNKNOWN'))",
+        "\n      AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE'\n"
+        "               AND a.status IN ('{CheckpointStatus.RUNNING}',"
+        " '{CheckpointStatus.UNKNOWN}'))",
         "",
         "An interrupted NON_IDEMPOTENT_WRITE (RUNNING or UNKNOWN) is never started again.",
         (
@@ -585,8 +588,9 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "start-interrupted-write-unknown",
         _CHECKPOINTS_PY,
-        "CASE WHEN a.effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END",
-        "'FAILED'",
+        "CASE WHEN a.effect = 'READ_ONLY' THEN '{CheckpointStatus.FAILED}'\n"
+        "                    ELSE '{CheckpointStatus.UNKNOWN}' END",
+        "'{CheckpointStatus.FAILED}'",
         "An interrupted write enters the history as UNKNOWN (it may have happened), which "
         "the write rule reads.",
         (guard("test_an_interrupted_write_enters_the_history_as_in_doubt"),),
@@ -594,8 +598,8 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "succeed-fence",
         _CHECKPOINTS_PY,
-        "        SELECT {holder} FROM execution e WHERE {fence} FOR UPDATE",
-        "        SELECT {holder} FROM execution e WHERE e.id = :execution_id FOR UPDATE",
+        "        SELECT {{holder}} FROM execution e WHERE {{fence}} FOR UPDATE",
+        "        SELECT {{holder}} FROM execution e WHERE e.id = :execution_id FOR UPDATE",
         "A stale holder that returns late records no success.",
         (
             stale("succeed_checkpoint"),
@@ -606,8 +610,8 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "succeed-row-lock",
         _CHECKPOINTS_PY,
-        "        SELECT {holder} FROM execution e WHERE {fence} FOR UPDATE",
-        "        SELECT {holder} FROM execution e WHERE {fence}",
+        "        SELECT {{holder}} FROM execution e WHERE {{fence}} FOR UPDATE",
+        "        SELECT {{holder}} FROM execution e WHERE {{fence}}",
         "The success's fence check locks the execution row, so no reclaimer starts while "
         "the write is in flight.",
         (
@@ -618,7 +622,7 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "succeed-only-running",
         _CHECKPOINTS_PY,
-        "          AND a.status = 'RUNNING' AND a.fencing_token = :token\n"
+        "          AND a.status = '{CheckpointStatus.RUNNING}' AND a.fencing_token = :token\n"
         "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
         "          AND a.fencing_token = :token\n"
         "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
@@ -628,9 +632,9 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "succeed-own-token",
         _CHECKPOINTS_PY,
-        "          AND a.status = 'RUNNING' AND a.fencing_token = :token\n"
+        "          AND a.status = '{CheckpointStatus.RUNNING}' AND a.fencing_token = :token\n"
         "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
-        "          AND a.status = 'RUNNING'\n"
+        "          AND a.status = '{CheckpointStatus.RUNNING}'\n"
         "        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,",
         "A holder succeeds only the attempt it started, never one an earlier holder left RUNNING.",
         (guard("test_only_this_holders_running_checkpoint_can_succeed[left running]"),),
@@ -664,8 +668,9 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "end-attempt-only-running",
         _CHECKPOINTS_PY,
-        "WHERE a.execution_id = holder.id AND a.action_id = :action_id AND a.status = 'RUNNING'",
-        "WHERE a.execution_id = holder.id AND a.action_id = :action_id",
+        "WHERE a.execution_id = holder.id AND a.action_id = :action_id\n"
+        "          AND a.status = '{CheckpointStatus.RUNNING}'\n",
+        "WHERE a.execution_id = holder.id AND a.action_id = :action_id\n",
         "Only a RUNNING attempt ends: an ended one (a success above all) is history.",
         (guard("test_an_attempt_that_ended_cannot_end_again"),),
     ),
@@ -700,7 +705,8 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "found-only-in-doubt",
         _CHECKPOINTS_PY,
-        "          AND a.status IN ('RUNNING', 'UNKNOWN') AND a.external_key = :external_key",
+        "          AND a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}')\n"
+        "          AND a.external_key = :external_key",
         "          AND a.external_key = :external_key",
         "A lookup's finding settles only a write in doubt, never a recorded outcome.",
         (guard("test_a_finding_is_recorded_only_on_a_write_in_doubt_under_its_key[succeeded]"),),
@@ -708,8 +714,9 @@ CHECKPOINT_GUARDS = [
     Mutation(
         "found-same-key",
         _CHECKPOINTS_PY,
-        "          AND a.status IN ('RUNNING', 'UNKNOWN') AND a.external_key = :external_key",
-        "          AND a.status IN ('RUNNING', 'UNKNOWN')",
+        "          AND a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}')\n"
+        "          AND a.external_key = :external_key",
+        "          AND a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}')",
         "A lookup's finding is recorded only under the key it was asked about.",
         (guard("test_a_finding_is_recorded_only_on_a_write_in_doubt_under_its_key[another key]"),),
     ),
@@ -734,13 +741,9 @@ OUTCOME_GUARDS = [
     Mutation(
         "end-execution-fence",
         _OUTCOMES_PY,
-        "        wait_key = NULL,\n"
-        "        finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED')"
-        " THEN clock_timestamp() END,\n"
+        "                           THEN clock_timestamp() END,\n"
         "        updated_at = clock_timestamp()\n    WHERE {FENCE}",
-        "        wait_key = NULL,\n"
-        "        finished_at = CASE WHEN :status IN ('SUCCEEDED', 'FAILED')"
-        " THEN clock_timestamp() END,\n"
+        "                           THEN clock_timestamp() END,\n"
         "        updated_at = clock_timestamp()\n    WHERE e.id = :execution_id",
         "A failure checks the lease again just before commit: a lease that ran out while "
         "the transaction waited rolls all of it back.",
@@ -821,24 +824,26 @@ OUTCOME_GUARDS = [
     Mutation(
         "writes-succeeded",
         _OUTCOMES_PY,
-        "FILTER (WHERE a.status = 'SUCCEEDED'), '{}') AS succeeded,",
-        "FILTER (WHERE false), '{}') AS succeeded,",
+        "FILTER (WHERE a.status = '{CheckpointStatus.SUCCEEDED}'), '{{}}') AS succeeded,",
+        "FILTER (WHERE false), '{{}}') AS succeeded,",
         "A failure after a write that succeeded parks the execution and keeps the request busy.",
         (f"{_EXHAUSTION}[IDEMPOTENT_WRITE-RECONCILIATION_REQUIRED]",),
     ),
     Mutation(
         "writes-in-doubt-unknown",
         _OUTCOMES_PY,
-        "                     a.status IN ('RUNNING', 'UNKNOWN')\n",
-        "                     a.status IN ('RUNNING')\n",
+        "                     a.status IN ('{CheckpointStatus.RUNNING}',"
+        " '{CheckpointStatus.UNKNOWN}')\n",
+        "                     a.status IN ('{CheckpointStatus.RUNNING}')\n",
         "A write whose latest attempt ended UNKNOWN is in doubt.",
         (guard("test_a_checkpoint_left_unknown_is_a_write_in_doubt_on_its_own"),),
     ),
     Mutation(
         "writes-in-doubt-running",
         _OUTCOMES_PY,
-        "                     a.status IN ('RUNNING', 'UNKNOWN')\n",
-        "                     a.status IN ('UNKNOWN')\n",
+        "                     a.status IN ('{CheckpointStatus.RUNNING}',"
+        " '{CheckpointStatus.UNKNOWN}')\n",
+        "                     a.status IN ('{CheckpointStatus.UNKNOWN}')\n",
         "A write left RUNNING (its holder died mid-call) is in doubt.",
         (guard("test_a_write_left_running_keeps_the_request_when_attempts_run_out"),),
     ),
@@ -1008,7 +1013,7 @@ WAIT_GUARDS = [
     Mutation(
         "park-own-running-attempt",
         _WAITS_PY,
-        "          AND a.status = 'RUNNING' AND a.fencing_token = :token\n",
+        "          AND a.status = '{CheckpointStatus.RUNNING}' AND a.fencing_token = :token\n",
         "",
         "A wait pauses only the attempt this holder is running.",
         (guard("test_only_a_running_read_of_this_holder_can_wait[left running]"),),
