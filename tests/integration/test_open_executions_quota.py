@@ -13,6 +13,7 @@ from automation_support import AUTOMATION_SCOPES, moment_flow
 from schedule_support import SCHEDULE_SCOPES, put, schedule_flow
 from sqlalchemy import Engine, text
 
+from orquestador.api import quota_checks
 from orquestador.db.schema import OPEN_EXECUTION
 from orquestador.domain.statuses import OPEN
 from orquestador.queue.open_executions import count_open
@@ -133,3 +134,42 @@ def test_the_count_reads_the_partial_index_and_stops_at_the_limit(
             {"org": ORG},
         ).scalars()
         assert "ix_execution_open" in "\n".join(plan)
+
+
+def test_far_below_the_limit_a_count_is_kept_a_second_near_it_never(
+    database, owner_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(quota_checks, "clock", lambda: now[0])
+    limit = quota_checks.FAR_BELOW + 5
+    with running_api(database.runtime_dsn, quota_open_executions=limit) as api:
+        flow_id = api.publish()["id"]
+        assert _run(api, flow_id).status_code == 202  # counted: 0, far below
+        _fill(owner_engine, flow_id, limit)
+        # Within the second the count is not taken again: accepted over the limit.
+        assert _run(api, flow_id).status_code == 202
+        now[0] += quota_checks.ROOM_SECONDS
+        over = _run(api, flow_id)
+        now[0] += quota_checks.ROOM_SECONDS
+        # At the limit, every acceptance counts.
+        again = _run(api, flow_id)
+
+    assert over.status_code == 429 and again.status_code == 429
+
+
+def _fill(owner_engine: Engine, flow_id: str, count: int) -> None:
+    """`count` more PENDING executions of the organization, each on a request of its own."""
+    with owner_engine.begin() as connection:
+        connection.execute(
+            text(
+                "WITH r AS (INSERT INTO request (org_id, owner_id, flow_id, state, revision,"
+                " data, created_by) SELECT :org, 'alice', :flow, 'new', 2,"
+                " '{\"machineId\": \"m\"}'::jsonb, 'alice' FROM generate_series(1, :n)"
+                " RETURNING id)"
+                " INSERT INTO execution (request_id, org_id, flow_id, transition_id,"
+                " accepted_revision, accepted_state, actor_snapshot, status, next_attempt_at)"
+                " SELECT id, :org, :flow, 'power-off', 2, 'new', '{\"sub\": \"alice\"}',"
+                " 'PENDING', now() + interval '1 day' FROM r"
+            ),
+            {"org": ORG, "flow": flow_id, "n": count},
+        )
