@@ -29,8 +29,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 
+from orquestador.db.sql_literals import quoted
 from orquestador.domain.statuses import (
     FINAL_COMMAND,
+    OPEN,
     ApprovalStatus,
     BulkAction,
     BulkItemOutcome,
@@ -146,9 +148,7 @@ KEY_HOLDING = (
 )
 
 # An execution not ended (domain.statuses.OPEN), as the index and the quota's count say it.
-OPEN_EXECUTION = (
-    "status IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'WAITING', 'RECONCILIATION_REQUIRED')"
-)
+OPEN_EXECUTION = f"status IN ({quoted(OPEN)})"
 
 execution = Table(
     "execution",
