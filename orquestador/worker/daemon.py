@@ -42,11 +42,11 @@ _ENDED_WITHOUT_WRITING = frozenset(("ABANDONED", "LEFT_RUNNING", "ERROR"))
 PING_AFTER_IDLE_SECONDS = 5.0
 
 # After the drain, every thread of the worker gets this long in all to end (a heartbeat
-# round or a loop's statement under way; the listener wakes every 0.5 s). One budget for
-# them together, not one each: threads stuck on a database that vanished would otherwise
-# add up past the service manager's TimeoutStopSec, and be killed mid-stop. The whole
-# stop takes at most WORKER_DRAIN_SECONDS + this (30 s by default; the shipped unit
-# allows 40).
+# round or a loop's statement under way; the listener looks at `stopped` every 0.5 s).
+# One budget for them together, not one each: threads stuck on a database that vanished
+# would otherwise add up past the service manager's TimeoutStopSec, and be killed
+# mid-stop. The whole stop takes at most WORKER_DRAIN_SECONDS + this (30 s by default;
+# the shipped unit allows 40).
 STOP_GRACE_SECONDS = 10.0
 
 
@@ -228,10 +228,9 @@ class Worker:
         if self._stop_requested.is_set():
             return
         self._stop_requested.set()
-        self.scheduler.stopped.set()
-        self.wake.set()
+        self.scheduler.stop()  # its wake is the shared one: a wait under way ends now
         if self.listener is not None:
-            self.listener.stopped.set()
+            self.listener.stop()
         for loop in self.loops:
             loop.stop()
         self._stopper = threading.Thread(target=self._drain, name="orquestador-drain", daemon=True)
@@ -248,13 +247,11 @@ class Worker:
         if not self._drained_cleanly:
             count = self.leases.signal_all()
             log.warning("drain time over; stopping %d job(s), leases left to expire", count)
-        self.heartbeat.stopped.set()
+        self.heartbeat.stop()
         # Nothing submitted is cancelled: a claim handed to the pool always runs, finds
         # its stop signal set, and gives its lease back at once instead of holding it.
         self.pool.shutdown(wait=False)
         self.executor.close()
-        if self.listener is not None:
-            self.listener.stopped.set()
         # The background threads end before "stopped" is reported, so that whoever
         # stops the database next (`orquestador dev`) never sees them fail on it.
         threads: list[threading.Thread] = [self.scheduler, self.heartbeat, *self.loops]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from sqlalchemy import Engine
 
+from orquestador.loop import Loop
 from orquestador.queue import renew_leases
 from orquestador.redaction import error_line
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
@@ -16,8 +16,12 @@ from orquestador.worker.leases import HeldLeases
 log = logging.getLogger(__name__)
 
 
-class Heartbeat(threading.Thread):
-    """Every renew interval, extend all leases of this owner that are still valid."""
+class Heartbeat(Loop):
+    """Every renew interval, extend all leases of this owner that are still valid.
+
+    A failed renewal is tried again within the interval (the loop's failure backoff is
+    capped at it): a lease is renewed as often when the database blinks as when it does not.
+    """
 
     def __init__(
         self,
@@ -28,44 +32,39 @@ class Heartbeat(threading.Thread):
         renew_seconds: float,
         hooks: WorkerHooks = NO_HOOKS,
     ) -> None:
-        super().__init__(name="orquestador-heartbeat", daemon=True)
+        super().__init__("heartbeat", renew_seconds)
         self._engine = engine
         self._owner = owner
         self._leases = leases
         self._lease_seconds = lease_seconds
-        self._renew_seconds = renew_seconds
         self._hooks = hooks
-        self.stopped = threading.Event()
-        # Cleared while renewals fail: readiness reads it.
-        self.healthy = threading.Event()
-        self.healthy.set()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self._renew_seconds):
-            self.beat()
 
     def beat(self) -> None:
-        """One renewal round; public so tests can drive it without waiting."""
+        """One renewal round as the loop runs it, a failure included; tests drive it."""
+        self.round()
+
+    def failed(self, exc: Exception, wait_seconds: float) -> None:
+        # Every failed renewal is logged: each one brings a lease nearer its end.
+        log.warning("lease renewal failed: %s", error_line(exc), extra={"worker_id": self._owner})
+
+    def recovered(self, failures: int) -> None:
+        log.info("lease renewal works again", extra={"worker_id": self._owner})
+
+    def run_once(self) -> bool:
         held = self._leases.keys()
         if not held:
             # Nothing to renew is nothing failing: an idle worker is not unready.
-            self.healthy.set()
-            return
+            return False
         if self._hooks.before_renew:
             self._hooks.before_renew(held)
         started = time.monotonic()
         try:
             with self._engine.connect() as conn:
                 renewal = renew_leases(conn, self._owner, held, self._lease_seconds)
-        except Exception as exc:
-            self.healthy.clear()
-            log.warning(
-                "lease renewal failed: %s", error_line(exc), extra={"worker_id": self._owner}
-            )
+        except Exception:
             for claim in self._leases.lose_overdue(time.monotonic()):
                 log.warning("lease presumed lost", extra=claim.log_extra)
-            return
-        self.healthy.set()
+            raise
         self._leases.renewed(renewal.renewed, started)
         for key in held:
             if key in renewal.busy:
@@ -83,3 +82,4 @@ class Heartbeat(threading.Thread):
             log.warning(
                 "lease could not be renewed in time; stop signal set", extra=claim.log_extra
             )
+        return False

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from sqlalchemy import Engine
 
 from orquestador.backoff import Backoff
+from orquestador.loop import Loop
 from orquestador.metrics import CLAIM_BATCH_SIZE
 from orquestador.queue import Claim
 from orquestador.queue.claims import ClaimRound, claim_round
@@ -77,7 +78,7 @@ def jittered(seconds: float) -> float:
     return seconds * random.uniform(0.8, 1.2)
 
 
-class Scheduler(threading.Thread):
+class Scheduler(Loop):
     """Claim, commit, hand each claim to a thread; sleep (interruptibly) when nothing is due."""
 
     def __init__(
@@ -94,71 +95,55 @@ class Scheduler(threading.Thread):
         wake: threading.Event,
         hooks: WorkerHooks = NO_HOOKS,
     ) -> None:
-        super().__init__(name="orquestador-scheduler", daemon=True)
+        # A claim that keeps failing (database away, a grant missing) is retried ever
+        # more slowly, so that the log holds a line per try, not two a second.
+        super().__init__(
+            "scheduler",
+            poll_seconds,
+            wake,
+            failure_backoff=Backoff(poll_seconds, CLAIM_BACKOFF_CAP_SECONDS),
+        )
         self._engine = engine
         self._owner = owner
         self._batch = batch
-        self._poll_seconds = poll_seconds
         self._lease_seconds = lease_seconds
         self._org_weights = dict(org_weights or {})
         self._slots = slots
         self._submit = submit
-        self._wake = wake
         self._hooks = hooks
-        self.stopped = threading.Event()  # set: claim nothing more
-        # Cleared while claims fail (the database away, a grant missing): readiness reads it.
-        self.healthy = threading.Event()
-        self.healthy.set()
         # Under a backlog, claim once this many slots are free (or GATHER_SECONDS passed).
         self._gather = max(1, min(batch, slots.capacity) // 2)
-        # A claim that keeps failing (database away, a grant missing) is retried ever
-        # more slowly, so that the log holds a line per try, not two a second.
-        self._backoff = Backoff(poll_seconds, CLAIM_BACKOFF_CAP_SECONDS)
+        self._backlog = False  # the last claim got all it asked for: more is probably due
 
-    def run(self) -> None:
-        backlog = False  # the last claim got all it asked for: more is probably due
-        failures = 0  # claims failed in a row
-        while not self.stopped.is_set():
-            # Cleared before claiming: a notification that lands during the claim sets it
-            # again, so the next wait returns at once instead of missing the work.
-            self._wake.clear()
-            free = self._slots.free
-            if backlog and 0 < free < self._gather:
-                # Under a backlog, slots free up one job at a time; claiming each alone
-                # costs a commit apiece. A few milliseconds' wait lets a batch gather.
-                # Nothing is claimed until then, so no claimed work waits for a thread.
-                free = self._slots.wait_free(self._gather, GATHER_SECONDS)
-            wanted = min(self._batch, free)
-            if wanted <= 0:
-                self._wake.wait(self._poll_seconds)
-                continue
-            try:
-                claimed = self.claim_once(wanted)
-            except Exception as exc:
-                failures += 1
-                backlog = False
-                self.healthy.clear()
-                self.stopped.wait(self._after_failure(exc, failures))
-                continue
-            if failures:
-                log.info(
-                    "claiming again after %d failed attempt(s)",
-                    failures,
-                    extra={"worker_id": self._owner},
-                )
-                failures = 0
-            self.healthy.set()
-            # A claim that blocked executions behind a full concurrency key, or let some
-            # back, changed what is due: claim again at once rather than after a poll.
-            backlog = len(claimed.claims) == wanted or claimed.more_may_be_due
-            if not backlog:
-                if self._hooks.before_idle_wait:
-                    self._hooks.before_idle_wait()
-                self._wake.wait(jittered(self._poll_seconds))
+    def run_once(self) -> bool:
+        free = self._slots.free
+        if self._backlog and 0 < free < self._gather:
+            # Under a backlog, slots free up one job at a time; claiming each alone
+            # costs a commit apiece. A few milliseconds' wait lets a batch gather.
+            # Nothing is claimed until then, so no claimed work waits for a thread.
+            free = self._slots.wait_free(self._gather, GATHER_SECONDS)
+        wanted = min(self._batch, free)
+        if wanted <= 0:
+            return False  # a slot given back sets `wake`
+        claimed = self.claim_once(wanted)
+        # A claim that blocked executions behind a full concurrency key, or let some
+        # back, changed what is due: claim again at once rather than after a poll.
+        self._backlog = len(claimed.claims) == wanted or claimed.more_may_be_due
+        if not self._backlog and self._hooks.before_idle_wait:
+            self._hooks.before_idle_wait()
+        return self._backlog
 
-    def _after_failure(self, exc: Exception, failures: int) -> float:
-        """Log one line about a failed claim; return how long to wait before the next one."""
-        wait = self._backoff.equal_jitter(failures)
+    def idle_seconds(self) -> float:
+        return jittered(self.interval_seconds)
+
+    def recovered(self, failures: int) -> None:
+        log.info(
+            "claiming again after %d failed attempt(s)", failures, extra={"worker_id": self._owner}
+        )
+
+    def failed(self, exc: Exception, wait_seconds: float) -> None:
+        """Log one line about each failed claim, with the wait before the next."""
+        self._backlog = False
         hint = ""
         if getattr(getattr(exc, "orig", None), "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
             hint = (
@@ -169,10 +154,9 @@ class Scheduler(threading.Thread):
             "claim failed: %s%s; next try in %.1f s",
             error_line(exc),
             hint,
-            wait,
+            wait_seconds,
             extra={"worker_id": self._owner},
         )
-        return wait
 
     def claim_once(self, wanted: int) -> ClaimRound:
         with self._engine.connect() as conn:
