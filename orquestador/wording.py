@@ -50,7 +50,11 @@ BULK_DONE_WORDS = {
 def bulk_outcome_in_words(progress: dict[str, Any]) -> str:
     """A bulk's outcome so far (GET /bulk/{id}'s view) as a person says it: what took
     effect first, then what was parked for a decision, then what the rules refused."""
-    said = [f"{progress['succeeded']} {BULK_DONE_WORDS.get(progress['action'], 'done')}"]
+    requested = len(progress.get("cancelRequested", []))
+    done = progress["succeeded"] - requested
+    said = [f"{done} {BULK_DONE_WORDS.get(progress['action'], 'done')}"]
+    if requested:
+        said.append(f"{requested} to stop when their step's call returns")
     parked = len(progress.get("parked", []))
     if parked:
         said.append(f"{parked} parked for a decision")

@@ -192,6 +192,8 @@ _EXECUTION_COLUMNS = (
     execution.c.continued_from,
     _CONTINUED_BY.label("continued_by"),
     execution.c.parent_execution_id,
+    execution.c.cancel_requested_at,
+    execution.c.cancel_requested_by,
     execution.c.started_at,
     execution.c.finished_at,
     execution.c.actor_snapshot.op("->>")("sub").label("started_by"),
@@ -208,6 +210,7 @@ VIEW_AUDIT_KINDS = (
     "STEP_ERROR_EXIT",
     "TRANSITION_FAILED",
     "ACTION_SIMULATED",
+    "CANCEL_REQUESTED",
     "EXECUTION_CANCELLED",
     ExecutionStatus.RECONCILIATION_REQUIRED,  # the audit row of a park says its status
 )

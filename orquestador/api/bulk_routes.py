@@ -180,6 +180,7 @@ def progress_view(found: BulkProgress) -> dict[str, Any]:
             {"executionId": str(item.execution_id), "code": item.code, "detail": item.detail}
             for item in found.refused
         ],
+        "cancelRequested": [str(execution_id) for execution_id in found.cancel_requested],
         "createdAt": timestamp(found.created_at),
         "finishedAt": timestamp(found.finished_at),
     }

@@ -161,6 +161,13 @@ BULK_PROGRESS: dict[str, Any] = {
             "(`NOT_CANCELLABLE`, `NOT_RECONCILABLE`, ...); nothing was done to it.",
             "items": _ITEM,
         },
+        "cancelRequested": {
+            "type": "array",
+            "description": "Cancels of RUNNING executions, counted in `succeeded`: each "
+            "execution stops when its step's call returns (CANCELLED, or parked "
+            "`CANCELLED_AFTER_WRITES` by the write rule).",
+            "items": _UUID,
+        },
         "createdAt": _TIMESTAMP,
         "finishedAt": {"type": ["string", "null"], "format": "date-time"},
     },

@@ -302,19 +302,22 @@ def cancel_as(
     executions:cancel reaches the whole organization; requests:write only the caller's
     own requests. 200 either way: the cancel was applied as the write rule allows. After
     a write done or in doubt the view says RECONCILIATION_REQUIRED, CANCELLED_AFTER_WRITES,
-    and names the writes; the request stays busy until an operator decides.
+    and names the writes; the request stays busy until an operator decides. A RUNNING
+    execution answers with `cancelRequested`: its holder applies the cancel when the
+    step's call returns (a call is never cut).
     """
     operator = caller.has_scope(SCOPE_EXECUTIONS_CANCEL)
     access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
     require_visible(access, execution_id, readable_by=None if operator else caller)
     with engine().connect() as connection:
         cancelled = cancel(connection, execution_id, caller.org, caller.sub, reason)
-    log.info(
-        "execution cancelled"
-        if cancelled.status == ExecutionStatus.CANCELLED
-        else "cancel parked the execution",
-        extra={"execution_id": str(execution_id), "status": cancelled.status},
-    )
+    if cancelled.requested:
+        said = "cancel requested; the step's call is running"
+    elif cancelled.status == ExecutionStatus.CANCELLED:
+        said = "execution cancelled"
+    else:
+        said = "cancel parked the execution"
+    log.info(said, extra={"execution_id": str(execution_id), "status": cancelled.status})
     return _view_or_404(access, execution_id), cancelled
 
 

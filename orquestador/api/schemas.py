@@ -254,6 +254,17 @@ EXECUTION: dict[str, Any] = {
                 " It moves again once someone decides, or at the deadline."
             ),
         },
+        "cancelRequested": {
+            "const": True,
+            "description": (
+                "A person asked to cancel the execution while a step's call was running (or"
+                " a wait was being checked again): the call is not cut; the worker applies"
+                " the cancel when it returns, by the write rule (CANCELLED, or parked"
+                " `CANCELLED_AFTER_WRITES`). Absent otherwise."
+            ),
+        },
+        "cancelRequestedAt": {"type": "string", "format": "date-time"},
+        "cancelRequestedBy": {"type": "string", "description": "Who asked to cancel."},
         "attempts": {"type": "integer", "minimum": 0},
         "priority": {
             "type": "integer",

@@ -131,7 +131,11 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
     machine_commands: dict[str, Any] | None = None
     for event in audit:
         detail = event.detail if isinstance(event.detail, dict) else {}
-        if event.kind in ("EXECUTION_CANCELLED", ExecutionStatus.RECONCILIATION_REQUIRED):
+        if event.kind in (
+            "CANCEL_REQUESTED",
+            "EXECUTION_CANCELLED",
+            ExecutionStatus.RECONCILIATION_REQUIRED,
+        ):
             # A cancel's row (ended or parked) lists the commands it cancelled or asked
             # to stop; a worker's park has none.
             if isinstance(detail.get("machineCommands"), dict):
@@ -227,6 +231,17 @@ def _decision(kind: str, detail: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cancel_requested(body: dict[str, Any], row: Row) -> None:
+    """A cancel asked while a step's call ran, until its holder applies it (or an
+    operator's retry of the park it led to clears it): who asked, and when."""
+    requested_at = getattr(row, "cancel_requested_at", None)
+    if requested_at is None or row.status not in UNFINISHED:
+        return
+    body["cancelRequested"] = True
+    body["cancelRequestedAt"] = timestamp(requested_at)
+    body["cancelRequestedBy"] = row.cancel_requested_by
+
+
 def execution_view(
     row: Row,
     steps: Iterable[Row],
@@ -262,6 +277,7 @@ def execution_view(
         value = getattr(row, column, None)
         if value is not None:
             body[key] = str(value)
+    _cancel_requested(body, row)
     waiting = row.status == ExecutionStatus.RETRY_WAIT
     if waiting:
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)

@@ -143,9 +143,9 @@ def add_executions_command(command: CommandFactory) -> ClientAction:
 
     cancel = action(
         "cancel",
-        "cancel an execution that has not started or waits (executions:cancel, or "
-        "requests:write on your own request); after a write it is parked for "
-        "reconciliation instead",
+        "cancel an execution (executions:cancel, or requests:write on your own request); "
+        "a running one stops when its step's call returns; after a write it is parked "
+        "for reconciliation instead",
         _cancel,
     )
     cancel.add_argument("execution", metavar="ID", help=_ID_HELP)
@@ -349,6 +349,14 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
     view = client.cancel_execution(resolve_execution_id(client, args.execution), args.reason)
     if args.json:
         print_json(view)
+    elif view.get("cancelRequested"):
+        # Nothing cuts a call half way: the worker applies the cancel when it returns.
+        print(
+            "cancel requested: the step's call is running; the execution stops when the call"
+            " returns (cancelled, or parked for reconciliation if it wrote); follow it with:"
+            f" orquestador executions wait {view['id']}"
+        )
+        print_execution(view)
     elif view["status"] == ExecutionStatus.RECONCILIATION_REQUIRED:
         # The server kept the request busy: a write happened or may have, and only an
         # operator may decide what becomes of it. Saying "cancelled" here would mislead.
@@ -404,6 +412,12 @@ def correction_argument(text: str) -> dict[str, Any]:
     return {"path": path, "text": value}
 
 
+def _cancel_requested(view: dict[str, Any]) -> str | None:
+    if not view.get("cancelRequested"):
+        return None
+    return f"by {view.get('cancelRequestedBy')} at {view.get('cancelRequestedAt')}"
+
+
 def print_execution(view: dict[str, Any]) -> None:
     """The execution's fields a person reads first, then its steps."""
     print_fields(
@@ -417,6 +431,7 @@ def print_execution(view: dict[str, Any]) -> None:
             ("outcome", view.get("outcome")),
             ("to state", view.get("toState")),
             ("error", view.get("errorCode")),
+            ("cancel requested", _cancel_requested(view)),
             ("next attempt", view.get("nextAttemptAt")),
             ("waits for", _blocked_by(view.get("blockedBy"))),
             ("attempts", view.get("attempts")),

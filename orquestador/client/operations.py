@@ -264,6 +264,9 @@ class Client:
 
     @operation("cancelExecution")
     def cancel_execution(self, execution_id: str, reason: str) -> Json:
+        """The execution after the cancel: CANCELLED, parked RECONCILIATION_REQUIRED after
+        writes, or still RUNNING with `cancelRequested: true` (it stops when its step's
+        call returns; `wait_execution` follows it to there). ApiError 409 once ended."""
         return self.transport.call(
             "POST", f"/executions/{segment(execution_id)}/cancel", json={"reason": reason}
         )

@@ -200,6 +200,12 @@ execution = Table(
     # The rollout step's execution that started this one as a child (rollout@1,
     # migration 0031); NULL for every other execution.
     Column("parent_execution_id", UUID(as_uuid=True)),
+    # A cancel a person asked for while a step's call was in flight (migration 0034):
+    # when, who and why. Its holder applies it once the call returns; an operator's
+    # retry of a parked execution clears it.
+    Column("cancel_requested_at", TIMESTAMP(timezone=True)),
+    Column("cancel_requested_by", Text),
+    Column("cancel_requested_reason", Text),
     Column(
         "created_at",
         TIMESTAMP(timezone=True),
@@ -1010,6 +1016,10 @@ RUNTIME_UPDATE_COLUMNS: dict[str, tuple[str, ...]] = {
         "accepted_revision",
         # An operator's retry of an execution parked at MAX_CONTINUATIONS starts it again.
         "continuations",
+        # A cancel asked of a RUNNING execution, applied by its holder (migration 0034).
+        "cancel_requested_at",
+        "cancel_requested_by",
+        "cancel_requested_reason",
     ),
     # A new attempt rewrites its checkpoint whole (checkpoints._START's upsert).
     "action_execution": (

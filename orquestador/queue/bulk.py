@@ -19,11 +19,13 @@ since (parked again, decided by someone else) is refused STALE_ITEM, so a bulk n
 decides about a doubt nobody saw. A cancel item acts on the execution as it is then: the
 cancel's write rule judges what it finds, parking instead of releasing after any write.
 
-An item the rules refuse (a RUNNING execution cannot be cancelled; only a parked one can
+An item the rules refuse (an ended execution cannot be cancelled; only a parked one can
 be retried or failed) is recorded REFUSED with its problem code; a cancel the write rule
 turns into a park for an operator is recorded PARKED, CANCELLED_AFTER_WRITES, with what
-became of its machine commands in words: it took effect, it was not refused. Nothing is
-ever forced.
+became of its machine commands in words: it took effect, it was not refused. A cancel of
+a RUNNING execution is recorded SUCCEEDED with words (the only success that has any):
+the cancel is requested, and its worker applies it when the step's call returns. Nothing
+is ever forced.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ from orquestador.db.schema import (
 from orquestador.errors import DecisionInvalid, OrquestadorError
 from orquestador.machines.cancel import CancelledCommands
 from orquestador.queue.reconciliation import (
+    CANCEL_REQUESTABLE,
+    CANCEL_REQUESTED_WORDS,
     CANCELLED_AFTER_WRITES,
     Cancelled,
     Resolution,
@@ -145,6 +149,8 @@ class BulkProgress:
     # The cancels the write rule turned into a park for an operator's decision: acted
     # on, not refused (their machine commands were withdrawn or asked to stop).
     parked: list[RefusedItem]
+    # The cancels of RUNNING executions, requested: each stops when its step's call returns.
+    cancel_requested: list[uuid.UUID]
     created_at: datetime
     finished_at: datetime | None
 
@@ -335,6 +341,9 @@ def _act(
             extra={"bulk_id": str(bulk.id), "execution_id": str(execution_id)},
         )
         return ItemOutcome(execution_id, "REFUSED", ITEM_FAILED, type(failed).__name__)
+    if cancelled is not None and cancelled.requested:
+        # Acted on as asked; the only success with words: its worker applies it later.
+        return ItemOutcome(execution_id, "SUCCEEDED", detail=CANCEL_REQUESTED_WORDS, status=status)
     if status == "RECONCILIATION_REQUIRED" and cancelled is not None:
         return ItemOutcome(
             execution_id, "PARKED", CANCELLED_AFTER_WRITES, parked_words(cancelled.commands), status
@@ -401,7 +410,10 @@ def _no_output(capability: str, version: int, output: Any) -> list[str]:
 
 def _count(bulk: RunningBulk, outcome: ItemOutcome) -> None:
     # As the single-execution routes count: every cancel, and a decision that failed one.
-    if outcome.status is not None and (bulk.action == "cancel" or outcome.status == "FAILED"):
+    # A cancel requested of a RUNNING execution moved nothing yet: its worker counts it.
+    if outcome.status not in (None, CANCEL_REQUESTABLE) and (
+        bulk.action == "cancel" or outcome.status == "FAILED"
+    ):
         metrics.count_move(outcome.status)
 
 
@@ -476,7 +488,8 @@ _PROGRESS = text(
 _NOT_AS_ASKED = text(
     """
     SELECT execution_id, outcome, code, detail FROM bulk_item
-    WHERE bulk_id = :bulk_id AND outcome IN ('REFUSED', 'PARKED')
+    WHERE bulk_id = :bulk_id
+      AND (outcome IN ('REFUSED', 'PARKED') OR (outcome = 'SUCCEEDED' AND detail IS NOT NULL))
     ORDER BY execution_id
     """
 )
@@ -513,6 +526,7 @@ def bulk_progress(conn: Connection, bulk_id: uuid.UUID, org_id: str) -> BulkProg
         succeeded=row.succeeded,
         refused=refused,
         parked=parked,
+        cancel_requested=[item.execution_id for item in others if item.outcome == "SUCCEEDED"],
         created_at=row.created_at,
         finished_at=row.finished_at,
     )

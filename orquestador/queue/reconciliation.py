@@ -15,7 +15,10 @@ step reads the corrected data; the audit row keeps each path's value before and 
 
 A cancel obeys the write rule like a failure does: after a write that happened or
 may have happened it parks the execution for an operator instead of releasing the
-request, which a resubmission could otherwise use to write again. A write whose only
+request, which a resubmission could otherwise use to write again. A RUNNING execution
+is not cut mid-call: the cancel is recorded as requested (who, why, when) and its
+holder applies it, by the same rule, once the step's call has returned
+(queue/cancel_requests.py). A write whose only
 effect is a machine command no agent took, withdrawn in the cancel's own transaction,
 counts as not done (SPEC 23): there is nothing for a person to decide.
 
@@ -56,6 +59,13 @@ log = logging.getLogger(__name__)
 RETRY_APPROVED = "RETRY_APPROVED"
 DECISIONS = ("confirm", "retry", "fail")
 CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
+# A cancel of a RUNNING execution is recorded and applied by its holder.
+CANCEL_REQUESTABLE = "RUNNING"
+# The audit kind of that record, and what it means in words.
+CANCEL_REQUESTED = "CANCEL_REQUESTED"
+CANCEL_REQUESTED_WORDS = (
+    "cancel requested: the step's call is running; the execution stops when the call returns"
+)
 # Why a cancel parked its execution instead of ending it: writes done or in doubt.
 CANCELLED_AFTER_WRITES = "CANCELLED_AFTER_WRITES"
 # A retry's correction the data schema, the size limit or the pointers refuse.
@@ -79,7 +89,7 @@ _LOCK_EXECUTION = text(
     """
     SELECT e.id, e.org_id, e.request_id, e.flow_id, e.transition_id, e.status, e.error_code,
            e.error_detail, e.accepted_state, e.accepted_revision, e.attempts, e.updated_at,
-           e.concurrency_key, f.definition
+           e.concurrency_key, e.cancel_requested_at, f.definition
     FROM execution e JOIN flow f ON f.id = e.flow_id
     WHERE e.id = :execution_id AND e.org_id = :org_id
     FOR UPDATE OF e
@@ -141,12 +151,27 @@ _REQUEUE = text(
                              ELSE continuations END,
         status = 'PENDING', next_attempt_at = clock_timestamp(), error_code = NULL,
         error_detail = NULL, result = NULL, lease_owner = NULL, lease_expires_at = NULL,
-        max_attempts = attempts + :claims_budget, updated_at = clock_timestamp()
+        max_attempts = attempts + :claims_budget, cancel_requested_at = NULL,
+        cancel_requested_by = NULL, cancel_requested_reason = NULL,
+        updated_at = clock_timestamp()
     WHERE id = :execution_id
     """
 )
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+# A cancel asked of a RUNNING execution, kept as first asked: a second request while
+# the first waits for the call changes nothing. Under the execution's lock, so the
+# batch writer's next RUNNING or finish of it sees the request (or this waits for it).
+_REQUEST_CANCEL = text(
+    """
+    UPDATE execution
+    SET cancel_requested_at = clock_timestamp(), cancel_requested_by = :actor,
+        cancel_requested_reason = :reason, updated_at = clock_timestamp()
+    WHERE id = :execution_id AND status = 'RUNNING' AND cancel_requested_at IS NULL
+    RETURNING cancel_requested_at
+    """
+)
 
 # The request row is locked already (_LOCK); its data is read only for a correction.
 _DATA_TO_CORRECT = text(
@@ -590,27 +615,36 @@ class _Deciding:
 
 @dataclass(frozen=True)
 class Cancelled:
-    """What a cancel left: the execution's status, and what became of its machine commands."""
+    """What a cancel left: the execution's status, and what became of its machine commands.
+
+    `requested`: the execution was RUNNING, so the cancel was recorded for its holder to
+    apply when the step's call returns; the status is still RUNNING.
+    """
 
     status: str
     commands: CancelledCommands
+    requested: bool = False
 
 
 def cancel(
     conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str
 ) -> Cancelled:
-    """Cancel a PENDING, RETRY_WAIT or WAITING execution; the status it is left in.
+    """Cancel a live execution; the status it is left in.
 
     CANCELLED, with the request released in its accepted state, only when no write
     happened or may have happened in the execution (the write rule, read under the
     locks); otherwise RECONCILIATION_REQUIRED (CANCELLED_AFTER_WRITES) with the
-    request still busy, for an operator to decide. Any other status is NotCancellable.
-    Either way, in the same transaction, the execution's machine commands that no agent
-    took are cancelled and those taken are asked to stop; the audit row names both.
+    request still busy, for an operator to decide. A RUNNING one is not cut mid-call: the
+    cancel is recorded as requested (the first request's who, why and when are kept) and
+    its holder applies it when the call returns; it stays RUNNING. An ended or parked
+    one is NotCancellable. Either way, in the same transaction, the execution's machine
+    commands that no agent took are cancelled and those taken are asked to stop; the
+    audit row names both.
     """
     with conn.begin():
         cancelled = cancel_in_transaction(conn, execution_id, org_id, actor, reason)
-    metrics.count_move(cancelled.status)
+    if not cancelled.requested:
+        metrics.count_move(cancelled.status)
     return cancelled
 
 
@@ -630,10 +664,13 @@ def cancel_in_transaction(
         _request, execution = _lock(conn, execution_id, org_id)
     except NotReconcilable as missing:
         raise NotCancellable(missing.message) from None
+    if execution.status == CANCEL_REQUESTABLE:
+        return _request_cancel(conn, execution, actor, {"reason": reason, **_bulk_detail(bulk_id)})
     if execution.status not in CANCELLABLE:
         raise NotCancellable(
-            f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} can be "
-            "cancelled (an action in flight cannot be stopped)"
+            f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} executions"
+            f" end by a cancel, and a {CANCEL_REQUESTABLE} one stops when its step's call"
+            " returns"
         )
     writes = writes_of(conn, execution.id)
     commands = cancel_for_execution(conn, org_id=org_id, execution_id=execution.id)
@@ -642,13 +679,45 @@ def cancel_in_transaction(
     writes = replace(writes, succeeded=[a for a in writes.succeeded if a not in untaken])
     said = {"reason": reason, **_bulk_detail(bulk_id)}
     if writes.succeeded or writes.in_doubt:
-        status = _park_cancelled(conn, execution, actor, said, writes, commands)
+        status = park_cancelled(conn, execution, actor, said, writes, commands)
     else:
-        status = _end_cancelled(conn, execution, actor, said, commands)
+        status = end_cancelled(conn, execution, actor, said, commands)
     return Cancelled(status, commands)
 
 
-def _end_cancelled(
+def _request_cancel(
+    conn: Connection, execution: Any, actor: str, said: dict[str, str]
+) -> Cancelled:
+    """Record the cancel of a RUNNING execution for its holder, audited once.
+
+    The call in flight is not cut. Its machine commands no agent took are withdrawn
+    now and the taken ones asked to stop, so a wait's check sees them ended; the
+    holder withdraws any its step wrote meanwhile when it applies the cancel.
+    """
+    commands = cancel_for_execution(conn, org_id=execution.org_id, execution_id=execution.id)
+    first = execution.cancel_requested_at is None
+    if first:
+        conn.execute(
+            _REQUEST_CANCEL,
+            {"execution_id": execution.id, "actor": actor, "reason": said["reason"]},
+        )
+    if first or commands.cancelled or commands.stop_requested:
+        _audit(
+            conn,
+            execution,
+            CANCEL_REQUESTED,
+            actor,
+            {**said, "fromStatus": execution.status, "machineCommands": commands.as_json()},
+        )
+    log.info(
+        "cancel requested: the step's call is running; its holder applies the cancel when"
+        " the call returns",
+        extra={"execution_id": str(execution.id)},
+    )
+    return Cancelled(CANCEL_REQUESTABLE, commands, requested=True)
+
+
+def end_cancelled(
     conn: Connection,
     execution: Any,
     actor: str,
@@ -680,7 +749,7 @@ def _end_cancelled(
     return "CANCELLED"
 
 
-def _park_cancelled(
+def park_cancelled(
     conn: Connection,
     execution: Any,
     actor: str,

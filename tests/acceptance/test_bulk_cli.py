@@ -72,6 +72,9 @@ def test_yes_previews_starts_and_reports_each_refused_item(
     flow = publish(owner_engine)
     pending = arrange(owner_engine, flow, 13)
     running = arrange(owner_engine, flow, 1, status="RUNNING")
+    parked = arrange(
+        owner_engine, flow, 1, status="RECONCILIATION_REQUIRED", error_code="UNCERTAIN_OUTCOME"
+    )
 
     result = _bulk(
         server, "--flow", str(flow), "--action", "cancel", "--reason", "maintenance", "--yes"
@@ -79,12 +82,16 @@ def test_yes_previews_starts_and_reports_each_refused_item(
 
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "14 executions match; a bulk cancel acts on each"
+    assert lines[0] == "15 executions match; a bulk cancel acts on each"
     assert lines[1].split() == ["ID", "STATUS", "ERROR", "FLOW", "MACHINE", "CREATED", "CANCEL"]
-    assert "... and 4 more" in lines
-    assert any(line.startswith("bulk ") and "14 executions" in line for line in lines)
-    assert "done: 14 of 14; 13 cancelled, 1 refused" in lines
-    assert any(line.split()[:2] == [str(running[0]), "NOT_CANCELLABLE"] for line in lines)
+    assert "... and 5 more" in lines
+    assert any(line.startswith("bulk ") and "15 executions" in line for line in lines)
+    # A RUNNING one is not cut mid-call: it stops when its step's call returns.
+    assert (
+        "done: 15 of 15; 13 cancelled, 1 to stop when their step's call returns, 1 refused" in lines
+    )
+    assert any(line.split()[:2] == [str(parked[0]), "NOT_CANCELLABLE"] for line in lines)
+    assert statuses(owner_engine, running) == {running[0]: "RUNNING"}
     assert set(statuses(owner_engine, pending).values()) == {"CANCELLED"}
     assert all(len(rows) == 1 for rows in audits(owner_engine, "EXECUTION_CANCELLED").values())
 

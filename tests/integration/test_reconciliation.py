@@ -260,12 +260,33 @@ def test_cancel_ends_a_pending_execution_and_releases_its_request(runtime_engine
         assert claim_due_executions(conn, "w", 5, 30) == []
 
 
-def test_a_running_execution_cannot_be_cancelled(runtime_engine):
+def test_a_running_execution_records_the_cancel_for_its_holder_once(runtime_engine):
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     claim_one(runtime_engine)
+    with runtime_engine.connect() as conn:
+        first = cancel(conn, eid, ORG, "user-1", "too late")
+    with runtime_engine.connect() as conn:
+        again = cancel(conn, eid, ORG, "user-2", "still too late")
+
+    assert (first.status, first.requested) == ("RUNNING", True)
+    assert (again.status, again.requested) == ("RUNNING", True)
+    row = execution(runtime_engine, eid)
+    # Nothing is cut: the holder still holds it, and the first request is what is kept.
+    assert row.status == "RUNNING" and row.lease_owner is not None
+    assert row.cancel_requested_at is not None
+    assert (row.cancel_requested_by, row.cancel_requested_reason) == ("user-1", "too late")
+    (requested,) = audit(runtime_engine, eid, "CANCEL_REQUESTED")
+    assert (requested.actor, requested.detail["reason"]) == ("user-1", "too late")
+    assert requested.detail["fromStatus"] == "RUNNING"
+    assert audit(runtime_engine, eid, "EXECUTION_CANCELLED") == []
+
+
+def test_an_ended_execution_cannot_be_cancelled(runtime_engine):
+    eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
+    with runtime_engine.connect() as conn:
+        cancel(conn, eid, ORG, "user-1", "first")
     with runtime_engine.connect() as conn, pytest.raises(NotCancellable):
-        cancel(conn, eid, ORG, "user-1", "too late")
-    assert execution(runtime_engine, eid).status == "RUNNING"
+        cancel(conn, eid, ORG, "user-1", "twice")
 
 
 def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
@@ -281,7 +302,8 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
     def cancel_now():
         with runtime_engine.connect() as conn:
             try:
-                result["status"] = cancel(conn, eid, ORG, "user-1", "race").status
+                cancelled = cancel(conn, eid, ORG, "user-1", "race")
+                result["status"] = "requested" if cancelled.requested else cancelled.status
             except NotCancellable:
                 result["status"] = "refused"
 
@@ -293,7 +315,8 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
         claiming.commit()
         claimer.close()
     thread.join(20)
-    assert result == {"status": "refused"}
+    # It found the claim's RUNNING: recorded for the holder, never applied under it.
+    assert result == {"status": "requested"}
     assert execution(runtime_engine, eid).status == "RUNNING"
 
     # The other order: a cancel that holds the row keeps a claim out for good.

@@ -67,6 +67,9 @@ COLUMNS_ADDED = {
     "0022": {"panel_notice": {"dismissed_by"}},
     "0023": {"execution": {"accepted_revision"}},
     "0030": {"execution": {"continuations"}},
+    "0034": {
+        "execution": {"cancel_requested_at", "cancel_requested_by", "cancel_requested_reason"}
+    },
     "0031": {
         "rollout": {
             "next_index",
@@ -491,6 +494,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # 0033: the partial index the quota openExecutions counts from.
     step(server, name, "0033")
     assert _update_columns(server, name) == _declared_updates(at="0033")
+    # 0034: a cancel asked of a RUNNING execution, and the batch writer honouring it.
+    step(server, name, "0034")
+    assert _update_columns(server, name) == _declared_updates(at="0034")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(

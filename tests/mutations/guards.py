@@ -1655,12 +1655,21 @@ MACHINE_CANCEL = "tests/integration/test_machine_cancel.py"
 
 CANCEL_GUARDS = [
     Mutation(
-        "cancel-only-when-not-running",
+        "cancel-only-when-live",
         _RECONCILIATION_PY,
         "    if execution.status not in CANCELLABLE:\n",
         "    if False:\n",
-        "An execution whose action may be in flight (RUNNING) is never cancelled.",
-        (f"{RECONCILIATION}::test_a_running_execution_cannot_be_cancelled",),
+        "An ended or parked execution is never cancelled again.",
+        (f"{RECONCILIATION}::test_an_ended_execution_cannot_be_cancelled",),
+    ),
+    Mutation(
+        "cancel-of-running-only-requested",
+        _RECONCILIATION_PY,
+        "    if execution.status == CANCEL_REQUESTABLE:\n",
+        "    if False:\n",
+        "A cancel of a RUNNING execution is recorded for its holder, never refused and never "
+        "applied under the call in flight.",
+        (f"{RECONCILIATION}::test_a_running_execution_records_the_cancel_for_its_holder_once",),
     ),
     Mutation(
         "cancel-locks-the-execution",
@@ -1986,7 +1995,7 @@ BULK_GUARDS = [
         "    WHERE bulk_id = :bulk_id AND outcome IS NULL AND execution_id > :after\n",
         "    WHERE bulk_id = :bulk_id AND execution_id > :after\n",
         "An item with an outcome is never taken, so never acted on, again.",
-        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
+        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_did",),
     ),
     Mutation(
         "bulk-ends-only-when-no-item-is-left",
@@ -2003,7 +2012,7 @@ BULK_GUARDS = [
         '    if status == "RECONCILIATION_REQUIRED" and cancelled is not None:\n',
         "    if False:\n",
         "A cancel the write rule turned into a park is reported with its code, not as done.",
-        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
+        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_did",),
     ),
     Mutation(
         "bulk-takes-the-caller-s-organization-only",
@@ -2537,7 +2546,7 @@ OPERATOR_SEAM_GUARDS = [
         "    return exists().where(\n        step.c.execution_id == execution_id,\n",
         "    return exists().where(\n        step.c.execution_id != execution_id,\n",
         "A cancel's preview warns of exactly the executions a cancel would park.",
-        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_refused",),
+        (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_did",),
     ),
     Mutation(
         "executions-finished-counts-only-final-statuses",

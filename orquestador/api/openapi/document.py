@@ -409,10 +409,14 @@ def _core_paths() -> dict[str, Any]:
         "/executions/{executionId}/cancel": {
             "post": {
                 "operationId": "cancelExecution",
-                "summary": "Cancel an execution that has not started (or waits)",
+                "summary": "Cancel an execution (a running one when its step's call returns)",
                 "description": "Scope `executions:cancel` (any execution of the organization), "
-                "or `requests:write` for executions of the caller's own requests. PENDING, "
-                "RETRY_WAIT and WAITING executions with no write done or in doubt end "
+                "or `requests:write` for executions of the caller's own requests. A RUNNING "
+                "execution (a step's call in flight, or a wait being checked again) is not cut "
+                "mid-call: the cancel is recorded, audited `CANCEL_REQUESTED`, and the answer "
+                "is the view with `cancelRequested: true` (a second cancel meanwhile answers "
+                "the same); the worker applies it when the call returns, by the rule below. "
+                "PENDING, RETRY_WAIT and WAITING executions with no write done or in doubt end "
                 "CANCELLED and the request is released in its accepted state, audited "
                 "`EXECUTION_CANCELLED`. After a write that succeeded or is in doubt the "
                 "request is not released: the execution parks RECONCILIATION_REQUIRED with "
@@ -428,8 +432,9 @@ def _core_paths() -> dict[str, Any]:
                 "responses": {
                     "200": json_response(
                         ref("CancelledExecution"),
-                        "Cancelled (CANCELLED), or parked for reconciliation after writes "
-                        "(RECONCILIATION_REQUIRED, `CANCELLED_AFTER_WRITES`).",
+                        "Cancelled (CANCELLED), parked for reconciliation after writes "
+                        "(RECONCILIATION_REQUIRED, `CANCELLED_AFTER_WRITES`), or, for a RUNNING "
+                        "execution, the cancel requested (`cancelRequested: true`).",
                     ),
                     **problems(
                         *WRITE_ERRORS,
@@ -437,8 +442,8 @@ def _core_paths() -> dict[str, Any]:
                         "409",
                         s403="The token has neither scope, or only `requests:write` and the "
                         "request is someone else's.",
-                        s409="`NOT_CANCELLABLE`: the execution is RUNNING (an action in flight "
-                        "cannot be stopped) or has ended.",
+                        s409="`NOT_CANCELLABLE`: the execution has ended or is parked for a "
+                        "decision.",
                     ),
                 },
             },

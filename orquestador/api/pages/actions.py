@@ -74,6 +74,8 @@ MAX_REASON_CHARACTERS = 2000
 # What the page a form returns to says about it: only these words, never text from the URL.
 DONE = {
     "cancelled": "The cancel was applied as the write rule allows.",
+    "cancel-requested": "Cancel requested: the step's call is running; the execution stops "
+    "when the call returns, as the write rule allows.",
     "approved": "You approved it.",
     "rejected": "You rejected it.",
     "dismissed": "The notice was dismissed.",
@@ -133,8 +135,9 @@ def cancel_execution(execution_id: str) -> Any:
     if problem is not None:
         # The form again, with what was typed and what is wrong beside it.
         return _cancel_page(identifier, reason=reason, problem=problem, status=422)
-    cancel_as(g.caller, identifier, reason)
-    return _back(url_for("ui.execution_page", execution_id=str(identifier)), "cancelled")
+    _, cancelled = cancel_as(g.caller, identifier, reason)
+    done = "cancel-requested" if cancelled.requested else "cancelled"
+    return _back(url_for("ui.execution_page", execution_id=str(identifier)), done)
 
 
 @blueprint.post("/executions/<execution_id>/rollout/<what>")

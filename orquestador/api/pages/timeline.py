@@ -257,7 +257,15 @@ _SENTENCES = {
     "TRANSITION_FAILED": lambda actor, d: (
         f"{actor} ended the transition as failed: the request is in {_get(d, 'toState')}."
     ),
-    "EXECUTION_CANCELLED": lambda actor, d: f"{actor} cancelled it.{_commands(d)}",
+    "CANCEL_REQUESTED": lambda actor, d: (
+        f"{actor} asked to cancel it while a step's call was running: it stops when the call"
+        f" returns.{_commands(d)}"
+    ),
+    "EXECUTION_CANCELLED": lambda actor, d: (
+        f"{actor}'s cancel took effect when the step's call returned.{_commands(d)}"
+        if d.get("appliedBy")
+        else f"{actor} cancelled it.{_commands(d)}"
+    ),
     "NOTICE_WRITTEN": lambda actor, d: f"A notice was written; {_email(d)}.",
     "NOTICE_EMAIL_SETTLED": lambda actor, d: (
         "A notice's e-mail was delivered."
@@ -277,6 +285,7 @@ def _unknown(kind: str) -> str:
 
 # Facts worth a line of their own, by kind, in the order they are shown.
 _FACT_LABELS: dict[str, Sequence[tuple[str, str]]] = {
+    "CANCEL_REQUESTED": (("reason", "Reason"),),
     "EXECUTION_CANCELLED": (("reason", "Reason"),),
     ExecutionStatus.RECONCILIATION_REQUIRED: (("cancelReason", "Reason"),),
     "RECONCILIATION_RESOLVED": (("reason", "Reason"), ("output", "Output")),
