@@ -5,6 +5,7 @@
     ├── DatabaseUnavailable          the API answers 503, a worker waits it out
     ├── LeaseLost                    a holder's write fenced off: it stops, never retries
     ├── RequestChanged, ContractMismatch, IntegrationUnavailable
+    ├── CancelRequested              the holder applies a cancel asked while a call ran
     ├── DomainError                  domain/errors.py: a rule of the pure code broken
     │   └── DataValidationError ...  with its problems at their paths
     ├── MigrationFailed, EngineUnavailable, CredentialRefused   (their own modules)
@@ -78,6 +79,12 @@ class ContractMismatch(OrquestadorError):
     """A recovered checkpoint does not match the action about to run."""
 
     code = "CONTRACT_MISMATCH"
+
+
+class CancelRequested(OrquestadorError):
+    """A person asked to cancel the execution while a step's call ran; its holder applies it."""
+
+    code = "CANCEL_REQUESTED"
 
 
 class IntegrationUnavailable(OrquestadorError):

@@ -49,7 +49,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from orquestador.db.schema import WRITE_BATCH_FUNCTION
-from orquestador.errors import ContractMismatch, RequestChanged
+from orquestador.errors import CancelRequested, ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import ActionAttempt
 from orquestador.queue.fencing import WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.outcomes import Finish, finish_documents, request_change
@@ -233,7 +233,8 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
     """Write `rows` in one transaction on `conn` (autocommit mode); one answer per row.
 
     An answer is the row's result (a StartRow's first start, else None) or the
-    exception its job raises: LeaseLost, ContractMismatch, RequestChanged. Raises
+    exception its job raises: LeaseLost, ContractMismatch, RequestChanged, and
+    CancelRequested for a start or finish of an execution a person asked to cancel. Raises
     BatchFailed when the transaction failed (nothing was kept), RowFailed when a
     row's `before_commit` raised (nothing was kept either).
     """
@@ -274,6 +275,8 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
     finished = {(row[0], row[1]) for row in written["finished"]}
     # A function of migration 0010 waits for locks instead and never answers busy.
     busy = {(row[0], row[1]) for row in written.get("busy", ())}
+    # Before migration 0034 the function knows no cancel request.
+    cancel = {(row[0], row[1]) for row in written.get("cancelRequested", ())}
 
     answers: list[Any] = []
     for row in rows:
@@ -288,6 +291,11 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
         refused = _succeed_answer(row.succeed, succeeded) if row.succeed else None
         if refused is not None:
             answers.append(refused)
+        elif _key(row.claim) in cancel:
+            # Neither the RUNNING nor the finish was written (a riding SUCCEEDED was).
+            answers.append(
+                CancelRequested(f"execution {row.claim.execution_id}: a cancel was requested")
+            )
         elif isinstance(row, StartRow):
             answers.append(_start_answer(row, started.get(_key(row.claim))))
         else:

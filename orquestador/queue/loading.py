@@ -17,6 +17,7 @@ _LOAD = text(
     SELECT e.id, e.request_id, e.org_id, e.flow_id, e.transition_id, e.accepted_state,
            e.accepted_revision, e.attempts, e.max_attempts, e.simulation, e.created_at,
            e.actor_snapshot ->> 'sub' AS actor,
+           e.cancel_requested_at IS NOT NULL AS cancel_requested,
            r.state AS request_state, r.revision AS request_revision,
            r.flow_id AS request_flow_id, r.busy_execution_id, r.owner_id, r.data,
            f.version AS flow_version, f.definition, f.data_schema,

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, bindparam, text
 
 from orquestador.db.schema import JSONB_VALUE
 from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
-from orquestador.errors import ContractMismatch, RequestChanged
+from orquestador.errors import CancelRequested, ContractMismatch, RequestChanged
 from orquestador.queue.checkpoints import CheckpointOutcome, write_attempt_outcome
 from orquestador.queue.fencing import FENCE, WORKER_ACTOR, Claim, refuse_stale
 from orquestador.queue.prepared import pipelined, run
@@ -39,7 +39,7 @@ _LOCK_REQUEST = text(
 _LOCK_EXECUTION = text(
     f"""
     SELECT e.org_id, e.request_id, e.flow_id, e.transition_id, e.accepted_state,
-           e.accepted_revision, e.lease_expires_at,
+           e.accepted_revision, e.lease_expires_at, e.cancel_requested_at,
            coalesce((SELECT array_agg(a.action_id) FROM action_execution a
                      WHERE a.execution_id = e.id
                        AND a.status = '{CheckpointStatus.SUCCEEDED}'), '{{}}') AS succeeded
@@ -196,7 +196,11 @@ _WAIT_FOR_RETRY = text(
     f"""
     UPDATE execution AS e
     SET status = '{ExecutionStatus.RETRY_WAIT}',
-        next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
+        -- A cancel asked while the call ran: due at once, and the next holder applies it
+        -- before calling anything (queue/cancel_requests.py).
+        next_attempt_at = CASE WHEN e.cancel_requested_at IS NOT NULL THEN clock_timestamp()
+                               ELSE clock_timestamp() + make_interval(secs => :delay_seconds)
+                          END,
         lease_owner = NULL, lease_expires_at = NULL, error_code = :error_code,
         updated_at = clock_timestamp()
     WHERE {FENCE}
@@ -429,6 +433,9 @@ def finish_in_transaction(conn: Connection, claim: Claim, finish: Finish) -> Fin
     row = completed.fetchone()
     if execution is None or request is None:
         raise refuse_stale(claim, "finish")
+    if execution.cancel_requested_at is not None:
+        # A person asked to cancel while the last call ran: the holder applies it instead.
+        raise CancelRequested(f"execution {claim.execution_id}: a cancel was requested")
     change = request_change(request, execution, claim)
     if change:
         raise RequestChanged(change)

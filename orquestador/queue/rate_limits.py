@@ -53,7 +53,10 @@ _WAIT_FOR_TOKEN = text(
     WITH waited AS (
         UPDATE execution AS e
         SET status = '{ExecutionStatus.RETRY_WAIT}',
-            next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds),
+            -- A cancel asked meanwhile: due at once, for the next holder to apply it.
+            next_attempt_at = CASE WHEN e.cancel_requested_at IS NOT NULL THEN clock_timestamp()
+                                   ELSE clock_timestamp() + make_interval(secs => :delay_seconds)
+                              END,
             -- No call was made: give back the attempt the claim counted, if it counted one.
             attempts = e.attempts - :counted,
             lease_owner = NULL, lease_expires_at = NULL, error_code = '{RATE_LIMITED}',

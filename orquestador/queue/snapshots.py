@@ -69,6 +69,9 @@ class LoadedExecution:
     definition: dict[str, Any]
     data_schema: dict[str, Any]
     checkpoints: dict[str, Checkpoint]
+    # A person asked to cancel it while an earlier holder's call ran (queue/cancel_requests.py).
+    # A first claim's row never carries one: a cancel asked before any claim ends it.
+    cancel_requested: bool = False
 
     @classmethod
     def from_row(cls, row: Any, checkpoints: dict[str, Checkpoint]) -> LoadedExecution:
@@ -96,6 +99,7 @@ class LoadedExecution:
             definition=row.definition,
             data_schema=row.data_schema,
             checkpoints=checkpoints,
+            cancel_requested=bool(getattr(row, "cancel_requested", False)),
         )
 
     def request_changed(self) -> str | None:

@@ -55,6 +55,9 @@ _PARK = text(
         -- A wake on the same key that landed while this round ran (after its claim) may
         -- be what the round did not see: due at once instead of after the delay.
         next_attempt_at = CASE
+            -- A cancel asked while this round ran: due at once, and the next holder
+            -- applies it before calling anything (queue/cancel_requests.py).
+            WHEN e.cancel_requested_at IS NOT NULL THEN clock_timestamp()
             WHEN e.wait_key = :wait_key AND e.next_attempt_at > :claimed_at
             THEN clock_timestamp()
             -- A first round has no key on the row while it runs, so no wake marks it: it

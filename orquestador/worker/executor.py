@@ -28,7 +28,7 @@ from orquestador.domain.flow_definition import (
 from orquestador.domain.mappings import build_context
 from orquestador.domain.pointer_updates import apply_updates, validate_request_data
 from orquestador.domain.statuses import ExecutionStatus
-from orquestador.errors import ContractMismatch, LeaseLost, RequestChanged
+from orquestador.errors import CancelRequested, ContractMismatch, LeaseLost, RequestChanged
 from orquestador.queue import (
     CheckpointOutcome,
     Claim,
@@ -40,6 +40,7 @@ from orquestador.queue import (
     require_reconciliation,
 )
 from orquestador.queue.batches import SucceedRow
+from orquestador.queue.cancel_requests import honour_cancel
 from orquestador.queue.continuations import Continuation, finish_and_continue
 from orquestador.redaction import error_line
 from orquestador.worker.backoff import RetryPolicy
@@ -66,6 +67,7 @@ _COUNTED = frozenset(
     (
         ExecutionStatus.SUCCEEDED,
         ExecutionStatus.FAILED,
+        ExecutionStatus.CANCELLED,
         ExecutionStatus.RECONCILIATION_REQUIRED,
         ExecutionStatus.RETRY_WAIT,
         ExecutionStatus.WAITING,
@@ -268,11 +270,24 @@ class _ExecutionRun(StepRunner):
         )
         raise ExecutionEnded(ExecutionStatus.RECONCILIATION_REQUIRED)
 
+    def honour_cancel(self) -> NoReturn:
+        """Apply the cancel a person asked for while the step's call ran, instead of going
+        on: CANCELLED, or parked CANCELLED_AFTER_WRITES by the write rule (under the fence:
+        LeaseLost for a stale holder, which applies nothing)."""
+        status = honour_cancel(self.conn, self.claim)
+        if status is None:  # cannot happen: nothing takes a request back while RUNNING
+            raise LeaseLost("no cancel was requested of this execution")
+        raise ExecutionEnded(status)
+
     def run(self) -> str:
         claim = self.claim
         # A first holder's claim read the execution already (it committed a moment ago,
         # and every write from here on is fenced); any later holder loads under the fence.
         loaded = self.loaded = claim.snapshot or load_execution(self.conn, claim)
+        if loaded.cancel_requested:
+            # Asked while an earlier round's call ran (it then waited, or retries): applied
+            # before anything is called again.
+            self.honour_cancel()
         if claim.attempts > loaded.max_attempts:
             self.fail("ATTEMPTS_EXHAUSTED", attempts=claim.attempts)
         change = loaded.request_changed()
@@ -333,6 +348,9 @@ class _ExecutionRun(StepRunner):
             self.fail("REQUEST_CHANGED")
         except ContractMismatch:
             self.reconcile("CONTRACT_MISMATCH")
+        except CancelRequested:
+            # Asked while the last call ran: the riding checkpoint is written, nothing else.
+            self.honour_cancel()
         except LeaseLost:
             raise
         except Exception as exc:
@@ -371,6 +389,8 @@ class _ExecutionRun(StepRunner):
             self.fail("REQUEST_CHANGED")
         except ContractMismatch:
             self.reconcile("CONTRACT_MISMATCH")
+        except CancelRequested:
+            self.honour_cancel()
         except LeaseLost:
             raise
         except Exception as exc:

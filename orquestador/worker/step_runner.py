@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection, Engine
 
@@ -37,7 +37,12 @@ from orquestador.domain.errors import MappingError
 from orquestador.domain.flow_definition import ActionSpec
 from orquestador.domain.mappings import build_context, resolve_inputs
 from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
-from orquestador.errors import ContractMismatch, IntegrationUnavailable, LeaseLost
+from orquestador.errors import (
+    CancelRequested,
+    ContractMismatch,
+    IntegrationUnavailable,
+    LeaseLost,
+)
 from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
 from orquestador.queue.batches import SucceedRow
 from orquestador.queue.loading import load_rehearsal
@@ -101,6 +106,9 @@ class StepRunner(StepOutcomes):
     def write_alone(self, riding: SucceedRow | None, error: Exception) -> None:
         raise NotImplementedError
 
+    def honour_cancel(self) -> NoReturn:
+        raise NotImplementedError
+
     def run_action(self, spec: ActionSpec, action_ids: list[str]) -> Any:
         """Run one step to its output. A safe-to-repeat step's SUCCEEDED checkpoint is
         held back for the next write through the writer instead of written now."""
@@ -129,6 +137,9 @@ class StepRunner(StepOutcomes):
             first_started_at = self.x.writer(self.source).start(self.claim, attempt, riding)
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
+        except CancelRequested:
+            # Asked while the previous call ran: its success is written; nothing more runs.
+            self.honour_cancel()
         except LeaseLost:
             raise
         except Exception as exc:

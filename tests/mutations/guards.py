@@ -2571,6 +2571,93 @@ OPERATOR_SEAM_GUARDS = [
 
 # --- the list -------------------------------------------------------------------------
 
+# --- a cancel asked of a RUNNING execution: applied by its holder, after the call -------
+
+CANCEL_RUNNING = "tests/integration/test_cancel_running.py"
+_CANCEL_REQUESTS_PY = "orquestador/queue/cancel_requests.py"
+
+
+def running(name: str) -> str:
+    return f"{CANCEL_RUNNING}::{name}"
+
+
+CANCEL_REQUEST_GUARDS = [
+    Mutation(
+        "batch-refuses-the-next-step-after-a-cancel-request",
+        "migrations/versions/0034_cancel_requested.py",
+        '_NOT_CANCELLED = " AND NOT (i.execution_id = ANY (v_cancel))"',
+        '_NOT_CANCELLED = ""',
+        "A worker whose step's call returns after a cancel was requested starts no next step "
+        "and does not finish: it applies the cancel.",
+        (
+            running(
+                "test_a_read_in_flight_ends_cancelled_when_its_call_returns_and_nothing_after_runs"
+            ),
+            running(
+                "test_a_write_done_in_flight_parks_cancelled_after_writes_with_the_write_listed"
+            ),
+        ),
+    ),
+    Mutation(
+        "requested-cancel-applied-under-the-fence",
+        _CANCEL_REQUESTS_PY,
+        "    WHERE {FENCE} AND e.cancel_requested_at IS NOT NULL\n",
+        "    WHERE e.id = :execution_id AND e.cancel_requested_at IS NOT NULL\n",
+        "Only the holder of the lease applies a requested cancel; a stale holder applies nothing.",
+        (running("test_a_stale_holder_cannot_apply_a_requested_cancel_and_the_next_holder_does"),),
+    ),
+    Mutation(
+        "requested-cancel-parks-after-a-write-done",
+        _CANCEL_REQUESTS_PY,
+        "        if writes.succeeded or writes.in_doubt:\n",
+        "        if writes.in_doubt:\n",
+        "A requested cancel applied after a write succeeded parks CANCELLED_AFTER_WRITES.",
+        (
+            running(
+                "test_a_write_done_in_flight_parks_cancelled_after_writes_with_the_write_listed"
+            ),
+        ),
+    ),
+    Mutation(
+        "requested-cancel-parks-on-a-write-in-doubt",
+        _CANCEL_REQUESTS_PY,
+        "        if writes.succeeded or writes.in_doubt:\n",
+        "        if writes.succeeded:\n",
+        "A requested cancel applied while a write is in doubt parks; the request stays busy.",
+        (
+            running(
+                "test_a_cancel_found_by_the_next_holder_parks_when_the_dead_holders_write_is_in_doubt"
+            ),
+        ),
+    ),
+    Mutation(
+        "worker-reads-the-cancel-request-when-it-loads",
+        "orquestador/worker/executor.py",
+        "        if loaded.cancel_requested:\n",
+        "        if False:\n",
+        "A holder that loads an execution with a cancel requested applies it before calling "
+        "anything.",
+        (running("test_a_stale_holder_cannot_apply_a_requested_cancel_and_the_next_holder_does"),),
+    ),
+    Mutation(
+        "a-wait-with-a-cancel-requested-is-due-at-once",
+        "orquestador/queue/waits.py",
+        "            WHEN e.cancel_requested_at IS NOT NULL THEN clock_timestamp()\n",
+        "",
+        "A wait's round that returns after a cancel was requested is due again at once, so "
+        "the cancel is applied without waiting out the wait.",
+        (running("test_a_wait_being_checked_again_honours_a_cancel_asked_during_the_check"),),
+    ),
+    Mutation(
+        "an-operator-retry-clears-the-cancel-request",
+        _RECONCILIATION_PY,
+        "        max_attempts = attempts + :claims_budget, cancel_requested_at = NULL,\n",
+        "        max_attempts = attempts + :claims_budget,\n",
+        "An operator's retry of a park a cancel led to lets the execution run again.",
+        (running("test_an_operator_retry_of_a_cancel_park_clears_the_request"),),
+    ),
+]
+
 MUTATIONS: list[Mutation] = [
     *FENCING_GUARDS,
     *LEASE_GUARDS,
@@ -2601,6 +2688,7 @@ MUTATIONS: list[Mutation] = [
     *APPROVAL_LOCK_GUARDS,
     *KEY_PLACE_GUARDS,
     *OPERATOR_SEAM_GUARDS,
+    *CANCEL_REQUEST_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but
