@@ -17,6 +17,7 @@ from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.approvals.access import ApprovalAccess, ApprovalPage, approval_view
 from orquestador.approvals.store import DECISIONS, record_decision, why_closed
+from orquestador.domain.statuses import ApprovalListing, values
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ blueprint = Blueprint("approvals", __name__, url_prefix=API_PREFIX)
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_COMMENT_CHARACTERS = 2000
-STATUSES = ("open", "closed", "all")
+STATUSES = values(ApprovalListing)
 
 DECISION_BODY: dict[str, Any] = {
     "type": "object",
@@ -94,7 +95,7 @@ def decide_as(caller: Caller, approval_id: uuid.UUID, decision: str, comment: st
 
 
 def _page(args: Mapping[str, str]) -> ApprovalPage:
-    status = args.get("status", "open")
+    status = args.get("status", ApprovalListing.OPEN)
     if status not in STATUSES:
         raise query_problem("status", "open, closed or all")
     limit = page_limit(args, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)

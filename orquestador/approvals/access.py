@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Row, func, literal, or_, select, tuple_
 
 from orquestador.db.schema import approval, execution, flow, request
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.domain.statuses import UNFINISHED, ApprovalListing, ApprovalStatus
 
 # The execution's status beside the approval: an approval whose execution is not live
 # (it ended: a cancel, a lapsed wait; or it is parked for a person) cannot be decided,
@@ -37,7 +37,7 @@ _COLUMNS = (
 @dataclass(frozen=True)
 class ApprovalPage:
     limit: int
-    status: str = "open"  # open, closed or all
+    status: str = ApprovalListing.OPEN
     # (created_at, id) of the last approval of the previous page.
     after: tuple[datetime, uuid.UUID] | None = None
 
@@ -45,7 +45,7 @@ class ApprovalPage:
 def is_open(row: Row) -> bool:
     """Whether a person may still decide: open, before its deadline, its execution live."""
     return (
-        row.status == "open"
+        row.status == ApprovalStatus.OPEN
         and row.read_at < row.deadline_at
         and row.execution_status in UNFINISHED
     )
@@ -111,16 +111,16 @@ class ApprovalAccess:
 
     def list(self, conn: Connection, page: ApprovalPage) -> list[Row]:
         query = self._select()
-        if page.status == "open":
+        if page.status == ApprovalListing.OPEN:
             query = query.where(
-                approval.c.status == "open",
+                approval.c.status == ApprovalStatus.OPEN,
                 approval.c.deadline_at > func.clock_timestamp(),
                 execution.c.status.in_(sorted(UNFINISHED)),
             )
-        elif page.status == "closed":
+        elif page.status == ApprovalListing.CLOSED:
             query = query.where(
                 or_(
-                    approval.c.status != "open",
+                    approval.c.status != ApprovalStatus.OPEN,
                     approval.c.deadline_at <= func.clock_timestamp(),
                     execution.c.status.notin_(sorted(UNFINISHED)),
                 )

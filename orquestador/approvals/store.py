@@ -17,14 +17,12 @@ from sqlalchemy import Connection, Row, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from orquestador.db.schema import approval, audit_event, request
-from orquestador.domain.statuses import UNFINISHED
+from orquestador.db.sql_literals import quoted
+from orquestador.domain.statuses import UNFINISHED, ApprovalStatus, ExecutionStatus
 from orquestador.queue.waits import wake_waiting
 
 WAIT_PREFIX = "approval:"
-# An execution that may still go on with a decision.
-# The unfinished statuses as an SQL list: a decision is recorded only while its execution lives.
-_UNFINISHED_SQL = ", ".join(f"'{status}'" for status in sorted(UNFINISHED))
-DECISIONS = ("approved", "rejected")
+DECISIONS = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
 
 AUDIT_DECIDED = "APPROVAL_DECIDED"
 AUDIT_EXPIRED = "APPROVAL_EXPIRED"
@@ -95,10 +93,10 @@ def open_approval(conn: Connection, draft: ApprovalDraft) -> tuple[Row, bool]:
 
 
 _EXPIRE = text(
-    """
+    f"""
     UPDATE approval
-    SET status = 'expired', decided_at = clock_timestamp()
-    WHERE id = :id AND status = 'open' AND deadline_at <= clock_timestamp()
+    SET status = '{ApprovalStatus.EXPIRED}', decided_at = clock_timestamp()
+    WHERE id = :id AND status = '{ApprovalStatus.OPEN}' AND deadline_at <= clock_timestamp()
     RETURNING id
     """
 )
@@ -132,10 +130,10 @@ _DECIDE = text(
     UPDATE approval
     SET status = :decision, decided_by = :sub, decided_at = clock_timestamp(),
         comment = :comment
-    WHERE id = :id AND status = 'open'
+    WHERE id = :id AND status = '{ApprovalStatus.OPEN}'
       AND deadline_at > clock_timestamp()
       AND EXISTS (SELECT FROM execution e
-                  WHERE e.id = approval.execution_id AND e.status IN ({_UNFINISHED_SQL}))
+                  WHERE e.id = approval.execution_id AND e.status IN ({quoted(UNFINISHED)}))
     RETURNING id
     """
 )
@@ -148,10 +146,10 @@ _LOCK_REQUEST = text("SELECT 1 FROM request WHERE id = :request_id FOR UPDATE")
 _LOCK_EXECUTION = text("SELECT status FROM execution WHERE id = :execution_id FOR UPDATE")
 
 _EXECUTION_ENDED = {
-    "CANCELLED": "its execution was cancelled",
-    "FAILED": "its execution failed",
-    "SUCCEEDED": "its execution has already ended",
-    "RECONCILIATION_REQUIRED": "its execution waits for an operator's decision",
+    ExecutionStatus.CANCELLED: "its execution was cancelled",
+    ExecutionStatus.FAILED: "its execution failed",
+    ExecutionStatus.SUCCEEDED: "its execution has already ended",
+    ExecutionStatus.RECONCILIATION_REQUIRED: "its execution waits for an operator's decision",
 }
 
 
@@ -202,7 +200,7 @@ def why_closed(conn: Connection, approval_id: uuid.UUID) -> str:
     ).one()
     if found.status in DECISIONS:
         return f"The approval was already {found.status} by {found.decided_by}."
-    if found.status == "expired" or found.passed:
+    if found.status == ApprovalStatus.EXPIRED or found.passed:
         deadline = found.deadline_at.astimezone(UTC)
         return (
             f"The approval's deadline passed ({deadline:%Y-%m-%d %H:%M} UTC):"

@@ -11,10 +11,10 @@ import argparse
 from orquestador.cli.api_commands import CommandFactory, client_actions
 from orquestador.cli.output import print_json, print_table
 from orquestador.client import Client
-from orquestador.domain.statuses import ApprovalStatus
+from orquestador.domain.statuses import ApprovalListing, ApprovalStatus, values
 
 # What a person types, and what the API calls it.
-DECISIONS = {"approve": "approved", "reject": "rejected"}
+DECISIONS = {"approve": ApprovalStatus.APPROVED, "reject": ApprovalStatus.REJECTED}
 
 
 def add_approvals_command(command: CommandFactory) -> None:
@@ -29,8 +29,8 @@ def add_approvals_command(command: CommandFactory) -> None:
     listing = action("list", "the approvals that name you, oldest first", _list)
     listing.add_argument(
         "--status",
-        choices=("open", "closed", "all"),
-        default="open",
+        choices=values(ApprovalListing),
+        default=ApprovalListing.OPEN.value,
         help="open (the default): still to decide; closed: decided, expired or ended",
     )
 
@@ -61,7 +61,11 @@ def _list(client: Client, args: argparse.Namespace) -> int:
         for item in page["items"]
     ]
     if not rows:
-        print(f"no {args.status} approvals name you" if args.status != "all" else "no approvals")
+        print(
+            f"no {args.status} approvals name you"
+            if args.status != ApprovalListing.ALL
+            else "no approvals"
+        )
         return 0
     print_table(
         ("ID", "STATUS", "DEADLINE", "FLOW AND TRANSITION", "MACHINE", "ASKED BY", "WHAT"), rows

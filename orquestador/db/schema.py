@@ -31,14 +31,18 @@ from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
 
 from orquestador.db.sql_literals import quoted
 from orquestador.domain.statuses import (
+    ENDED_CHECKPOINT,
     FINAL_COMMAND,
     OPEN,
+    UNHELD,
     ApprovalStatus,
     BulkAction,
     BulkItemOutcome,
+    BulkStatus,
     CheckpointStatus,
     CommandStatus,
     ExecutionStatus,
+    OutboxStatus,
     RolloutChildStatus,
     values,
 )
@@ -68,13 +72,13 @@ EXECUTION_STATUSES = values(ExecutionStatus)
 CHECKPOINT_STATUSES = values(CheckpointStatus)
 # How an attempt ended; an attempt interrupted before anyone saw its end is recorded
 # FAILED (a read) or UNKNOWN (a write) with error code INTERRUPTED.
-ATTEMPT_STATUSES = ("SUCCEEDED", "FAILED", "UNKNOWN")
+ATTEMPT_STATUSES = tuple(s for s in CHECKPOINT_STATUSES if s in ENDED_CHECKPOINT)
 # The safe message kept per attempt is at most this many characters.
 ATTEMPT_MESSAGE_MAX = 1024
 EFFECTS = ("READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE")
 COMMAND_STATUSES = values(CommandStatus)
 FINAL_COMMAND_STATUSES = tuple(s for s in COMMAND_STATUSES if s in FINAL_COMMAND)
-EMAIL_STATUSES = ("pending", "sent", "failed")
+EMAIL_STATUSES = values(OutboxStatus)
 # What became of a platform event: an execution started, or why none did.
 EVENT_OUTCOMES = ("STARTED", "NO_BINDING", "REJECTED")
 
@@ -141,14 +145,12 @@ request = Table(
     UniqueConstraint("id", "simulation"),
 )
 
-# An execution holds its concurrency key from its first claim until it ends.
-KEY_HOLDING = (
-    "started_at IS NOT NULL"
-    " AND status IN ('PENDING', 'RUNNING', 'RETRY_WAIT', 'WAITING', 'RECONCILIATION_REQUIRED')"
-)
-
 # An execution not ended (domain.statuses.OPEN), as the index and the quota's count say it.
 OPEN_EXECUTION = f"status IN ({quoted(OPEN)})"
+# An execution holds its concurrency key from its first claim until it ends.
+KEY_HOLDING = f"started_at IS NOT NULL AND {OPEN_EXECUTION}"
+# What the claim may take once it is due (ix_execution_ready, ix_execution_due).
+_UNHELD_READY = f"status IN ({quoted(UNHELD)}) AND NOT key_blocked"
 
 execution = Table(
     "execution",
@@ -158,7 +160,7 @@ execution = Table(
     Column("org_id", Text, nullable=False),
     Column("flow_id", UUID(as_uuid=True), ForeignKey("flow.id"), nullable=False),
     Column("transition_id", Text, nullable=False),
-    Column("status", Text, nullable=False, server_default=text("'PENDING'")),
+    Column("status", Text, nullable=False, server_default=text(f"'{ExecutionStatus.PENDING}'")),
     Column("accepted_revision", Integer, nullable=False),
     Column("accepted_state", Text, nullable=False),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
@@ -221,7 +223,8 @@ execution = Table(
     ForeignKeyConstraint(["request_id", "simulation"], ["request.id", "request.simulation"]),
     # Only RUNNING rows carry a lease; claims and renewals rely on it.
     CheckConstraint(
-        "(status = 'RUNNING') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        f"(status = '{ExecutionStatus.RUNNING}')"
+        " = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)",
         name="lease_iff_running",
     ),
     CheckConstraint("priority BETWEEN 0 AND 9", name="priority"),
@@ -237,7 +240,7 @@ execution = Table(
         "priority",
         "next_attempt_at",
         "id",
-        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT key_blocked"),
+        postgresql_where=text(_UNHELD_READY),
     ),
     Index(
         "ix_execution_key_holders",
@@ -252,7 +255,7 @@ execution = Table(
         "priority",
         "created_at",
         "id",
-        postgresql_where=text("key_blocked AND status = 'PENDING'"),
+        postgresql_where=text(f"key_blocked AND status = '{ExecutionStatus.PENDING}'"),
     ),
     # Due work in due order: the gauge of the oldest due execution.
     Index(
@@ -260,23 +263,23 @@ execution = Table(
         "next_attempt_at",
         "created_at",
         "id",
-        postgresql_where=text("status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT key_blocked"),
+        postgresql_where=text(_UNHELD_READY),
     ),
     Index(
         "ix_execution_wait_key",
         "wait_key",
-        postgresql_where=text("status = 'WAITING'"),
+        postgresql_where=text(f"status = '{ExecutionStatus.WAITING}'"),
     ),
     Index(
         "ix_execution_lease",
         "lease_expires_at",
-        postgresql_where=text("status = 'RUNNING'"),
+        postgresql_where=text(f"status = '{ExecutionStatus.RUNNING}'"),
     ),
     # The reconciliation queue and its gauge (the maintenance loop counts it every pass).
     Index(
         "ix_execution_reconciliation",
         "created_at",
-        postgresql_where=text("status = 'RECONCILIATION_REQUIRED'"),
+        postgresql_where=text(f"status = '{ExecutionStatus.RECONCILIATION_REQUIRED}'"),
     ),
     # A finish continues into one execution at most; and the view finds it by this.
     Index(
@@ -394,7 +397,7 @@ machine_command = Table(
     Column("machine_id", Text, nullable=False),
     Column("command", Text, nullable=False),
     Column("args", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
-    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("status", Text, nullable=False, server_default=text(f"'{CommandStatus.PENDING}'")),
     Column("external_key", Text, nullable=False),
     Column("result", JSONB_VALUE),
     Column("exit_code", Integer),
@@ -433,7 +436,7 @@ machine_command = Table(
     Index(
         "ix_machine_command_undelivered",
         "deliver_by",
-        postgresql_where=text("status = 'pending'"),
+        postgresql_where=text(f"status = '{CommandStatus.PENDING}'"),
     ),
 )
 
@@ -528,7 +531,7 @@ email_outbox = Table(
     Column("recipients", JSONB_VALUE, nullable=False),
     Column("subject", Text, nullable=False),
     Column("body", Text, nullable=False),
-    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("status", Text, nullable=False, server_default=text(f"'{OutboxStatus.PENDING}'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column(
         "next_attempt_at", TIMESTAMP(timezone=True), nullable=False, server_default=text("now()")
@@ -546,7 +549,7 @@ email_outbox = Table(
     Index(
         "ix_email_outbox_due",
         "next_attempt_at",
-        postgresql_where=text("status = 'pending'"),
+        postgresql_where=text(f"status = '{OutboxStatus.PENDING}'"),
     ),
 )
 
@@ -672,14 +675,14 @@ approval = Table(
     # Who may never decide: whoever asked for the transition and the request's owner.
     Column("requesters", JSONB_VALUE, nullable=False, server_default=text("'[]'::jsonb")),
     Column("deadline_at", TIMESTAMP(timezone=True), nullable=False),
-    Column("status", Text, nullable=False, server_default=text("'open'")),
+    Column("status", Text, nullable=False, server_default=text(f"'{ApprovalStatus.OPEN}'")),
     Column("decided_by", Text),
     Column("decided_at", TIMESTAMP(timezone=True)),
     Column("comment", Text),
     _created_at(),
     UniqueConstraint("external_key"),
-    CheckConstraint("status IN ('open', 'approved', 'rejected', 'expired')", name="status"),
-    CheckConstraint("(status = 'open') = (decided_at IS NULL)", name="decided"),
+    CheckConstraint(_in("status", values(ApprovalStatus)), name="status"),
+    CheckConstraint(f"(status = '{ApprovalStatus.OPEN}') = (decided_at IS NULL)", name="decided"),
     Index(None, "org_id", "status", "created_at", "id"),
 )
 
@@ -779,7 +782,7 @@ SCHEDULE_UPDATE_COLUMNS = (
 # acts on each in a transaction of its own that records the item's outcome, so a resumed
 # bulk never acts on an item twice (queue/bulk.py).
 BULK_ACTIONS = values(BulkAction)
-BULK_STATUSES = ("RUNNING", "DONE")
+BULK_STATUSES = values(BulkStatus)
 BULK_ITEM_OUTCOMES = values(BulkItemOutcome)
 
 bulk_action = Table(
@@ -792,7 +795,7 @@ bulk_action = Table(
     Column("reason", Text, nullable=False),
     # The filter as the operator sent it: what the items were chosen by.
     Column("filter", JSONB_VALUE, nullable=False),
-    Column("status", Text, nullable=False, server_default=text("'RUNNING'")),
+    Column("status", Text, nullable=False, server_default=text(f"'{BulkStatus.RUNNING}'")),
     Column("total", Integer, nullable=False),
     Column(
         "created_at",
@@ -803,9 +806,15 @@ bulk_action = Table(
     Column("finished_at", TIMESTAMP(timezone=True)),
     CheckConstraint(_in("action", BULK_ACTIONS), name="action"),
     CheckConstraint(_in("status", BULK_STATUSES), name="status"),
-    CheckConstraint("(status = 'DONE') = (finished_at IS NOT NULL)", name="finished_iff_done"),
+    CheckConstraint(
+        f"(status = '{BulkStatus.DONE}') = (finished_at IS NOT NULL)", name="finished_iff_done"
+    ),
     # The worker's look for work: the running bulks, oldest first.
-    Index("ix_bulk_action_running", "created_at", postgresql_where=text("status = 'RUNNING'")),
+    Index(
+        "ix_bulk_action_running",
+        "created_at",
+        postgresql_where=text(f"status = '{BulkStatus.RUNNING}'"),
+    ),
 )
 
 bulk_item = Table(
@@ -824,7 +833,9 @@ bulk_item = Table(
     PrimaryKeyConstraint("bulk_id", "execution_id"),
     CheckConstraint(f"outcome IS NULL OR {_in('outcome', BULK_ITEM_OUTCOMES)}", name="outcome"),
     CheckConstraint("(outcome IS NULL) = (finished_at IS NULL)", name="finished_iff_outcome"),
-    CheckConstraint("(outcome = 'SUCCEEDED') = (code IS NULL)", name="code_unless_succeeded"),
+    CheckConstraint(
+        f"(outcome = '{BulkItemOutcome.SUCCEEDED}') = (code IS NULL)", name="code_unless_succeeded"
+    ),
     # The items nobody has acted on yet, in the order the worker takes them.
     Index(
         "ix_bulk_item_pending",
@@ -906,7 +917,7 @@ rollout_child = Table(
     # NULL when the child flow refused the item (its data, its key): counted failed.
     Column("request_id", UUID(as_uuid=True)),
     Column("execution_id", UUID(as_uuid=True)),
-    Column("status", Text, nullable=False, server_default=text("'running'")),
+    Column("status", Text, nullable=False, server_default=text(f"'{RolloutChildStatus.RUNNING}'")),
     Column("refusal", Text),
     _created_at(),
     Column("ended_at", TIMESTAMP(timezone=True)),

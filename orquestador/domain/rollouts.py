@@ -10,6 +10,8 @@ from typing import Any
 
 from jsonpointer import JsonPointer, JsonPointerException
 
+from orquestador.domain.statuses import RolloutChildStatus
+
 # A limit given as a share of all items: "10%".
 PERCENT = re.compile(r"^(\d{1,3})%$")
 # A pointer into the item inside a string of the child's data: "{/item}", "{/item/name}".
@@ -138,8 +140,9 @@ def play(total: int, batch: int, max_failures: int, outcomes: dict[int, str]) ->
     statuses: list[str] = []
     for index in range(total):
         ended = statuses[: max(index - batch + 1, 0)]
-        if ended.count("failed") > max_failures or "skipped" in statuses:
-            statuses.append("skipped")
+        skipped = RolloutChildStatus.SKIPPED.value
+        if ended.count(RolloutChildStatus.FAILED) > max_failures or skipped in statuses:
+            statuses.append(skipped)
             continue
-        statuses.append(outcomes.get(index, "succeeded"))
+        statuses.append(outcomes.get(index, RolloutChildStatus.SUCCEEDED.value))
     return statuses

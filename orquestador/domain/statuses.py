@@ -103,6 +103,15 @@ class ApprovalStatus(StrEnum):
     EXPIRED = "expired"
 
 
+class ApprovalListing(StrEnum):
+    """Which approvals a list shows: the open ones a person may still decide, the closed
+    ones (decided, expired, past their deadline or their execution ended), or all."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    ALL = "all"
+
+
 class OutboxStatus(StrEnum):
     """An e-mail in the outbox (`email_outbox`)."""
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.db.sql_literals import quoted
+from orquestador.domain.statuses import UNDER_WAY_COMMAND, CheckpointStatus, CommandStatus
 from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
 
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
@@ -48,22 +50,24 @@ class CancelledCommand:
 # the agent to stop) or finds it cancelled and skips it. Pending ones end here, so
 # no agent ever receives them; taken ones keep their status until the agent reports.
 _CANCEL_FOR_EXECUTION = text(
-    """
+    f"""
     WITH open AS (
         SELECT id, status FROM machine_command
         WHERE org_id = :org_id AND external_key LIKE :key_prefix
-          AND status IN ('pending', 'sent', 'running')
+          AND status IN ({quoted(UNDER_WAY_COMMAND)})
         FOR UPDATE
     )
     UPDATE machine_command AS c
-    SET status = CASE WHEN open.status = 'pending' THEN 'cancelled' ELSE c.status END,
-        finished_at = CASE WHEN open.status = 'pending' THEN clock_timestamp()
+    SET status = CASE WHEN open.status = '{CommandStatus.PENDING}' THEN '{CommandStatus.CANCELLED}'
+                      ELSE c.status END,
+        finished_at = CASE WHEN open.status = '{CommandStatus.PENDING}' THEN clock_timestamp()
                            ELSE c.finished_at END,
-        cancel_requested_at = CASE WHEN open.status = 'pending' THEN c.cancel_requested_at
+        cancel_requested_at = CASE WHEN open.status = '{CommandStatus.PENDING}'
+                                   THEN c.cancel_requested_at
                                    ELSE coalesce(c.cancel_requested_at, clock_timestamp()) END,
         updated_at = clock_timestamp()
     FROM open
-    WHERE c.id = open.id AND c.status IN ('pending', 'sent', 'running')
+    WHERE c.id = open.id AND c.status IN ({quoted(UNDER_WAY_COMMAND)})
     RETURNING c.id, c.machine_id, c.command, c.status
     """
 )
@@ -83,7 +87,7 @@ def cancel_for_execution(
     cancelled, stop_requested = [], []
     for row in sorted(rows, key=lambda r: (r.machine_id, str(r.id))):
         command = CancelledCommand(row.id, row.machine_id, row.command)
-        (cancelled if row.status == "cancelled" else stop_requested).append(command)
+        (cancelled if row.status == CommandStatus.CANCELLED else stop_requested).append(command)
     for machine_id in sorted({c.machine_id for c in stop_requested}):
         conn.execute(
             _NOTIFY,
@@ -101,13 +105,13 @@ def cancel_for_execution(
 # command's: the join finds exactly the row the step wrote. Locked, so no report or
 # poll changes them before the cancel commits.
 _UNTAKEN_COMMAND_STEPS = text(
-    """
+    f"""
     SELECT a.action_id
     FROM action_execution a
     JOIN machine_command c ON c.external_key = a.external_key AND c.org_id = :org_id
-    WHERE a.execution_id = :execution_id AND a.status = 'SUCCEEDED'
+    WHERE a.execution_id = :execution_id AND a.status = '{CheckpointStatus.SUCCEEDED}'
       AND a.capability = 'machine.command'
-      AND c.status IN ('cancelled', 'expired')
+      AND c.status IN ('{CommandStatus.CANCELLED}', '{CommandStatus.EXPIRED}')
       AND c.sent_at IS NULL
     FOR UPDATE OF c
     """

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from orquestador.db.schema import COMMAND_STATUSES, FINAL_COMMAND_STATUSES
+from orquestador.domain.statuses import CommandStatus
 from orquestador.errors import Refusal
 from orquestador.machines.bell import NEW_COMMAND_CHANNEL, notification_payload
 from orquestador.machines.output import StoredOutput, append_chunk
@@ -28,9 +29,14 @@ from orquestador.queue.waits import COMMAND_WAIT_PREFIX, wake_waiting
 FINAL = frozenset(FINAL_COMMAND_STATUSES)
 # What an agent may report; pending and sent belong to the server. An agent reports
 # `expired` for a command it refused to start because its deliver-by time had passed.
-REPORTABLE = ("running", *FINAL_COMMAND_STATUSES)
+REPORTABLE = (CommandStatus.RUNNING.value, *FINAL_COMMAND_STATUSES)
 # Forward only: a status may replace one of a lower rank, never the other way round.
-_RANK = {"pending": 0, "sent": 1, "running": 2, **{status: 3 for status in FINAL}}
+_RANK = {
+    CommandStatus.PENDING: 0,
+    CommandStatus.SENT: 1,
+    CommandStatus.RUNNING: 2,
+    **{status: 3 for status in FINAL},
+}
 assert set(_RANK) == set(COMMAND_STATUSES)
 
 # COMMAND_DELIVERY_SECONDS's default: how long a command no wait waits for may wait for
@@ -221,7 +227,7 @@ def find_command(conn: Connection, *, org_id: str, command_id: uuid.UUID) -> Com
 # re-reads the row), and one that comes after waits for this command to be sent. A token
 # nobody enrolled has no row and is checked by its lifetime alone, at authentication.
 _CLAIM = text(
-    """
+    f"""
     WITH moment AS (SELECT clock_timestamp() AS at),
     credential AS (
         SELECT org_id, machine_id, revoked_at FROM machine_credential
@@ -230,7 +236,8 @@ _CLAIM = text(
     ),
     next AS (
         SELECT c.id FROM machine_command c, moment
-        WHERE c.org_id = :org_id AND c.machine_id = :machine_id AND c.status = 'pending'
+        WHERE c.org_id = :org_id AND c.machine_id = :machine_id
+          AND c.status = '{CommandStatus.PENDING}'
           AND c.deliver_by > moment.at
           AND NOT EXISTS (
               SELECT 1 FROM credential
@@ -241,9 +248,9 @@ _CLAIM = text(
         FOR UPDATE OF c SKIP LOCKED
     )
     UPDATE machine_command AS c
-    SET status = 'sent', sent_at = moment.at, updated_at = moment.at
+    SET status = '{CommandStatus.SENT}', sent_at = moment.at, updated_at = moment.at
     FROM next, moment
-    WHERE c.id = next.id AND c.status = 'pending'
+    WHERE c.id = next.id AND c.status = '{CommandStatus.PENDING}'
     RETURNING c.id, c.command, c.args, c.deliver_by,
               extract(epoch FROM c.deliver_by - moment.at) AS within_seconds
     """
@@ -253,9 +260,10 @@ _CLAIM = text(
 # A command the machine's agent took and a cancel asked it to stop: the poll says so
 # before it hands out anything new, until the agent reports a final status.
 _STOP_REQUESTED = text(
-    """
+    f"""
     SELECT id, command FROM machine_command
-    WHERE org_id = :org_id AND machine_id = :machine_id AND status IN ('sent', 'running')
+    WHERE org_id = :org_id AND machine_id = :machine_id
+      AND status IN ('{CommandStatus.SENT}', '{CommandStatus.RUNNING}')
       AND cancel_requested_at IS NOT NULL
     ORDER BY cancel_requested_at, id
     LIMIT 1
@@ -302,7 +310,7 @@ _RETURNING = (
 )
 _SET_RUNNING = text(
     f"""
-    UPDATE machine_command SET status = 'running', updated_at = clock_timestamp()
+    UPDATE machine_command SET status = '{CommandStatus.RUNNING}', updated_at = clock_timestamp()
     WHERE id = :id
     {_RETURNING}
     """
@@ -405,7 +413,7 @@ def report_status(
     if row is None:
         raise CommandNotFound(str(command_id))
     changed = row.status != status
-    if changed and (row.status == "pending" or _RANK[status] <= _RANK[row.status]):
+    if changed and (row.status == CommandStatus.PENDING or _RANK[status] <= _RANK[row.status]):
         raise StatusConflict(row.status, status)
     if output:
         before = stored_output(row)
@@ -423,7 +431,7 @@ def report_status(
             ).one()
     if not changed:
         return Reported.of(row, False)
-    if status == "running":
+    if status == CommandStatus.RUNNING:
         updated = conn.execute(_SET_RUNNING, {"id": row.id}).one()
     else:
         updated = conn.execute(

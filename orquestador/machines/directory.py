@@ -16,6 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.db.sql_literals import quoted
+from orquestador.domain.statuses import UNDER_WAY_COMMAND
 from orquestador.machines.commands import FINAL, stored_output
 from orquestador.machines.liveness import AgentSeen, agent_of, agents_seen
 from orquestador.machines.output import StoredOutput
@@ -37,13 +39,13 @@ _MACHINE_IDS = text(
 
 # Per machine: its newest command's time, its commands under way, its valid credentials.
 _FACTS = text(
-    """
+    f"""
     SELECT m.machine_id,
            (SELECT max(c.created_at) FROM machine_command c
             WHERE c.org_id = :org_id AND c.machine_id = m.machine_id) AS last_command_at,
            (SELECT count(*) FROM machine_command c
             WHERE c.org_id = :org_id AND c.machine_id = m.machine_id
-              AND c.status IN ('pending', 'sent', 'running')) AS under_way,
+              AND c.status IN ({quoted(UNDER_WAY_COMMAND)})) AS under_way,
            (SELECT count(*) FROM machine_credential k
             WHERE k.org_id = :org_id AND k.machine_id = m.machine_id
               AND k.revoked_at IS NULL AND k.expires_at > clock_timestamp()) AS credentials

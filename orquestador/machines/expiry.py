@@ -17,10 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.domain.statuses import CommandStatus
 from orquestador.machines.commands import Command, command_of, wait_key
 from orquestador.queue.waits import wake_waiting
-
-EXPIRED = "expired"
 
 # The command under the row lock (a poll that takes it at the same moment either took
 # it first, and this finds it sent, or skips it), with the wait's deadline computed in
@@ -39,19 +38,20 @@ _FOR_WAIT = text(
 )
 
 _EXPIRE = text(
-    """
+    f"""
     UPDATE machine_command
-    SET status = 'expired', finished_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE id = :id AND status = 'pending'
+    SET status = '{CommandStatus.EXPIRED}', finished_at = clock_timestamp(),
+        updated_at = clock_timestamp()
+    WHERE id = :id AND status = '{CommandStatus.PENDING}'
     """
 )
 
 # The wait's deadline becomes the command's deliver-by time. updated_at is left alone:
 # it is not a status change, and a park compares it with its claim to tell one.
 _RETIME = text(
-    """
+    f"""
     UPDATE machine_command SET deliver_by = :deliver_by
-    WHERE id = :id AND status = 'pending'
+    WHERE id = :id AND status = '{CommandStatus.PENDING}'
     """
 )
 
@@ -103,7 +103,7 @@ def read_for_wait(
     ).one_or_none()
     if row is None:
         return None
-    if row.status == "pending":
+    if row.status == CommandStatus.PENDING:
         if row.deliver_by <= row.now or row.deadline <= row.now:
             conn.execute(_EXPIRE, {"id": row.id})
             wake_waiting(conn, wait_key(row.id))
@@ -121,16 +121,17 @@ def _read_again(conn: Connection, command_id: uuid.UUID) -> Command:
 # Oldest deliver-by first, in a bounded batch, through the partial index of pending
 # commands; SKIP LOCKED leaves a row a poll or a wait holds to them.
 _EXPIRE_UNDELIVERED = text(
-    """
+    f"""
     UPDATE machine_command AS c
-    SET status = 'expired', finished_at = clock_timestamp(), updated_at = clock_timestamp()
+    SET status = '{CommandStatus.EXPIRED}', finished_at = clock_timestamp(),
+        updated_at = clock_timestamp()
     WHERE c.id IN (
         SELECT id FROM machine_command
-        WHERE status = 'pending' AND deliver_by <= clock_timestamp()
+        WHERE status = '{CommandStatus.PENDING}' AND deliver_by <= clock_timestamp()
         ORDER BY deliver_by
         LIMIT :batch
         FOR UPDATE SKIP LOCKED
-    ) AND c.status = 'pending'
+    ) AND c.status = '{CommandStatus.PENDING}'
     RETURNING c.id
     """
 )

@@ -15,15 +15,16 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from orquestador.domain.statuses import OutboxStatus
 from orquestador.notices.vocabulary import AUDIT_NOTICE_EMAIL_SETTLED, EmailOutcome
 
 # One row per claim: each delivery gets the whole lease, however slow the server is.
-_CLAIM = text("""
+_CLAIM = text(f"""
     -- Due, pending rows no live lease covers; SKIP LOCKED lets mailers share the table
     -- without waiting on each other's claims.
     WITH due AS (
         SELECT id FROM email_outbox
-        WHERE status = 'pending'
+        WHERE status = '{OutboxStatus.PENDING}'
           AND next_attempt_at <= clock_timestamp()
           AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
         ORDER BY next_attempt_at, created_at, id
@@ -44,11 +45,11 @@ _CLAIM = text("""
 # the same statement (NOTICE_EMAIL_SETTLED, {noticeId, email: delivered | failed}); the
 # notice as people read it says so. A row settled twice (a lost lease) records nothing
 # the second time: the predicate on the lease owner and status matches no row.
-_SETTLE = """
+_SETTLE = f"""
     WITH settled AS (
         UPDATE email_outbox
-        SET {assignments}, lease_owner = NULL, lease_expires_at = NULL
-        WHERE id = :id AND lease_owner = :owner AND status = 'pending'
+        SET {{assignments}}, lease_owner = NULL, lease_expires_at = NULL
+        WHERE id = :id AND lease_owner = :owner AND status = '{OutboxStatus.PENDING}'
         RETURNING notice_id
     ), told AS (
         INSERT INTO audit_event (org_id, kind, request_id, execution_id, detail)
@@ -60,18 +61,21 @@ _SETTLE = """
 """
 
 _MARK_SENT = text(
-    _SETTLE.format(assignments="status = 'sent', sent_at = clock_timestamp(), last_error = NULL")
+    _SETTLE.format(
+        assignments=f"status = '{OutboxStatus.SENT}', sent_at = clock_timestamp(),"
+        " last_error = NULL"
+    )
 ).bindparams(kind=AUDIT_NOTICE_EMAIL_SETTLED, email=EmailOutcome.DELIVERED.value)
 
-_MARK_RETRY = text("""
+_MARK_RETRY = text(f"""
     UPDATE email_outbox
     SET next_attempt_at = clock_timestamp() + make_interval(secs => :delay),
         lease_owner = NULL, lease_expires_at = NULL, last_error = :error
-    WHERE id = :id AND lease_owner = :owner AND status = 'pending'
+    WHERE id = :id AND lease_owner = :owner AND status = '{OutboxStatus.PENDING}'
 """)
 
 _MARK_FAILED = text(
-    _SETTLE.format(assignments="status = 'failed', last_error = :error")
+    _SETTLE.format(assignments=f"status = '{OutboxStatus.FAILED}', last_error = :error")
 ).bindparams(kind=AUDIT_NOTICE_EMAIL_SETTLED, email=EmailOutcome.FAILED.value)
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Engine, Row, bindparam, insert, text
 from orquestador.db.schema import JSONB_VALUE, audit_event
 from orquestador.domain.concurrency import KeyMissing
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.statuses import UNFINISHED, RolloutChildStatus
 from orquestador.errors import Refusal
 from orquestador.queue.acceptance import queue_execution
 from orquestador.queue.reconciliation import NotCancellable, cancel
@@ -34,8 +35,6 @@ ROLLOUT_PAUSED = "ROLLOUT_PAUSED"
 ROLLOUT_RESUMED = "ROLLOUT_RESUMED"
 ROLLOUT_CANCELLED = "ROLLOUT_CANCELLED"
 ROLLOUT_RETRIED = "ROLLOUT_RETRIED"
-# The parent statuses in which a rollout still moves.
-_LIVE = ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING")
 
 
 class RolloutRefused(Refusal):
@@ -81,16 +80,16 @@ _MARK = {
 _AUDIT_KIND = {"pause": ROLLOUT_PAUSED, "resume": ROLLOUT_RESUMED, "cancel": ROLLOUT_CANCELLED}
 
 _RUNNING_CHILDREN = text(
-    """
+    f"""
     SELECT execution_id FROM rollout_child
-    WHERE rollout_id = :id AND status = 'running' AND execution_id IS NOT NULL
+    WHERE rollout_id = :id AND status = '{RolloutChildStatus.RUNNING}' AND execution_id IS NOT NULL
     ORDER BY item_index
     """
 )
 
 _FAILED_ITEMS = text(
-    "SELECT item FROM rollout_child WHERE rollout_id = :id AND status = 'failed'"
-    " ORDER BY item_index"
+    "SELECT item FROM rollout_child"
+    f" WHERE rollout_id = :id AND status = '{RolloutChildStatus.FAILED}' ORDER BY item_index"
 )
 
 _PARENT = text(
@@ -150,7 +149,7 @@ def _locked(conn: Connection, execution_id: uuid.UUID, org: str) -> Row:
 
 
 def _require_live(row: Row, what: str) -> None:
-    if row.parent_status not in _LIVE:
+    if row.parent_status not in UNFINISHED:
         raise RolloutRefused(
             ROLLOUT_ENDED,
             f"The rollout's execution is {row.parent_status}: there is nothing left to {what}.",
@@ -223,7 +222,7 @@ def retry_failed(
     items only; refused while the rollout still moves or when nothing failed."""
     with conn.begin():
         row = _locked(conn, execution_id, org)
-        if row.parent_status in _LIVE or row.running:
+        if row.parent_status in UNFINISHED or row.running:
             raise RolloutRefused(
                 ROLLOUT_ENDED,
                 "The rollout is still running: retry its failed children once it has ended.",

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, text
 
 from orquestador.domain.rollouts import RolloutCounts
+from orquestador.domain.statuses import UNFINISHED, RolloutChildStatus
 
 _LATEST = text(
     """
@@ -67,7 +68,7 @@ def rollout_view(row: Row) -> dict[str, Any]:
         "pausedBy": row.paused_by,
         "cancelRequested": row.cancelled_at is not None,
         "cancelledBy": row.cancelled_by,
-        "live": row.parent_status in ("PENDING", "RUNNING", "RETRY_WAIT", "WAITING"),
+        "live": row.parent_status in UNFINISHED,
         "retryOf": None if row.retry_of is None else str(row.retry_of),
     }
 
@@ -80,7 +81,7 @@ def rollout_children(conn: Connection, row: Row) -> list[dict[str, Any]]:
     for index, item in enumerate(row.items):
         child = started.get(index)
         if child is None:
-            status = "skipped" if counts.skipped else "waiting"
+            status = RolloutChildStatus.SKIPPED if counts.skipped else "waiting"
             children.append({"index": index, "item": item, "status": status})
             continue
         children.append(

@@ -30,7 +30,7 @@ from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.rollouts import ItemProblem, RolloutCounts, child_data, machine_of
-from orquestador.domain.statuses import RolloutChildStatus
+from orquestador.domain.statuses import ExecutionStatus, RolloutChildStatus
 from orquestador.queue.acceptance import insert_request, queue_execution
 from orquestador.queue.open_executions import has_room
 
@@ -89,7 +89,7 @@ _FIND = text("SELECT * FROM rollout WHERE external_key = :external_key")
 # locks the rollout row, and a child's end (which counts itself in this row) either
 # committed before, and is seen here, or waits for this transaction.
 _TAKE_NEXT = text(
-    """
+    f"""
     UPDATE rollout r
     SET next_index = r.next_index + 1,
         running = r.running + 1,
@@ -103,17 +103,19 @@ _TAKE_NEXT = text(
       AND r.paused_at IS NULL AND r.cancelled_at IS NULL
       AND (r.next_start_at IS NULL OR r.next_start_at <= clock_timestamp())
       -- Only while the parent's step runs (a parent cancelled or failed starts nothing).
-      AND EXISTS (SELECT 1 FROM execution p WHERE p.id = r.execution_id AND p.status = 'RUNNING')
+      AND EXISTS (SELECT 1 FROM execution p
+                  WHERE p.id = r.execution_id AND p.status = '{ExecutionStatus.RUNNING}')
     RETURNING r.next_index - 1 AS item_index, r.items -> (r.next_index - 1) AS item
     """
 )
 
 _CHILD = text(
-    """
+    f"""
     INSERT INTO rollout_child (rollout_id, item_index, parent_execution_id, item, request_id,
                                execution_id, status, refusal, ended_at)
     VALUES (:rollout_id, :item_index, :parent_execution_id, :item, :request_id, :execution_id,
-            :status, :refusal, CASE WHEN :status = 'running' THEN NULL ELSE clock_timestamp() END)
+            :status, :refusal,
+            CASE WHEN :status = '{RolloutChildStatus.RUNNING}' THEN NULL ELSE clock_timestamp() END)
     """
 ).bindparams(bindparam("item", type_=JSONB_VALUE))
 

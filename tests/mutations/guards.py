@@ -396,7 +396,8 @@ APPROVAL_GUARDS = [
     Mutation(
         "approval-one-decision",
         _APPROVALS_PY,
-        "    WHERE id = :id AND status = 'open'\n      AND deadline_at > clock_timestamp()",
+        "    WHERE id = :id AND status = '{ApprovalStatus.OPEN}'\n"
+        "      AND deadline_at > clock_timestamp()",
         "    WHERE id = :id\n      AND deadline_at > clock_timestamp()",
         "An approval takes one decision: a second, even at the same moment, is refused.",
         (
@@ -418,7 +419,8 @@ APPROVAL_GUARDS = [
     Mutation(
         "approval-decision-while-the-execution-lives",
         _APPROVALS_PY,
-        "                  WHERE e.id = approval.execution_id AND e.status IN ({_UNFINISHED_SQL}))",
+        "                  WHERE e.id = approval.execution_id"
+        " AND e.status IN ({quoted(UNFINISHED)}))",
         "                  WHERE e.id = approval.execution_id)",
         "An approval whose execution ended is not decided: nobody would act on it.",
         (f"{APPROVALS}::test_an_approval_whose_execution_was_cancelled_is_not_decided",),
@@ -426,7 +428,8 @@ APPROVAL_GUARDS = [
     Mutation(
         "approval-deadline-only-while-open",
         _APPROVALS_PY,
-        "    WHERE id = :id AND status = 'open' AND deadline_at <= clock_timestamp()",
+        "    WHERE id = :id AND status = '{ApprovalStatus.OPEN}'"
+        " AND deadline_at <= clock_timestamp()",
         "    WHERE id = :id AND deadline_at <= clock_timestamp()",
         "A decision stands: the deadline passing later never turns it into a failure.",
         (f"{APPROVALS}::test_the_deadline_never_closes_an_approval_a_decision_holds",),
@@ -1720,8 +1723,10 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-ends-only-commands-nobody-took",
         "orquestador/machines/cancel.py",
-        "    SET status = CASE WHEN open.status = 'pending' THEN 'cancelled' ELSE c.status END,\n",
-        "    SET status = 'cancelled',\n",
+        "    SET status = CASE WHEN open.status = '{CommandStatus.PENDING}'"
+        " THEN '{CommandStatus.CANCELLED}'\n"
+        "                      ELSE c.status END,\n",
+        "    SET status = '{CommandStatus.CANCELLED}',\n",
         "A command an agent already took keeps its status: the agent is asked to stop it and "
         "reports what became of it.",
         (f"{MACHINE_CANCEL}::test_a_taken_command_is_asked_to_stop_at_the_next_report_and_poll",),
@@ -1891,8 +1896,8 @@ EXPIRY_GUARDS = [
     Mutation(
         "sweep-expires-only-commands-past-their-time",
         _EXPIRY_PY,
-        "        WHERE status = 'pending' AND deliver_by <= clock_timestamp()\n",
-        "        WHERE status = 'pending'\n",
+        "        WHERE status = '{CommandStatus.PENDING}' AND deliver_by <= clock_timestamp()\n",
+        "        WHERE status = '{CommandStatus.PENDING}'\n",
         "The maintenance pass expires only pending commands whose deliver-by time passed.",
         (
             f"{EXPIRY}::test_the_maintenance_sweep_expires_only_undelivered_commands_past_"
@@ -1925,8 +1930,8 @@ EXPIRY_GUARDS = [
     Mutation(
         "cancel-undone-only-its-own-commands",
         _MACHINE_CANCEL_PY,
-        "    WHERE a.execution_id = :execution_id AND a.status = 'SUCCEEDED'\n",
-        "    WHERE a.status = 'SUCCEEDED'\n",
+        "    WHERE a.execution_id = :execution_id AND a.status = '{CheckpointStatus.SUCCEEDED}'\n",
+        "    WHERE a.status = '{CheckpointStatus.SUCCEEDED}'\n",
         "Only the cancelled execution's own withdrawn command undoes its write.",
         (
             f"{MACHINE_CANCEL}::test_another_execution_s_withdrawn_command_does_not_undo_this"

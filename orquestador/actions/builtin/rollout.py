@@ -262,15 +262,15 @@ class Rollouts:
         batch = limit_of(ctx.inputs["batch"], total, minimum=1)
         budget = limit_of(ctx.inputs["maxFailures"], total, minimum=0)
         statuses = play(total, batch, budget, outcomes)
-        started = total - statuses.count("skipped")
+        started = total - statuses.count(RolloutChildStatus.SKIPPED)
         machines = [machine_of(item) for item in items]
         counts = RolloutCounts(
             total=total,
             started=started,
             running=0,
-            succeeded=statuses.count("succeeded"),
-            failed=statuses.count("failed"),
-            cancelled=statuses.count("cancelled"),
+            succeeded=statuses.count(RolloutChildStatus.SUCCEEDED),
+            failed=statuses.count(RolloutChildStatus.FAILED),
+            cancelled=statuses.count(RolloutChildStatus.CANCELLED),
             max_failures=budget,
         )
         seen = {

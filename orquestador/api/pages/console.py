@@ -54,6 +54,7 @@ from orquestador.automation.schedules import find_schedule, list_schedules, sche
 from orquestador.domain.statuses import (
     UNDER_WAY_COMMAND,
     UNFINISHED,
+    ApprovalListing,
     ApprovalStatus,
     ExecutionStatus,
 )
@@ -426,7 +427,8 @@ def notices() -> Any:
 @signed_in
 def approvals() -> Any:
     require_page_scope(SCOPE_APPROVALS_DECIDE, what="deciding approvals")
-    status = "closed" if request.args.get("status") == "closed" else "open"
+    closed = request.args.get("status") == ApprovalListing.CLOSED
+    status = ApprovalListing.CLOSED if closed else ApprovalListing.OPEN
     page = ApprovalPage(limit=PAGE_SIZE, status=status, after=_after(request.args))
     caller = g.caller
     with engine().connect() as connection:
@@ -452,7 +454,7 @@ def approvals() -> Any:
         approvals=items,
         status=status,
         open_url=url_for("ui.approvals"),
-        closed_url=url_for("ui.approvals", status="closed"),
+        closed_url=url_for("ui.approvals", status=ApprovalListing.CLOSED.value),
         next_url=url_for("ui.approvals", status=status, after=cursor(rows[-1])) if more else None,
     )
 
