@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 from flask import current_app
 
@@ -12,7 +10,7 @@ from orquestador.actions.contracts import RateLimit
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem
 from orquestador.domain.errors import Problem
-from orquestador.queue.open_executions import count_open
+from orquestador.queue.open_executions import RecentRoom
 from orquestador.queue.rate_limits import take_token
 
 # The organization's bucket among the routes' (table rate_bucket); no route name has a colon.
@@ -20,16 +18,8 @@ TRANSITIONS_BUCKET = "org-transitions:"
 # When to ask again once the organization has as many open executions as it may: they
 # end at the pace of its flows, which no one here knows.
 OPEN_EXECUTIONS_RETRY_SECONDS = 30
-# An organization found at least FAR_BELOW under its limit is not counted again by this
-# process for ROOM_SECONDS: to go over in that time it would have to be accepted more
-# than FAR_BELOW times a second (the transitions bucket allows 200 at once, 50 a second).
-# Nearer its limit it is counted at every acceptance.
-FAR_BELOW = 1_000
-ROOM_SECONDS = 1.0
-_ROOM_KEY = "orquestador.open_execution_room"
-_room_lock = threading.Lock()
-# The clock of ROOM_SECONDS (a test stands it still).
-clock = time.monotonic
+# The app's RecentRoom (the organizations it found far below their limit, lately).
+ROOM_KEY = "orquestador.open_execution_room"
 
 
 def require_transition_token(org: str) -> None:
@@ -67,26 +57,15 @@ def require_open_execution_room(org: str) -> None:
 
     Counted after the transition's token is taken (the bucket bounds how often this runs)
     and before the acceptance's transaction; queue/open_executions.py says by how much
-    acceptances at the same moment may go over. The count costs about a millisecond per
-    10,000 open executions, so an organization far below its limit is counted at most
-    once a second per process (FAR_BELOW, ROOM_SECONDS).
+    acceptances at the same moment may go over. An organization far below its limit is
+    counted at most once a second per app (queue.open_executions.RecentRoom).
     """
     limit = api_context().settings.quotas_for(org).open_executions
-    # Room seen lately, per app: (monotonic time, limit) by organization.
-    seen: dict[str, tuple[float, int]] = current_app.extensions.setdefault(_ROOM_KEY, {})
-    now = clock()
-    with _room_lock:
-        lately = seen.get(org)
-    if lately is not None and lately[1] == limit and now - lately[0] < ROOM_SECONDS:
-        return
+    room: RecentRoom = current_app.extensions.setdefault(ROOM_KEY, RecentRoom())
     with engine().connect() as conn:
-        used = count_open(conn, org, up_to=limit)
-    if used + FAR_BELOW <= limit:
-        with _room_lock:
-            seen[org] = (now, limit)
-    if used < limit:
-        return
-    raise open_executions_exceeded(limit, used)
+        used = room.used_if_full(conn, org, limit)
+    if used is not None:
+        raise open_executions_exceeded(limit, used)
 
 
 def open_executions_exceeded(limit: int, used: int) -> ApiProblem:

@@ -49,7 +49,7 @@ from orquestador.domain.schedule_times import Round, Timing, plan_round
 from orquestador.loop import Loop
 from orquestador.metrics import SCHEDULE_FIRES_TOTAL
 from orquestador.queue.acceptance import insert_request, queue_execution
-from orquestador.queue.open_executions import has_room
+from orquestador.queue.open_executions import RecentRoom
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +77,18 @@ OpenLimit = Callable[[str], int]
 class _Room:
     """Whether each organization may start one more execution, within one round.
 
-    Counted afresh for each fire (the round's own fires count, as its transaction sees
-    them), except for an organization found full: a round only adds executions, so it
+    Asked of the worker's RecentRoom for each fire (counted near the limit, the round's
+    own fires included as its transaction sees them; far below it, at most once a
+    second), except for an organization found full: a round only adds executions, so it
     stays full until the round ends.
     """
 
-    def __init__(self, connection: Connection, open_limit: OpenLimit | None) -> None:
+    def __init__(
+        self, connection: Connection, open_limit: OpenLimit | None, recent: RecentRoom
+    ) -> None:
         self._connection = connection
         self._open_limit = open_limit
+        self._recent = recent
         self._full: set[str] = set()
 
     def for_one_more(self, org: str) -> bool:
@@ -92,7 +96,8 @@ class _Room:
             return True
         if org in self._full:
             return False
-        if has_room(self._connection, org, self._open_limit(org)):
+        limit = self._open_limit(org)
+        if self._recent.used_if_full(self._connection, org, limit) is None:
             return True
         self._full.add(org)
         return False
@@ -105,12 +110,14 @@ def fire_due_schedules(
     batch_size: int = BATCH_SIZE,
     now: datetime | None = None,
     open_limit: OpenLimit | None = None,
+    recent: RecentRoom | None = None,
 ) -> bool:
     """Fire the passed fire times of up to `batch_size` due schedules in one transaction.
 
     True when more may be due at once (a full batch, or a schedule still behind). `now`
     is the database's clock; a test may pass another to stand at a chosen instant.
-    `open_limit`: each organization's quota openExecutions (None: no quota).
+    `open_limit`: each organization's quota openExecutions (None: no quota); `recent`,
+    the worker's memory of the organizations far below it.
     """
     with engine.begin() as connection:
         if now is None:
@@ -119,7 +126,7 @@ def fire_due_schedules(
         due = connection.execute(_due_in_turns(now, batch_size)).all()
         more = len(due) == batch_size
         outcomes: Outcomes = Counter()
-        room = _Room(connection, open_limit)
+        room = _Room(connection, open_limit, recent or RecentRoom())
         for row in due:
             more |= _fire_or_put_off(
                 connection, row, now, outcomes, room, max_attempts=max_attempts
@@ -490,6 +497,7 @@ class ScheduleFirer(Loop):
         self.engine = engine
         self.max_attempts = max_attempts
         self.open_limit = open_limit
+        self.recent = RecentRoom()
         self.batch_size = batch_size
 
     def run_once(self) -> bool:
@@ -498,4 +506,5 @@ class ScheduleFirer(Loop):
             max_attempts=self.max_attempts,
             batch_size=self.batch_size,
             open_limit=self.open_limit,
+            recent=self.recent,
         )

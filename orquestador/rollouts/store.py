@@ -32,7 +32,6 @@ from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.rollouts import ItemProblem, RolloutCounts, child_data, machine_of
 from orquestador.domain.statuses import ExecutionStatus, RolloutChildStatus
 from orquestador.queue.acceptance import insert_request, queue_execution
-from orquestador.queue.open_executions import has_room
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +182,14 @@ def start_due_children(
     *,
     max_attempts: int,
     should_stop: Callable[[], bool],
-    open_limit: int | None = None,
+    has_room: Callable[[Connection], bool] | None = None,
 ) -> int:
     """Start children, one committed transaction each, while the rollout may; how many.
 
     Stops when `_TAKE_NEXT` takes no item (the batch is full, the budget spent, the
-    rollout paused, cancelled or done, the pause between starts not over), when the
-    organization holds `open_limit` executions not ended (its quota openExecutions), or
+    rollout paused, cancelled or done, the pause between starts not over), when
+    `has_room` says the organization may start no more executions (its quota
+    openExecutions), or
     when the call must wrap up (`should_stop`): the next round goes on from `next_index`.
     """
     with engine.connect() as conn:
@@ -201,7 +201,7 @@ def start_due_children(
     started = 0
     while not should_stop():
         with engine.begin() as conn:
-            if open_limit is not None and not has_room(conn, rollout.org_id, open_limit):
+            if has_room is not None and not has_room(conn):
                 log.info(
                     "rollout waits: the organization's quota openExecutions is used up",
                     extra={"execution_id": str(rollout.execution_id)},

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, text
 from orquestador.api import quota_checks
 from orquestador.db.schema import OPEN_EXECUTION
 from orquestador.domain.statuses import OPEN
-from orquestador.queue.open_executions import count_open
+from orquestador.queue.open_executions import FAR_BELOW, ROOM_SECONDS, RecentRoom, count_open
 
 RUN = {"transition": "power-off", "data": {"machineId": "m-1"}}
 
@@ -137,20 +137,20 @@ def test_the_count_reads_the_partial_index_and_stops_at_the_limit(
 
 
 def test_far_below_the_limit_a_count_is_kept_a_second_near_it_never(
-    database, owner_engine: Engine, monkeypatch: pytest.MonkeyPatch
+    database, owner_engine: Engine
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(quota_checks, "clock", lambda: now[0])
-    limit = quota_checks.FAR_BELOW + 5
+    limit = FAR_BELOW + 5
     with running_api(database.runtime_dsn, quota_open_executions=limit) as api:
+        api.app.extensions[quota_checks.ROOM_KEY] = RecentRoom(clock=lambda: now[0])
         flow_id = api.publish()["id"]
         assert _run(api, flow_id).status_code == 202  # counted: 0, far below
         _fill(owner_engine, flow_id, limit)
         # Within the second the count is not taken again: accepted over the limit.
         assert _run(api, flow_id).status_code == 202
-        now[0] += quota_checks.ROOM_SECONDS
+        now[0] += ROOM_SECONDS
         over = _run(api, flow_id)
-        now[0] += quota_checks.ROOM_SECONDS
+        now[0] += ROOM_SECONDS
         # At the limit, every acceptance counts.
         again = _run(api, flow_id)
 

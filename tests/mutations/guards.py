@@ -1776,8 +1776,8 @@ EXPIRY_GUARDS = [
     Mutation(
         "open-executions-quota-checked-at-acceptance",
         "orquestador/api/quota_checks.py",
-        "    if used < limit:\n",
-        "    if True:\n",
+        "    if used is not None:\n",
+        "    if False:\n",
         "An organization holding its quota openExecutions of executions not ended gets no "
         "new one from the API: 429 naming the quota.",
         (f"{OPEN_EXECUTIONS}::test_runs_transitions_and_dry_runs_beyond_the_quota_are_429",),
@@ -1785,8 +1785,8 @@ EXPIRY_GUARDS = [
     Mutation(
         "open-executions-counted-up-to-the-limit",
         "orquestador/queue/open_executions.py",
-        "    return limit > 0 and count_open(connection, org, up_to=limit) < limit\n",
-        "    return True\n",
+        "        return None if used < limit else used\n",
+        "        return None\n",
         "A schedule's fire over the quota openExecutions starts nothing.",
         (
             f"{FIRES_OVER_QUOTA}::test_a_fire_over_the_quota_waits_and_starts_once_an_execution_ends",
@@ -1817,8 +1817,7 @@ EXPIRY_GUARDS = [
     Mutation(
         "rollout-children-held-to-open-executions",
         "orquestador/rollouts/store.py",
-        "            if open_limit is not None and not has_room(conn, rollout.org_id, open_limit)"
-        ":\n",
+        "            if has_room is not None and not has_room(conn):\n",
         "            if False:\n",
         "A rollout starts no child while its organization holds its quota openExecutions.",
         (f"{ROLLOUT_LIMITS}::test_a_rollout_starts_no_child_beyond_the_quota_open_executions",),

@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sqlalchemy import Connection
+
 from orquestador.actions.builtin.database import BuiltinDatabase, builtin_timeout_seconds
 from orquestador.actions.builtin.machine import MAX_MACHINE_ID_CHARACTERS, POLL_FALLBACK_SECONDS
 from orquestador.actions.contracts import ActionContext, Adapter, Effect
@@ -37,6 +39,7 @@ from orquestador.domain.rollouts import (
     play,
 )
 from orquestador.domain.statuses import RolloutChildStatus
+from orquestador.queue.open_executions import RecentRoom
 from orquestador.rollouts.store import (
     RolloutDraft,
     children_of,
@@ -158,6 +161,12 @@ class Rollouts:
         self._database = database
         self._max_attempts = max_attempts
         self._quotas_for = quotas_for
+        # The organizations lately found far below their quota openExecutions.
+        self._recent = RecentRoom()
+
+    def _room_for(self, org: str) -> Callable[[Connection], bool]:
+        limit = self._quotas_for(org).open_executions
+        return lambda conn: self._recent.used_if_full(conn, org, limit) is None
 
     def _check_items(self, org: str, items: list[Any]) -> None:
         limit = self._quotas_for(org).rollout_items
@@ -178,7 +187,7 @@ class Rollouts:
             rollout,
             max_attempts=self._max_attempts,
             should_stop=lambda: ctx.should_stop() or ctx.seconds_left() < wrap_up,
-            open_limit=self._quotas_for(rollout.org_id).open_executions,
+            has_room=self._room_for(rollout.org_id),
         )
         with engine.connect() as conn:
             counts, now = read_counts(conn, rollout.id)
