@@ -166,12 +166,14 @@ class Clones:
     def __init__(self, server: TestServer, template: str) -> None:
         self._server = server
         self._template = template
-        # One thread: the copy made ahead and the drops run in the order they were asked.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-databases")
+        # A thread for the copy made ahead and one for the drops, so that a test never
+        # waits for its copy behind the drops before it (a drop may wait on a checkpoint).
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-copies")
+        self._dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-drops")
         self._next = self._make()
 
     def _make(self) -> Future[str]:
-        return self._thread.submit(self._copy)
+        return self._copier.submit(self._copy)
 
     def _copy(self) -> str:
         name = create_database(self._server, "orquestador_test", template=self._template)
@@ -186,11 +188,12 @@ class Clones:
         return name
 
     def give_back(self, name: str) -> None:
-        self._thread.submit(drop_database, self._server, name)
+        self._dropper.submit(drop_database, self._server, name)
 
     def close(self) -> None:
         self.give_back(self._next.result())
-        self._thread.shutdown(wait=True)
+        self._copier.shutdown(wait=True)
+        self._dropper.shutdown(wait=True)
 
 
 @pytest.fixture(scope="session")
@@ -204,6 +207,17 @@ def clones(pg_server: TestServer, template_database: str) -> Iterator[Clones]:
 
 @pytest.fixture
 def database(pg_server: TestServer, clones: Clones) -> Iterator[TestDatabase]:
+    name = clones.take()
+    try:
+        yield TestDatabase(name, pg_server.url(name), pg_server.url(name, runtime=True))
+    finally:
+        clones.give_back(name)
+
+
+@pytest.fixture(scope="module")
+def module_database(pg_server: TestServer, clones: Clones) -> Iterator[TestDatabase]:
+    """One database for a module's tests, for tests whose assertion holds whatever the
+    earlier tests left (the fuzzers: never a 5xx): their setup is paid once per module."""
     name = clones.take()
     try:
         yield TestDatabase(name, pg_server.url(name), pg_server.url(name, runtime=True))

@@ -21,8 +21,10 @@ from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.api.openapi.document import openapi_document
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
+from orquestador.db.engine import make_engine
+from tests.acceptance.fuzzing import MAX_EXAMPLES, schemas_by_mode
+from tests.db_support import TestDatabase
 
-MAX_EXAMPLES = 30
 SCOPES = [
     "flows:admin",
     "requests:read",
@@ -79,11 +81,13 @@ class _KnowsBuiltins:
         return version == 1 and capability in {"machine.command", "machine.wait", "notify"}
 
 
-@pytest.fixture
-def fuzz_settings(database) -> Settings:
+# One database and one app for the module: whatever a fuzzed call left, the next must still
+# answer without a server error, so the tests share their setup.
+@pytest.fixture(scope="module")
+def fuzz_settings(module_database: TestDatabase) -> Settings:
     return Settings.from_env(
         {},
-        database_url=database.runtime_dsn,
+        database_url=module_database.runtime_dsn,
         request_api_enabled=True,
         flow_admin_enabled=True,
         jwt_secret="fuzz-signing-secret-" + "0123456789abcdef" * 3,
@@ -112,7 +116,7 @@ def _output_checker() -> AdapterRegistry:
     return registry
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def fuzz_app(fuzz_settings: Settings) -> Iterator[Flask]:
     app = create_app(fuzz_settings, registry=_KnowsBuiltins())
     app.extensions[ADAPTERS_EXTENSION] = _output_checker()
@@ -122,13 +126,18 @@ def fuzz_app(fuzz_settings: Settings) -> Iterator[Flask]:
         app.extensions[EXTENSION_KEY].engine.dispose()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def fuzz_schemas(fuzz_app: Flask) -> dict[GenerationMode, Any]:
+    return schemas_by_mode(fuzz_app)
+
+
+@pytest.fixture(scope="module")
 def authorization(fuzz_settings: Settings) -> dict[str, str]:
     token = mint_token(fuzz_settings, sub="fuzzer", org="org-fuzz", scopes=SCOPES)
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def agent_authorization(fuzz_settings: Settings) -> dict[str, str]:
     """A machine agent's token: the agent routes answer nothing else but 403."""
     token = mint_token(fuzz_settings, sub="machine:m-fuzz", org="org-fuzz", scopes=["agent"])
@@ -169,11 +178,21 @@ def _park(owner_engine: Engine, execution_id: str) -> None:
         )
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def real_ids(
+    fuzz_app: Flask, authorization: dict[str, str], module_database: TestDatabase
+) -> Iterator[dict[str, str]]:
+    """A flow, requests and executions (one parked), so fuzzed ids sometimes hit real rows."""
+    owner_engine = make_engine(module_database.owner_dsn)
+    try:
+        yield _arrange_real_rows(fuzz_app, authorization, owner_engine)
+    finally:
+        owner_engine.dispose()
+
+
+def _arrange_real_rows(
     fuzz_app: Flask, authorization: dict[str, str], owner_engine: Engine
 ) -> dict[str, str]:
-    """A flow, requests and executions (one parked), so fuzzed ids sometimes hit real rows."""
     client = fuzz_app.test_client()
     execution_id = _accept(client, authorization, FLOW, "finish")
     parked = _accept(client, authorization, WRITE_FLOW, "send")
@@ -245,19 +264,14 @@ CASES = sorted(
 # loader does not run under the pytest version we use.
 @pytest.mark.parametrize(("operation_id", "mode"), CASES, ids=lambda value: str(value))
 def test_no_operation_answers_with_a_server_error(
-    fuzz_app: Flask,
+    fuzz_schemas: dict[GenerationMode, Any],
     authorization: dict[str, str],
     agent_authorization: dict[str, str],
     real_ids: dict[str, str],
     operation_id: str,
     mode: GenerationMode,
 ) -> None:
-    # Positive cases leave out NUL characters so they get past the body checks and
-    # reach the database; negative cases keep them to probe those checks.
-    config = schemathesis.Config.from_dict(
-        {"generation": {"allow-x00": mode is GenerationMode.NEGATIVE}}
-    )
-    schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", fuzz_app, config=config)
+    schema = fuzz_schemas[mode]
     operation = schema.find_operation_by_id(operation_id)
     headers = agent_authorization if operation.path.startswith("/agent/") else authorization
 
@@ -271,11 +285,14 @@ def test_no_operation_answers_with_a_server_error(
     def call(case: schemathesis.Case, use_real_ids: bool) -> None:
         if use_real_ids:
             _point_at_real_rows(case, real_ids)
-        for waited in ("wait", "timeout"):
-            if isinstance(case.query, dict) and waited in case.query:
-                # A long poll with nothing to hand out, and a wait for an execution that
-                # does not settle, wait the time asked: keep it short.
-                case.query[waited] = _short_wait(case.query[waited])
+        if isinstance(case.query, dict):
+            # A long poll with nothing to hand out, and a wait for an execution that
+            # does not settle, wait the time asked (`waitFor` alone waits 30 s): keep it short.
+            if "waitFor" in case.query:
+                case.query.setdefault("timeout", 0)
+            for waited in ("wait", "timeout"):
+                if waited in case.query:
+                    case.query[waited] = _short_wait(case.query[waited])
         case.call_and_validate(headers=headers, checks=[not_a_server_error])
 
     call()

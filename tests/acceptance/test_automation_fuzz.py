@@ -18,8 +18,9 @@ from orquestador.api.context import EXTENSION_KEY
 from orquestador.api.openapi.automation import paths
 from orquestador.api.tokens import mint_token
 from orquestador.config import Settings
+from tests.acceptance.fuzzing import MAX_EXAMPLES, schemas_by_mode
+from tests.db_support import TestDatabase
 
-MAX_EXAMPLES = 30
 SCOPES = ["flows:admin", "plans:admin", "events:write", "requests:read"]
 
 PROVISIONED = {
@@ -40,12 +41,14 @@ class _KnowsNothing:
         return False
 
 
-@pytest.fixture
-def fuzz_app(database) -> Iterator[Flask]:
+# One database and one app for the module: whatever a fuzzed call left, the next must still
+# answer without a server error, so the tests share their setup.
+@pytest.fixture(scope="module")
+def fuzz_app(module_database: TestDatabase) -> Iterator[Flask]:
     app = create_app(
         Settings.from_env(
             {},
-            database_url=database.runtime_dsn,
+            database_url=module_database.runtime_dsn,
             request_api_enabled=True,
             flow_admin_enabled=True,
             jwt_secret="fuzz-signing-secret-" + "0123456789abcdef" * 3,
@@ -58,7 +61,12 @@ def fuzz_app(database) -> Iterator[Flask]:
         app.extensions[EXTENSION_KEY].engine.dispose()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
+def fuzz_schemas(fuzz_app: Flask) -> dict[GenerationMode, Any]:
+    return schemas_by_mode(fuzz_app)
+
+
+@pytest.fixture(scope="module")
 def authorization(fuzz_app: Flask) -> dict[str, str]:
     token = mint_token(
         fuzz_app.extensions[EXTENSION_KEY].settings, sub="fuzzer", org="org-fuzz", scopes=SCOPES
@@ -66,7 +74,7 @@ def authorization(fuzz_app: Flask) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def real_ids(fuzz_app: Flask, authorization: dict[str, str]) -> dict[str, str]:
     """A bound plan, so fuzzed ids and events sometimes reach the binding and starting paths."""
     client = fuzz_app.test_client()
@@ -93,16 +101,13 @@ def _point_at_real_rows(case: schemathesis.Case, ids: dict[str, str]) -> None:
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 @pytest.mark.parametrize("operation_id", OPERATIONS)
 def test_no_automation_operation_answers_with_a_server_error(
-    fuzz_app: Flask,
+    fuzz_schemas: dict[GenerationMode, Any],
     authorization: dict[str, str],
     real_ids: dict[str, str],
     operation_id: str,
     mode: GenerationMode,
 ) -> None:
-    config = schemathesis.Config.from_dict(
-        {"generation": {"allow-x00": mode is GenerationMode.NEGATIVE}}
-    )
-    schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", fuzz_app, config=config)
+    schema = fuzz_schemas[mode]
     operation = schema.find_operation_by_id(operation_id)
     checks: list[Any] = [not_a_server_error]
     if mode is GenerationMode.POSITIVE:

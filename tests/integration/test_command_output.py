@@ -100,15 +100,17 @@ def test_a_long_output_keeps_its_head_and_its_end_within_the_bound(
 ) -> None:
     _, command_id = running
     offset = 0
-    for number in range(1000):
-        line = f"line {number:04d}\n"
+    for number in range(120):  # 12 KB in chunks of 100 bytes, three times the bound
+        line = f"line {number:04d} {'.' * 89}\n"
         answer = report(api, command_id, "running", output=line, outputOffset=offset)
         offset = answer["outputOffset"]
 
     assert answer["outputTruncated"] is True
     body = output(api, command_id).get_json()
     assert body["truncated"] is True
-    assert body["output"].startswith("line 0000\n") and body["output"].endswith("line 0999\n")
+    assert body["output"].startswith("line 0000 ") and body["output"].endswith(
+        f"line 0119 {'.' * 89}\n"
+    )
     assert re.search(r"\[… \d+ bytes of output dropped …\]", body["output"])
     assert len(body["output"].encode()) < 4096 + 100
 
