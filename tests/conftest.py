@@ -132,13 +132,15 @@ def pg_server(request: pytest.FixtureRequest) -> Iterator[TestServer]:
     shared = getattr(request.config, "workerinput", {}).get(shared_server.WORKER_INPUT_KEY)
     if shared:
         # The controller stops it once every worker is done (pytest_unconfigure).
-        yield TestServer(make_url(shared_server.shared_server(Path(shared)).url("postgres")))
+        yield TestServer(
+            make_url(shared_server.shared_server(Path(shared)).url("postgres")), copies_files=True
+        )
         return
     folder = shared_server.new_folder()
     server = shared_server.server_in(folder)
     try:
         server.start()
-        yield TestServer(make_url(server.url("postgres")))
+        yield TestServer(make_url(server.url("postgres")), copies_files=True)
     finally:
         shared_server.remove(folder)
 

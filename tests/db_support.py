@@ -19,6 +19,10 @@ class TestServer:
     __test__ = False
 
     admin_url: URL  # a superuser (or CREATEDB + CREATEROLE) connection to a maintenance db
+    # Copy a template file by file (PostgreSQL 15's STRATEGY FILE_COPY): about three times
+    # faster than the default, which writes the copy through the WAL, but each copy asks
+    # for a checkpoint: only for the embedded server, which runs with fsync off.
+    copies_files: bool = False
 
     def url(self, database: str, *, runtime: bool = False) -> URL:
         if runtime:
@@ -78,6 +82,8 @@ def ensure_runtime_role(server: TestServer) -> None:
 def create_database(server: TestServer, prefix: str, template: str | None = None) -> str:
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     clause = f" TEMPLATE {template}" if template else ""
+    if template and server.copies_files:
+        clause += " STRATEGY FILE_COPY"
     server.admin(f'CREATE DATABASE "{name}"{clause}')
     return name
 
