@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,21 +12,10 @@ from werkzeug.wsgi import get_input_stream
 
 from orquestador.api.problems import ApiProblem
 from orquestador.domain.errors import Problem
+from orquestador.domain.json_text import parse_json
 
 # Deeper documents are refused before any recursive code (validation, storage) sees them.
 MAX_DEPTH = 64
-
-
-def _refuse_constant(name: str) -> Any:
-    # NaN and Infinity are not JSON and PostgreSQL's jsonb refuses them.
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("number out of range")
-    return value
 
 
 def _escape(token: str) -> str:
@@ -97,15 +84,6 @@ def read_json_object(schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     except ValueError:
         raise ApiProblem(400, "MALFORMED_JSON", "The body is not valid JSON.") from None
     return checked_object(document, schema)
-
-
-def parse_json(raw: str | bytes) -> Any:
-    """JSON as the API reads it (no NaN or Infinity); ValueError when it is not JSON."""
-    try:
-        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-    # UnicodeDecodeError and JSONDecodeError are both ValueErrors.
 
 
 def checked_object(document: Any, schema: Mapping[str, Any] | None = None) -> dict[str, Any]:

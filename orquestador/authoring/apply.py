@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orquestador.api.body import parse_json
 from orquestador.domain.canonical import canonical_json
+from orquestador.domain.json_text import parse_json
 
 CASES_SUFFIX = ".cases.json"
 

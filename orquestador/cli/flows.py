@@ -144,7 +144,7 @@ def _read_text(path: Path) -> str:
 
 def _lint(args: argparse.Namespace) -> int:
     """Every finding in the flow file, one line each: exit 1 when there is one."""
-    from orquestador.api.body import parse_json
+    from orquestador.domain.json_text import parse_json
     from orquestador.domain.lint import lint_definition
 
     path = Path(args.file)
@@ -285,7 +285,7 @@ def _print_applied(row: dict[str, Any], *, dry_run: bool) -> None:
 
 
 def _json_file(path: Path) -> Any:
-    from orquestador.api.body import parse_json
+    from orquestador.domain.json_text import parse_json
 
     try:
         return parse_json(_read_text(path))

@@ -26,7 +26,7 @@ from orquestador.api.auth import (
     SCOPE_PLANS_ADMIN,
     SCOPE_REQUESTS_WRITE,
 )
-from orquestador.api.body import checked_object, parse_json
+from orquestador.api.body import checked_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.dry_run_routes import start_dry_run
 from orquestador.api.execution_routes import (
@@ -67,6 +67,7 @@ from orquestador.automation.schedules import (
 )
 from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.json_text import parse_json
 from orquestador.errors import Refusal
 
 MAX_REASON_CHARACTERS = 2000

@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orquestador.api.body import parse_json
 from orquestador.api.problems import ApiProblem
+from orquestador.domain.json_text import parse_json
 
 # Beyond these a property goes in the JSON box: a form of a hundred fields helps nobody.
 MAX_FIELDS = 30
