@@ -6,7 +6,7 @@ wake the waiting parent in one transaction, audited on the parent; the next chil
 (`store._TAKE_NEXT`) reads the marks under the same row lock, so no child starts after a
 pause or a cancel committed. A cancel then cancels the running children one by one, each
 under the write rule (`queue.reconciliation.cancel`): a child with a write done or in
-doubt parks for a person, one whose step is in flight is left to finish. "Retry the
+doubt parks for a person, one whose step is in flight stops when its call returns. "Retry the
 failed" starts a new run of the parent's flow version and transition, as a new request
 with the same data, whose rollout step runs over just the failed items: the new step's
 rollout is written with the run, keyed by its external key, so the step finds it.
@@ -202,9 +202,14 @@ def cancel_rollout(
         for child in running:
             try:
                 ended = cancel(conn, child, org, actor, f"rollout cancelled: {reason}")
-                fates[str(child)] = ended.status
+                # A step in flight is never cut mid-call: its worker applies the cancel
+                # when the call returns.
+                fates[str(child)] = (
+                    "cancel requested: stops when its step's call returns"
+                    if ended.requested
+                    else ended.status
+                )
             except NotCancellable as left:
-                # A step in flight is never cut mid-call: the child finishes by itself.
                 fates[str(child)] = f"left to finish: {left.message}"
     return RolloutCancelled(rollout_id, fates)
 
