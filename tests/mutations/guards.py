@@ -2640,8 +2640,12 @@ CANCEL_REQUEST_GUARDS = [
         "        if loaded.cancel_requested:\n",
         "        if False:\n",
         "A holder that loads an execution with a cancel requested applies it before calling "
-        "anything.",
-        (running("test_a_stale_holder_cannot_apply_a_requested_cancel_and_the_next_holder_does"),),
+        "anything (a look-up of a dead holder's write included).",
+        (
+            running(
+                "test_a_cancel_found_by_the_next_holder_parks_when_the_dead_holders_write_is_in_doubt"
+            ),
+        ),
     ),
     Mutation(
         "a-wait-with-a-cancel-requested-is-due-at-once",
