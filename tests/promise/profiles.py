@@ -64,8 +64,10 @@ SHORT = Profile(
     corrections=2,
     deciders=1,
     bulks=1,
+    approvals=2,
     schedules=1,
     rollouts=1,
+    running_cancels=2,
 )
 
 
