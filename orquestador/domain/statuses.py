@@ -6,7 +6,11 @@ all take their lists from here, so a status is spelled once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
+from typing import TypeVar
+
+Member = TypeVar("Member", bound=StrEnum)
 
 
 class ExecutionStatus(StrEnum):
@@ -161,6 +165,16 @@ ROLLOUT_CHILD_ENDS: dict[ExecutionStatus, RolloutChildStatus] = {
     ExecutionStatus.RECONCILIATION_REQUIRED: RolloutChildStatus.FAILED,
     ExecutionStatus.CANCELLED: RolloutChildStatus.CANCELLED,
 }
+
+
+def in_order(members: Iterable[Member]) -> list[Member]:
+    """A set of statuses in their enum's order, so that words and SQL built from it are
+    the same on every run."""
+    chosen = set(members)
+    if not chosen:
+        return []
+    vocabulary = type(next(iter(chosen)))
+    return [member for member in vocabulary if member in chosen]
 
 
 def values(vocabulary: type[StrEnum]) -> tuple[str, ...]:

@@ -63,6 +63,14 @@ from orquestador.db.schema import (
     bulk_item,
     machine_command,
 )
+from orquestador.domain.statuses import (
+    BulkAction,
+    BulkItemOutcome,
+    BulkStatus,
+    CheckpointStatus,
+    CommandStatus,
+    ExecutionStatus,
+)
 from orquestador.errors import DecisionInvalid, OrquestadorError
 from orquestador.machines.cancel import CancelledCommands
 from orquestador.queue.reconciliation import (
@@ -185,7 +193,7 @@ def accept_bulk(
                 literal(bulk.reason),
                 literal(bulk.filter, bulk_action.c.filter.type),
                 counted,
-                _case(empty, "DONE", "RUNNING"),
+                _case(empty, BulkStatus.DONE.value, BulkStatus.RUNNING.value),
                 _case(empty, func.clock_timestamp(), None),
             ).where(counted <= max_items),
         )
@@ -222,9 +230,9 @@ def _case(condition: Any, when_true: Any, when_false: Any) -> Any:
 # --- acting ---------------------------------------------------------------------------
 
 _RUNNING_BULKS = text(
-    """
+    f"""
     SELECT id, org_id, actor, action, reason
-    FROM bulk_action WHERE status = 'RUNNING'
+    FROM bulk_action WHERE status = '{BulkStatus.RUNNING}'
     ORDER BY created_at, id
     """
 )
@@ -253,9 +261,9 @@ _RECORD = text(
 # Done once no item is left without an outcome. Every worker checks after committing its
 # own last item, so the one that commits last sees every other's and ends the bulk.
 _FINISH = text(
-    """
-    UPDATE bulk_action SET status = 'DONE', finished_at = clock_timestamp()
-    WHERE id = :bulk_id AND status = 'RUNNING'
+    f"""
+    UPDATE bulk_action SET status = '{BulkStatus.DONE}', finished_at = clock_timestamp()
+    WHERE id = :bulk_id AND status = '{BulkStatus.RUNNING}'
       AND NOT EXISTS (SELECT 1 FROM bulk_item WHERE bulk_id = :bulk_id AND outcome IS NULL)
     RETURNING id
     """
@@ -312,7 +320,7 @@ def _act(
     try:
         cancelled: Cancelled | None = None
         with conn.begin_nested():
-            if bulk.action == "cancel":
+            if bulk.action == BulkAction.CANCEL:
                 cancelled = cancel_in_transaction(
                     conn, execution_id, bulk.org_id, bulk.actor, bulk.reason, bulk_id=bulk.id
                 )
@@ -331,7 +339,7 @@ def _act(
                     conn, resolution, output_problems=_no_output, claims_budget=budget
                 )
     except OrquestadorError as refused:
-        return ItemOutcome(execution_id, "REFUSED", refused.code, refused.message)
+        return ItemOutcome(execution_id, BulkItemOutcome.REFUSED, refused.code, refused.message)
     except DBAPIError:
         raise  # the database's trouble, not the item's: the transaction is retried whole
     except Exception as failed:
@@ -340,15 +348,23 @@ def _act(
             ITEM_FAILED,
             extra={"bulk_id": str(bulk.id), "execution_id": str(execution_id)},
         )
-        return ItemOutcome(execution_id, "REFUSED", ITEM_FAILED, type(failed).__name__)
+        return ItemOutcome(
+            execution_id, BulkItemOutcome.REFUSED, ITEM_FAILED, type(failed).__name__
+        )
     if cancelled is not None and cancelled.requested:
         # Acted on as asked; the only success with words: its worker applies it later.
-        return ItemOutcome(execution_id, "SUCCEEDED", detail=CANCEL_REQUESTED_WORDS, status=status)
-    if status == "RECONCILIATION_REQUIRED" and cancelled is not None:
         return ItemOutcome(
-            execution_id, "PARKED", CANCELLED_AFTER_WRITES, parked_words(cancelled.commands), status
+            execution_id, BulkItemOutcome.SUCCEEDED, detail=CANCEL_REQUESTED_WORDS, status=status
         )
-    return ItemOutcome(execution_id, "SUCCEEDED", status=status)
+    if status == ExecutionStatus.RECONCILIATION_REQUIRED and cancelled is not None:
+        return ItemOutcome(
+            execution_id,
+            BulkItemOutcome.PARKED,
+            CANCELLED_AFTER_WRITES,
+            parked_words(cancelled.commands),
+            status,
+        )
+    return ItemOutcome(execution_id, BulkItemOutcome.SUCCEEDED, status=status)
 
 
 def parked_words(commands: CancelledCommands) -> str:
@@ -381,24 +397,26 @@ def parks_on_cancel(execution_id: ColumnElement[Any]) -> ColumnElement[bool]:
     untaken = exists().where(
         command.c.external_key == step.c.external_key,
         command.c.sent_at.is_(None),
-        command.c.status.in_(("pending", "cancelled", "expired")),
+        command.c.status.in_(
+            (CommandStatus.PENDING, CommandStatus.CANCELLED, CommandStatus.EXPIRED)
+        ),
     )
     in_doubt = exists().where(
         attempt.c.execution_id == step.c.execution_id,
         attempt.c.action_id == step.c.action_id,
         attempt.c.attempt > step.c.attempt_base,
-        attempt.c.status == "UNKNOWN",
+        attempt.c.status == CheckpointStatus.UNKNOWN,
     )
     return exists().where(
         step.c.execution_id == execution_id,
         step.c.effect != "READ_ONLY",
         or_(
             and_(
-                step.c.status == "SUCCEEDED",
+                step.c.status == CheckpointStatus.SUCCEEDED,
                 ~and_(step.c.capability == "machine.command", untaken),
             ),
-            step.c.status.in_(("RUNNING", "UNKNOWN")),
-            and_(step.c.status != "SUCCEEDED", in_doubt),
+            step.c.status.in_((CheckpointStatus.RUNNING, CheckpointStatus.UNKNOWN)),
+            and_(step.c.status != CheckpointStatus.SUCCEEDED, in_doubt),
         ),
     )
 
@@ -412,7 +430,7 @@ def _count(bulk: RunningBulk, outcome: ItemOutcome) -> None:
     # As the single-execution routes count: every cancel, and a decision that failed one.
     # A cancel requested of a RUNNING execution moved nothing yet: its worker counts it.
     if outcome.status not in (None, CANCEL_REQUESTABLE) and (
-        bulk.action == "cancel" or outcome.status == "FAILED"
+        bulk.action == BulkAction.CANCEL or outcome.status == ExecutionStatus.FAILED
     ):
         metrics.count_move(outcome.status)
 
@@ -474,11 +492,11 @@ def act_on_chunk(
 # --- reading --------------------------------------------------------------------------
 
 _PROGRESS = text(
-    """
+    f"""
     SELECT b.id, b.action, b.actor, b.reason, b.filter, b.status, b.total, b.created_at,
            b.finished_at,
            count(i.outcome) AS done,
-           count(*) FILTER (WHERE i.outcome = 'SUCCEEDED') AS succeeded
+           count(*) FILTER (WHERE i.outcome = '{BulkItemOutcome.SUCCEEDED}') AS succeeded
     FROM bulk_action b LEFT JOIN bulk_item i ON i.bulk_id = b.id
     WHERE b.id = :bulk_id AND b.org_id = :org_id
     GROUP BY b.id
@@ -486,10 +504,11 @@ _PROGRESS = text(
 )
 
 _NOT_AS_ASKED = text(
-    """
+    f"""
     SELECT execution_id, outcome, code, detail FROM bulk_item
     WHERE bulk_id = :bulk_id
-      AND (outcome IN ('REFUSED', 'PARKED') OR (outcome = 'SUCCEEDED' AND detail IS NOT NULL))
+      AND (outcome IN ('{BulkItemOutcome.REFUSED}', '{BulkItemOutcome.PARKED}')
+           OR (outcome = '{BulkItemOutcome.SUCCEEDED}' AND detail IS NOT NULL))
     ORDER BY execution_id
     """
 )
@@ -507,12 +526,12 @@ def bulk_progress(conn: Connection, bulk_id: uuid.UUID, org_id: str) -> BulkProg
     refused = [
         RefusedItem(item.execution_id, item.code, item.detail)
         for item in others
-        if item.outcome == "REFUSED"
+        if item.outcome == BulkItemOutcome.REFUSED
     ]
     parked = [
         RefusedItem(item.execution_id, item.code, item.detail)
         for item in others
-        if item.outcome == "PARKED"
+        if item.outcome == BulkItemOutcome.PARKED
     ]
     return BulkProgress(
         id=row.id,
@@ -526,7 +545,9 @@ def bulk_progress(conn: Connection, bulk_id: uuid.UUID, org_id: str) -> BulkProg
         succeeded=row.succeeded,
         refused=refused,
         parked=parked,
-        cancel_requested=[item.execution_id for item in others if item.outcome == "SUCCEEDED"],
+        cancel_requested=[
+            item.execution_id for item in others if item.outcome == BulkItemOutcome.SUCCEEDED
+        ],
         created_at=row.created_at,
         finished_at=row.finished_at,
     )

@@ -44,6 +44,7 @@ from orquestador.domain.concurrency import KeyMissing, key_value
 from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.pointer_updates import correct_request_data
+from orquestador.domain.statuses import UNHELD, CheckpointStatus, ExecutionStatus, in_order
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable, StaleItem
 from orquestador.machines.cancel import (
     CancelledCommands,
@@ -58,9 +59,9 @@ log = logging.getLogger(__name__)
 # The error code of a checkpoint an operator discarded so that its step runs again.
 RETRY_APPROVED = "RETRY_APPROVED"
 DECISIONS = ("confirm", "retry", "fail")
-CANCELLABLE = ("PENDING", "RETRY_WAIT", "WAITING")
-# A cancel of a RUNNING execution is recorded and applied by its holder.
-CANCEL_REQUESTABLE = "RUNNING"
+# A cancel ends an execution no worker holds (UNHELD); one of a RUNNING execution is
+# recorded and applied by its holder.
+CANCEL_REQUESTABLE = ExecutionStatus.RUNNING
 # The audit kind of that record, and what it means in words.
 CANCEL_REQUESTED = "CANCEL_REQUESTED"
 CANCEL_REQUESTED_WORDS = (
@@ -106,9 +107,9 @@ _CHECKPOINTS = text(
 )
 
 _CONFIRM_STEP = text(
-    """
+    f"""
     UPDATE action_execution
-    SET status = 'SUCCEEDED', output = :output, error_code = NULL,
+    SET status = '{CheckpointStatus.SUCCEEDED}', output = :output, error_code = NULL,
         finished_at = clock_timestamp()
     WHERE execution_id = :execution_id AND action_id = :action_id
     """
@@ -116,14 +117,16 @@ _CONFIRM_STEP = text(
 
 # A RUNNING attempt nobody saw end enters the history first, as the worker records one.
 _INTERRUPTED_INTO_HISTORY = text(
-    """
+    f"""
     INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
                                 error_code, message, started_at, finished_at)
     SELECT execution_id, action_id, attempt, fencing_token,
-           CASE WHEN effect = 'READ_ONLY' THEN 'FAILED' ELSE 'UNKNOWN' END,
+           CASE WHEN effect = 'READ_ONLY' THEN '{CheckpointStatus.FAILED}'
+                ELSE '{CheckpointStatus.UNKNOWN}' END,
            'INTERRUPTED', NULL, started_at, NULL
     FROM action_execution
-    WHERE execution_id = :execution_id AND action_id = :action_id AND status = 'RUNNING'
+    WHERE execution_id = :execution_id AND action_id = :action_id
+      AND status = '{CheckpointStatus.RUNNING}'
     ON CONFLICT DO NOTHING
     """
 )
@@ -132,9 +135,9 @@ _INTERRUPTED_INTO_HISTORY = text(
 # start, which the next start records, so a wait's deadline counts from the retry and
 # an expired wait the operator retried does not fail again at once.
 _APPROVE_RETRY = text(
-    """
+    f"""
     UPDATE action_execution
-    SET status = 'FAILED', error_code = :code, attempt_base = attempt,
+    SET status = '{CheckpointStatus.FAILED}', error_code = :code, attempt_base = attempt,
         first_started_at = NULL, finished_at = coalesce(finished_at, clock_timestamp())
     WHERE execution_id = :execution_id AND action_id = :action_id
     """
@@ -145,11 +148,12 @@ _APPROVE_RETRY = text(
 # MAX_CONTINUATIONS that a person lets run starts the count of continuations again:
 # a person has just asked for it.
 _REQUEUE = text(
-    """
+    f"""
     UPDATE execution
     SET continuations = CASE WHEN error_code = 'CONTINUATION_LIMIT' THEN 0
                              ELSE continuations END,
-        status = 'PENDING', next_attempt_at = clock_timestamp(), error_code = NULL,
+        status = '{ExecutionStatus.PENDING}', next_attempt_at = clock_timestamp(),
+        error_code = NULL,
         error_detail = NULL, result = NULL, lease_owner = NULL, lease_expires_at = NULL,
         max_attempts = attempts + :claims_budget, cancel_requested_at = NULL,
         cancel_requested_by = NULL, cancel_requested_reason = NULL,
@@ -164,11 +168,12 @@ _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 # the first waits for the call changes nothing. Under the execution's lock, so the
 # batch writer's next RUNNING or finish of it sees the request (or this waits for it).
 _REQUEST_CANCEL = text(
-    """
+    f"""
     UPDATE execution
     SET cancel_requested_at = clock_timestamp(), cancel_requested_by = :actor,
         cancel_requested_reason = :reason, updated_at = clock_timestamp()
-    WHERE id = :execution_id AND status = 'RUNNING' AND cancel_requested_at IS NULL
+    WHERE id = :execution_id AND status = '{ExecutionStatus.RUNNING}'
+      AND cancel_requested_at IS NULL
     RETURNING cancel_requested_at
     """
 )
@@ -234,9 +239,9 @@ _RELEASE_REQUEST = text(
 
 # Parked as the worker parks: not due, not finished, the request still held by it.
 _PARK = text(
-    """
+    f"""
     UPDATE execution
-    SET status = 'RECONCILIATION_REQUIRED', error_code = :error_code,
+    SET status = '{ExecutionStatus.RECONCILIATION_REQUIRED}', error_code = :error_code,
         error_detail = :error_detail, lease_owner = NULL, lease_expires_at = NULL,
         wait_key = NULL, updated_at = clock_timestamp()
     WHERE id = :execution_id
@@ -294,7 +299,7 @@ def step_in_doubt(
         named = [c for c in checkpoints if c.action_id == detail["actionId"]]
         if named:
             return named[0]
-    unfinished = [c for c in checkpoints if c.status != "SUCCEEDED"]
+    unfinished = [c for c in checkpoints if c.status != CheckpointStatus.SUCCEEDED]
     return unfinished[-1] if unfinished else None
 
 
@@ -353,7 +358,7 @@ def resolve(
         status = resolve_in_transaction(
             conn, resolution, output_problems=output_problems, claims_budget=claims_budget
         )
-    if status == "FAILED":
+    if status == ExecutionStatus.FAILED:
         metrics.count_move(status)
     return status
 
@@ -382,7 +387,7 @@ def resolve_in_transaction(
             " the bulk decides only about what it matched: open the execution and decide"
             " about it on its own"
         )
-    if execution.status != "RECONCILIATION_REQUIRED":
+    if execution.status != ExecutionStatus.RECONCILIATION_REQUIRED:
         raise NotReconcilable(f"the execution is {execution.status}, not parked for a decision")
     checkpoints = conn.execute(_CHECKPOINTS, {"execution_id": execution.id}).all()
     step = step_in_doubt(checkpoints, execution.error_code, execution.error_detail)
@@ -545,7 +550,7 @@ class _Deciding:
         self.conn.execute(
             _NOTIFY, {"channel": EXECUTION_READY_CHANNEL, "payload": str(self.execution.id)}
         )
-        return "PENDING"
+        return ExecutionStatus.PENDING
 
     def confirm(self) -> str:
         output, step = self.resolution.output, self.step
@@ -592,7 +597,7 @@ class _Deciding:
             _END,
             {
                 "execution_id": execution.id,
-                "status": "FAILED",
+                "status": ExecutionStatus.FAILED,
                 "error_code": execution.error_code,
                 "result": {"outcome": "RECONCILED_FAILED", "toState": to_state},
             },
@@ -610,7 +615,7 @@ class _Deciding:
                 "errorCode": execution.error_code,
             },
         )
-        return "FAILED"
+        return ExecutionStatus.FAILED
 
 
 @dataclass(frozen=True)
@@ -666,9 +671,9 @@ def cancel_in_transaction(
         raise NotCancellable(missing.message) from None
     if execution.status == CANCEL_REQUESTABLE:
         return _request_cancel(conn, execution, actor, {"reason": reason, **_bulk_detail(bulk_id)})
-    if execution.status not in CANCELLABLE:
+    if execution.status not in UNHELD:
         raise NotCancellable(
-            f"the execution is {execution.status}: only {', '.join(CANCELLABLE)} executions"
+            f"the execution is {execution.status}: only {', '.join(in_order(UNHELD))} executions"
             f" end by a cancel, and a {CANCEL_REQUESTABLE} one stops when its step's call"
             " returns"
         )
@@ -730,8 +735,9 @@ def end_cancelled(
         _END,
         {
             "execution_id": execution.id,
-            "status": "CANCELLED",
-            "error_code": "CANCELLED",
+            "status": ExecutionStatus.CANCELLED,
+            # The error code of a cancelled execution is its status.
+            "error_code": ExecutionStatus.CANCELLED,
             "result": None,
         },
     )
@@ -746,7 +752,7 @@ def end_cancelled(
             "machineCommands": commands.as_json(),
         },
     )
-    return "CANCELLED"
+    return ExecutionStatus.CANCELLED
 
 
 def park_cancelled(
@@ -777,7 +783,7 @@ def park_cancelled(
     _audit(
         conn,
         execution,
-        "RECONCILIATION_REQUIRED",
+        ExecutionStatus.RECONCILIATION_REQUIRED,  # the audit kind of a park is its status
         actor,
         {
             "reason": CANCELLED_AFTER_WRITES,
@@ -792,4 +798,4 @@ def park_cancelled(
         "cancel parked the execution for reconciliation: writes done or in doubt",
         extra={"execution_id": str(execution.id), "error_code": CANCELLED_AFTER_WRITES},
     )
-    return "RECONCILIATION_REQUIRED"
+    return ExecutionStatus.RECONCILIATION_REQUIRED

@@ -34,8 +34,9 @@ from sqlalchemy.exc import ProgrammingError
 from orquestador.config import Settings, libpq_url
 from orquestador.db.bounds import floors_above, read_function_bounds
 from orquestador.db.schema import OPEN_EXECUTION, PURGE_SIMULATIONS_FUNCTION
+from orquestador.db.sql_literals import quoted
 from orquestador.domain.quotas import Quotas
-from orquestador.domain.statuses import ExecutionStatus
+from orquestador.domain.statuses import UNHELD, BulkStatus, ExecutionStatus, OutboxStatus
 from orquestador.history.retention import make_months_ahead, purge_history
 from orquestador.loop import Loop
 from orquestador.machines.expiry import expire_undelivered
@@ -147,11 +148,11 @@ class PassReport:
 
 # Delivered e-mails (and those given up on) past their age; a pending one never.
 _DELETE_FINAL_EMAILS = text(
-    """
+    f"""
     DELETE FROM email_outbox
     WHERE id IN (
         SELECT id FROM email_outbox
-        WHERE status IN ('sent', 'failed')
+        WHERE status IN ('{OutboxStatus.SENT}', '{OutboxStatus.FAILED}')
           AND coalesce(sent_at, created_at) <= clock_timestamp() - make_interval(days => :days)
         ORDER BY coalesce(sent_at, created_at)
         LIMIT :batch
@@ -163,13 +164,14 @@ _DELETE_FINAL_EMAILS = text(
 # Dismissed notices past their age. A notice's e-mail goes with it (ON DELETE CASCADE),
 # so one whose e-mail is still pending waits until the e-mail is settled.
 _DELETE_DISMISSED_NOTICES = text(
-    """
+    f"""
     DELETE FROM panel_notice
     WHERE id IN (
         SELECT n.id FROM panel_notice n
         WHERE n.dismissed_at <= clock_timestamp() - make_interval(days => :days)
           AND NOT EXISTS (
-              SELECT 1 FROM email_outbox o WHERE o.notice_id = n.id AND o.status = 'pending'
+              SELECT 1 FROM email_outbox o
+              WHERE o.notice_id = n.id AND o.status = '{OutboxStatus.PENDING}'
           )
         ORDER BY n.dismissed_at
         LIMIT :batch
@@ -196,10 +198,11 @@ _DELETE_OLD_FIRES = text(
 # A finished bulk action and its items go together: the items first, in the same
 # statement. A batch counts bulks; their items are at most BULK_MAX_ITEMS each.
 _DELETE_FINISHED_BULKS = text(
-    """
+    f"""
     WITH old AS (
         SELECT id FROM bulk_action
-        WHERE status = 'DONE' AND finished_at <= clock_timestamp() - make_interval(days => :days)
+        WHERE status = '{BulkStatus.DONE}'
+          AND finished_at <= clock_timestamp() - make_interval(days => :days)
         ORDER BY finished_at
         LIMIT greatest(:batch / 100, 1)
         FOR UPDATE SKIP LOCKED
@@ -361,29 +364,28 @@ def make_history_months(engine: Engine) -> int:
 
 # Three counts, each served by a partial index of execution.
 _WAITING_DEPTH = text(
-    "SELECT status, count(*) FROM execution"
-    " WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') GROUP BY status"
+    f"SELECT status, count(*) FROM execution WHERE status IN ({quoted(UNHELD)}) GROUP BY status"
 )
-_RUNNING_DEPTH = text("SELECT count(*) FROM execution WHERE status = 'RUNNING'")
+_RUNNING_DEPTH = text(f"SELECT count(*) FROM execution WHERE status = '{ExecutionStatus.RUNNING}'")
 _RECONCILIATION_DEPTH = text(
-    "SELECT count(*) FROM execution WHERE status = 'RECONCILIATION_REQUIRED'"
+    f"SELECT count(*) FROM execution WHERE status = '{ExecutionStatus.RECONCILIATION_REQUIRED}'"
 )
 # How long the oldest claimable execution has waited: due and not running, or running
 # under a lease that expired (its worker is gone).
 _OLDEST_DUE = text(
-    """
+    f"""
     SELECT greatest(
         (SELECT extract(epoch FROM clock_timestamp() - min(next_attempt_at))
          FROM execution
-         WHERE status IN ('PENDING', 'RETRY_WAIT', 'WAITING') AND NOT key_blocked
+         WHERE status IN ({quoted(UNHELD)}) AND NOT key_blocked
            AND next_attempt_at <= clock_timestamp()),
         (SELECT extract(epoch FROM clock_timestamp() - min(lease_expires_at))
          FROM execution
-         WHERE status = 'RUNNING' AND lease_expires_at <= clock_timestamp()),
+         WHERE status = '{ExecutionStatus.RUNNING}' AND lease_expires_at <= clock_timestamp()),
         0)
     """
 )
-_OUTBOX_DEPTH = text("SELECT count(*) FROM email_outbox WHERE status = 'pending'")
+_OUTBOX_DEPTH = text(f"SELECT count(*) FROM email_outbox WHERE status = '{OutboxStatus.PENDING}'")
 # The oldest open transaction in this database but the sampler's own. Without
 # pg_read_all_stats a role sees only its own sessions' xact_start: the product's.
 _OLDEST_TRANSACTION = text(
@@ -409,11 +411,11 @@ _DEAD_TUPLES = text(
 # A mailer that died holding a row leaves an expired lease: clear it and make the row
 # due now, so any mailer takes it at once instead of after its backoff.
 _HAND_OFF = text(
-    """
+    f"""
     UPDATE email_outbox
     SET lease_owner = NULL, lease_expires_at = NULL,
         next_attempt_at = least(next_attempt_at, clock_timestamp())
-    WHERE status = 'pending' AND lease_expires_at <= clock_timestamp()
+    WHERE status = '{OutboxStatus.PENDING}' AND lease_expires_at <= clock_timestamp()
     """
 )
 

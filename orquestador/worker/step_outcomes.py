@@ -482,10 +482,10 @@ class StepOutcomes:
                 )
                 return _Answer(Unknown(), "OUTPUT_INVALID")
             log.info("lookup found the write", extra=extra)
-            return _Answer(result, "FOUND")
+            return _Answer(result, recovery.LookUp.FOUND)
         if isinstance(result, NotFound):
             log.info("lookup found no write", extra=extra)
-            return _Answer(result, "NOT_FOUND")
+            return _Answer(result, recovery.LookUp.NOT_FOUND)
         if not isinstance(result, Unknown):
             log.warning(
                 "lookup returned %s, not Found, NotFound or Unknown; still in doubt",
@@ -494,7 +494,7 @@ class StepOutcomes:
             )
             return _Answer(Unknown(), "ERROR")
         log.info("lookup cannot tell; still in doubt", extra=extra)
-        return _Answer(result, "UNKNOWN")
+        return _Answer(result, recovery.LookUp.UNKNOWN)
 
     def abandoned_call_ended(self, step: Step) -> bool:
         """Whether no call abandoned under the step's key still runs in this process,

@@ -1660,7 +1660,7 @@ CANCEL_GUARDS = [
     Mutation(
         "cancel-only-when-live",
         _RECONCILIATION_PY,
-        "    if execution.status not in CANCELLABLE:\n",
+        "    if execution.status not in UNHELD:\n",
         "    if False:\n",
         "An ended or parked execution is never cancelled again.",
         (f"{RECONCILIATION}::test_an_ended_execution_cannot_be_cancelled",),
@@ -2013,7 +2013,7 @@ BULK_GUARDS = [
     Mutation(
         "bulk-reports-a-cancel-the-write-rule-parked",
         _BULK_PY,
-        '    if status == "RECONCILIATION_REQUIRED" and cancelled is not None:\n',
+        "    if status == ExecutionStatus.RECONCILIATION_REQUIRED and cancelled is not None:\n",
         "    if False:\n",
         "A cancel the write rule turned into a park is reported with its code, not as done.",
         (f"{BULK}::test_a_bulk_cancel_runs_in_chunks_to_the_end_and_reports_what_it_did",),
