@@ -33,7 +33,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import UUID
 
-from orquestador.api.auth import SCOPE_REQUESTS_READ_ALL, Caller
+from orquestador.api.auth import Caller
+from orquestador.api.claims import SCOPE_REQUESTS_READ_ALL
 from orquestador.approvals.store import WAIT_PREFIX as APPROVAL_WAIT_PREFIX
 from orquestador.db.request_machine import REQUEST_MACHINE
 from orquestador.db.schema import (

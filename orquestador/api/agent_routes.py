@@ -20,8 +20,9 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from flask.blueprints import BlueprintSetupState
 
-from orquestador.api.auth import SCOPE_AGENT, Caller, current_caller, requires_scope
+from orquestador.api.auth import Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_AGENT
 from orquestador.api.context import EXTENSION_KEY, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp

@@ -9,8 +9,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from orquestador.api.auth import SCOPE_APPROVALS_DECIDE, Caller, current_caller, requires_scope
+from orquestador.api.auth import Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_APPROVALS_DECIDE
 from orquestador.api.context import engine
 from orquestador.api.paging import cursor, page_limit, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found

@@ -14,6 +14,14 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from flask import g, request
 from sqlalchemy import Connection
 
+from orquestador.api.claims import (
+    MACHINE_SUBJECT_PREFIX,
+    MAX_IDENTITY_CHARACTERS,
+    SCOPE_REQUESTS_READ,
+    SCOPE_REQUESTS_READ_ALL,
+    identity_claim_problem,
+    scope_claim_problem,
+)
 from orquestador.api.context import BearerVerifier, api_context, engine
 from orquestador.api.page_sessions import session_revoked
 from orquestador.api.problems import ApiProblem
@@ -24,37 +32,10 @@ from orquestador.machines.credentials import credential_refusal
 
 log = logging.getLogger(__name__)
 
-SCOPE_FLOWS_ADMIN = "flows:admin"
-SCOPE_REQUESTS_READ = "requests:read"
-SCOPE_REQUESTS_READ_ALL = "requests:read-all"
-SCOPE_REQUESTS_WRITE = "requests:write"
-SCOPE_EXECUTIONS_RECONCILE = "executions:reconcile"
-SCOPE_EXECUTIONS_CANCEL = "executions:cancel"
-SCOPE_PLANS_ADMIN = "plans:admin"
-SCOPE_EVENTS_WRITE = "events:write"
-SCOPE_NOTICES_READ = "notices:read"
-SCOPE_ORG_ADMIN = "org:admin"
-# A hosting panel's service: asks for one-time sign-in links for its users (POST /auth/links).
-SCOPE_AUTH_LINK = "auth:link"
-# Deciding approvals: with it, a caller sees and decides the approvals that name it.
-SCOPE_APPROVALS_DECIDE = "approvals:decide"
-# A machine agent: `sub` is "machine:<machineId>"; it sees only its own machine's commands.
-SCOPE_AGENT = "agent"
-# An operator of the organization's machines: revokes their agents' credentials.
-SCOPE_MACHINES_ADMIN = "machines:admin"
-MACHINE_SUBJECT_PREFIX = "machine:"
-
 # A broader scope satisfies the narrower one it contains.
 _IMPLIED_BY = {SCOPE_REQUESTS_READ: (SCOPE_REQUESTS_READ_ALL,)}
 
 _REQUIRED_CLAIMS = ["exp", "sub", "org", "iss", "aud"]
-
-# Claims end up in indexed columns and in every request's actor snapshot: a signature
-# proves who issued a token, not that its values are sane. Bounded well under
-# PostgreSQL's btree entry limit (about 2.7 KB) even at four bytes per character.
-MAX_IDENTITY_CHARACTERS = 200
-MAX_SCOPE_CHARACTERS = 2048
-MAX_SCOPES = 64
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -86,32 +67,6 @@ class Caller:
 
 class InvalidToken(Exception):
     """The bearer token is missing or was refused."""
-
-
-def identity_claim_problem(value: Any) -> str | None:
-    """Why a `sub` or `org` claim is refused, or None when it is acceptable."""
-    if not isinstance(value, str) or not value:
-        return "must be a non-empty string"
-    if len(value) > MAX_IDENTITY_CHARACTERS:
-        return f"is longer than {MAX_IDENTITY_CHARACTERS} characters"
-    # isprintable() refuses control and format characters, line and paragraph separators,
-    # NUL and unpaired surrogates (which jsonb cannot store); the plain space passes.
-    if not value.isprintable():
-        return "contains characters that are not printable"
-    return None
-
-
-def scope_claim_problem(value: Any) -> str | None:
-    """Why a `scope` claim is refused, or None; absent counts as the empty string."""
-    if not isinstance(value, str):
-        return "must be a space-separated string"
-    if len(value) > MAX_SCOPE_CHARACTERS:
-        return f"is longer than {MAX_SCOPE_CHARACTERS} characters"
-    if not value.isprintable():
-        return "contains characters that are not printable"
-    if len(value.split()) > MAX_SCOPES:
-        return f"names more than {MAX_SCOPES} scopes"
-    return None
 
 
 def refusal_reason(error: Exception) -> str:

@@ -7,14 +7,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from orquestador.api.auth import (
-    SCOPE_AUTH_LINK,
-    current_caller,
-    identity_claim_problem,
-    requires_scope,
-    scope_claim_problem,
-)
+from orquestador.api.auth import current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_AUTH_LINK, identity_claim_problem, scope_claim_problem
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import landing_page, new_link

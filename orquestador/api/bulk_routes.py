@@ -10,15 +10,10 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from orquestador.api.access import BulkFilter, Reach, ResourceAccess
-from orquestador.api.auth import (
-    SCOPE_EXECUTIONS_CANCEL,
-    SCOPE_EXECUTIONS_RECONCILE,
-    Caller,
-    current_caller,
-    requires_scope,
-)
+from orquestador.api.auth import Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
 from orquestador.api.bulk_schemas import BULK_BODY
+from orquestador.api.claims import SCOPE_EXECUTIONS_CANCEL, SCOPE_EXECUTIONS_RECONCILE
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp

@@ -8,7 +8,8 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 
 from orquestador.actions import Adapter, AdapterRegistry, load_registry
-from orquestador.api.auth import SCOPE_FLOWS_ADMIN, requires_scope
+from orquestador.api.auth import requires_scope
+from orquestador.api.claims import SCOPE_FLOWS_ADMIN
 from orquestador.api.context import api_context
 from orquestador.api.views import API_PREFIX
 

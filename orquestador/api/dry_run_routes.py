@@ -8,8 +8,9 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from orquestador.actions.rehearsals import outcome_problems
-from orquestador.api.auth import SCOPE_FLOWS_ADMIN, Caller, current_caller, requires_scope
+from orquestador.api.auth import Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_FLOWS_ADMIN
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.openapi.automation import DRY_RUN_BODY

@@ -6,8 +6,9 @@ from datetime import datetime
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api.auth import SCOPE_EVENTS_WRITE, current_caller, requires_scope
+from orquestador.api.auth import current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_EVENTS_WRITE
 from orquestador.api.context import api_context, engine
 from orquestador.api.openapi.automation import EVENT_BODY
 from orquestador.api.problems import ApiProblem

@@ -16,18 +16,16 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Connection, Row, func, select
 
 from orquestador.api.access import ExecutionFilter, Reach, ResourceAccess
-from orquestador.api.auth import (
+from orquestador.api.auth import Caller, current_caller, requires_scope
+from orquestador.api.body import pointer, read_json_object, unstorable_text
+from orquestador.api.capability_routes import ADAPTERS_EXTENSION as ADAPTERS_EXTENSION
+from orquestador.api.capability_routes import app_adapters
+from orquestador.api.claims import (
     SCOPE_EXECUTIONS_CANCEL,
     SCOPE_EXECUTIONS_RECONCILE,
     SCOPE_REQUESTS_READ,
     SCOPE_REQUESTS_WRITE,
-    Caller,
-    current_caller,
-    requires_scope,
 )
-from orquestador.api.body import pointer, read_json_object, unstorable_text
-from orquestador.api.capability_routes import ADAPTERS_EXTENSION as ADAPTERS_EXTENSION
-from orquestador.api.capability_routes import app_adapters
 from orquestador.api.context import EXTENSION_KEY, api_context, engine
 from orquestador.api.execution_waits import (
     MAX_WAIT_SECONDS,

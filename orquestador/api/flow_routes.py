@@ -6,9 +6,10 @@ from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import Connection, Row, select
 
 from orquestador.api.action_contracts import contract_lookup
-from orquestador.api.auth import SCOPE_FLOWS_ADMIN, current_caller, requires_scope
+from orquestador.api.auth import current_caller, requires_scope
 from orquestador.api.body import read_json_object, unstorable_text
 from orquestador.api.capability_routes import app_adapters
+from orquestador.api.claims import SCOPE_FLOWS_ADMIN
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import MAX_KEY_CHARACTERS, flow_by_reference, publish_flow
 from orquestador.api.problems import ApiProblem, not_found

@@ -9,12 +9,11 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from orquestador.api.auth import (
+from orquestador.api.auth import current_caller, requires_scope
+from orquestador.api.claims import (
     SCOPE_MACHINES_ADMIN,
     SCOPE_REQUESTS_READ_ALL,
-    current_caller,
     identity_claim_problem,
-    requires_scope,
 )
 from orquestador.api.context import EXTENSION_KEY, engine
 from orquestador.api.paging import page_limit, query_problem

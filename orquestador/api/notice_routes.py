@@ -10,14 +10,9 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import Connection, Row, insert
 
-from orquestador.api.auth import (
-    SCOPE_NOTICES_READ,
-    SCOPE_ORG_ADMIN,
-    Caller,
-    current_caller,
-    requires_scope,
-)
+from orquestador.api.auth import Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_NOTICES_READ, SCOPE_ORG_ADMIN
 from orquestador.api.context import engine
 from orquestador.api.paging import cursor, page_limit, query_problem, read_cursor
 from orquestador.api.problems import ApiProblem, not_found

@@ -6,8 +6,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
+from orquestador.api.auth import current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_PLANS_ADMIN
 from orquestador.api.context import engine
 from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.openapi.automation import BINDING_BODY, PLAN_BODY

@@ -7,12 +7,8 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 from sqlalchemy import text
 
-from orquestador.api.auth import (
-    SCOPE_ORG_ADMIN,
-    SCOPE_PLANS_ADMIN,
-    current_caller,
-    requires_scope,
-)
+from orquestador.api.auth import current_caller, requires_scope
+from orquestador.api.claims import SCOPE_ORG_ADMIN, SCOPE_PLANS_ADMIN
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import not_found
 from orquestador.api.quota_checks import TRANSITIONS_BUCKET

@@ -8,13 +8,9 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from orquestador.api.access import ResourceAccess
-from orquestador.api.auth import (
-    SCOPE_REQUESTS_READ,
-    SCOPE_REQUESTS_WRITE,
-    current_caller,
-    requires_scope,
-)
+from orquestador.api.auth import current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_REQUESTS_READ, SCOPE_REQUESTS_WRITE
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.problems import ApiProblem, not_found

@@ -15,16 +15,14 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from orquestador.api.access import Reach, ResourceAccess
-from orquestador.api.auth import (
+from orquestador.api.auth import Caller, current_caller, requires_scope
+from orquestador.api.body import read_json_object
+from orquestador.api.claims import (
     SCOPE_EXECUTIONS_CANCEL,
     SCOPE_EXECUTIONS_RECONCILE,
     SCOPE_REQUESTS_READ,
     SCOPE_REQUESTS_WRITE,
-    Caller,
-    current_caller,
-    requires_scope,
 )
-from orquestador.api.body import read_json_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.execution_routes import require_visible
 from orquestador.api.problems import not_found

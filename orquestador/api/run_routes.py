@@ -16,8 +16,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api.auth import SCOPE_REQUESTS_WRITE, Caller, current_caller, requires_scope
+from orquestador.api.auth import Caller, current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_REQUESTS_WRITE
 from orquestador.api.context import api_context, engine
 from orquestador.api.flow_store import flow_by_reference
 from orquestador.api.problems import ApiProblem

@@ -7,8 +7,9 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from orquestador.api.auth import SCOPE_PLANS_ADMIN, current_caller, requires_scope
+from orquestador.api.auth import current_caller, requires_scope
 from orquestador.api.body import read_json_object
+from orquestador.api.claims import SCOPE_PLANS_ADMIN
 from orquestador.api.context import api_context, engine
 from orquestador.api.openapi.schedules import LIST_LIMIT, SCHEDULE_BODY
 from orquestador.api.problems import ApiProblem, not_found

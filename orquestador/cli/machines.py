@@ -96,7 +96,7 @@ def add_machines_command(command: CommandFactory) -> None:
 
 
 def _enroll(args: argparse.Namespace) -> int:
-    from orquestador.api.auth import SCOPE_AGENT
+    from orquestador.api.claims import SCOPE_AGENT
     from orquestador.api.tokens import mint_token
     from orquestador.machines.credentials import record_enrolment
 
@@ -217,7 +217,7 @@ def _state(credential: Credential, now: datetime) -> str:
 
 
 def _machine_and_org(args: argparse.Namespace) -> tuple[str, str]:
-    from orquestador.api.auth import identity_claim_problem
+    from orquestador.api.claims import identity_claim_problem
 
     problems = []
     machine_problem = identity_claim_problem(args.machine) or (

@@ -51,7 +51,7 @@ def _token(args: argparse.Namespace) -> int:
     if args.ttl <= 0:
         raise CommandFailed("--ttl must be greater than zero", 2)
     if args.machine is not None:
-        from orquestador.api.auth import SCOPE_AGENT, identity_claim_problem
+        from orquestador.api.claims import SCOPE_AGENT, identity_claim_problem
         from orquestador.machines.credentials import MAX_AD_HOC_SECONDS
 
         if args.scope:
@@ -93,7 +93,7 @@ def _sign_in_link(
 ) -> int:
     """Ask the API for a one-time sign-in link, as a panel would, with a minute-long token
     for auth:link and the scopes handed on; print its URL."""
-    from orquestador.api.auth import SCOPE_AUTH_LINK
+    from orquestador.api.claims import SCOPE_AUTH_LINK
     from orquestador.api.tokens import mint_token
 
     service = mint_token(

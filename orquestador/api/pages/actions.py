@@ -17,7 +17,8 @@ from flask import Response, g, redirect, render_template, request, url_for
 
 from orquestador.api.access import ResourceAccess
 from orquestador.api.approval_routes import MAX_COMMENT_CHARACTERS, decide_as
-from orquestador.api.auth import (
+from orquestador.api.body import checked_object
+from orquestador.api.claims import (
     SCOPE_APPROVALS_DECIDE,
     SCOPE_EXECUTIONS_CANCEL,
     SCOPE_EXECUTIONS_RECONCILE,
@@ -26,7 +27,6 @@ from orquestador.api.auth import (
     SCOPE_PLANS_ADMIN,
     SCOPE_REQUESTS_WRITE,
 )
-from orquestador.api.body import checked_object
 from orquestador.api.context import api_context, engine
 from orquestador.api.dry_run_routes import start_dry_run
 from orquestador.api.execution_routes import (

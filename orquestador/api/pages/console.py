@@ -19,7 +19,7 @@ from typing import Any
 from flask import Response, g, render_template, request, url_for
 
 from orquestador.api.access import ExecutionFilter, ResourceAccess
-from orquestador.api.auth import (
+from orquestador.api.claims import (
     SCOPE_APPROVALS_DECIDE,
     SCOPE_FLOWS_ADMIN,
     SCOPE_NOTICES_READ,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orquestador.api.auth import SCOPE_EXECUTIONS_RECONCILE, Caller
+from orquestador.api.auth import Caller
+from orquestador.api.claims import SCOPE_EXECUTIONS_RECONCILE
 from orquestador.api.context import engine
 from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.pages.timeline import timeline

@@ -26,13 +26,11 @@ from flask import Blueprint, Response, g, redirect, render_template, request, ur
 from werkzeug.exceptions import HTTPException
 
 from orquestador.api.access import ResourceAccess
-from orquestador.api.auth import (
+from orquestador.api.auth import SIGNED_OUT, Caller, InvalidToken
+from orquestador.api.claims import (
     SCOPE_EXECUTIONS_CANCEL,
     SCOPE_EXECUTIONS_RECONCILE,
     SCOPE_REQUESTS_READ,
-    SIGNED_OUT,
-    Caller,
-    InvalidToken,
 )
 from orquestador.api.context import api_context, engine
 from orquestador.api.execution_routes import (
