@@ -481,7 +481,7 @@ SCHEDULE_GUARDS = [
     Mutation(
         "schedule-advances",
         _FIRING_PY,
-        "            next_fire_at=planned.next_fire_at,\n",
+        "            next_fire_at=next_fire_at,\n",
         "",
         "A round moves the schedule past the fire times it handled.",
         (f"{FIRING}::test_a_due_schedule_starts_its_flow_once_with_the_fire_data",),
