@@ -36,9 +36,12 @@ from tests.db_support import (
 log = logging.getLogger(__name__)
 
 # Hypothesis fails an example slower than 200 ms by default: on a busy machine that is
-# load, not a bug. Property tests bound their own work (sizes, steps) instead.
-hypothesis_settings.register_profile("suite", deadline=None)
-hypothesis_settings.load_profile("suite")
+# load, not a bug. Property tests bound their own work (sizes, steps) instead. The suite
+# draws 50 examples per property (each run draws new ones); `deep` draws 1,000:
+# ORQUESTADOR_HYPOTHESIS_PROFILE=deep pytest tests/unit.
+hypothesis_settings.register_profile("suite", deadline=None, max_examples=50)
+hypothesis_settings.register_profile("deep", deadline=None, max_examples=1000)
+hypothesis_settings.load_profile(os.environ.get("ORQUESTADOR_HYPOTHESIS_PROFILE", "suite"))
 
 TEMPLATE_PREFIX = "orquestador_template"
 FOLDER_KEY = pytest.StashKey[Path]()

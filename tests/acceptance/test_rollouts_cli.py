@@ -40,7 +40,11 @@ class Served:
 def served(database: TestDatabase, runtime_engine: Engine) -> Iterator[Served]:
     provider = PatchProvider(seconds=0.5)
     registry = rollout_registry(database, provider)
-    worker = Worker(settings(database_url=database.runtime_dsn), runtime_engine, registry)
+    # A failing child's three attempts retry within a second, not within eight.
+    quick_retries = settings(
+        database_url=database.runtime_dsn, retry_base_seconds=0.1, retry_cap_seconds=0.4
+    )
+    worker = Worker(quick_retries, runtime_engine, registry)
     with served_api(database, SECRET, registry=registry) as (url, configured):
         worker.start()
         try:

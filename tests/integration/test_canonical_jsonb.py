@@ -44,7 +44,7 @@ def test_hash_survives_a_round_trip_through_a_jsonb_column(owner_engine: Engine)
     with owner_engine.connect() as connection:
         _roundtrip.create(connection)
 
-        @settings(max_examples=400, deadline=None)
+        @settings(max_examples=4 * settings.default.max_examples, deadline=None)
         @given(_JSON)
         @example(1e16)
         @example({"big": 10**16, "small": 1e-7, "zero": -0.0, "one": 1.0})

@@ -234,7 +234,7 @@ _TIMINGS = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=2 * settings.default.max_examples, deadline=None)
 @given(
     timing=_TIMINGS,
     policy=st.sampled_from(CATCH_UP_POLICIES),
