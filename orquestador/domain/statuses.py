@@ -158,6 +158,10 @@ class RolloutChildStatus(StrEnum):
     SKIPPED = "skipped"
 
 
+# A rollout's item as the rollout's view shows it, besides its child's status: no child
+# started yet, and the rollout may still start one (output only, never stored).
+ROLLOUT_ITEM_WAITING = "waiting"
+
 # The execution statuses that end a child for its rollout, and what each counts as.
 ROLLOUT_CHILD_ENDS: dict[ExecutionStatus, RolloutChildStatus] = {
     ExecutionStatus.SUCCEEDED: RolloutChildStatus.SUCCEEDED,

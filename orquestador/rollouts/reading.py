@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, text
 
 from orquestador.domain.rollouts import RolloutCounts
-from orquestador.domain.statuses import UNFINISHED, RolloutChildStatus
+from orquestador.domain.statuses import ROLLOUT_ITEM_WAITING, UNFINISHED, RolloutChildStatus
 
 _LATEST = text(
     """
@@ -81,7 +81,7 @@ def rollout_children(conn: Connection, row: Row) -> list[dict[str, Any]]:
     for index, item in enumerate(row.items):
         child = started.get(index)
         if child is None:
-            status = RolloutChildStatus.SKIPPED if counts.skipped else "waiting"
+            status = RolloutChildStatus.SKIPPED if counts.skipped else ROLLOUT_ITEM_WAITING
             children.append({"index": index, "item": item, "status": status})
             continue
         children.append(

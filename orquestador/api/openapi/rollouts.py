@@ -17,6 +17,7 @@ from orquestador.api.openapi.parts import (
     ref,
 )
 from orquestador.api.rollout_routes import CANCEL_ROLLOUT_BODY, MARK_BODY
+from orquestador.domain.statuses import ROLLOUT_ITEM_WAITING, RolloutChildStatus, values
 
 _TEXT_OR_NULL = {"type": ["string", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}
@@ -58,16 +59,7 @@ SCHEMAS: dict[str, Any] = {
                     "properties": {
                         "index": _COUNT,
                         "item": {},
-                        "status": {
-                            "enum": [
-                                "running",
-                                "succeeded",
-                                "failed",
-                                "cancelled",
-                                "skipped",
-                                "waiting",
-                            ]
-                        },
+                        "status": {"enum": [*values(RolloutChildStatus), ROLLOUT_ITEM_WAITING]},
                         "requestId": _TEXT_OR_NULL,
                         "executionId": _TEXT_OR_NULL,
                         "executionStatus": _TEXT_OR_NULL,

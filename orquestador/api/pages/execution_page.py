@@ -13,14 +13,26 @@ from orquestador.api.execution_routes import ExecutionRead, may_cancel
 from orquestador.api.pages.timeline import timeline
 from orquestador.domain.pointer_updates import data_before_corrections
 from orquestador.domain.rollouts import machine_of
-from orquestador.domain.statuses import UNFINISHED, ExecutionStatus
+from orquestador.domain.statuses import (
+    ROLLOUT_ITEM_WAITING,
+    UNFINISHED,
+    ExecutionStatus,
+    RolloutChildStatus,
+)
 from orquestador.rollouts.reading import latest_rollout, rollout_children, rollout_view
 
 # A rollout's grid links at most this many children of each status; the list (filtered
 # by parent) has them all.
 GRID_LINKS = 200
 # The grid's groups, in the order a person reads them.
-GRID_ORDER = ("failed", "running", "waiting", "cancelled", "skipped", "succeeded")
+GRID_ORDER = (
+    RolloutChildStatus.FAILED,
+    RolloutChildStatus.RUNNING,
+    ROLLOUT_ITEM_WAITING,
+    RolloutChildStatus.CANCELLED,
+    RolloutChildStatus.SKIPPED,
+    RolloutChildStatus.SUCCEEDED,
+)
 
 # Statuses that change without a person: the page refreshes itself while in one.
 REFRESH_SECONDS = 5
