@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
@@ -53,6 +53,7 @@ def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
     assert execution(runtime_engine, eid).status == "RUNNING"
     expire_lease(runtime_engine, eid)  # what the passing of time does to a dead holder's lease
 
+    survivor_spawned = datetime.now(UTC)
     survivor = spawn_worker(
         database,
         "tests.acceptance.wait_adapters",
@@ -81,13 +82,18 @@ def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
     entries = read_ledger(ledger)
     # Every round of both processes saw the same first start: the database's, written once.
     assert {e["firstStartedAt"] for e in entries} == {step.first_started_at.isoformat()}
-    assert {e["role"] for e in entries if e["event"] == "round"} == {"victim", "survivor"}
+    assert "victim" in {e["role"] for e in entries if e["event"] == "round"}
     (deadline,) = [e for e in entries if e["event"] == "deadline"]
     assert deadline["role"] == "survivor"
     # The deadline was not restarted by the reclaim: it ran out one deadline after the
-    # first start, not one deadline after the survivor took over.
+    # first start. Restarted, it would run out one deadline after the survivor took over,
+    # which is after the survivor was spawned, however long a loaded machine took to start
+    # it (and if that took longer than the deadline, its first round is the deadline).
     hit = datetime.fromisoformat(deadline["at"]) - step.first_started_at
-    assert timedelta(seconds=DEADLINE_SECONDS) <= hit < timedelta(seconds=DEADLINE_SECONDS + 3)
+    took_over = survivor_spawned - step.first_started_at
+    assert (
+        timedelta(seconds=DEADLINE_SECONDS) <= hit < took_over + timedelta(seconds=DEADLINE_SECONDS)
+    )
     # Waits spent nothing; the killed round did (one claim, one reclaim).
     assert row.attempts == 2
     with runtime_engine.connect() as conn:
