@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orquestador.actions import Effect, NotReady
+from orquestador.actions import Effect, NotReady, TransientError
 from orquestador.errors import LeaseLost
 from orquestador.queue.cancel_requests import honour_cancel
+from orquestador.queue.reconciliation import cancel
 from orquestador.worker.daemon import Worker
 from orquestador.worker.executor import Executor
 from orquestador.worker.hooks import WorkerHooks
 from tests.integration.api_support import Api, running_api
+from tests.integration.execution_page_support import signed_in, text_of
 from tests.integration.worker_support import (
     ORG,
     SimulatedCrash,
@@ -68,9 +70,11 @@ def api(database) -> Iterator[Api]:
 def run_worker(database, runtime_engine: Engine) -> Iterator[Any]:
     started: list[Worker] = []
 
-    def start(*doubles: Double) -> Worker:
+    def start(*doubles: Double, **overrides: Any) -> Worker:
         worker = Worker(
-            settings(database_url=database.runtime_dsn), runtime_engine, registry_of(*doubles)
+            settings(database_url=database.runtime_dsn, **overrides),
+            runtime_engine,
+            registry_of(*doubles),
         )
         worker.start()
         started.append(worker)
@@ -96,6 +100,10 @@ def _requested_while_in_the_call(api: Api, eid: uuid.UUID, gate: Gate) -> None:
     again = _cancel(api, eid, "twice")
     assert (again["status"], again["cancelRequested"]) == ("RUNNING", True)
     assert again["cancelRequestedAt"] == view["cancelRequestedAt"]
+    # The page says who asked, and offers no second cancel.
+    page = text_of(signed_in(api, **CANCELLER).get(f"/ui/executions/{eid}").get_data(as_text=True))
+    assert "Cancel requested by operator-1 at " in page
+    assert "Cancel this execution" not in page
 
 
 def test_a_read_in_flight_ends_cancelled_when_its_call_returns_and_nothing_after_runs(
@@ -297,3 +305,71 @@ def test_a_cancel_found_by_the_next_holder_parks_when_the_dead_holders_write_is_
     assert row.error_code == "CANCELLED_AFTER_WRITES"
     assert row.error_detail["writesInDoubt"] == ["charge"]
     assert request_row(runtime_engine, row.request_id).busy_execution_id == eid
+
+
+def test_a_call_that_ends_in_a_retry_is_due_at_once_and_the_next_claim_cancels_it(
+    api: Api, runtime_engine: Engine, run_worker: Any
+) -> None:
+    gate = Gate({})
+    calls: list[int] = []
+
+    def flaky(ctx: Any) -> dict[str, Any]:
+        calls.append(ctx.attempt)
+        gate(ctx)
+        raise TransientError("the provider is busy")
+
+    step = Double("test.flaky", Effect.IDEMPOTENT_WRITE, output=flaky)
+    eid = start_execution(runtime_engine, flow_definition([action("send", "test.flaky")]))
+    # A backoff far past the test's patience: only "due at once" can end it in time.
+    run_worker(step, retry_base_seconds=120.0, retry_cap_seconds=240.0)
+
+    assert gate.entered.wait(20), "the worker never called the step"
+    _cancel(api, eid)
+    gate.release.set()
+    wait_until(status_is(runtime_engine, eid, "CANCELLED"), what="the cancel to be applied")
+
+    assert calls == [1]  # never tried again
+    (cancelled,) = audit(runtime_engine, eid, "EXECUTION_CANCELLED")
+    assert (cancelled.actor, cancelled.detail["fromStatus"]) == ("operator-1", "RUNNING")
+
+
+def _check_then_continue() -> dict[str, Any]:
+    """new --go--> ready (one read), and ready continues with reboot (one write)."""
+    definition = flow_definition(
+        [action("check", "test.check")],
+        to="ready",
+        states=("new", "ready", "done"),
+        transition_id="go",
+    )
+    definition["transitions"].append(
+        {"id": "reboot", "from": ["ready"], "actions": [action("send", "test.send")], "to": "done"}
+    )
+    definition["continue"] = {"ready": "reboot"}
+    return definition
+
+
+def test_a_cancel_asked_before_a_finish_that_continues_ends_it_and_continues_nothing(
+    runtime_engine: Engine,
+) -> None:
+    check = Double("test.check", Effect.READ_ONLY)
+    send = Double("test.send", Effect.IDEMPOTENT_WRITE)
+    eid = start_execution(runtime_engine, _check_then_continue(), {"machineId": "m-1"})
+
+    def cancel_in_the_call(claim: Any, action_id: str) -> None:
+        with runtime_engine.connect() as conn:
+            assert cancel(conn, eid, ORG, "operator-1", "not today").requested
+
+    executor = Executor(
+        registry_of(check, send), settings(), WorkerHooks(after_adapter=cancel_in_the_call)
+    )
+    with runtime_engine.connect() as conn:
+        assert executor.run(conn, claim_one(runtime_engine, "w1")) == "CANCELLED"
+
+    assert send.calls == []
+    with runtime_engine.connect() as conn:
+        continued = conn.execute(
+            text("SELECT count(*) FROM execution WHERE continued_from = :id"), {"id": eid}
+        ).scalar()
+    assert continued == 0
+    request = request_row(runtime_engine, execution(runtime_engine, eid).request_id)
+    assert (request.state, request.busy_execution_id) == ("new", None)

@@ -2657,6 +2657,40 @@ CANCEL_REQUEST_GUARDS = [
         (running("test_a_wait_being_checked_again_honours_a_cancel_asked_during_the_check"),),
     ),
     Mutation(
+        "a-retry-with-a-cancel-requested-is-due-at-once",
+        "orquestador/queue/outcomes.py",
+        "        next_attempt_at = CASE WHEN e.cancel_requested_at IS NOT NULL THEN",
+        "        next_attempt_at = CASE WHEN false THEN",
+        "A call that ends in a retry after a cancel was requested is due again at once, so the "
+        "cancel is applied without waiting out the backoff.",
+        (running("test_a_call_that_ends_in_a_retry_is_due_at_once_and_the_next_claim_cancels_it"),),
+    ),
+    Mutation(
+        "a-continuing-finish-refuses-a-requested-cancel",
+        "orquestador/queue/outcomes.py",
+        "    if execution.cancel_requested_at is not None:\n",
+        "    if False:\n",
+        "A finish that would continue into another transition is not written once a cancel "
+        "was requested: the holder applies the cancel, and nothing continues.",
+        (
+            running(
+                "test_a_cancel_asked_before_a_finish_that_continues_ends_it_and_continues_nothing"
+            ),
+        ),
+    ),
+    Mutation(
+        "the-view-says-cancel-requested-only-while-live",
+        "orquestador/api/views.py",
+        "    if requested_at is None or row.status not in UNFINISHED:\n",
+        "    if requested_at is None:\n",
+        "An execution the requested cancel ended no longer says a cancel is requested.",
+        (
+            running(
+                "test_a_read_in_flight_ends_cancelled_when_its_call_returns_and_nothing_after_runs"
+            ),
+        ),
+    ),
+    Mutation(
         "an-operator-retry-clears-the-cancel-request",
         _RECONCILIATION_PY,
         "        max_attempts = attempts + :claims_budget, cancel_requested_at = NULL,\n",
