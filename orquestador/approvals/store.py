@@ -133,7 +133,9 @@ _DECIDE = text(
     WHERE id = :id AND status = '{ApprovalStatus.OPEN}'
       AND deadline_at > clock_timestamp()
       AND EXISTS (SELECT FROM execution e
-                  WHERE e.id = approval.execution_id AND e.status IN ({quoted(UNFINISHED)}))
+                  WHERE e.id = approval.execution_id AND e.status IN ({quoted(UNFINISHED)})
+                    -- A cancel asked while the wait was checked again: it is ending.
+                    AND e.cancel_requested_at IS NULL)
     RETURNING id
     """
 )
@@ -191,7 +193,7 @@ def why_closed(conn: Connection, approval_id: uuid.UUID) -> str:
         text(
             """
             SELECT a.status, a.decided_by, a.deadline_at, a.deadline_at <= clock_timestamp()
-                   AS passed, e.status AS execution_status
+                   AS passed, e.status AS execution_status, e.cancel_requested_by
             FROM approval a JOIN execution e ON e.id = a.execution_id
             WHERE a.id = :id
             """
@@ -205,6 +207,11 @@ def why_closed(conn: Connection, approval_id: uuid.UUID) -> str:
         return (
             f"The approval's deadline passed ({deadline:%Y-%m-%d %H:%M} UTC):"
             " nobody can decide it any more."
+        )
+    if found.cancel_requested_by is not None and found.execution_status in UNFINISHED:
+        return (
+            "The approval can no longer be decided: a cancel of its execution was requested"
+            f" by {found.cancel_requested_by}."
         )
     ended = _EXECUTION_ENDED.get(found.execution_status, "its execution has ended")
     return f"The approval can no longer be decided: {ended}."

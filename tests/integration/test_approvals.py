@@ -26,6 +26,7 @@ from tests.integration.approval_support import (  # the fixtures api, executor, 
 )
 from tests.integration.worker_support import (
     audit,
+    claim_one,
     execution,
     make_due,
     request_row,
@@ -244,6 +245,26 @@ def test_an_approval_whose_execution_was_cancelled_is_not_decided(
     assert open_approvals(api, "bob") == []
     closed = api.get("/approvals?status=closed", sub="bob", scopes=DECIDE).get_json()["items"]
     assert [(a["id"], a["status"], a["open"]) for a in closed] == [(item["id"], "open", False)]
+
+
+def test_an_approval_whose_execution_has_a_cancel_requested_is_not_decided(
+    api: Api, executor: Executor, runtime_engine: Engine
+) -> None:
+    execution_id = start(api)
+    waiting(runtime_engine, executor, execution_id)
+    (item,) = open_approvals(api, "bob")
+    with runtime_engine.begin() as conn:  # a wait's round is checking it again
+        conn.execute(
+            text("UPDATE execution SET next_attempt_at = now() WHERE id = :id"),
+            {"id": execution_id},
+        )
+    claim_one(runtime_engine, "w9")
+    requested = api.post(f"/executions/{execution_id}/cancel", {"reason": "not needed"})
+    assert requested.status_code == 200 and requested.get_json()["cancelRequested"] is True
+
+    refused = decide(api, item["id"], "bob", "approved")
+    assert refused.status_code == 409 and problem(refused)["code"] == "APPROVAL_CLOSED"
+    assert "a cancel of its execution was requested" in problem(refused)["detail"]
 
 
 def test_a_decision_racing_an_uncommitted_cancel_waits_for_it_and_is_refused_in_words(

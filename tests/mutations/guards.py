@@ -420,8 +420,8 @@ APPROVAL_GUARDS = [
         "approval-decision-while-the-execution-lives",
         _APPROVALS_PY,
         "                  WHERE e.id = approval.execution_id"
-        " AND e.status IN ({quoted(UNFINISHED)}))",
-        "                  WHERE e.id = approval.execution_id)",
+        " AND e.status IN ({quoted(UNFINISHED)})\n",
+        "                  WHERE e.id = approval.execution_id\n",
         "An approval whose execution ended is not decided: nobody would act on it.",
         (f"{APPROVALS}::test_an_approval_whose_execution_was_cancelled_is_not_decided",),
     ),
@@ -2688,6 +2688,18 @@ CANCEL_REQUEST_GUARDS = [
             running(
                 "test_a_read_in_flight_ends_cancelled_when_its_call_returns_and_nothing_after_runs"
             ),
+        ),
+    ),
+    Mutation(
+        "no-approval-decided-once-a-cancel-is-requested",
+        "orquestador/approvals/store.py",
+        "                    AND e.cancel_requested_at IS NULL)",
+        ")",
+        "An approval is not decided once a cancel of its execution was requested: the "
+        "execution is ending, and the person is told so.",
+        (
+            "tests/integration/test_approvals.py::"
+            "test_an_approval_whose_execution_has_a_cancel_requested_is_not_decided",
         ),
     ),
     Mutation(
