@@ -339,6 +339,8 @@ class EmbeddedPostgres:
     def _initdb(self) -> None:
         # initdb wants an empty directory, so the socket dir inside it comes afterwards.
         flags = ["--auth=trust", f"--username={self.superuser}", "--encoding=UTF8", "--locale=C"]
+        if not self.fsync:
+            flags.append("--no-sync")  # a server that never syncs needs no synced start either
         initdb = [str(self._bin_dir / "initdb"), "-D", str(self.data_dir), *flags]
         rc, out = self._run(initdb, timeout=120)
         if rc != 0:
