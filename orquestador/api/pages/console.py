@@ -462,7 +462,7 @@ def approvals() -> Any:
 def _approval_state(row: Any) -> str:
     """Open, how it was decided, or why it can no longer be decided."""
     if is_open(row):
-        return "open"
+        return ApprovalStatus.OPEN
     if row.status != ApprovalStatus.OPEN:
         return row.status
     if row.execution_status not in UNFINISHED:
