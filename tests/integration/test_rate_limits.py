@@ -21,9 +21,11 @@ from orquestador.actions.contracts import RateLimit
 from orquestador.errors import ConfigError, LeaseLost
 from orquestador.integrations.routes import load_routes
 from orquestador.queue.rate_limits import RATE_LIMITED, take_token, wait_for_token
+from orquestador.queue.reconciliation import cancel
 from tests.integration.route_provider import RouteProvider
 from tests.integration.route_support import billing_route, fast_executor, route_registry
 from tests.integration.worker_support import (
+    ORG,
     RecordingAdapter,
     action,
     attempt_history,
@@ -319,3 +321,23 @@ def test_a_stale_holder_cannot_send_the_execution_back_to_wait(
     row = execution(runtime_engine, eid)
     assert (row.status, row.lease_owner, row.attempts) == ("RUNNING", "w2", 2)
     assert audit(runtime_engine, eid, "RATE_LIMITED") == []
+
+
+def test_a_token_wait_with_a_cancel_requested_is_due_at_once_and_the_next_holder_cancels(
+    runtime_engine: Engine, tmp_path: Path
+) -> None:
+    with RouteProvider().serve() as provider:
+        executor = fast_executor(route_registry(tmp_path, provider.url, billing_route(extra=SLOW)))
+        with runtime_engine.connect() as conn:  # the route's only token is gone
+            assert take_token(conn, ROUTE, RateLimit(per_second=0.01, burst=1)) is None
+        eid = start_execution(runtime_engine, _flow("charge"))
+        holder = claim_one(runtime_engine, "w1")
+        with runtime_engine.connect() as conn:  # asked while it runs, before the token
+            assert cancel(conn, eid, ORG, "operator-1", "not tonight").requested
+        with runtime_engine.connect() as conn:
+            assert executor.run(conn, holder) == "RETRY_WAIT"
+        row = execution(runtime_engine, eid)
+        # Not the 100 s to the next token: due now, for the next holder to cancel.
+        assert (row.next_attempt_at - row.updated_at).total_seconds() < 1
+        assert run_once(runtime_engine, executor, "w2") == "CANCELLED"
+        assert provider.received == []

@@ -2703,6 +2703,18 @@ CANCEL_REQUEST_GUARDS = [
         ),
     ),
     Mutation(
+        "a-token-wait-with-a-cancel-requested-is-due-at-once",
+        "orquestador/queue/rate_limits.py",
+        "            next_attempt_at = CASE WHEN e.cancel_requested_at IS NOT NULL THEN",
+        "            next_attempt_at = CASE WHEN false THEN",
+        "A rate limit's wait that begins after a cancel was requested is due at once, so the "
+        "cancel is applied without waiting for the next token.",
+        (
+            "tests/integration/test_rate_limits.py::"
+            "test_a_token_wait_with_a_cancel_requested_is_due_at_once_and_the_next_holder_cancels",
+        ),
+    ),
+    Mutation(
         "an-operator-retry-clears-the-cancel-request",
         _RECONCILIATION_PY,
         "        max_attempts = attempts + :claims_budget, cancel_requested_at = NULL,\n",
