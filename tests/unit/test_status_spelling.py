@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from orquestador.db.sql_literals import quoted
 from orquestador.domain import statuses
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orquestador"
@@ -213,3 +214,11 @@ def test_a_spelled_status_is_found(source: str) -> None:
 )
 def test_a_named_status_or_prose_is_not(source: str) -> None:
     assert not status_strings(source), source
+
+
+def test_sql_lists_a_set_of_statuses_in_its_enum_order_and_a_tuple_as_given() -> None:
+    assert quoted(statuses.UNHELD) == "'PENDING', 'RETRY_WAIT', 'WAITING'"
+    assert quoted(statuses.UNDER_WAY_COMMAND) == "'pending', 'sent', 'running'"
+    waiting_first = (statuses.ExecutionStatus.WAITING, statuses.ExecutionStatus.RUNNING)
+    assert quoted(waiting_first) == "'WAITING', 'RUNNING'"
+    assert statuses.in_order(frozenset()) == []
