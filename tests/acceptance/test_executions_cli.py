@@ -39,6 +39,7 @@ from tests.integration.worker_support import (
     ORG,
     OWNER,
     action,
+    claim_one,
     decommission,
     execution,
     flow_definition,
@@ -262,6 +263,25 @@ def test_cancel_by_the_owner_and_its_refusal_the_second_time(
     assert second.returncode == 1
     _one_line_no_traceback(second)
     assert "409 NOT_CANCELLABLE" in second.stderr
+
+
+def test_cancel_of_a_running_execution_says_it_stops_when_the_call_returns(
+    server: Server, runtime_engine: Engine
+) -> None:
+    eid = start_execution(runtime_engine, flow_definition([action("x", "test.charge")]))
+    claim_one(runtime_engine, "w1")  # its step's call is running
+    owner = _as(server, ["requests:read", "requests:write"], sub=OWNER)
+
+    first = _run("cancel", str(eid), "--reason", "ordered by mistake", env=owner)
+    second = _run("cancel", str(eid), "--reason", "again", env=owner)
+
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith(
+        "cancel requested: the step's call is running; the execution stops when the call returns"
+    )
+    assert re.search(rf"cancel requested\s+by {OWNER} at ", first.stdout)
+    assert second.returncode == 0, second.stderr  # the same answer, nothing new recorded
+    assert execution(runtime_engine, eid).status == "RUNNING"
 
 
 def test_a_cancel_names_each_machine_command_it_ended_or_asked_to_stop(
