@@ -118,6 +118,20 @@ FrozenFacts = tuple[
 ]
 
 
+def _with_commands(before: dict[str, Any] | None, rows: dict[str, Any]) -> dict[str, Any]:
+    """What the cancel rows said of the machine commands so far, with one more row's."""
+    if before is None:
+        return rows
+    merged: dict[str, Any] = {}
+    for kind in ("cancelled", "stopRequested"):
+        seen = {c.get("id") for c in before.get(kind, [])}
+        merged[kind] = [
+            *before.get(kind, []),
+            *(c for c in rows.get(kind, []) if c.get("id") not in seen),
+        ]
+    return merged
+
+
 def read_facts(audit: Iterable[Row]) -> FrozenFacts:
     """(observed per action, the decision, the simulated calls, what a cancel did to the
     machine commands) from one execution's audit.
@@ -137,9 +151,10 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
             ExecutionStatus.RECONCILIATION_REQUIRED,
         ):
             # A cancel's row (ended or parked) lists the commands it cancelled or asked
-            # to stop; a worker's park has none.
+            # to stop; a worker's park has none. A running one's cancel has two rows (the
+            # request, then the holder's), each listing what it did: both count.
             if isinstance(detail.get("machineCommands"), dict):
-                machine_commands = detail["machineCommands"]
+                machine_commands = _with_commands(machine_commands, detail["machineCommands"])
             continue
         if event.kind == "TRANSITION_CONTINUED":
             # A dry run follows its continuations: the next one is said among what it did.
