@@ -62,8 +62,11 @@ WRITE_BATCH = f"""
 
 
 @dataclass(frozen=True)
-class SucceedRow:
-    """Persist the validated output as SUCCEEDED, with what the step observed (or None)."""
+class RidingSuccess:
+    """Persist the validated output as SUCCEEDED, with what the step observed (or None).
+
+    A safe step's success rides in the transaction of the run's next write (a StartRow's
+    or a FinishRow's `succeed`); written as a row of its own when nothing takes it."""
 
     claim: Claim
     action_id: str
@@ -81,7 +84,7 @@ class StartRow:
 
     claim: Claim
     attempt: ActionAttempt
-    succeed: SucceedRow | None = None
+    succeed: RidingSuccess | None = None
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,10 @@ class FinishRow:
     claim: Claim
     finish: Finish
     before_commit: Callable[[], None] | None = None
-    succeed: SucceedRow | None = None
+    succeed: RidingSuccess | None = None
 
 
-Row = StartRow | SucceedRow | FinishRow
+Row = StartRow | RidingSuccess | FinishRow
 
 
 class BatchFailed(Exception):
@@ -150,7 +153,7 @@ def _start(row: StartRow) -> dict[str, Any]:
     return {**_fence(row.claim), **row.attempt.params, "after_action": _rider(row)}
 
 
-def _succeed(row: SucceedRow) -> dict[str, Any]:
+def _succeed(row: RidingSuccess) -> dict[str, Any]:
     return {
         **_fence(row.claim),
         "action_id": row.action_id,
@@ -185,8 +188,8 @@ def _lock(row: Row) -> dict[str, Any]:
 def _params(rows: Sequence[Row]) -> dict[str, Any]:
     starts = [row for row in rows if isinstance(row, StartRow)]
     finishes = [row for row in rows if isinstance(row, FinishRow)]
-    succeeds = [row for row in rows if isinstance(row, SucceedRow)] + [
-        row.succeed for row in rows if not isinstance(row, SucceedRow) and row.succeed
+    succeeds = [row for row in rows if isinstance(row, RidingSuccess)] + [
+        row.succeed for row in rows if not isinstance(row, RidingSuccess) and row.succeed
     ]
     return {
         "request_ids": _rows([str(row.claim.request_id) for row in finishes]),
@@ -285,7 +288,7 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
                 RowBusy(f"execution {row.claim.execution_id} is locked by another session")
             )
             continue
-        if isinstance(row, SucceedRow):
+        if isinstance(row, RidingSuccess):
             answers.append(_succeed_answer(row, succeeded))
             continue
         refused = _succeed_answer(row.succeed, succeeded) if row.succeed else None
@@ -317,7 +320,7 @@ def _start_answer(row: StartRow, found: list[Any] | None) -> datetime | Exceptio
     return datetime.fromisoformat(first_started_at)
 
 
-def _succeed_answer(row: SucceedRow, succeeded: set[tuple[str, int]]) -> Exception | None:
+def _succeed_answer(row: RidingSuccess, succeeded: set[tuple[str, int]]) -> Exception | None:
     if _key(row.claim) not in succeeded:
         return refuse_stale(row.claim, f"succeed checkpoint {row.action_id}")
     return None

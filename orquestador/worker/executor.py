@@ -39,7 +39,7 @@ from orquestador.queue import (
     release_lease,
     require_reconciliation,
 )
-from orquestador.queue.batches import SucceedRow
+from orquestador.queue.batches import RidingSuccess
 from orquestador.queue.cancel_requests import honour_cancel
 from orquestador.queue.continuations import Continuation, finish_and_continue
 from orquestador.redaction import error_line
@@ -168,6 +168,7 @@ class Executor:
             except ContractMismatch as exc:
                 # A checkpoint is not what this run expected (written by someone else,
                 # or for something else): never overwrite or reuse it; an operator decides.
+                run.settle_riding_success()
                 require_reconciliation(
                     run.conn, claim, ContractMismatch.code, detail={"why": exc.message}
                 )
@@ -206,7 +207,8 @@ class _ExecutionRun(StepRunner):
         self.loaded: LoadedExecution | None = None
         # A safe step's SUCCEEDED checkpoint, held back to ride in the transaction of
         # the next write through the writer (the next step's RUNNING, or the finish).
-        self.held_back: SucceedRow | None = None
+        # Anything else the run writes comes after it is settled (written alone).
+        self.riding_success: RidingSuccess | None = None
         # A dry run's outcomes, read when its first step is about to be simulated.
         self.rehearsal: dict[str, Any] | None = None
 
@@ -215,11 +217,9 @@ class _ExecutionRun(StepRunner):
         """The job's own connection, taken from the pool when first needed: a first
         holder's run that succeeds needs none (its writes go through the writer).
 
-        Whatever the run does on it comes after the held-back checkpoint is written:
-        every way out but the finish (a failure, a retry, a wait, a lookup's finding, a
-        lease given back) is judged with the step's success durable.
+        Reading it writes nothing: a write on it that must come after the riding success
+        calls `settle_riding_success()` first.
         """
-        self.write_held_back()
         if self._conn is None:
             assert isinstance(self.source, Engine)
             self._conn = self.source.connect()
@@ -231,23 +231,26 @@ class _ExecutionRun(StepRunner):
             self._conn.close()
         self._conn = None
 
-    def write_held_back(self) -> None:
-        if self.held_back is not None:
-            row, self.held_back = self.held_back, None
+    def settle_riding_success(self) -> None:
+        """Write the riding success alone, now. Every way out but the finish (a failure, a
+        retry, a wait, a lookup's finding, a lease given back) calls it first, so that it
+        is judged with the step's success durable."""
+        if self.riding_success is not None:
+            row, self.riding_success = self.riding_success, None
             self.x.writer(self.source).succeed(row.claim, row.action_id, row.output, row.observed)
 
-    def riding(self) -> SucceedRow | None:
-        """The held-back checkpoint, handed to the write it now rides in."""
-        row, self.held_back = self.held_back, None
+    def take_riding_success(self) -> RidingSuccess | None:
+        """The riding success, handed to the write it now rides in."""
+        row, self.riding_success = self.riding_success, None
         return row
 
-    def write_alone(self, riding: SucceedRow | None, error: Exception) -> None:
-        """After a write it rode in failed as a transaction, write the checkpoint alone."""
-        if riding is None:
+    def settle_after_failed_ride(self, success: RidingSuccess | None, error: Exception) -> None:
+        """After a write it rode in failed as a transaction, write the riding success alone."""
+        if success is None:
             return
-        self.held_back = riding
+        self.riding_success = success
         try:
-            self.write_held_back()
+            self.settle_riding_success()
         except Exception as again:
             log.warning(
                 "SUCCEEDED checkpoint not written after %s: %s",
@@ -259,12 +262,14 @@ class _ExecutionRun(StepRunner):
     def fail(
         self, code: str, *, outcome: CheckpointOutcome | None = None, **detail: Any
     ) -> NoReturn:
+        self.settle_riding_success()
         status = fail_execution(self.conn, self.claim, code, attempt_outcome=outcome, detail=detail)
         raise ExecutionEnded(status)
 
     def reconcile(
         self, reason: str, *, outcome: CheckpointOutcome | None = None, **detail: Any
     ) -> NoReturn:
+        self.settle_riding_success()
         require_reconciliation(
             self.conn, self.claim, reason, attempt_outcome=outcome, detail=detail
         )
@@ -274,6 +279,7 @@ class _ExecutionRun(StepRunner):
         """Apply the cancel a person asked for while the step's call ran, instead of going
         on: CANCELLED, or parked CANCELLED_AFTER_WRITES by the write rule (under the fence:
         LeaseLost for a stale holder, which applies nothing)."""
+        self.settle_riding_success()
         status = honour_cancel(self.conn, self.claim)
         if status is None:  # cannot happen: nothing takes a request back while RUNNING
             raise LeaseLost("no cancel was requested of this execution")
@@ -304,6 +310,7 @@ class _ExecutionRun(StepRunner):
         action_ids = [a.id for a in transition.actions]
         for spec in transition.actions:
             if self.stop.is_set():
+                self.settle_riding_success()
                 release_lease(self.conn, claim)
                 log.info("stopping between actions; lease released", extra=claim.log_extra)
                 return ABANDONED
@@ -339,7 +346,7 @@ class _ExecutionRun(StepRunner):
         continuing = flow.continuations.get(decided.to)
         if continuing is not None:
             return self._finish_and_continue(finish, continuing, flow)
-        riding = self.riding()
+        riding = self.take_riding_success()
         try:
             self.x.writer(self.source).finish(
                 claim, finish, before_commit=(lambda: hook(claim)) if hook else None, succeed=riding
@@ -357,7 +364,7 @@ class _ExecutionRun(StepRunner):
             # Everything of the finish rolled back, the riding checkpoint too: it is
             # written on its own now. The checkpoints and RUNNING stay, and the next
             # holder of the lease finishes from them without re-invoking.
-            self.write_alone(riding, exc)
+            self.settle_after_failed_ride(riding, exc)
             log.warning(
                 "finish failed, left for lease recovery: %s", error_line(exc), extra=claim.log_extra
             )
@@ -377,6 +384,7 @@ class _ExecutionRun(StepRunner):
             max_attempts=self.x.settings.execution_max_attempts,
         )
         try:
+            self.settle_riding_success()
             conn = self.conn
             continued = finish_and_continue(
                 conn,

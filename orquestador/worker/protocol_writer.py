@@ -60,11 +60,11 @@ from orquestador.queue import ActionAttempt, Claim, Finish
 from orquestador.queue.batches import (
     BatchFailed,
     FinishRow,
+    RidingSuccess,
     Row,
     RowBusy,
     RowFailed,
     StartRow,
-    SucceedRow,
     write_rows,
 )
 from orquestador.queue.fencing import refuse_stale
@@ -176,7 +176,7 @@ class ProtocolWriter:
     # --- what jobs call -------------------------------------------------------
 
     def start(
-        self, claim: Claim, attempt: ActionAttempt, succeed: SucceedRow | None = None
+        self, claim: Claim, attempt: ActionAttempt, succeed: RidingSuccess | None = None
     ) -> datetime:
         """RUNNING, committed; the step's first start. As `queue.start_checkpoint`.
 
@@ -191,14 +191,14 @@ class ProtocolWriter:
         self, claim: Claim, action_id: str, output: Any, observed: dict[str, Any] | None
     ) -> None:
         """SUCCEEDED, committed. As `queue.succeed_checkpoint` without a simulated audit."""
-        self._write(SucceedRow(claim, action_id, output, observed or None))
+        self._write(RidingSuccess(claim, action_id, output, observed or None))
 
     def finish(
         self,
         claim: Claim,
         finish: Finish,
         before_commit: Callable[[], None] | None = None,
-        succeed: SucceedRow | None = None,
+        succeed: RidingSuccess | None = None,
     ) -> None:
         """The transition, committed atomically. As `queue.finish_execution`.
 

@@ -207,6 +207,10 @@ class StepOutcomes:
     def conn(self) -> Connection:
         raise NotImplementedError
 
+    def settle_riding_success(self) -> None:
+        """Write the riding success alone, now: before any other write of the run."""
+        raise NotImplementedError
+
     @property
     def execution(self) -> LoadedExecution:
         """The execution as the run loaded it: every step runs after `run()` loaded it."""
@@ -272,6 +276,7 @@ class StepOutcomes:
                 )
                 if exhausted:
                     self.fail(recovery.RETRIES_EXHAUSTED, outcome=ended, actionId=found.action_id)
+                self.settle_riding_success()
                 end_attempt(self.conn, self.claim, ended)
                 return None
             case recovery.Park(reason=recovery.CONTRACT_MISMATCH):
@@ -295,6 +300,7 @@ class StepOutcomes:
         """Wait in RETRY_WAIT, no attempt spent, until the earlier holder's attempt can no
         longer send: its start + the adapter's timeout + ADAPTER_ABANDON_GRACE_SECONDS, by
         the database's clock (its adapter refuses to send past the deadline)."""
+        self.settle_riding_success()
         due = await_earlier_call(
             self.conn,
             self.claim,
@@ -349,6 +355,7 @@ class StepOutcomes:
             case recovery.Retry():
                 outcome = CheckpointOutcome(action_id, status, code, message)
                 delay = self.x.retry.delay(attempt, retry_after)
+                self.settle_riding_success()
                 schedule_retry(self.conn, self.claim, outcome, delay, attempt)
                 metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
                 log.info(
@@ -409,6 +416,7 @@ class StepOutcomes:
 
     def wait(self, step: Step, exc: NotReady, observed: dict[str, Any]) -> NoReturn:
         """Park the execution WAITING: lease given up, thread freed, no attempt spent."""
+        self.settle_riding_success()
         due = park_waiting(
             self.conn,
             self.claim,
@@ -523,6 +531,7 @@ class StepOutcomes:
 
     def found(self, step: Step, result: Found) -> Any:
         """Record the write the lookup found as the step's success; the run goes on with it."""
+        self.settle_riding_success()
         attempt = record_found_write(
             self.conn, self.claim, step.action_id, step.external_key, result.output, WORKER_ACTOR
         )
@@ -543,6 +552,7 @@ class StepOutcomes:
             spec.id, CheckpointStatus.FAILED, exc.code, message, observed=observed or None
         )
         if spec.on_error:
+            self.settle_riding_success()
             try:
                 status = exit_on_error(self.conn, self.claim, outcome, spec.on_error, action_ids)
             except RequestChanged:

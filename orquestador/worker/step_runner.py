@@ -44,7 +44,7 @@ from orquestador.errors import (
     LeaseLost,
 )
 from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
-from orquestador.queue.batches import SucceedRow
+from orquestador.queue.batches import RidingSuccess
 from orquestador.queue.loading import load_rehearsal
 from orquestador.queue.rate_limits import take_token, wait_for_token
 from orquestador.worker.calls import CallTimedOut
@@ -97,13 +97,13 @@ class StepRunner(StepOutcomes):
     source: Engine | Connection
     stop: threading.Event
     outputs: dict[str, Any]
-    held_back: SucceedRow | None
+    riding_success: RidingSuccess | None
     rehearsal: dict[str, Any] | None
 
-    def riding(self) -> SucceedRow | None:
+    def take_riding_success(self) -> RidingSuccess | None:
         raise NotImplementedError
 
-    def write_alone(self, riding: SucceedRow | None, error: Exception) -> None:
+    def settle_after_failed_ride(self, success: RidingSuccess | None, error: Exception) -> None:
         raise NotImplementedError
 
     def honour_cancel(self) -> NoReturn:
@@ -132,7 +132,8 @@ class StepRunner(StepOutcomes):
         if adapter.rate_limit is not None and not step.simulated and not waiting:
             self.take_token(step, adapter.rate_limit)
 
-        riding = self.riding()  # the previous step's success, durable before this call
+        # The previous step's success rides in this RUNNING: durable before this call.
+        riding = self.take_riding_success()
         try:
             first_started_at = self.x.writer(self.source).start(self.claim, attempt, riding)
         except ContractMismatch as exc:
@@ -143,7 +144,7 @@ class StepRunner(StepOutcomes):
         except LeaseLost:
             raise
         except Exception as exc:
-            self.write_alone(riding, exc)
+            self.settle_after_failed_ride(riding, exc)
             raise
         step = replace(step, first_started_at=first_started_at)
         if self.x.hooks.before_adapter:
@@ -163,10 +164,11 @@ class StepRunner(StepOutcomes):
     def take_token(self, step: Step, limit: RateLimit) -> None:
         """Take a token of the route's rate limit, or go back to RETRY_WAIT until one is due.
 
-        Taken on the job's connection, so a held-back success is durable first: the
+        Taken on the job's connection, after the riding success is settled (durable): the
         execution may end here, and the next holder goes on after that step.
         """
         adapter = step.adapter
+        self.settle_riding_success()
         delay = take_token(self.conn, adapter.key, limit)
         if delay is None:
             return
@@ -262,6 +264,7 @@ class StepRunner(StepOutcomes):
     def rehearsed_outcome(self, action_id: str) -> dict[str, Any] | None:
         """The dry run's outcome for this step, if it gave one."""
         if self.rehearsal is None:
+            self.settle_riding_success()
             self.rehearsal = load_rehearsal(self.conn, self.claim)
         return self.rehearsal.get(action_id)
 
@@ -430,9 +433,10 @@ class StepRunner(StepOutcomes):
             # write (one transaction less per step): a crash before that commit leaves it
             # RUNNING, as a crash a moment after the call always could. A non-idempotent
             # write's success is never left to ride: it commits before anything else.
-            self.held_back = SucceedRow(claim, action_id, output, observed)
+            self.riding_success = RidingSuccess(claim, action_id, output, observed)
         elif audit is None:
             self.x.writer(self.source).succeed(claim, action_id, output, observed)
         else:  # a dry run's simulated call: its audit row goes with the checkpoint
+            self.settle_riding_success()
             succeed_checkpoint(self.conn, claim, action_id, output, observed, audit)
         return output

@@ -26,7 +26,7 @@ from orquestador.queue import (
     end_attempt,
     start_checkpoint,
 )
-from orquestador.queue.batches import FinishRow, Row, RowBusy, StartRow, SucceedRow, write_rows
+from orquestador.queue.batches import FinishRow, RidingSuccess, Row, RowBusy, StartRow, write_rows
 from orquestador.worker.executor import Executor
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.protocol_writer import ProtocolWriter
@@ -76,8 +76,10 @@ def _reclaimed(engine: Engine, old: Claim, owner: str) -> Claim:
     return new
 
 
-def _succeed(claim: Claim, action_id: str = "a", output: Any = None) -> SucceedRow:
-    return SucceedRow(claim, action_id, output or {"by": claim.owner, "token": claim.token}, None)
+def _succeed(claim: Claim, action_id: str = "a", output: Any = None) -> RidingSuccess:
+    return RidingSuccess(
+        claim, action_id, output or {"by": claim.owner, "token": claim.token}, None
+    )
 
 
 def _finish(action_ids: Sequence[str] = ("a",)) -> Finish:

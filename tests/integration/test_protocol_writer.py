@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from orquestador.errors import LeaseLost, RequestChanged
 from orquestador.queue import ActionAttempt, Claim, Finish, claim_due_executions
-from orquestador.queue.batches import RowBusy, SucceedRow
+from orquestador.queue.batches import RidingSuccess, RowBusy
 from orquestador.worker.executor import Executor
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.protocol_writer import ProtocolWriter
@@ -288,7 +288,7 @@ def test_a_riding_checkpoint_stays_written_when_its_finish_is_refused(runtime_en
             text("UPDATE request SET revision = revision + 1, state = 'other' WHERE id = :id"),
             {"id": claim.request_id},
         )
-    riding = SucceedRow(claim, "a", {"ok": True}, None)
+    riding = RidingSuccess(claim, "a", {"ok": True}, None)
     with pytest.raises(RequestChanged):
         writer.finish(claim, _finish({"n": 2}), succeed=riding)
     # The transaction committed: the step's success is kept, the finish is not.
@@ -306,7 +306,7 @@ def test_a_riding_checkpoint_is_rolled_back_with_its_failed_finish(runtime_engin
     def explode() -> None:
         raise RuntimeError("injected before commit")
 
-    riding = SucceedRow(claim, "a", {"ok": True}, None)
+    riding = RidingSuccess(claim, "a", {"ok": True}, None)
     with pytest.raises(RuntimeError):
         writer.finish(claim, _finish({"n": 2}), explode, succeed=riding)
     # All or nothing: the job hears an error that is not a refusal and writes it alone.
@@ -331,7 +331,7 @@ def test_a_start_carries_the_previous_steps_success_and_a_stale_one_writes_neith
         )
     for claim in (kept, stale):
         nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
-        riding = SucceedRow(claim, "a", {"ok": True}, None)
+        riding = RidingSuccess(claim, "a", {"ok": True}, None)
         if claim is stale:
             with pytest.raises(LeaseLost):
                 writer.start(claim, nxt, riding)
@@ -376,7 +376,7 @@ def test_a_lease_running_out_mid_batch_leaves_no_part_of_the_row_written(
     _lease_runs_out_when_b_starts(owner_engine)
     nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
     with pytest.raises(LeaseLost):
-        writer.start(claim, nxt, SucceedRow(claim, "a", {"ok": True}, None))
+        writer.start(claim, nxt, RidingSuccess(claim, "a", {"ok": True}, None))
     written = checkpoints(runtime_engine, claim.execution_id)
     assert written["a"].status == "RUNNING" and "b" not in written
     assert [row.status for row in attempt_history(runtime_engine, claim.execution_id, "a")] == []
@@ -471,7 +471,9 @@ def test_a_row_locked_past_the_lock_timeout_is_given_up_and_writes_nothing(runti
     )
     try:
         with pytest.raises(RowBusy):
-            writer.finish(held, _finish({"n": 2}), succeed=SucceedRow(held, "a", {"ok": 1}, None))
+            writer.finish(
+                held, _finish({"n": 2}), succeed=RidingSuccess(held, "a", {"ok": 1}, None)
+            )
     finally:
         transaction.rollback()
         conn.close()
@@ -522,7 +524,7 @@ def test_a_riding_success_is_written_before_the_next_steps_running(runtime_engin
     writer = _writer(runtime_engine)
     writer.start(claim, _attempt(claim))
     nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
-    writer.start(claim, nxt, SucceedRow(claim, "a", {"ok": True}, None))
+    writer.start(claim, nxt, RidingSuccess(claim, "a", {"ok": True}, None))
     written = checkpoints(runtime_engine, claim.execution_id)
     assert (written["a"].status, written["b"].status) == ("SUCCEEDED", "RUNNING")
     # One transaction, and clock_timestamp() moves on within it: the order is visible.

@@ -1506,12 +1506,12 @@ EXECUTOR_GUARDS = [
         (f"{EXECUTOR}::test_a_request_modified_since_acceptance_is_rejected_before_any_adapter",),
     ),
     Mutation(
-        "held-back-written-first",
+        "riding-success-settled-before-a-failure",
         _EXECUTOR_PY,
-        "        self.write_held_back()\n        if self._conn is None:\n",
-        "        if self._conn is None:\n",
-        "Whatever a run does on its own connection (fail, retry, wait, lookup finding, lease "
-        "given back) comes after the held-back SUCCEEDED is durable.",
+        "        self.settle_riding_success()\n        status = fail_execution(",
+        "        status = fail_execution(",
+        "A run that fails after a safe step settles that step's riding SUCCEEDED first: the "
+        "failure is judged with the step's success durable.",
         (f"{EXECUTOR}::test_a_failed_decision_keeps_the_last_steps_success",),
     ),
     Mutation(
@@ -1526,8 +1526,8 @@ EXECUTOR_GUARDS = [
     Mutation(
         "stop-between-actions",
         _EXECUTOR_PY,
-        "            if self.stop.is_set():\n                release_lease(self.conn, claim)\n",
-        "            if False:\n                release_lease(self.conn, claim)\n",
+        "            if self.stop.is_set():\n                self.settle_riding_success()\n",
+        "            if False:\n                self.settle_riding_success()\n",
         "A job told to stop (its lease lost or the drain over) starts no further action "
         "and gives its lease back.",
         ("tests/integration/test_worker_shutdown.py",),
