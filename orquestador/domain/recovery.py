@@ -184,7 +184,7 @@ class Failed:
 
     status: CheckpointStatus  # FAILED (nothing written) or UNKNOWN (may have written)
     writes: bool  # the step's risk: a simulated call writes nothing
-    attempt: int  # within the action's budget (1-based)
+    attempts_in_budget: int  # this one included (1-based): the budget's attempts spent
     max_attempts: int  # the adapter's
     execution_attempts: int  # the execution's claims so far
     execution_max_attempts: int
@@ -195,11 +195,11 @@ def retry_or_fail(failed: Failed, answer: LookUp = LookUp.NOT_ASKED) -> Decision
     """Schedule the next attempt while both budgets allow; else fail, after asking the
     provider when one of the budget's attempts may have written (the write rule would
     otherwise park the execution)."""
-    if failed.attempt < failed.max_attempts and (
+    if failed.attempts_in_budget < failed.max_attempts and (
         failed.execution_attempts < failed.execution_max_attempts
     ):
         return Retry(failed.status, not_found=failed.not_found)
-    may_have_written = failed.status is CheckpointStatus.UNKNOWN or failed.attempt > 1
+    may_have_written = failed.status is CheckpointStatus.UNKNOWN or failed.attempts_in_budget > 1
     if not failed.not_found and failed.writes and may_have_written:
         if answer is LookUp.NOT_ASKED:
             return LookUpFirst()

@@ -9,7 +9,7 @@ from orquestador.queue.checkpoints import (
     succeed_checkpoint,
     write_attempt_outcome,
 )
-from orquestador.queue.claims import claim_due_executions
+from orquestador.queue.claims import ClaimRound, claim_round
 from orquestador.queue.fencing import Claim
 from orquestador.queue.leases import release_lease, renew_leases
 from orquestador.queue.loading import load_execution
@@ -37,11 +37,12 @@ __all__ = [
     "Checkpoint",
     "CheckpointOutcome",
     "Claim",
+    "ClaimRound",
     "Finish",
     "LoadedExecution",
     "Resolution",
     "cancel",
-    "claim_due_executions",
+    "claim_round",
     "end_attempt",
     "exit_on_error",
     "fail_execution",

@@ -284,14 +284,3 @@ def claim_round(
         for row in rows
     ]
     return ClaimRound(claims, result[0].blocked, result[0].released)
-
-
-def claim_due_executions(
-    conn: Connection,
-    owner: str,
-    limit: int,
-    lease_seconds: float,
-    org_weights: Mapping[str, float] | None = None,
-) -> list[Claim]:
-    """`claim_round`'s claims."""
-    return claim_round(conn, owner, limit, lease_seconds, org_weights).claims

@@ -120,9 +120,9 @@ def _interrupted(
     return None if ends_as is None else CheckpointOutcome(action_id, ends_as, code, message)
 
 
-def _is_waiting(found: Checkpoint) -> bool:
+def between_wait_rounds(checkpoint: Checkpoint) -> bool:
     # Parked by NotReady between two rounds of the same attempt.
-    return found.status == CheckpointStatus.FAILED and found.error_code == NOT_READY
+    return checkpoint.status == CheckpointStatus.FAILED and checkpoint.error_code == NOT_READY
 
 
 @dataclass(frozen=True)
@@ -228,75 +228,83 @@ class StepOutcomes:
     ) -> NoReturn:
         raise NotImplementedError
 
-    def recover(self, found: Checkpoint, attempt: ActionAttempt, step: Step) -> tuple[Any] | None:
+    def recover(
+        self, checkpoint: Checkpoint, action_attempt: ActionAttempt, step: Step
+    ) -> tuple[Any] | None:
         """Carry out `domain.recovery.recover` for a checkpoint found on claiming: (output,)
         to reuse, None to run the step."""
         mismatched = tuple(
             name
             for name, mine, theirs in (
-                ("inputHash", attempt.input_hash, found.input_hash),
-                ("externalKey", attempt.external_key, found.external_key),
-                ("effect", attempt.effect, found.effect),
-                ("capability", attempt.capability, found.capability),
-                ("adapterVersion", attempt.adapter_version, found.adapter_version),
+                ("inputHash", action_attempt.input_hash, checkpoint.input_hash),
+                ("externalKey", action_attempt.external_key, checkpoint.external_key),
+                ("effect", action_attempt.effect, checkpoint.effect),
+                ("capability", action_attempt.capability, checkpoint.capability),
+                ("adapterVersion", action_attempt.adapter_version, checkpoint.adapter_version),
             )
             if mine != theirs
         )
         begun = recovery.Begun(
-            status=CheckpointStatus(found.status),
+            status=CheckpointStatus(checkpoint.status),
             effect=step.adapter.effect,
-            attempts_in_budget=found.attempts_in_budget,
+            attempts_in_budget=checkpoint.attempts_in_budget,
             max_attempts=step.adapter.max_attempts,
             mismatched=mismatched,
-            retry_approved=found.status == CheckpointStatus.FAILED
-            and found.error_code == RETRY_APPROVED,
-            waiting=_is_waiting(found),
+            retry_approved=checkpoint.status == CheckpointStatus.FAILED
+            and checkpoint.error_code == RETRY_APPROVED,
+            waiting=between_wait_rounds(checkpoint),
         )
         answer = None
         decision = recovery.recover(begun)
         if isinstance(decision, recovery.LookUpFirst):
-            answer = self.look_up(step, found.attempt)
+            answer = self.look_up(step, checkpoint.attempt)
             decision = recovery.recover(begun, answer.said)
         match decision:
             case recovery.Reuse():
-                return (found.output,)
+                return (checkpoint.output,)
             case recovery.TakeFound():
                 assert isinstance(answer, _Answer) and isinstance(answer.result, Found)
-                return (self.found(step, answer.result),)
+                return (self.use_found_write(step, answer.result),)
             case recovery.SettleNotFound(exhausted=exhausted):
-                self.await_earlier_call(step, found)
+                self.await_earlier_call(step, checkpoint)
                 # The attempt left RUNNING did not happen: it ends FAILED, and the next one
                 # is as safe as after a TransientError, within the budget.
                 ended = CheckpointOutcome(
-                    found.action_id,
+                    checkpoint.action_id,
                     CheckpointStatus.FAILED,
                     "INTERRUPTED",
                     _not_found_message(None),
                     settles_earlier=exhausted,
                 )
                 if exhausted:
-                    self.fail(recovery.RETRIES_EXHAUSTED, outcome=ended, actionId=found.action_id)
+                    self.fail(
+                        recovery.RETRIES_EXHAUSTED, outcome=ended, actionId=checkpoint.action_id
+                    )
                 self.settle_riding_success()
                 end_attempt(self.conn, self.claim, ended)
                 return None
             case recovery.Park(reason=recovery.CONTRACT_MISMATCH):
                 self.reconcile(
-                    ContractMismatch.code, actionId=found.action_id, mismatched=list(mismatched)
+                    ContractMismatch.code,
+                    actionId=checkpoint.action_id,
+                    mismatched=list(mismatched),
                 )
             case recovery.Park(reason=reason, ends_as=ends_as):
                 self.reconcile(
                     reason,
-                    outcome=_interrupted(found.action_id, ends_as),
-                    actionId=found.action_id,
+                    outcome=_interrupted(checkpoint.action_id, ends_as),
+                    actionId=checkpoint.action_id,
                     **_lookup_detail(answer),
                 )
             case recovery.Fail(code=code, ends_as=ends_as):
                 self.fail(
-                    code, outcome=_interrupted(found.action_id, ends_as), actionId=found.action_id
+                    code,
+                    outcome=_interrupted(checkpoint.action_id, ends_as),
+                    actionId=checkpoint.action_id,
                 )
         return None
 
-    def await_earlier_call(self, step: Step, found: Checkpoint) -> None:
+    def await_earlier_call(self, step: Step, checkpoint: Checkpoint) -> None:
         """Wait in RETRY_WAIT, no attempt spent, until the earlier holder's attempt can no
         longer send: its start + the adapter's timeout + ADAPTER_ABANDON_GRACE_SECONDS, by
         the database's clock (its adapter refuses to send past the deadline)."""
@@ -304,8 +312,8 @@ class StepOutcomes:
         due = await_earlier_call(
             self.conn,
             self.claim,
-            action_id=found.action_id,
-            attempt=found.attempt,
+            action_id=checkpoint.action_id,
+            attempt=checkpoint.attempt,
             settle_seconds=step.adapter.timeout_seconds + self.x.abandon_grace_seconds,
         )
         if due is None:
@@ -313,7 +321,7 @@ class StepOutcomes:
         log.info(
             "an earlier holder's call may still send; asking again at %s",
             due.isoformat(),
-            extra={**step.log_extra, "attempt": found.attempt},
+            extra={**step.log_extra, "attempt": checkpoint.attempt},
         )
         raise ExecutionEnded(ExecutionStatus.RETRY_WAIT)
 
@@ -322,7 +330,7 @@ class StepOutcomes:
         step: Step,
         *,
         attempt_number: int,
-        attempt: int,
+        attempts_in_budget: int,
         status: str,
         code: str,
         retry_after: float | None = None,
@@ -332,14 +340,15 @@ class StepOutcomes:
         """Carry out `domain.recovery.retry_or_fail`: schedule the next attempt, or fail the
         execution; the output if a look-up found the write.
 
-        `attempt_number` is the attempt as numbered in the history; `attempt` counts
-        within the action's budget. `not_found`: a look-up already answered NotFound.
+        `attempt_number` is the attempt as numbered in the history; `attempts_in_budget`
+        counts this one within the action's budget. `not_found`: a look-up already
+        answered NotFound.
         """
         adapter, action_id = step.adapter, step.action_id
         failed = recovery.Failed(
             status=CheckpointStatus(status),
             writes=step.risk.writes,
-            attempt=attempt,
+            attempts_in_budget=attempts_in_budget,
             max_attempts=adapter.max_attempts,
             execution_attempts=self.claim.attempts,
             execution_max_attempts=self.claim.max_attempts,
@@ -349,14 +358,14 @@ class StepOutcomes:
         if isinstance(decision, recovery.LookUpFirst):
             answer = self.look_up(step, attempt_number)
             if isinstance(answer.result, Found):
-                return self.found(step, answer.result)
+                return self.use_found_write(step, answer.result)
             decision = recovery.retry_or_fail(failed, answer.said)
         match decision:
             case recovery.Retry():
                 outcome = CheckpointOutcome(action_id, status, code, message)
-                delay = self.x.retry.delay(attempt, retry_after)
+                delay = self.x.retry.delay(attempts_in_budget, retry_after)
                 self.settle_riding_success()
-                schedule_retry(self.conn, self.claim, outcome, delay, attempt)
+                schedule_retry(self.conn, self.claim, outcome, delay, attempts_in_budget)
                 metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
                 log.info(
                     "retry scheduled in %.3fs",
@@ -374,7 +383,13 @@ class StepOutcomes:
         raise AssertionError(f"retry_or_fail decided {decision!r}")
 
     def uncertain(
-        self, step: Step, *, attempt_number: int, attempt: int, code: str, message: str
+        self,
+        step: Step,
+        *,
+        attempt_number: int,
+        attempts_in_budget: int,
+        code: str,
+        message: str,
     ) -> Any:
         """Carry out `domain.recovery.after_uncertain_call`: the call may have written; look
         it up, retry, or park. The output if the look-up found it."""
@@ -386,12 +401,12 @@ class StepOutcomes:
         match decision:
             case recovery.TakeFound():
                 assert isinstance(answer, _Answer) and isinstance(answer.result, Found)
-                return self.found(step, answer.result)
+                return self.use_found_write(step, answer.result)
             case recovery.Retry(status=status, not_found=not_found):
                 return self.retry_or_fail(
                     step,
                     attempt_number=attempt_number,
-                    attempt=attempt,
+                    attempts_in_budget=attempts_in_budget,
                     status=status,
                     code=code,
                     message=_not_found_message(message) if not_found else message,
@@ -529,14 +544,15 @@ class StepOutcomes:
         )
         return False
 
-    def found(self, step: Step, result: Found) -> Any:
+    def use_found_write(self, step: Step, result: Found) -> Any:
         """Record the write the lookup found as the step's success; the run goes on with it."""
         self.settle_riding_success()
-        attempt = record_found_write(
+        attempt_number = record_found_write(
             self.conn, self.claim, step.action_id, step.external_key, result.output, WORKER_ACTOR
         )
         log.info(
-            "write in doubt reconciled by lookup", extra={**step.log_extra, "attempt": attempt}
+            "write in doubt reconciled by lookup",
+            extra={**step.log_extra, "attempt": attempt_number},
         )
         return result.output
 

@@ -54,7 +54,7 @@ from orquestador.worker.step_outcomes import (
     ExecutionEnded,
     Step,
     StepOutcomes,
-    _is_waiting,
+    between_wait_rounds,
     output_problems,
 )
 
@@ -115,27 +115,29 @@ class StepRunner(StepOutcomes):
         loaded = self.execution
         adapter = self.adapter_for(spec)
         inputs = self.inputs_for(spec, adapter)
-        step, attempt = self.step_for(spec, adapter, inputs)
+        step, action_attempt = self.step_for(spec, adapter, inputs)
         base = 0  # attempts before the budget: an operator's approved retry moves it
-        found = loaded.checkpoints.get(spec.id)
-        if found is not None:
-            recovered = self.recover(found, attempt, step)
+        checkpoint = loaded.checkpoints.get(spec.id)
+        if checkpoint is not None:
+            recovered = self.recover(checkpoint, action_attempt, step)
             if recovered is not None:
                 return recovered[0]
             # A wait's next round goes on with the same attempt; anything else is a new one.
-            number = found.attempt if _is_waiting(found) else found.attempt + 1
-            attempt = ActionAttempt(**{**attempt.__dict__, "attempt": number})
-            base = found.attempt_base
+            number = (
+                checkpoint.attempt if between_wait_rounds(checkpoint) else checkpoint.attempt + 1
+            )
+            action_attempt = ActionAttempt(**{**action_attempt.__dict__, "attempt": number})
+            base = checkpoint.attempt_base
 
         # A wait's next round is the same call going on: its token was taken once.
-        waiting = found is not None and _is_waiting(found)
+        waiting = checkpoint is not None and between_wait_rounds(checkpoint)
         if adapter.rate_limit is not None and not step.simulated and not waiting:
             self.take_token(step, adapter.rate_limit)
 
         # The previous step's success rides in this RUNNING: durable before this call.
         riding = self.take_riding_success()
         try:
-            first_started_at = self.x.writer(self.source).start(self.claim, attempt, riding)
+            first_started_at = self.x.writer(self.source).start(self.claim, action_attempt, riding)
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
         except CancelRequested:
@@ -156,10 +158,16 @@ class StepRunner(StepOutcomes):
                 "orquestador.action_id": spec.id,
                 "orquestador.capability": adapter.key,
                 "orquestador.effect": adapter.effect.value,
-                "orquestador.attempt": attempt.attempt,
+                "orquestador.attempt": action_attempt.attempt,
             },
         ):
-            return self.call(spec, step, attempt.attempt, attempt.attempt - base, action_ids)
+            return self.call(
+                spec,
+                step,
+                attempt_number=action_attempt.attempt,
+                attempts_in_budget=action_attempt.attempt - base,
+                action_ids=action_ids,
+            )
 
     def take_token(self, step: Step, limit: RateLimit) -> None:
         """Take a token of the route's rate limit, or go back to RETRY_WAIT until one is due.
@@ -219,7 +227,7 @@ class StepRunner(StepOutcomes):
         """The step as its call and lookup see it, and its first attempt's checkpoint."""
         loaded = self.execution
         key = external_key(loaded.execution_id, spec.id)
-        attempt = ActionAttempt(
+        action_attempt = ActionAttempt(
             action_id=spec.id,
             attempt=1,
             input_hash=input_hash(inputs),
@@ -243,7 +251,7 @@ class StepRunner(StepOutcomes):
             call, simulated = adapter.simulate, True
         elif loaded.simulation and (adapter.effect.writes or adapter.dry_run != "call"):
             call, simulated = _simulation_unsupported, True
-        found = loaded.checkpoints.get(spec.id)
+        checkpoint = loaded.checkpoints.get(spec.id)
         extra = {
             **self.claim.log_extra,
             "action_id": spec.id,
@@ -256,10 +264,10 @@ class StepRunner(StepOutcomes):
             key,
             extra,
             simulated=simulated,
-            first_started_at=found.first_started_at if found is not None else None,
+            first_started_at=checkpoint.first_started_at if checkpoint is not None else None,
             call=call,
         )
-        return step, attempt
+        return step, action_attempt
 
     def rehearsed_outcome(self, action_id: str) -> dict[str, Any] | None:
         """The dry run's outcome for this step, if it gave one."""
@@ -272,14 +280,15 @@ class StepRunner(StepOutcomes):
         self,
         spec: ActionSpec,
         step: Step,
+        *,
         attempt_number: int,
-        attempt: int,
+        attempts_in_budget: int,
         action_ids: list[str],
     ) -> Any:
         """Call the adapter and decide by what came back; the output the run goes on with.
 
-        `attempt_number` is the attempt as numbered in the history; `attempt` counts
-        within the action's budget.
+        `attempt_number` is the attempt as numbered in the history (the adapter's
+        `ctx.attempt`); `attempts_in_budget` counts this one within the action's budget.
         """
         loaded = self.execution
         adapter, extra, call = step.adapter, step.log_extra, step.call
@@ -328,7 +337,7 @@ class StepRunner(StepOutcomes):
             return self.uncertain(
                 step,
                 attempt_number=attempt_number,
-                attempt=attempt,
+                attempts_in_budget=attempts_in_budget,
                 code="ADAPTER_TIMEOUT",
                 message=message,
             )
@@ -343,7 +352,7 @@ class StepRunner(StepOutcomes):
                 return self.uncertain(
                     step,
                     attempt_number=attempt_number,
-                    attempt=attempt,
+                    attempts_in_budget=attempts_in_budget,
                     code="NOT_READY_FROM_WRITE",
                     message=message,
                 )
@@ -365,7 +374,7 @@ class StepRunner(StepOutcomes):
             return self.retry_or_fail(
                 step,
                 attempt_number=attempt_number,
-                attempt=attempt,
+                attempts_in_budget=attempts_in_budget,
                 status=CheckpointStatus.FAILED,
                 code="TRANSIENT",
                 retry_after=exc.retry_after,
@@ -392,7 +401,7 @@ class StepRunner(StepOutcomes):
             return self.uncertain(
                 step,
                 attempt_number=attempt_number,
-                attempt=attempt,
+                attempts_in_budget=attempts_in_budget,
                 code="UNCERTAIN",
                 message=message,
             )

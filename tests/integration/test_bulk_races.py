@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from orquestador.actions import AdapterRegistry, Effect, UncertainError
-from orquestador.queue import claim_due_executions
+from orquestador.queue import claim_round
 from orquestador.queue.bulk import BulkWalk, RunningBulk, act_on_chunk
 from orquestador.queue.claims import _CLAIM
 from orquestador.worker.executor import Executor
@@ -231,7 +231,7 @@ def test_an_operator_cancelling_an_item_the_bulk_holds_waits_and_is_refused(
         assert inside.wait(20)
         # A claim skips the row the bulk holds.
         with runtime_engine.connect() as conn:
-            assert claim_due_executions(conn, "w", 5, 30) == []
+            assert claim_round(conn, "w", 5, 30).claims == []
         operator = threading.Thread(target=cancel)
         operator.start()
         wait_until(lambda: _waiting_on_a_lock(owner_engine), what="the cancel to queue")

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from orquestador.actions import Effect, NotReady, TransientError, UncertainError
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable
-from orquestador.queue import Resolution, cancel, claim_due_executions, resolve
+from orquestador.queue import Resolution, cancel, claim_round, resolve
 from orquestador.queue.claims import _CLAIM
 from orquestador.worker.executor import Executor
 from orquestador.worker.hooks import WorkerHooks
@@ -257,7 +257,7 @@ def test_cancel_ends_a_pending_execution_and_releases_its_request(runtime_engine
         "machineCommands": {"cancelled": [], "stopRequested": []},
     }
     with runtime_engine.connect() as conn:
-        assert claim_due_executions(conn, "w", 5, 30) == []
+        assert claim_round(conn, "w", 5, 30).claims == []
 
 
 def test_a_running_execution_records_the_cancel_for_its_holder_once(runtime_engine):
@@ -324,7 +324,7 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
     with runtime_engine.connect() as conn:
         cancel(conn, other, ORG, "user-1", "first")
     with runtime_engine.connect() as conn:
-        assert claim_due_executions(conn, "w", 5, 30) == []
+        assert claim_round(conn, "w", 5, 30).claims == []
 
 
 # --- cancel after writes: the write rule decides, never the cancel -----------------------
@@ -375,7 +375,7 @@ def _parked_by_cancel(engine, eid, from_status, succeeded, in_doubt):
     # Parked is not due: no worker takes it, whatever its due time was.
     make_due(engine, eid)
     with engine.connect() as conn:
-        assert claim_due_executions(conn, "w", 5, 30) == []
+        assert claim_round(conn, "w", 5, 30).claims == []
     return row
 
 

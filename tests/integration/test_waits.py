@@ -12,7 +12,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from orquestador.actions import Effect, NotReady, PermanentError
 from orquestador.queue import cancel
-from orquestador.queue.claims import claim_due_executions
+from orquestador.queue.claims import claim_round
 from orquestador.queue.waits import wake_waiting
 from orquestador.worker.daemon import Worker
 from orquestador.worker.executor import Executor
@@ -50,7 +50,7 @@ def _park(engine, execution_id, wait_key: str) -> None:
 
 def _nothing_due(engine) -> bool:
     with engine.connect() as conn:
-        return claim_due_executions(conn, "nobody", 5, 30) == []
+        return claim_round(conn, "nobody", 5, 30).claims == []
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from orquestador.actions import ActionContext, Adapter, AdapterRegistry, Effect
 from orquestador.config import Settings
 from orquestador.db.bounds import FunctionBounds, apply_function_bounds
 from orquestador.db.schema import EXECUTION_READY_CHANNEL
-from orquestador.queue import ActionAttempt, Claim, claim_due_executions
+from orquestador.queue import ActionAttempt, Claim, claim_round
 from orquestador.worker.daemon import Worker
 
 ORG = "org-test"
@@ -248,7 +248,7 @@ def attempt_history(engine: Engine, execution_id: uuid.UUID, action_id: str) -> 
 
 def claim_one(engine: Engine, owner: str = "w1", lease_seconds: float = 30) -> Claim:
     with engine.connect() as conn:
-        claims = claim_due_executions(conn, owner, 1, lease_seconds)
+        claims = claim_round(conn, owner, 1, lease_seconds).claims
     assert len(claims) == 1, claims
     return claims[0]
 

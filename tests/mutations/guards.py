@@ -1427,7 +1427,7 @@ def _mismatch(field: str) -> str:
 
 
 def _compared(name: str, attribute: str) -> str:
-    return f'                ("{name}", attempt.{attribute}, found.{attribute}),\n'
+    return f'                ("{name}", action_attempt.{attribute}, checkpoint.{attribute}),\n'
 
 
 _IN_FLIGHT = f"{LOOKUP}::test_an_overrun_write_is_looked_up_only_once_its_call_ended[1]"

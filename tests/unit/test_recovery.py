@@ -146,7 +146,7 @@ def failed(
     return r.Failed(
         status=status,
         writes=writes,
-        attempt=attempt,
+        attempts_in_budget=attempt,
         max_attempts=3,
         execution_attempts=runs,
         execution_max_attempts=10,
