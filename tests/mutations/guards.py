@@ -2255,7 +2255,7 @@ PAUSED_HOLDER_GUARDS = [
     Mutation(
         "earlier-call-not-found-waits",
         _STEP_OUTCOMES_PY,
-        "            self.await_earlier_call(step, found)\n",
+        "            self.await_earlier_call(step, checkpoint)\n",
         "            pass\n",
         "A NotFound about an earlier holder's attempt is trusted only once that holder's "
         "call can no longer send: a paused holder's late write is found, not made twice.",
