@@ -308,7 +308,9 @@ def cancel_as(
     access = ResourceAccess(caller, Reach.ORGANIZATION if operator else Reach.OWN)
     require_visible(access, execution_id, readable_by=None if operator else caller)
     with engine().connect() as connection:
-        cancelled = cancel(connection, execution_id, caller.org, caller.sub, reason)
+        cancelled = cancel(
+            connection, execution_id, org_id=caller.org, actor=caller.sub, reason=reason
+        )
     if cancelled.requested:
         said = "cancel requested; the step's call is running"
     elif cancelled.status == ExecutionStatus.CANCELLED:

@@ -338,6 +338,7 @@ def end_attempt(conn: Connection, claim: Claim, outcome: CheckpointOutcome) -> N
 def record_found_write(
     conn: Connection,
     claim: Claim,
+    *,
     action_id: str,
     external_key: str,
     output: Any,

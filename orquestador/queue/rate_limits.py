@@ -94,10 +94,10 @@ def take_token(conn: Connection, name: str, limit: RateLimit) -> float | None:
 def wait_for_token(
     conn: Connection,
     claim: Claim,
+    *,
     action_id: str,
     capability: str,
     delay_seconds: float,
-    *,
     counted: bool = True,
 ) -> None:
     """Back to RETRY_WAIT for `delay_seconds` without spending an attempt (under the fence),

@@ -632,7 +632,7 @@ class Cancelled:
 
 
 def cancel(
-    conn: Connection, execution_id: uuid.UUID, org_id: str, actor: str, reason: str
+    conn: Connection, execution_id: uuid.UUID, *, org_id: str, actor: str, reason: str
 ) -> Cancelled:
     """Cancel a live execution; the status it is left in.
 

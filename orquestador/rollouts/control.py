@@ -201,7 +201,9 @@ def cancel_rollout(
         fates: dict[str, str] = {}
         for child in running:
             try:
-                ended = cancel(conn, child, org, actor, f"rollout cancelled: {reason}")
+                ended = cancel(
+                    conn, child, org_id=org, actor=actor, reason=f"rollout cancelled: {reason}"
+                )
                 # A step in flight is never cut mid-call: its worker applies the cancel
                 # when the call returns.
                 fates[str(child)] = (

@@ -548,7 +548,12 @@ class StepOutcomes:
         """Record the write the lookup found as the step's success; the run goes on with it."""
         self.settle_riding_success()
         attempt_number = record_found_write(
-            self.conn, self.claim, step.action_id, step.external_key, result.output, WORKER_ACTOR
+            self.conn,
+            self.claim,
+            action_id=step.action_id,
+            external_key=step.external_key,
+            output=result.output,
+            actor=WORKER_ACTOR,
         )
         log.info(
             "write in doubt reconciled by lookup",

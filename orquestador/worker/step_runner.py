@@ -183,7 +183,14 @@ class StepRunner(StepOutcomes):
         # The claimed row said whether the claim counted an attempt (a wait's next round
         # counts none): exactly that one is given back.
         counted = self.claim.counted_attempt
-        wait_for_token(self.conn, self.claim, step.action_id, adapter.key, delay, counted=counted)
+        wait_for_token(
+            self.conn,
+            self.claim,
+            action_id=step.action_id,
+            capability=adapter.key,
+            delay_seconds=delay,
+            counted=counted,
+        )
         metrics.RATE_LIMIT_WAITS_TOTAL.labels(capability=adapter.key).inc()
         log.info("rate limited; trying again in %.3fs", delay, extra=step.log_extra)
         raise ExecutionEnded(ExecutionStatus.RETRY_WAIT)

@@ -222,7 +222,9 @@ def test_a_retry_wait_keeps_the_key_and_a_cancel_releases_it_in_its_transaction(
     assert holders(runtime_engine) == 1 and rows(runtime_engine, waiting)[waiting].key_blocked
 
     with runtime_engine.connect() as conn:
-        cancelled = cancel(conn, uuid.UUID(holder), ORG, "carol", "machine retired")
+        cancelled = cancel(
+            conn, uuid.UUID(holder), org_id=ORG, actor="carol", reason="machine retired"
+        )
     assert cancelled.status == "CANCELLED"
     assert holders(runtime_engine) == 0
     # The cancel's own transaction left the release the next claim takes up.

@@ -94,7 +94,7 @@ def test_executions_actions_retries_and_lost_leases_are_counted(runtime_engine):
 
     pending = start_execution(runtime_engine, flow_definition([action("w", "test.metrics")]))
     with runtime_engine.connect() as conn:
-        cancel(conn, pending, ORG, "user-1", "changed my mind")
+        cancel(conn, pending, org_id=ORG, actor="user-1", reason="changed my mind")
     assert _value("orquestador_executions_total", status="CANCELLED") == before["CANCELLED"] + 1
     cancelled = _value("orquestador_executions_finished_total", status="CANCELLED")
     assert cancelled == finished["CANCELLED"] + 1

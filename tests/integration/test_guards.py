@@ -122,7 +122,12 @@ HOLDER_WRITES: dict[str, Callable[[Connection, Claim], Any]] = {
     ),
     "park_waiting": lambda conn, c: park_waiting(conn, c, "a", 60.0, "k", None),
     "record_found_write": lambda conn, c: record_found_write(
-        conn, c, "a", f"{c.execution_id}:a", {"found": True}, "system:worker"
+        conn,
+        c,
+        action_id="a",
+        external_key=f"{c.execution_id}:a",
+        output={"found": True},
+        actor="system:worker",
     ),
     "finish_execution": lambda conn, c: finish_execution(
         conn, c, Finish("done", "DONE", None, [], [], {"late": True})
@@ -270,7 +275,12 @@ IN_FLIGHT_WRITES: dict[str, tuple[str, Callable[[Connection, Claim], Any]]] = {
     "record_found_write": (
         "NON_IDEMPOTENT_WRITE",
         lambda conn, c: record_found_write(
-            conn, c, "a", f"{c.execution_id}:a", {"found": True}, "system:worker"
+            conn,
+            c,
+            action_id="a",
+            external_key=f"{c.execution_id}:a",
+            output={"found": True},
+            actor="system:worker",
         ),
     ),
 }
@@ -555,7 +565,14 @@ def test_a_finding_is_recorded_only_on_a_write_in_doubt_under_its_key(runtime_en
         key = "another-key"
     before = _everything(runtime_engine)
     with runtime_engine.connect() as conn, pytest.raises(ContractMismatch):
-        record_found_write(conn, claim, "a", key, {"found": True}, "system:worker")
+        record_found_write(
+            conn,
+            claim,
+            action_id="a",
+            external_key=key,
+            output={"found": True},
+            actor="system:worker",
+        )
     assert _everything(runtime_engine) == before
 
 
@@ -687,7 +704,9 @@ def test_a_cancel_never_releases_a_request_another_execution_holds(runtime_engin
             {"other": other, "id": request_id},
         )
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "CANCELLED"
+        assert (
+            cancel(conn, eid, org_id=ORG, actor="user-1", reason="not needed").status == "CANCELLED"
+        )
     assert request_row(runtime_engine, request_id).busy_execution_id == other
 
 
@@ -697,7 +716,10 @@ def test_a_cancel_with_only_a_write_in_doubt_parks_and_keeps_the_request(runtime
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     assert run_once(runtime_engine, Executor(registry_of(write), settings())) == "RETRY_WAIT"
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "RECONCILIATION_REQUIRED"
+        assert (
+            cancel(conn, eid, org_id=ORG, actor="user-1", reason="not needed").status
+            == "RECONCILIATION_REQUIRED"
+        )
     row = execution(runtime_engine, eid)
     assert (row.error_code, row.error_detail["writesInDoubt"]) == ("CANCELLED_AFTER_WRITES", ["w"])
     assert request_row(runtime_engine, row.request_id).busy_execution_id == eid

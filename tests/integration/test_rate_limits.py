@@ -317,7 +317,7 @@ def test_a_stale_holder_cannot_send_the_execution_back_to_wait(
     expire_lease(runtime_engine, eid)
     claim_one(runtime_engine, "w2")
     with runtime_engine.connect() as conn, pytest.raises(LeaseLost):
-        wait_for_token(conn, stale, "charge", ROUTE, 60)
+        wait_for_token(conn, stale, action_id="charge", capability=ROUTE, delay_seconds=60)
     row = execution(runtime_engine, eid)
     assert (row.status, row.lease_owner, row.attempts) == ("RUNNING", "w2", 2)
     assert audit(runtime_engine, eid, "RATE_LIMITED") == []

@@ -245,7 +245,10 @@ def test_a_contract_mismatch_accepts_retry_but_not_confirm(runtime_engine):
 def test_cancel_ends_a_pending_execution_and_releases_its_request(runtime_engine):
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "ordered by mistake").status == "CANCELLED"
+        assert (
+            cancel(conn, eid, org_id=ORG, actor="user-1", reason="ordered by mistake").status
+            == "CANCELLED"
+        )
     row = execution(runtime_engine, eid)
     assert row.status == "CANCELLED" and row.finished_at is not None
     request = request_row(runtime_engine, row.request_id)
@@ -264,9 +267,9 @@ def test_a_running_execution_records_the_cancel_for_its_holder_once(runtime_engi
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     claim_one(runtime_engine)
     with runtime_engine.connect() as conn:
-        first = cancel(conn, eid, ORG, "user-1", "too late")
+        first = cancel(conn, eid, org_id=ORG, actor="user-1", reason="too late")
     with runtime_engine.connect() as conn:
-        again = cancel(conn, eid, ORG, "user-2", "still too late")
+        again = cancel(conn, eid, org_id=ORG, actor="user-2", reason="still too late")
 
     assert (first.status, first.requested) == ("RUNNING", True)
     assert (again.status, again.requested) == ("RUNNING", True)
@@ -284,9 +287,9 @@ def test_a_running_execution_records_the_cancel_for_its_holder_once(runtime_engi
 def test_an_ended_execution_cannot_be_cancelled(runtime_engine):
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     with runtime_engine.connect() as conn:
-        cancel(conn, eid, ORG, "user-1", "first")
+        cancel(conn, eid, org_id=ORG, actor="user-1", reason="first")
     with runtime_engine.connect() as conn, pytest.raises(NotCancellable):
-        cancel(conn, eid, ORG, "user-1", "twice")
+        cancel(conn, eid, org_id=ORG, actor="user-1", reason="twice")
 
 
 def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
@@ -302,7 +305,7 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
     def cancel_now():
         with runtime_engine.connect() as conn:
             try:
-                cancelled = cancel(conn, eid, ORG, "user-1", "race")
+                cancelled = cancel(conn, eid, org_id=ORG, actor="user-1", reason="race")
                 result["status"] = "requested" if cancelled.requested else cancelled.status
             except NotCancellable:
                 result["status"] = "refused"
@@ -322,7 +325,7 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
     # The other order: a cancel that holds the row keeps a claim out for good.
     other = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     with runtime_engine.connect() as conn:
-        cancel(conn, other, ORG, "user-1", "first")
+        cancel(conn, other, org_id=ORG, actor="user-1", reason="first")
     with runtime_engine.connect() as conn:
         assert claim_round(conn, "w", 5, 30).claims == []
 
@@ -345,9 +348,9 @@ def _charged_then_waiting(engine, second, *, second_effect=Effect.READ_ONLY, **r
 def _parked_by_cancel(engine, eid, from_status, succeeded, in_doubt):
     """The cancel parked the execution: request busy as accepted, audited with who and why."""
     with engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "customer changed plan").status == (
-            "RECONCILIATION_REQUIRED"
-        )
+        assert cancel(
+            conn, eid, org_id=ORG, actor="user-1", reason="customer changed plan"
+        ).status == ("RECONCILIATION_REQUIRED")
     row = execution(engine, eid)
     assert (row.status, row.error_code, row.finished_at) == (
         "RECONCILIATION_REQUIRED",
@@ -460,7 +463,8 @@ def test_cancel_of_a_confirmed_execution_not_yet_claimed_parks_with_nothing_in_d
     _decide(runtime_engine, eid, "confirm", output={"chargeId": "ch_1"})
     with runtime_engine.connect() as conn:
         assert (
-            cancel(conn, eid, ORG, "user-1", "too late, sorry").status == "RECONCILIATION_REQUIRED"
+            cancel(conn, eid, org_id=ORG, actor="user-1", reason="too late, sorry").status
+            == "RECONCILIATION_REQUIRED"
         )
     row = execution(runtime_engine, eid)
     assert (row.error_code, row.error_detail) == (
@@ -484,7 +488,9 @@ def test_cancel_after_only_reads_still_cancels_and_releases(runtime_engine):
     )
 
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "CANCELLED"
+        assert (
+            cancel(conn, eid, org_id=ORG, actor="user-1", reason="not needed").status == "CANCELLED"
+        )
     row = execution(runtime_engine, eid)
     assert (row.status, row.error_code) == ("CANCELLED", "CANCELLED")
     request = request_row(runtime_engine, row.request_id)

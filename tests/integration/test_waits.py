@@ -306,7 +306,9 @@ def test_a_waiting_execution_can_be_cancelled(runtime_engine):
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.wait")]))
     assert run_once(runtime_engine, Executor(registry_of(wait), settings())) == "WAITING"
     with runtime_engine.connect() as conn:
-        assert cancel(conn, eid, ORG, "user-1", "not needed").status == "CANCELLED"
+        assert (
+            cancel(conn, eid, org_id=ORG, actor="user-1", reason="not needed").status == "CANCELLED"
+        )
     row = execution(runtime_engine, eid)
     assert row.status == "CANCELLED"
     assert request_row(runtime_engine, row.request_id).busy_execution_id is None
