@@ -198,7 +198,7 @@ class _ExecutionRun(StepRunner):
         claim: Claim,
         stop: threading.Event,
     ) -> None:
-        self.x = executor
+        self.services = executor
         self.source = source
         self._conn: Connection | None = source if isinstance(source, Connection) else None
         self.claim = claim
@@ -237,7 +237,9 @@ class _ExecutionRun(StepRunner):
         is judged with the step's success durable."""
         if self.riding_success is not None:
             row, self.riding_success = self.riding_success, None
-            self.x.writer(self.source).succeed(row.claim, row.action_id, row.output, row.observed)
+            self.services.writer(self.source).succeed(
+                row.claim, row.action_id, row.output, row.observed
+            )
 
     def take_riding_success(self) -> RidingSuccess | None:
         """The riding success, handed to the write it now rides in."""
@@ -303,7 +305,7 @@ class _ExecutionRun(StepRunner):
             # no longer describes the request and acting on it would be wrong.
             log.warning("request changed since acceptance", extra=claim.log_extra)
             self.fail("REQUEST_CHANGED")
-        flow = self.x.flows.get(loaded.flow_id, loaded.definition)
+        flow = self.services.flows.get(loaded.flow_id, loaded.definition)
         transition = flow.transitions.get(loaded.transition_id)
         if transition is None:
             self.fail("TRANSITION_UNKNOWN", transitionId=loaded.transition_id)
@@ -342,13 +344,13 @@ class _ExecutionRun(StepRunner):
             action_ids=action_ids,
             data=data,
         )
-        hook = self.x.hooks.before_finish_commit
+        hook = self.services.hooks.before_finish_commit
         continuing = flow.continuations.get(decided.to)
         if continuing is not None:
             return self._finish_and_continue(finish, continuing, flow)
         riding = self.take_riding_success()
         try:
-            self.x.writer(self.source).finish(
+            self.services.writer(self.source).finish(
                 claim, finish, before_commit=(lambda: hook(claim)) if hook else None, succeed=riding
             )
         except RequestChanged:
@@ -376,12 +378,12 @@ class _ExecutionRun(StepRunner):
         """The finish into a state the flow continues from, with its continuation in the same
         transaction, on the job's own connection (the held-back checkpoint is written
         first): continuations are few, and the protocol writer's batch only finishes."""
-        claim, hook = self.claim, self.x.hooks.before_finish_commit
+        claim, hook = self.claim, self.services.hooks.before_finish_commit
         continuation = Continuation(
             definition=flow,
             transition_id=transition_id,
-            max_continuations=self.x.settings.max_continuations,
-            max_attempts=self.x.settings.execution_max_attempts,
+            max_continuations=self.services.settings.max_continuations,
+            max_attempts=self.services.settings.execution_max_attempts,
         )
         try:
             self.settle_riding_success()

@@ -199,7 +199,7 @@ class StepOutcomes:
     """The outcome decisions of one execution run (mixed into the run, which owns the
     state below and the two ways to end: `fail` and `reconcile`)."""
 
-    x: RunServices
+    services: RunServices
     claim: Claim
     loaded: LoadedExecution | None
 
@@ -314,7 +314,7 @@ class StepOutcomes:
             self.claim,
             action_id=checkpoint.action_id,
             attempt=checkpoint.attempt,
-            settle_seconds=step.adapter.timeout_seconds + self.x.abandon_grace_seconds,
+            settle_seconds=step.adapter.timeout_seconds + self.services.abandon_grace_seconds,
         )
         if due is None:
             return
@@ -363,7 +363,7 @@ class StepOutcomes:
         match decision:
             case recovery.Retry():
                 outcome = CheckpointOutcome(action_id, status, code, message)
-                delay = self.x.retry.delay(attempts_in_budget, retry_after)
+                delay = self.services.retry.delay(attempts_in_budget, retry_after)
                 self.settle_riding_success()
                 schedule_retry(self.conn, self.claim, outcome, delay, attempts_in_budget)
                 metrics.RETRIES_TOTAL.labels(capability=adapter.key).inc()
@@ -427,7 +427,7 @@ class StepOutcomes:
         started = step.first_started_at
         if started is None:
             return False
-        return datetime.now(UTC) - started >= timedelta(seconds=self.x.wait_max_seconds)
+        return datetime.now(UTC) - started >= timedelta(seconds=self.services.wait_max_seconds)
 
     def wait(self, step: Step, exc: NotReady, observed: dict[str, Any]) -> NoReturn:
         """Park the execution WAITING: lease given up, thread freed, no attempt spent."""
@@ -482,7 +482,7 @@ class StepOutcomes:
         )
         extra = {**step.log_extra, "attempt": attempt_number}
         try:
-            result = self.x.calls.call(adapter.lookup, ctx, ctx.deadline, extra)
+            result = self.services.calls.call(adapter.lookup, ctx, ctx.deadline, extra)
         except CallTimedOut:
             stop.set()
             log.warning("lookup gave no answer within %g s; still in doubt", timeout, extra=extra)
@@ -496,7 +496,7 @@ class StepOutcomes:
             return _Answer(Unknown(), "ERROR")
         if isinstance(result, Found):
             output = result.output
-            problems = output_problems(self.x.schemas, adapter, output)
+            problems = output_problems(self.services.schemas, adapter, output)
             if problems:
                 log.warning(
                     "lookup found an output that breaks the schema at %s; still in doubt",
@@ -526,10 +526,10 @@ class StepOutcomes:
         While it runs, its request may not have left the process: the provider would
         truthfully say NotFound, and the write would land a moment later.
         """
-        lingering = self.x.calls.lingering(step.external_key)
+        lingering = self.services.calls.lingering(step.external_key)
         if lingering is None:
             return True
-        grace = self.x.abandon_grace_seconds
+        grace = self.services.abandon_grace_seconds
         log.info(
             "waiting up to %g s for the abandoned call to end before asking the provider",
             grace,

@@ -137,7 +137,9 @@ class StepRunner(StepOutcomes):
         # The previous step's success rides in this RUNNING: durable before this call.
         riding = self.take_riding_success()
         try:
-            first_started_at = self.x.writer(self.source).start(self.claim, action_attempt, riding)
+            first_started_at = self.services.writer(self.source).start(
+                self.claim, action_attempt, riding
+            )
         except ContractMismatch as exc:
             self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
         except CancelRequested:
@@ -149,8 +151,8 @@ class StepRunner(StepOutcomes):
             self.settle_after_failed_ride(riding, exc)
             raise
         step = replace(step, first_started_at=first_started_at)
-        if self.x.hooks.before_adapter:
-            self.x.hooks.before_adapter(self.claim, spec.id)
+        if self.services.hooks.before_adapter:
+            self.services.hooks.before_adapter(self.claim, spec.id)
         # The call and what its outcome leads to; `_timed` notes the outcome on it.
         with tracing.span(
             "action.attempt",
@@ -199,7 +201,7 @@ class StepRunner(StepOutcomes):
         """The step's adapter, if this worker has it and may run it here."""
         loaded = self.execution
         try:
-            adapter = self.x.registry.get(spec.capability, spec.version)
+            adapter = self.services.registry.get(spec.capability, spec.version)
         except IntegrationUnavailable:
             self.fail(
                 IntegrationUnavailable.code,
@@ -207,7 +209,7 @@ class StepRunner(StepOutcomes):
                 capability=spec.capability,
                 version=spec.version,
             )
-        if not all(seconds < self.x.lease_seconds for _, seconds in timeouts_of(adapter)):
+        if not all(seconds < self.services.lease_seconds for _, seconds in timeouts_of(adapter)):
             self.fail(
                 IntegrationUnavailable.code, actionId=spec.id, reason="timeout not below lease"
             )
@@ -223,7 +225,7 @@ class StepRunner(StepOutcomes):
             inputs = resolve_inputs(spec.input, context)
         except MappingError as exc:
             self.fail(exc.code, actionId=spec.id, **exc.location)
-        problems = self.x.schemas.problems(adapter, "input", inputs)
+        problems = self.services.schemas.problems(adapter, "input", inputs)
         if problems:
             self.fail("INPUT_INVALID", actionId=spec.id, paths=problems)
         return inputs
@@ -318,9 +320,9 @@ class StepRunner(StepOutcomes):
             if call is _simulation_unsupported:
                 output = call(ctx)  # raises; nothing to run on a thread
             elif adapter.inline:
-                output = self.x.calls.inline(call, ctx, ctx.deadline)
+                output = self.services.calls.inline(call, ctx, ctx.deadline)
             else:
-                output = self.x.calls.call(call, ctx, ctx.deadline, extra, key)
+                output = self.services.calls.call(call, ctx, ctx.deadline, extra, key)
         except CallTimedOut:
             _timed(adapter, "unknown", began)
             self.stop.set()  # the call's stop signal: a cooperative adapter wraps up
@@ -366,7 +368,7 @@ class StepRunner(StepOutcomes):
             observed = exc.observed or dict(ctx.observed)
             if self.wait_outlived(step):
                 message = (
-                    f"still not ready {self.x.wait_max_seconds} s after the step first "
+                    f"still not ready {self.services.wait_max_seconds} s after the step first "
                     "started (WAIT_MAX_SECONDS)"
                 )
                 limit = PermanentError(WAIT_LIMIT_EXCEEDED, message, observed=observed or None)
@@ -413,14 +415,14 @@ class StepRunner(StepOutcomes):
                 message=message,
             )
         _timed(adapter, "simulated" if step.simulated else "succeeded", began)
-        if self.x.hooks.after_adapter:
-            self.x.hooks.after_adapter(self.claim, spec.id)
+        if self.services.hooks.after_adapter:
+            self.services.hooks.after_adapter(self.claim, spec.id)
         return self.keep(step, output, dict(ctx.observed) or None)
 
     def keep(self, step: Step, output: Any, observed: dict[str, Any] | None) -> Any:
         """Check the output and record the step's success; the output."""
         claim, adapter, action_id = self.claim, step.adapter, step.action_id
-        problems = output_problems(self.x.schemas, adapter, output)
+        problems = output_problems(self.services.schemas, adapter, output)
         if problems:
             outcome = CheckpointOutcome(
                 action_id, recovery.interrupted_status(step.risk), "OUTPUT_INVALID"
@@ -451,7 +453,7 @@ class StepRunner(StepOutcomes):
             # write's success is never left to ride: it commits before anything else.
             self.riding_success = RidingSuccess(claim, action_id, output, observed)
         elif audit is None:
-            self.x.writer(self.source).succeed(claim, action_id, output, observed)
+            self.services.writer(self.source).succeed(claim, action_id, output, observed)
         else:  # a dry run's simulated call: its audit row goes with the checkpoint
             self.settle_riding_success()
             succeed_checkpoint(self.conn, claim, action_id, output, observed, audit)

@@ -1572,7 +1572,7 @@ EXECUTOR_GUARDS = [
     Mutation(
         "adapter-timeouts-below-lease",
         _STEP_RUNNER_PY,
-        "        if not all(seconds < self.x.lease_seconds"
+        "        if not all(seconds < self.services.lease_seconds"
         " for _, seconds in timeouts_of(adapter)):",
         "        if False:",
         "No adapter call or lookup may outlast the lease it runs under.",
@@ -1613,8 +1613,8 @@ EXECUTOR_GUARDS = [
     Mutation(
         "abandoned-call-keyed",
         _STEP_RUNNER_PY,
-        "output = self.x.calls.call(call, ctx, ctx.deadline, extra, key)",
-        "output = self.x.calls.call(call, ctx, ctx.deadline, extra)",
+        "output = self.services.calls.call(call, ctx, ctx.deadline, extra, key)",
+        "output = self.services.calls.call(call, ctx, ctx.deadline, extra)",
         "A call is made under its external key, so that once abandoned it is known by it.",
         (_IN_FLIGHT,),
     ),
@@ -2264,7 +2264,7 @@ PAUSED_HOLDER_GUARDS = [
     Mutation(
         "earlier-call-waits-out-the-grace",
         _STEP_OUTCOMES_PY,
-        "settle_seconds=step.adapter.timeout_seconds + self.x.abandon_grace_seconds,",
+        "settle_seconds=step.adapter.timeout_seconds + self.services.abandon_grace_seconds,",
         "settle_seconds=step.adapter.timeout_seconds,",
         "The new holder waits the attempt's timeout and ADAPTER_ABANDON_GRACE_SECONDS after "
         "its start (the clocks of two processes and the last check before the send differ).",
