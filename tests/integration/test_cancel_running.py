@@ -357,7 +357,7 @@ def test_a_cancel_asked_before_a_finish_that_continues_ends_it_and_continues_not
 
     def cancel_in_the_call(claim: Any, action_id: str) -> None:
         with runtime_engine.connect() as conn:
-            assert cancel(conn, eid, ORG, "operator-1", "not today").requested
+            assert cancel(conn, eid, org_id=ORG, actor="operator-1", reason="not today").requested
 
     executor = Executor(
         registry_of(check, send), settings(), WorkerHooks(after_adapter=cancel_in_the_call)

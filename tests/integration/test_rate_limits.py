@@ -333,7 +333,7 @@ def test_a_token_wait_with_a_cancel_requested_is_due_at_once_and_the_next_holder
         eid = start_execution(runtime_engine, _flow("charge"))
         holder = claim_one(runtime_engine, "w1")
         with runtime_engine.connect() as conn:  # asked while it runs, before the token
-            assert cancel(conn, eid, ORG, "operator-1", "not tonight").requested
+            assert cancel(conn, eid, org_id=ORG, actor="operator-1", reason="not tonight").requested
         with runtime_engine.connect() as conn:
             assert executor.run(conn, holder) == "RETRY_WAIT"
         row = execution(runtime_engine, eid)
