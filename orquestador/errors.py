@@ -17,6 +17,7 @@
         ├── TransitionRefused        queue/acceptance.py, one code per reason
         ├── RolloutRefused           rollouts/control.py
         ├── ScheduleRefused, QuotaExceeded, FlowNotFound   automation/schedules.py
+        ├── TriggerMismatch                                automation/plans.py
         ├── CommandNotFound, StatusConflict                machines/commands.py
         └── MachineNotEnrolled                             machines/credentials.py
 

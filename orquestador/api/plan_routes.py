@@ -16,7 +16,6 @@ from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX
 from orquestador.automation.plans import (
     Plan,
-    TriggerMismatch,
     bind_flow,
     find_plan,
     plan_id_problem,
@@ -88,23 +87,15 @@ def bind(plan_id: str, moment: str) -> Response:
     key, moment = _known_plan_id(plan_id), _known_moment(moment)
     body = read_json_object(BINDING_BODY)
     org = current_caller().org
-    try:
-        with engine().begin() as connection:
-            # A version's id, or a key: its latest version now (a later one is not followed).
-            flow = flow_by_reference(connection, org=org, reference=body["flowId"])
-            if flow is None:
-                raise not_found()
-            if not bind_flow(connection, org=org, key=key, moment=moment, flow_id=flow.id):
-                raise not_found()
-            plan = find_plan(connection, org=org, key=key)
-    except TriggerMismatch:
-        # The transaction rolled back: the plan's bindings are as they were.
-        raise ApiProblem(
-            422,
-            "BINDING_TRIGGER_MISMATCH",
-            f"Only a flow whose trigger is {moment!r} can be bound to the {moment} moment.",
-            problems=[Problem("/flowId", f"the flow's trigger is not {moment!r}")],
-        ) from None
+    # A TriggerMismatch rolls the transaction back: the plan's bindings are as they were.
+    with engine().begin() as connection:
+        # A version's id, or a key: its latest version now (a later one is not followed).
+        flow = flow_by_reference(connection, org=org, reference=body["flowId"])
+        if flow is None:
+            raise not_found()
+        if not bind_flow(connection, org=org, key=key, moment=moment, flow_id=flow.id):
+            raise not_found()
+        plan = find_plan(connection, org=org, key=key)
     assert plan is not None
     return jsonify(plan_view(plan))
 

@@ -15,6 +15,7 @@ from flask import Flask, Response, g
 from sqlalchemy.exc import DBAPIError
 from werkzeug.exceptions import HTTPException
 
+from orquestador.automation.plans import TriggerMismatch
 from orquestador.automation.schedules import QuotaExceeded, ScheduleRefused
 from orquestador.db.engine import is_retriable
 from orquestador.domain.errors import Problem
@@ -90,6 +91,7 @@ REFUSAL_STATUS: dict[type[Refusal], int] = {
     acceptance.TransitionRefused: 422,
     ScheduleRefused: 422,
     QuotaExceeded: 422,
+    TriggerMismatch: 422,
 }
 REFUSAL_CODE_STATUS: dict[str, int] = {
     acceptance.REVISION_CONFLICT: 409,

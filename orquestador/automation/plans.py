@@ -14,6 +14,8 @@ from sqlalchemy import Connection, and_, select, text
 from sqlalchemy.exc import IntegrityError
 
 from orquestador.db.schema import MOMENTS, flow, hosting_plan, plan_flow_binding
+from orquestador.domain.errors import Problem
+from orquestador.errors import Refusal
 
 # The platform's plan ids arrive in URLs and event bodies; bounded like the other ids.
 MAX_PLAN_ID_CHARACTERS = 200
@@ -31,8 +33,16 @@ class Plan:
     bindings: dict[str, uuid.UUID | None]
 
 
-class TriggerMismatch(Exception):
+class TriggerMismatch(Refusal):
     """The flow's trigger is not the moment it was to be bound to."""
+
+    code = "BINDING_TRIGGER_MISMATCH"
+
+    def __init__(self, moment: str) -> None:
+        super().__init__(
+            f"Only a flow whose trigger is {moment!r} can be bound to the {moment} moment.",
+            problems=[Problem("/flowId", f"the flow's trigger is not {moment!r}")],
+        )
 
 
 def plan_id_problem(key: str) -> str | None:
@@ -101,7 +111,7 @@ def bind_flow(
         ).first()
     except IntegrityError as error:
         if getattr(error.orig, "sqlstate", None) == _FOREIGN_KEY_VIOLATION:
-            raise TriggerMismatch() from None
+            raise TriggerMismatch(moment) from None
         raise
     return bound is not None
 
