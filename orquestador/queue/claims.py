@@ -244,6 +244,7 @@ class ClaimRound(NamedTuple):
 def claim_round(
     conn: Connection,
     owner: str,
+    *,
     limit: int,
     lease_seconds: float,
     org_weights: Mapping[str, float] | None = None,

@@ -160,7 +160,13 @@ class Scheduler(Loop):
 
     def claim_once(self, wanted: int) -> ClaimRound:
         with self._engine.connect() as conn:
-            claimed = claim_round(conn, self._owner, wanted, self._lease_seconds, self._org_weights)
+            claimed = claim_round(
+                conn,
+                self._owner,
+                limit=wanted,
+                lease_seconds=self._lease_seconds,
+                org_weights=self._org_weights,
+            )
         claims = claimed.claims
         if not claims:
             return claimed

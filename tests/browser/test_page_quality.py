@@ -419,7 +419,7 @@ def _blocked_by_a_key(site: Site) -> str:
         assert answer.status_code == 202, answer.get_data(as_text=True)
         started.append(answer.get_json()["executionId"])
     with site.runtime_engine.connect() as connection:
-        claimed = claim_round(connection, "page-quality", 10, 30)
+        claimed = claim_round(connection, "page-quality", limit=10, lease_seconds=30)
     assert [str(c.execution_id) for c in claimed.claims] == started[:1]
     return f"/ui/executions/{started[1]}"
 

@@ -409,7 +409,7 @@ def test_the_owner_cancels_a_pending_execution_and_the_request_is_released(
     (cancelled,) = audit(runtime_engine, eid, "EXECUTION_CANCELLED")
     assert (cancelled.actor, cancelled.detail["reason"]) == (OWNER, "ordered by mistake")
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w", 5, 30).claims == []
+        assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
 
     again = api.post(f"/executions/{eid}/cancel", {"reason": "twice"}, **REQUEST_OWNER)
     assert again.status_code == 409
@@ -553,7 +553,9 @@ def _race_cancel_with_claim(api: Api, engine: Engine, eid: uuid.UUID) -> tuple[i
     def claim() -> None:
         start.wait(10)
         with engine.connect() as conn:
-            seen["claimed"] = [c.execution_id for c in claim_round(conn, "w", 5, 30).claims]
+            seen["claimed"] = [
+                c.execution_id for c in claim_round(conn, "w", limit=5, lease_seconds=30).claims
+            ]
 
     def cancel() -> None:
         start.wait(10)
@@ -588,7 +590,7 @@ def test_cancel_racing_a_claim_exactly_one_wins_and_a_cancelled_one_is_never_cla
             assert (claimed, row.status) == ([eid], "RUNNING")
             assert row.cancel_requested_by == OWNER
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w", 50, 30).claims == []
+        assert claim_round(conn, "w", limit=50, lease_seconds=30).claims == []
 
 
 def test_a_claim_while_a_cancel_holds_the_row_takes_nothing_and_the_cancel_wins(
@@ -619,7 +621,7 @@ def test_a_claim_while_a_cancel_holds_the_row_takes_nothing_and_the_cancel_wins(
     try:
         assert inside.wait(20)
         with runtime_engine.connect() as conn:
-            assert claim_round(conn, "w", 5, 30).claims == []
+            assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
     finally:
         release.set()
         thread.join(20)
@@ -628,7 +630,7 @@ def test_a_claim_while_a_cancel_holds_the_row_takes_nothing_and_the_cancel_wins(
     assert answers == {"cancel": 200}
     assert execution(runtime_engine, eid).status == "CANCELLED"
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w", 5, 30).claims == []
+        assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
 
 
 def test_a_cancel_while_a_claim_holds_the_row_waits_and_is_recorded_for_the_holder(

@@ -231,7 +231,7 @@ def test_an_operator_cancelling_an_item_the_bulk_holds_waits_and_is_refused(
         assert inside.wait(20)
         # A claim skips the row the bulk holds.
         with runtime_engine.connect() as conn:
-            assert claim_round(conn, "w", 5, 30).claims == []
+            assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
         operator = threading.Thread(target=cancel)
         operator.start()
         wait_until(lambda: _waiting_on_a_lock(owner_engine), what="the cancel to queue")

@@ -72,7 +72,7 @@ def start(api: Api, flow_id: str, machine: str = "m-1", org: str = ORG, **body: 
 
 def claim(engine: Engine, limit: int, owner: str = "w1", **weights: float) -> ClaimRound:
     with engine.connect() as conn:
-        return claim_round(conn, owner, limit, 30, weights)
+        return claim_round(conn, owner, limit=limit, lease_seconds=30, org_weights=weights)
 
 
 def ids(round_: ClaimRound) -> set[str]:

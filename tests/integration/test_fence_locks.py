@@ -97,7 +97,7 @@ def test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits(
             what="the lease to expire",
         )
         with runtime_engine.connect() as conn:
-            taken = claim_round(conn, "new", 1, 30).claims
+            taken = claim_round(conn, "new", limit=1, lease_seconds=30).claims
         # The row lock the write took with its fence check keeps the reclaimer out:
         # without it, a new holder would start while a stale write is about to commit.
         assert taken == []

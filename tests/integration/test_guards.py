@@ -322,7 +322,7 @@ def test_a_holder_write_in_flight_keeps_a_reclaimer_out_until_it_commits(
         wait_until(lambda: _waiting_on_a_lock(owner_engine), what="the write to be in flight")
         wait_until(lambda: _lease_over(owner_engine, eid), what="the lease to run out")
         with runtime_engine.connect() as conn:
-            taken = claim_round(conn, "reclaimer", 1, 30).claims
+            taken = claim_round(conn, "reclaimer", limit=1, lease_seconds=30).claims
         # The row lock the write took with its fence check keeps the reclaimer out.
         assert taken == []
     finally:
@@ -445,7 +445,7 @@ def test_a_claim_skips_a_locked_expired_row_instead_of_waiting(runtime_engine):
         with runtime_engine.connect() as conn:
             conn.execute(text("SET lock_timeout = '2s'"))
             conn.commit()
-            claims = claim_round(conn, "w1", 10, 30).claims
+            claims = claim_round(conn, "w1", limit=10, lease_seconds=30).claims
         holder.rollback()
     assert claims == []
 
@@ -464,7 +464,7 @@ def test_an_execution_that_ended_or_is_parked_is_never_claimed(runtime_engine, o
                 {"id": eid, "status": status},
             )
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w1", 10, 30).claims == []
+        assert claim_round(conn, "w1", limit=10, lease_seconds=30).claims == []
 
 
 def test_a_lease_runs_from_the_moment_of_the_claim(runtime_engine):

@@ -43,7 +43,7 @@ def _claims(engine, count: int) -> list[Claim]:
     for _ in range(count):
         start_execution(engine, flow_definition([action("a", "test.write")]), {"n": 1})
     with engine.connect() as conn:
-        claims = claim_round(conn, "w1", count, 30).claims
+        claims = claim_round(conn, "w1", limit=count, lease_seconds=30).claims
     assert len(claims) == count
     return claims
 
@@ -263,7 +263,7 @@ def test_concurrent_jobs_share_transactions_and_all_succeed(runtime_engine):
         for _ in range(10)
     ]
     with runtime_engine.connect() as conn:
-        claims = claim_round(conn, "w1", 10, 30).claims
+        claims = claim_round(conn, "w1", limit=10, lease_seconds=30).claims
 
     def run(claim: Claim) -> str:
         with runtime_engine.connect() as conn:

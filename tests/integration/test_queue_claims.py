@@ -38,7 +38,7 @@ def test_concurrent_claimers_never_share_an_execution(runtime_engine):
             barrier.wait()
             with runtime_engine.connect() as conn:
                 while True:
-                    claims = claim_round(conn, f"w{index}", 7, 30).claims
+                    claims = claim_round(conn, f"w{index}", limit=7, lease_seconds=30).claims
                     if not claims:
                         return
                     taken[index].extend(c.execution_id for c in claims)
@@ -65,7 +65,7 @@ def test_a_row_locked_by_an_open_transaction_is_skipped_not_waited_on(runtime_en
         with runtime_engine.connect() as conn:
             conn.execute(text("SET lock_timeout = '2s'"))
             conn.commit()
-            claims = claim_round(conn, "w1", 10, 30).claims
+            claims = claim_round(conn, "w1", limit=10, lease_seconds=30).claims
         holder.rollback()
     assert [c.execution_id for c in claims] == [free]
 
@@ -78,7 +78,9 @@ def test_claim_sets_lease_token_and_attempts_from_database_time(runtime_engine):
     assert claim.token == 1 and claim.attempts == 1
     assert 29 < (row.lease_expires_at - claim.claimed_at).total_seconds() <= 30
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w2", 10, 30).claims == [], "a live lease was taken"
+        assert claim_round(conn, "w2", limit=10, lease_seconds=30).claims == [], (
+            "a live lease was taken"
+        )
 
 
 def test_claim_order_and_due_retries(runtime_engine):
@@ -96,7 +98,7 @@ def test_claim_order_and_due_retries(runtime_engine):
             {"id": second},
         )
     with runtime_engine.connect() as conn:
-        claims = claim_round(conn, "w1", 10, 30).claims
+        claims = claim_round(conn, "w1", limit=10, lease_seconds=30).claims
     assert [c.execution_id for c in claims] == [second, first]
 
 
@@ -114,7 +116,9 @@ def test_renewal_skips_a_row_another_session_holds_and_renews_the_rest(runtime_e
     # with it every lease of the worker ran towards expiry.
     locked, free = _accept_many(runtime_engine, 2)
     with runtime_engine.connect() as conn:
-        claims = {c.execution_id: c for c in claim_round(conn, "w1", 2, 30).claims}
+        claims = {
+            c.execution_id: c for c in claim_round(conn, "w1", limit=2, lease_seconds=30).claims
+        }
     before = execution(runtime_engine, locked).lease_expires_at
     stranger = runtime_engine.connect()
     transaction = stranger.begin()
@@ -139,7 +143,9 @@ def test_renewal_skips_a_row_another_session_holds_and_renews_the_rest(runtime_e
 def test_renewal_extends_only_exactly_held_valid_leases(runtime_engine):
     kept, expired, stolen = _accept_many(runtime_engine, 3)
     with runtime_engine.connect() as conn:
-        claims = {c.execution_id: c for c in claim_round(conn, "w1", 3, 30).claims}
+        claims = {
+            c.execution_id: c for c in claim_round(conn, "w1", limit=3, lease_seconds=30).claims
+        }
     expire_lease(runtime_engine, expired)
     expire_lease(runtime_engine, stolen)
     thief = claim_one(runtime_engine, "w2")
@@ -166,7 +172,7 @@ def test_renewal_extends_only_exactly_held_valid_leases(runtime_engine):
 def test_claim_never_takes_more_than_the_limit(runtime_engine, limit):
     _accept_many(runtime_engine, 5)
     with runtime_engine.connect() as conn:
-        assert len(claim_round(conn, "w1", limit, 30).claims) == limit
+        assert len(claim_round(conn, "w1", limit=limit, lease_seconds=30).claims) == limit
 
 
 def test_a_first_claim_carries_what_the_load_reads_and_a_reclaim_does_not(runtime_engine):

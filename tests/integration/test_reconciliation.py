@@ -260,7 +260,7 @@ def test_cancel_ends_a_pending_execution_and_releases_its_request(runtime_engine
         "machineCommands": {"cancelled": [], "stopRequested": []},
     }
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w", 5, 30).claims == []
+        assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
 
 
 def test_a_running_execution_records_the_cancel_for_its_holder_once(runtime_engine):
@@ -327,7 +327,7 @@ def test_cancel_racing_a_claim_exactly_one_wins(runtime_engine, owner_engine):
     with runtime_engine.connect() as conn:
         cancel(conn, other, org_id=ORG, actor="user-1", reason="first")
     with runtime_engine.connect() as conn:
-        assert claim_round(conn, "w", 5, 30).claims == []
+        assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
 
 
 # --- cancel after writes: the write rule decides, never the cancel -----------------------
@@ -378,7 +378,7 @@ def _parked_by_cancel(engine, eid, from_status, succeeded, in_doubt):
     # Parked is not due: no worker takes it, whatever its due time was.
     make_due(engine, eid)
     with engine.connect() as conn:
-        assert claim_round(conn, "w", 5, 30).claims == []
+        assert claim_round(conn, "w", limit=5, lease_seconds=30).claims == []
     return row
 
 

@@ -50,7 +50,7 @@ def _park(engine, execution_id, wait_key: str) -> None:
 
 def _nothing_due(engine) -> bool:
     with engine.connect() as conn:
-        return claim_round(conn, "nobody", 5, 30).claims == []
+        return claim_round(conn, "nobody", limit=5, lease_seconds=30).claims == []
 
 
 @pytest.fixture

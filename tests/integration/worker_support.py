@@ -248,7 +248,7 @@ def attempt_history(engine: Engine, execution_id: uuid.UUID, action_id: str) -> 
 
 def claim_one(engine: Engine, owner: str = "w1", lease_seconds: float = 30) -> Claim:
     with engine.connect() as conn:
-        claims = claim_round(conn, owner, 1, lease_seconds).claims
+        claims = claim_round(conn, owner, limit=1, lease_seconds=lease_seconds).claims
     assert len(claims) == 1, claims
     return claims[0]
 
