@@ -29,10 +29,18 @@ A refusal is translated once at each boundary: the API's one table
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from orquestador.domain.errors import Problem
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a document, located by a JSON Pointer into it."""
+
+    path: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "message": self.message}
 
 
 class OrquestadorError(Exception):

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://orquestador.dev/problems/"

@@ -30,8 +30,8 @@ from orquestador.actions.builtin.machine import WAIT_DEADLINE_EXCEEDED
 from orquestador.actions.builtin.rollout import CAPABILITY as ROLLOUT
 from orquestador.actions.contracts import ActionContext
 from orquestador.actions.errors import PermanentError
-from orquestador.domain.errors import Problem
 from orquestador.domain.statuses import ApprovalStatus, RolloutChildStatus
+from orquestador.errors import Problem
 
 # The steps that wait with a deadline, and the code their deadline fails with.
 DEADLINE_CODES = {APPROVAL: APPROVAL_DEADLINE_EXCEEDED, "machine.wait": WAIT_DEADLINE_EXCEEDED}

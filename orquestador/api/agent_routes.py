@@ -27,7 +27,7 @@ from orquestador.api.context import EXTENSION_KEY, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
 from orquestador.config import libpq_url
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 from orquestador.machines import (
     next_command,
     report_status,

@@ -14,7 +14,7 @@ from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem
 from orquestador.api.sign_in_links import landing_page, new_link
 from orquestador.api.views import API_PREFIX
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wsgi import get_input_stream
 
 from orquestador.api.problems import ApiProblem
-from orquestador.domain.errors import Problem
 from orquestador.domain.json_text import parse_json
+from orquestador.errors import Problem
 
 # Deeper documents are refused before any recursive code (validation, storage) sees them.
 MAX_DEPTH = 64

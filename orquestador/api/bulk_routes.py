@@ -17,8 +17,8 @@ from orquestador.api.claims import SCOPE_EXECUTIONS_CANCEL, SCOPE_EXECUTIONS_REC
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, timestamp
-from orquestador.domain.errors import Problem
 from orquestador.domain.statuses import BulkStatus
+from orquestador.errors import Problem
 from orquestador.queue.bulk import BulkProgress, BulkRequest, accept_bulk, bulk_progress
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from orquestador.api.quota_checks import require_open_execution_room
 from orquestador.api.request_routes import check_request_data
 from orquestador.api.views import API_PREFIX
 from orquestador.domain.continuations import followed_by
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.errors import Problem
 from orquestador.queue.acceptance import insert_request, queue_execution
 
 blueprint = Blueprint("dry_runs", __name__, url_prefix=f"{API_PREFIX}/flows")

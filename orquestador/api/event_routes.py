@@ -15,7 +15,7 @@ from orquestador.api.problems import ApiProblem
 from orquestador.api.quota_checks import require_open_execution_room, require_transition_token
 from orquestador.api.views import API_PREFIX
 from orquestador.automation.events import Actor, PlatformEvent, receive_event
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 blueprint = Blueprint("events", __name__, url_prefix=f"{API_PREFIX}/events")
 

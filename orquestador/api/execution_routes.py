@@ -50,11 +50,11 @@ from orquestador.api.views import (
     wait_seconds,
 )
 from orquestador.db.schema import EXECUTION_STATUSES
-from orquestador.domain.errors import Problem
 from orquestador.domain.statuses import CheckpointStatus, ExecutionStatus
 from orquestador.domain.typed_text import TextNotUnderstood, value_from_text
 from orquestador.errors import (
     IntegrationUnavailable,
+    Problem,
 )
 from orquestador.machines.liveness import agents_seen
 from orquestador.queue.reconciliation import (

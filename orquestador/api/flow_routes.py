@@ -15,9 +15,9 @@ from orquestador.api.flow_store import MAX_KEY_CHARACTERS, flow_by_reference, pu
 from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.views import API_PREFIX, flow_created_view, flow_version_view, flow_view
 from orquestador.db.schema import flow
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition, validate_definition
 from orquestador.domain.reachability import unreachable
+from orquestador.errors import Problem
 
 blueprint = Blueprint("flows", __name__, url_prefix=f"{API_PREFIX}/flows")
 

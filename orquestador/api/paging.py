@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orquestador.api.problems import ApiProblem
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 # A cursor this API hands out is well under this; anything longer is refused unread.
 MAX_CURSOR_CHARACTERS = 200

@@ -23,7 +23,7 @@ from orquestador.automation.plans import (
     unbind_flow,
 )
 from orquestador.db.schema import MOMENTS
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 blueprint = Blueprint("plans", __name__, url_prefix=f"{API_PREFIX}/plans")
 

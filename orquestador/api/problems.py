@@ -18,12 +18,12 @@ from werkzeug.exceptions import HTTPException
 from orquestador.automation.plans import TriggerMismatch
 from orquestador.automation.schedules import QuotaExceeded, ScheduleRefused
 from orquestador.db.engine import is_retriable
-from orquestador.domain.errors import Problem
 from orquestador.errors import (
     DatabaseUnavailable,
     DecisionInvalid,
     NotCancellable,
     NotReconcilable,
+    Problem,
     Refusal,
 )
 from orquestador.machines.commands import StatusConflict

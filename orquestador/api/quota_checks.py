@@ -9,7 +9,7 @@ from flask import current_app
 from orquestador.actions.contracts import RateLimit
 from orquestador.api.context import api_context, engine
 from orquestador.api.problems import ApiProblem
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 from orquestador.queue.open_executions import RecentRoom
 from orquestador.queue.rate_limits import take_token
 

@@ -17,9 +17,10 @@ from orquestador.api.problems import ApiProblem, not_found
 from orquestador.api.schemas import CREATE_REQUEST_BODY, TRANSITION_BODY
 from orquestador.api.transitions import accept_transition
 from orquestador.api.views import API_PREFIX, request_view
-from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
+from orquestador.domain.errors import DataSchemaError, DataValidationError
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
+from orquestador.errors import Problem
 from orquestador.queue.acceptance import TransitionCommand, insert_request
 
 blueprint = Blueprint("requests", __name__, url_prefix=f"{API_PREFIX}/requests")

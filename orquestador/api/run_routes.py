@@ -27,8 +27,8 @@ from orquestador.api.request_routes import check_request_data
 from orquestador.api.schemas import RUN_BODY
 from orquestador.api.views import API_PREFIX
 from orquestador.domain.concurrency import KeyMissing
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.errors import Problem
 from orquestador.queue import acceptance
 from orquestador.queue.acceptance import insert_request, queue_execution
 

@@ -26,13 +26,13 @@ from orquestador.automation.schedules import (
     put_schedule,
     schedule_id_problem,
 )
-from orquestador.domain.errors import Problem
 from orquestador.domain.schedule_times import (
     CATCH_UP_SKIP,
     Timing,
     pace_problem,
     timing_problems,
 )
+from orquestador.errors import Problem
 
 blueprint = Blueprint("schedules", __name__, url_prefix=f"{API_PREFIX}/schedules")
 

@@ -42,10 +42,11 @@ from orquestador import tracing
 from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, flow, hosting_plan, plan_flow_binding, platform_event
 from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.domain.errors import DataValidationError
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, MAX_EVENT_DATA_TEXT_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
+from orquestador.errors import Problem
 from orquestador.queue.acceptance import insert_request, queue_execution
 
 log = logging.getLogger(__name__)

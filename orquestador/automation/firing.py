@@ -43,9 +43,9 @@ from orquestador.automation.schedules import (
 )
 from orquestador.db.engine import is_retriable
 from orquestador.db.schema import audit_event, schedule, schedule_fire
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.schedule_times import Round, Timing, plan_round
+from orquestador.errors import Problem
 from orquestador.loop import Loop
 from orquestador.metrics import SCHEDULE_FIRES_TOTAL
 from orquestador.queue.acceptance import insert_request, queue_execution

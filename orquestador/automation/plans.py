@@ -14,8 +14,7 @@ from sqlalchemy import Connection, and_, select, text
 from sqlalchemy.exc import IntegrityError
 
 from orquestador.db.schema import MOMENTS, flow, hosting_plan, plan_flow_binding
-from orquestador.domain.errors import Problem
-from orquestador.errors import Refusal
+from orquestador.errors import Problem, Refusal
 
 # The platform's plan ids arrive in URLs and event bodies; bounded like the other ids.
 MAX_PLAN_ID_CHARACTERS = 200

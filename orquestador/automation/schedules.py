@@ -24,12 +24,12 @@ from sqlalchemy.dialects.postgresql import insert
 
 from orquestador.db.schema import flow, schedule
 from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import DataValidationError, Problem
+from orquestador.domain.errors import DataValidationError
 from orquestador.domain.flow_definition import SCHEDULE_TRIGGER, FlowDefinition, Transition
 from orquestador.domain.limits import MAX_DATA_BYTES
 from orquestador.domain.pointer_updates import validate_request_data
 from orquestador.domain.schedule_times import Timing
-from orquestador.errors import Refusal
+from orquestador.errors import Problem, Refusal
 
 # The caller's schedule ids arrive in URLs; bounded like the other ids.
 MAX_SCHEDULE_ID_CHARACTERS = 200

@@ -14,9 +14,9 @@ from typing import Any
 
 from jsonpointer import JsonPointer
 
-from orquestador.domain.errors import Problem
 from orquestador.domain.mappings import array_index, find
 from orquestador.domain.schemas import validator_for
+from orquestador.errors import Problem
 
 # Why a constant value of one input can never be accepted, beyond what the schema says
 # (e.g. a machine command outside the operator's allow-list), or None.

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orquestador.domain.action_contracts import output_can_have
-from orquestador.domain.errors import Problem
 from orquestador.domain.mappings import find, pointer_parts
+from orquestador.errors import Problem
 
 MAX_KEY_LENGTH = 200
 DEFAULT_PRIORITY = 5

@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonpointer import JsonPointer
 
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 # Steps that wait for something outside the engine (a person, a machine's agent): a
 # cycle of continuations through one of them cannot spin on its own.

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orquestador.domain.errors import DecisionError, Problem
+from orquestador.domain.errors import DecisionError
 from orquestador.domain.limits import (
     MAX_CELL_CHARS,
     MAX_INPUTS,
@@ -18,6 +18,7 @@ from orquestador.domain.limits import (
     number_problems,
 )
 from orquestador.domain.mappings import find, pointer_parts
+from orquestador.errors import Problem
 
 SINGLE_HIT = ("UNIQUE", "FIRST", "PRIORITY", "ANY")
 MULTI_HIT = ("COLLECT", "RULE ORDER", "OUTPUT ORDER")

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from orquestador.errors import OrquestadorError
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem found in a document, located by a JSON Pointer into it."""
-
-    path: str
-    message: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"path": self.path, "message": self.message}
+from orquestador.errors import OrquestadorError, Problem
 
 
 class DomainError(OrquestadorError):

@@ -27,7 +27,7 @@ from orquestador.domain.continuations import (
     writes_after_approval,
 )
 from orquestador.domain.decision import DecisionResult, check_table, decision_view, evaluate
-from orquestador.domain.errors import DecisionError, MappingError, Problem
+from orquestador.domain.errors import DecisionError, MappingError
 from orquestador.domain.limits import number_problems
 from orquestador.domain.mappings import (
     MAX_FORMAT_PLACEHOLDERS,
@@ -38,6 +38,7 @@ from orquestador.domain.mappings import (
 )
 from orquestador.domain.pointer_updates import update_path_problem
 from orquestador.domain.schemas import schema_problems, validator_for
+from orquestador.errors import Problem
 
 # Why a flow may not name (capability, version), or None when it may: the adapter
 # registry's answer, which this pure module receives instead of importing.

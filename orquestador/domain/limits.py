@@ -14,7 +14,7 @@ from typing import Any
 
 from jsonpointer import JsonPointer
 
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 # --- request data -----------------------------------------------------------------
 

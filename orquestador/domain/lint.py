@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import validate_definition
 from orquestador.domain.reachability import unreachable
+from orquestador.errors import Problem
 
 
 def lint_definition(definition: Any) -> list[Problem]:

@@ -11,10 +11,11 @@ from jsonpointer import JsonPointer
 from jsonschema.exceptions import ValidationError
 
 from orquestador.domain.canonical import canonical_json
-from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem, UpdateError
+from orquestador.domain.errors import DataSchemaError, DataValidationError, UpdateError
 from orquestador.domain.limits import MAX_DATA_BYTES, MAX_DATA_DEPTH, depth_problem
 from orquestador.domain.mappings import array_index, find, pointer_parts
 from orquestador.domain.schemas import data_validator, instance_errors
+from orquestador.errors import Problem
 
 # A response or an execution's error detail lists at most this many problems, each
 # message at most this long.

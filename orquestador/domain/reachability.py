@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 
 def _list(value: Any) -> list[Any]:

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 
 CATCH_UP_SKIP = "skip"
 CATCH_UP_ONE = "one"

@@ -31,7 +31,8 @@ from jsonschema.protocols import Validator
 
 from orquestador.domain import limits, regexes
 from orquestador.domain.canonical import canonical_json
-from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
+from orquestador.domain.errors import DataSchemaError, DataValidationError
+from orquestador.errors import Problem
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _DIALECTS = (DIALECT, DIALECT + "#")

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from orquestador.db.schema import notification_opt_out, notification_preference
-from orquestador.domain.errors import Problem
+from orquestador.errors import Problem
 from orquestador.notices.vocabulary import CATEGORIES, CHANNEL_EMAIL, EmailOutcome
 
 MAX_RECIPIENTS = 20

@@ -19,10 +19,9 @@ from sqlalchemy import Connection, Engine, Row, func, text
 from orquestador import tracing
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, audit_event, execution, request
 from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.statuses import ExecutionStatus
-from orquestador.errors import Refusal
+from orquestador.errors import Problem, Refusal
 
 log = logging.getLogger(__name__)
 

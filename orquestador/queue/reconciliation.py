@@ -41,11 +41,11 @@ from sqlalchemy import Connection, bindparam, text
 from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
 from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import DataSchemaError, DataValidationError, Problem
+from orquestador.domain.errors import DataSchemaError, DataValidationError
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.pointer_updates import correct_request_data
 from orquestador.domain.statuses import UNHELD, CheckpointStatus, ExecutionStatus, in_order
-from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable, StaleItem
+from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable, Problem, StaleItem
 from orquestador.machines.cancel import (
     CancelledCommands,
     cancel_for_execution,

@@ -65,10 +65,9 @@ from orquestador.automation.schedules import (
     schedule_id_problem,
     set_paused,
 )
-from orquestador.domain.errors import Problem
 from orquestador.domain.flow_definition import FlowDefinition
 from orquestador.domain.json_text import parse_json
-from orquestador.errors import Refusal
+from orquestador.errors import Problem, Refusal
 
 MAX_REASON_CHARACTERS = 2000
 

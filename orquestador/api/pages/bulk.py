@@ -32,9 +32,8 @@ from orquestador.api.pages.routes import (
 )
 from orquestador.api.problems import ApiProblem, as_problem
 from orquestador.db.schema import EXECUTION_STATUSES
-from orquestador.domain.errors import Problem
 from orquestador.domain.statuses import BulkStatus
-from orquestador.errors import Refusal
+from orquestador.errors import Problem, Refusal
 from orquestador.wording import BULK_DONE_WORDS
 
 CRITERIA = tuple(BULK_FILTER["properties"])
