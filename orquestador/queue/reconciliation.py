@@ -12,6 +12,8 @@ A retry may carry a correction of the request data (a JSON Pointer patch, checke
 against the flow's data schema): it is written in the same transaction as the retry, at
 a new revision of the request that the execution accepts as its own, so the retried
 step reads the corrected data; the audit row keeps each path's value before and after.
+A correction that would change the input of a step that already succeeded is refused:
+that step is not run again, and its checkpoint would no longer describe what it read.
 
 A cancel obeys the write rule like a failure does: after a write that happened or
 may have happened it parks the execution for an operator instead of releasing the
@@ -40,9 +42,11 @@ from sqlalchemy import Connection, bindparam, text
 
 from orquestador import metrics
 from orquestador.db.schema import EXECUTION_READY_CHANNEL, JSONB_VALUE
+from orquestador.domain.canonical import input_hash
 from orquestador.domain.concurrency import KeyMissing, key_value
-from orquestador.domain.errors import DataSchemaError, DataValidationError
-from orquestador.domain.flow_definition import FlowDefinition
+from orquestador.domain.errors import DataSchemaError, DataValidationError, MappingError
+from orquestador.domain.flow_definition import ActionSpec, FlowDefinition
+from orquestador.domain.mappings import build_context, format_placeholders, resolve_inputs
 from orquestador.domain.pointer_updates import correct_request_data
 from orquestador.domain.statuses import UNHELD, CheckpointStatus, ExecutionStatus, in_order
 from orquestador.errors import DecisionInvalid, NotCancellable, NotReconcilable, Problem, StaleItem
@@ -408,7 +412,9 @@ def resolve_in_transaction(
             " retry or fail instead"
         )
     corrected = (
-        {} if resolution.correction is None else _correct(conn, execution, resolution.correction)
+        {}
+        if resolution.correction is None
+        else _correct(conn, execution, resolution.correction, checkpoints, step)
     )
     deciding = _Deciding(conn, resolution, execution, request, step, output_problems, claims_budget)
     status = {"confirm": deciding.confirm, "retry": deciding.retry, "fail": deciding.fail}[
@@ -441,7 +447,11 @@ def resolve_in_transaction(
 
 
 def _correct(
-    conn: Connection, execution: Any, correction: tuple[tuple[str, Any], ...]
+    conn: Connection,
+    execution: Any,
+    correction: tuple[tuple[str, Any], ...],
+    checkpoints: Sequence[Any],
+    in_doubt: Any,
 ) -> dict[str, Any]:
     """Write a retry's correction; what the audit row keeps of it.
 
@@ -467,6 +477,7 @@ def _correct(
             problems=[Problem(f"/correction{p.path}", p.message) for p in exc.problems],
         ) from None
     _keep_the_key(execution, data, correction)
+    _keep_what_finished_steps_read(execution, data, correction, checkpoints, in_doubt)
     revision = conn.execute(
         _CORRECT,
         {
@@ -525,6 +536,93 @@ def _keep_the_key(execution: Any, data: Any, correction: tuple[tuple[str, Any], 
             )
         ],
     )
+
+
+def _data_read(spec: ActionSpec) -> list[str]:
+    """The request data paths a step's input mapping reads ("/note" for "/data/note")."""
+    pointers: list[str] = []
+    for source in spec.input.values():
+        if "from" in source:
+            pointers.append(source["from"])
+        elif isinstance(source.get("format"), str):
+            pointers.extend(format_placeholders(source["format"]))
+    return [p.removeprefix("/data") for p in pointers if p == "/data" or p.startswith("/data/")]
+
+
+def _overlaps(read: str, path: str) -> bool:
+    return read == path or read.startswith(path + "/") or path.startswith(read + "/")
+
+
+def _keep_what_finished_steps_read(
+    execution: Any,
+    data: Any,
+    correction: tuple[tuple[str, Any], ...],
+    checkpoints: Sequence[Any],
+    in_doubt: Any,
+) -> None:
+    """Refuse a correction that changes the input of a step that already succeeded.
+
+    The worker goes on past such a step with its recorded output, after recomputing its
+    input as it does for any step (its mapping over the data, the outputs before it, the
+    request): an input hash other than the checkpoint's parks the execution
+    CONTRACT_MISMATCH. So the input is recomputed here the same way, with the corrected
+    data; a step whose input cannot be recomputed (it reads an output not recorded) is
+    refused too, since the worker could not reuse it either.
+    """
+    flow = FlowDefinition.from_json(execution.definition)
+    transition = flow.transitions.get(execution.transition_id)
+    if transition is None:
+        return
+    recorded = {c.action_id: c for c in checkpoints}
+    retried = in_doubt.action_id if in_doubt is not None else None
+    outputs: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for spec in transition.actions:
+        checkpoint = recorded.get(spec.id)
+        if (
+            checkpoint is None
+            or checkpoint.status != CheckpointStatus.SUCCEEDED
+            or spec.id == retried
+        ):
+            continue
+        context = build_context(data, outputs, execution.request_id, execution.accepted_state)
+        outputs[spec.id] = checkpoint.output
+        try:
+            same = input_hash(resolve_inputs(spec.input, context)) == checkpoint.input_hash
+        except (MappingError, ValueError, TypeError):
+            same = False
+        if same:
+            continue
+        read = _data_read(spec)
+        places = [
+            f"/correction/{index}/path"
+            for index, (path, _) in enumerate(correction)
+            if any(_overlaps(r, path) for r in read)
+        ]
+        problems.extend(
+            Problem(
+                place,
+                f"step {spec.id!r} already succeeded with the value here; a correction cannot"
+                " change what a finished step read (fail the execution and start again)",
+            )
+            for place in places
+        )
+        if not places:
+            problems.append(
+                Problem(
+                    "/correction",
+                    f"step {spec.id!r} already succeeded and its input cannot be recomputed"
+                    " with the corrected data, so the correction may change what it read"
+                    " (retry without a correction, or fail the execution and start again)",
+                )
+            )
+    if problems:
+        raise DecisionInvalid(
+            CORRECTION_INVALID,
+            "the correction changes the input of a step that already succeeded, which is not"
+            " run again: retry without it, or fail the execution and start the transition again",
+            problems=problems,
+        )
 
 
 def _bulk_detail(bulk_id: uuid.UUID | None) -> dict[str, str]:

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from orquestador.actions import UncertainError
+from orquestador.actions import Effect, UncertainError
 from orquestador.api.execution_routes import ADAPTERS_EXTENSION
 from orquestador.errors import DecisionInvalid
 from orquestador.queue import Resolution, resolve
 from orquestador.worker.executor import Executor
 from tests.integration.api_support import Api, problem, running_api
 from tests.integration.correction_support import (
+    CHECKOUT_SCHEMA,
     DATA,
     OPERATOR,
     REASON,
@@ -28,14 +29,18 @@ from tests.integration.correction_support import (
 from tests.integration.execution_page_support import HOST, signed_in, text_of
 from tests.integration.worker_support import (
     ORG,
+    action,
     audit,
     checkpoints,
     execution,
+    flow_definition,
     registry_of,
     request_row,
     run_once,
     settings,
+    start_execution,
 )
+from tests.integration.worker_support import RecordingAdapter as Double
 
 
 @pytest.fixture
@@ -370,3 +375,71 @@ def test_the_reconcile_page_is_for_holders_of_the_scope(api: Api, runtime_engine
     assert reader.get(f"/ui/executions/{eid}/reconcile").status_code == 403
     page = reader.get(f"/ui/executions/{eid}").get_data(as_text=True)
     assert f"/ui/executions/{eid}/reconcile" not in page
+
+
+# --- what a finished step read ----------------------------------------------------------
+
+
+def _say_then_charge(engine: Engine, say: Any, charge: Any) -> uuid.UUID:
+    """A step that reads /note and succeeds, then the charge, in doubt: parked."""
+    definition = flow_definition(
+        [
+            action("say", "test.say", input={"text": {"format": "Note: {/data/note}"}}),
+            action(
+                "charge",
+                "test.charge",
+                input={"amount": {"from": "/data/amount"}, "currency": {"from": "/data/currency"}},
+            ),
+        ],
+        data_schema=CHECKOUT_SCHEMA,
+    )
+    eid = start_execution(engine, definition, {**DATA, "note": "as ordered"})
+    executor = Executor(registry_of(say, charge), settings())
+    assert run_once(engine, executor) == "RECONCILIATION_REQUIRED"
+    return eid
+
+
+def test_a_correction_of_what_a_finished_step_read_is_refused_and_writes_nothing(
+    api: Api, runtime_engine: Engine
+) -> None:
+    say = Double("test.say", Effect.READ_ONLY, output={"said": True})
+    charge = charge_double({"chargeId": "ch_1"})
+    api.app.extensions[ADAPTERS_EXTENSION] = registry_of(say, charge)
+    eid = _say_then_charge(runtime_engine, say, charge)
+    before = _everything(runtime_engine, eid)
+
+    response = _retry(
+        api, eid, [{"path": "/amount", "value": 950}, {"path": "/note", "value": "by phone"}]
+    )
+
+    assert response.status_code == 422, response.get_data(as_text=True)
+    found = problem(response)
+    assert found["code"] == "CORRECTION_INVALID"
+    (refused,) = found["problems"]
+    assert refused["path"] == "/correction/1/path"
+    assert "step 'say' already succeeded" in refused["message"]
+    assert _everything(runtime_engine, eid) == before
+    # The page says it beside the row that changes it.
+    client = signed_in(api, **OPERATOR)
+    html = client.get(f"/ui/executions/{eid}/reconcile").get_data(as_text=True)
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert token is not None
+    form = {"csrf": token.group(1), "decision": "retry", "actionId": "charge", "reason": REASON}
+    page = client.post(
+        f"/ui/executions/{eid}/reconciliation",
+        data={**form, "path1": "/note", "value1": "by phone"},
+        headers={"Origin": HOST},
+    )
+    assert page.status_code == 422
+    assert re.search(r'id="path1-problem">step &#39;say&#39; already succeeded', page.text), (
+        page.text
+    )
+    assert _everything(runtime_engine, eid) == before
+
+    # A correction of what only the step in doubt reads goes on: the finished step is
+    # not run again, its checkpoint still describes what it read.
+    assert _retry(api, eid, [{"path": "/amount", "value": 950}]).status_code == 200
+    executor = Executor(registry_of(say, charge), settings())
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    assert len(say.calls) == 1
+    assert [call.inputs for call in charge.calls][-1] == {"amount": 950, "currency": "EUR"}

@@ -1976,6 +1976,18 @@ CORRECTION_GUARDS = [
         "runs instead of failing REQUEST_CHANGED.",
         (_CORRECTED_RUN,),
     ),
+    Mutation(
+        "correction-keeps-what-finished-steps-read",
+        _RECONCILIATION_PY,
+        "    _keep_what_finished_steps_read(execution, data, correction, checkpoints, in_doubt)\n",
+        "",
+        "A retry's correction never changes the input of a step that already succeeded: the "
+        "retry does not park again CONTRACT_MISMATCH on a step nobody asked to run again.",
+        (
+            f"{CORRECTION}::test_a_correction_of_what_a_finished_step_read_is_refused_and_writes"
+            "_nothing",
+        ),
+    ),
 ]
 
 # --- queue/bulk.py: bulk actions act on each item once, under the normal rules ----------

@@ -401,7 +401,8 @@ def _core_paths() -> dict[str, Any]:
                         "`OUTPUT_INVALID` (the output breaks the adapter's output schema), "
                         "`STATE_UNKNOWN` (toState), `INTEGRATION_UNAVAILABLE` (no adapter to "
                         "check the output with), `CORRECTION_INVALID` (a path or value of the "
-                        "correction refused, at `/correction/N/path` or `/correction/N/value`).",
+                        "correction refused, at `/correction/N/path` or `/correction/N/value`; "
+                        "a path a step that already succeeded read is refused too).",
                     ),
                 },
             },
