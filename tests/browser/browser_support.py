@@ -101,6 +101,23 @@ def forget_every_cookie(driver) -> None:  # type: ignore[no-untyped-def]
     driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
 
 
+def keep_session(driver, base: str, token: str) -> None:  # type: ignore[no-untyped-def]
+    """The session cookie the sign-in form leaves (the token as pasted, for /ui only, never
+    for scripts or another site's pages), set directly: for tests of what a signed-in
+    person sees; the form itself is tested where signing in is the story."""
+    driver.execute_cdp_cmd(
+        "Network.setCookie",
+        {
+            "name": "orquestador_session",
+            "value": token,
+            "url": f"{base}/ui",
+            "path": "/ui",
+            "httpOnly": True,
+            "sameSite": "Strict",
+        },
+    )
+
+
 def sign_in(driver, base: str, token: str) -> None:  # type: ignore[no-untyped-def]
     """Through the sign-in form, as a person does; returns once the next page has loaded."""
     from selenium.common.exceptions import StaleElementReferenceException, WebDriverException

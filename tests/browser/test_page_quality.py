@@ -30,7 +30,7 @@ from sqlalchemy import Engine, text
 
 from orquestador.approvals.store import ApprovalDraft, open_approval
 from orquestador.queue.claims import claim_round
-from tests.browser.browser_support import forget_every_cookie, serving, sign_in, start_chromium
+from tests.browser.browser_support import forget_every_cookie, keep_session, serving, start_chromium
 from tests.browser.page_quality import (
     axe_core,  # noqa: F401 (the fixture: installs axe-core, or skips saying why)
     check_page,
@@ -494,8 +494,10 @@ def test_the_page_meets_the_quality_bar(case: PageCase, browser: Any, site: Site
     path = case.arrange(site)
     forget_every_cookie(browser)
     if case.signed_in:
-        sign_in(browser, site.base, site.api.token(scopes=EVERY_SCOPE))
+        keep_session(browser, site.base, site.api.token(scopes=EVERY_SCOPE))
     check_page(browser, case.name, site.base + path)
+    if case.signed_in:  # checked as the person sees it, not as the sign-in page
+        assert not browser.current_url.startswith(f"{site.base}/ui/login"), browser.current_url
 
 
 SHORT_OF_THE_BAR = """<!doctype html>
