@@ -1,6 +1,6 @@
 """What the two fuzz modules share: how many examples, and the API's document per mode.
 
-The suite draws 15 examples per operation and mode: every documented operation is still
+The suite draws 10 examples per operation and mode: every documented operation is still
 fuzzed in every run, and the run stays short. A deeper search sets
 ORQUESTADOR_FUZZ_EXAMPLES (say 200) and runs the two fuzz modules alone.
 """
@@ -14,7 +14,7 @@ import schemathesis
 from flask import Flask
 from schemathesis import GenerationMode
 
-MAX_EXAMPLES = int(os.environ.get("ORQUESTADOR_FUZZ_EXAMPLES", "15"))
+MAX_EXAMPLES = int(os.environ.get("ORQUESTADOR_FUZZ_EXAMPLES", "10"))
 
 
 def schemas_by_mode(app: Flask) -> dict[GenerationMode, Any]:
