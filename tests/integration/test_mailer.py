@@ -144,7 +144,9 @@ def test_smtp_down_backs_off_then_delivers_when_it_comes_back(runtime_engine):
             sink.stop()
 
     [row] = outbox(runtime_engine)
-    assert row.attempts >= 3 and row.last_error is None
+    # At least one refused try before the one delivered: a try counts when it is taken, so
+    # the second may be the one that finds the sink started.
+    assert row.attempts >= 2 and row.last_error is None
     assert len(sink.received()) == 1
 
 
