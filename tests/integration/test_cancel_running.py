@@ -236,7 +236,10 @@ def test_a_stale_holder_cannot_apply_a_requested_cancel_and_the_next_holder_does
     with runtime_engine.connect() as conn:
         assert Executor(registry_of(read), settings()).run(conn, current) == "CANCELLED"
     assert read.calls == []
-    assert execution(runtime_engine, eid).status == "CANCELLED"
+    row = execution(runtime_engine, eid)
+    assert row.status == "CANCELLED"
+    request = request_row(runtime_engine, row.request_id)
+    assert (request.state, request.busy_execution_id) == ("new", None)
 
 
 def test_an_operator_retry_of_a_cancel_park_clears_the_request(
