@@ -22,9 +22,14 @@ dropped afterwards:
   (--processes). Rate: N over the first start to the last finish.
 
 Each side drains a backlog that was in place before its worker started; worker CPU is
-the worker process's own (start-up included), server CPU that of every PostgreSQL
-process on this machine over the drain, per job. Nothing of the peers is kept in the
-repository: their runners below are written into the throwaway environment.
+the worker process's own (start-up included), backend CPU that of the server's backends
+connected to the side's database, and their sum, per job; WAL is the server's insert
+position's advance over the drain, per job (every database's writes count, so nothing
+else should run on the server); for our runs, the HOT updates of each table updated.
+Then the targets of this round, met or not met; `--runs 3` repeats the side-by-side
+part three times (the pgbench ceilings once) and judges the targets on the median of
+the three, printing all three. Nothing of the peers is kept in the repository: their
+runners below are written into the throwaway environment.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import argparse
 import json
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,6 +182,7 @@ def run_peer(python: Path, runner: Path, dsn: str, n: int, name: str) -> dict:
     try:
         subprocess.run([str(python), str(runner), "setup", target, str(n)], check=True)
         cpu_before, server_before = children_cpu(), throughput.server_cpu_seconds()
+        wal_before = throughput.wal_position(dsn)
         backends = throughput.BackendCpu(database).start()
         done = subprocess.run(
             [str(python), str(runner), "drain", target, str(n)],
@@ -186,6 +193,7 @@ def run_peer(python: Path, runner: Path, dsn: str, n: int, name: str) -> dict:
         worker_cpu = children_cpu() - cpu_before
         server_cpu = throughput.server_cpu_seconds() - server_before
         backend_cpu = backends.stop()
+        wal = throughput.wal_position(dsn) - wal_before
         result = json.loads(done.stdout.strip().splitlines()[-1])
         if result["done"] != n:
             raise RuntimeError(f"{name}: {result['done']} of {n} jobs done")
@@ -195,6 +203,10 @@ def run_peer(python: Path, runner: Path, dsn: str, n: int, name: str) -> dict:
             "worker_cpu_ms_per_job": round(1000 * worker_cpu / n, 3),
             "server_cpu_ms_per_job": round(1000 * server_cpu / n, 3),
             "backend_cpu_ms_per_job": round(1000 * backend_cpu / n, 3),
+            "cpu_ms_per_job": round(1000 * (worker_cpu + backend_cpu) / n, 3),
+            # Every database's WAL over the drain (start-up and the peer's own polling
+            # included), per job.
+            "wal_bytes_per_job": round(wal / n),
         }
     finally:
         throughput.admin(dsn, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
@@ -214,6 +226,228 @@ def table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
+# The targets of this round (issue "the lean protocol"): what each is read from, the
+# bound and whether a larger value is better. A KB is 1,024 bytes.
+TARGETS: list[tuple[str, str, float, bool]] = [
+    ("one action, one process, concurrency 10: >= 1.0x PgQueuer", "pgqueuer_ratio", 1.0, True),
+    ("two actions: >= 10x DBOS", "dbos_ratio", 10.0, True),
+    ("CPU per one-action execution, worker and its backends: <= 0.7 ms", "cpu_ms", 0.7, False),
+    ("WAL per one-action execution: <= 1.5 KB (1,536 bytes)", "wal_bytes", 1536, False),
+    ("idle acceptance to start p50: < 5 ms", "idle_p50_ms", 5.0, False),
+    ("peak RSS of a worker: < 150 MB", "rss_mb", 150.0, False),
+]
+
+
+def measure(args: argparse.Namespace, dsn: str, python: Path, folder: Path, ceilings: bool) -> dict:
+    """One side-by-side run: the peers, our backlogs and (with `ceilings`) the pgbench
+    ceilings. Returns everything measured."""
+    found: dict = {"load_average_at_start": load_average()}
+    if ceilings:
+        timing = (args.baseline_seconds, args.baseline_runs, 10)
+        found["same"] = throughput.same_protocol_baseline(dsn, *timing, 60_000)
+        print(f"same-protocol pgbench ceiling: {found['same']:.0f}/s", flush=True)
+        found["reference"] = throughput.reference_baseline(dsn, *timing, HERE / "reference")
+        print(f"reference pgbench ceiling: {found['reference']:.0f}/s", flush=True)
+        found["batched"] = []
+        if args.batched:
+            shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.batched.split(",")]
+            found["batched"] = batched_protocol.batched_rates(dsn, shapes, *timing[:2], 100_000)
+            print("batched pgbench ceiling:", json.dumps(found["batched"]), flush=True)
+    found["pgq"] = run_peer(python, folder / "pgqueuer_runner.py", dsn, args.pgqueuer_n, "pgqueuer")
+    print("pgqueuer:", json.dumps(found["pgq"]), flush=True)
+    ours: dict[str, dict] = {}
+    for actions, processes in [(1, 1), (2, 1)] + [
+        (1, int(p)) for p in args.processes.split(",") if p and int(p) != 1
+    ]:
+        run = throughput.run_backlog(dsn, args.n, actions, processes, 10, 10)
+        ours[f"{actions}x{processes}"] = run
+        print("ours:", json.dumps(run), flush=True)
+    found["ours"] = ours
+    found["dbos"] = run_peer(python, folder / "dbos_runner.py", dsn, args.dbos_n, "dbos")
+    print("dbos:", json.dumps(found["dbos"]), flush=True)
+    found["idle"] = (
+        throughput.run_idle_latency(dsn, args.idle_count, 0.05) if args.idle_count else {}
+    )
+    if found["idle"]:
+        print("idle:", json.dumps(found["idle"]), flush=True)
+    found["load_average_at_end"] = load_average()
+    return found
+
+
+def target_values(found: dict) -> dict[str, float | None]:
+    """The value of each target measured in one run (None when it was not run)."""
+    one, two, idle = found["ours"]["1x1"], found["ours"]["2x1"], found["idle"]
+    peaks = [peak for run in found["ours"].values() for peak in run["peak_rss_mb"]]
+    return {
+        "pgqueuer_ratio": one["rate"] / found["pgq"]["rate"],
+        "dbos_ratio": two["rate"] / found["dbos"]["rate"],
+        "cpu_ms": one["cpu_ms_per_execution"],
+        "wal_bytes": one["wal_bytes_per_execution"],
+        "idle_p50_ms": idle["p50_ms"] if idle else None,
+        "rss_mb": max(peaks + (idle["peak_rss_mb"] if idle else [])),
+    }
+
+
+def show(key: str, value: float | None) -> str:
+    if value is None:
+        return "not run"
+    if key.endswith("_ratio"):
+        return f"{value:.2f}x"
+    if key == "wal_bytes":
+        return f"{value:,.0f} B"
+    return f"{value:.2f} ms" if key.endswith("_ms") else f"{value:.0f} MB"
+
+
+def met(key: str, value: float | None, bound: float, larger: bool) -> str:
+    if value is None:
+        return "not run"
+    if key in ("idle_p50_ms", "rss_mb"):
+        return "met" if value < bound else "not met"
+    return "met" if (value >= bound if larger else value <= bound) else "not met"
+
+
+def scale_out(found: dict) -> dict[int, float]:
+    return {run["processes"]: run["rate"] for key, run in found["ours"].items() if key[0] == "1"}
+
+
+def run_table(found: dict, ceilings: dict) -> str:
+    """The measurements of one run (the pgbench ceilings from the run that measured them)."""
+    pgq, dbos, one, two = found["pgq"], found["dbos"], found["ours"]["1x1"], found["ours"]["2x1"]
+    same = ceilings["same"]
+
+    def cpu(run: dict) -> str:
+        return (
+            f"{run['worker_cpu_ms_per_execution']:.2f} / {run['backend_cpu_ms_per_execution']:.2f}"
+            f" / {run['cpu_ms_per_execution']:.2f}"
+        )
+
+    def peer_cpu(run: dict) -> str:
+        return (
+            f"{run['worker_cpu_ms_per_job']:.2f} / {run['backend_cpu_ms_per_job']:.2f} / "
+            f"{run['cpu_ms_per_job']:.2f}"
+        )
+
+    def hot(run: dict) -> str:
+        return ", ".join(f"{name} {u['hot_ratio']:.2f}" for name, u in run["hot_updates"].items())
+
+    rows = [
+        (
+            "measurement",
+            "rate",
+            "ratio",
+            "CPU ms per job: worker / its backends / both",
+            "WAL bytes per job",
+            "HOT updates / updates",
+        ),
+        ("pgbench, our protocol one execution at a time (10 clients)", f"{same:,.0f}/s")
+        + ("",) * 4,
+        ("pgbench, reference queue ceiling (10 clients)", f"{ceilings['reference']:,.0f}/s")
+        + ("",) * 4,
+        *(
+            (
+                f"pgbench, our protocol, {b['k'] or 1} execution(s) per statement "
+                f"({b['clients']} clients, with 100,000 finished beside; batched_protocol.py)",
+                f"{b['rate']:,.0f}/s",
+                f"{b['rate'] / ceilings['batched'][0]['rate']:.2f} of the first such row",
+                "",
+                "",
+                "",
+            )
+            for b in ceilings["batched"]
+        ),
+        (
+            "PgQueuer 1.6.0, concurrency_limit=10, no-op",
+            f"{pgq['rate']:,.0f}/s",
+            "",
+            peer_cpu(pgq),
+            f"{pgq['wal_bytes_per_job']:,}",
+            "",
+        ),
+        (
+            "DBOS 3.4.0, two-step workflow, worker_concurrency=10",
+            f"{dbos['rate']:,.0f}/s",
+            "",
+            peer_cpu(dbos),
+            f"{dbos['wal_bytes_per_job']:,}",
+            "",
+        ),
+        (
+            "ours, 1 action, 1 process, concurrency 10",
+            f"{one['rate']:,.0f}/s",
+            f"{one['rate'] / pgq['rate']:.2f}x PgQueuer; {one['rate'] / same:.2f} of ceiling",
+            cpu(one),
+            f"{one['wal_bytes_per_execution']:,}",
+            hot(one),
+        ),
+        (
+            "ours, 2 actions, 1 process, concurrency 10",
+            f"{two['rate']:,.0f}/s",
+            f"{two['rate'] / dbos['rate']:.1f}x DBOS",
+            cpu(two),
+            f"{two['wal_bytes_per_execution']:,}",
+            hot(two),
+        ),
+    ]
+    for key, run in found["ours"].items():
+        if key not in ("1x1", "2x1"):
+            rows.append(
+                (
+                    f"ours, 1 action, {run['processes']} processes, concurrency 10 each",
+                    f"{run['rate']:,.0f}/s",
+                    f"{run['rate'] / pgq['rate']:.2f}x PgQueuer; {run['rate'] / same:.2f} of "
+                    "ceiling",
+                    cpu(run),
+                    f"{run['wal_bytes_per_execution']:,}",
+                    hot(run),
+                )
+            )
+    idle = found["idle"]
+    if idle:
+        rows.append(
+            (
+                "ours, idle acceptance to start p50 / p99",
+                f"{idle['p50_ms']} / {idle['p99_ms']} ms",
+                "",
+                f"peak RSS {max(idle['peak_rss_mb'] + one['peak_rss_mb'])} MB",
+                "",
+                "",
+            )
+        )
+    return table(rows)
+
+
+def targets_table(runs: list[dict]) -> str:
+    """Each target per run, and with more than one run their median, met or not met
+    (judged on the median)."""
+    values = [target_values(found) for found in runs]
+    several = len(runs) > 1
+    head = ["target", *(f"run {i + 1}" for i in range(len(runs)))]
+    head += ["median", "met"] if several else ["met"]
+    rows = [tuple(head)]
+    for label, key, bound, larger in TARGETS:
+        measured = [v[key] for v in values]
+        taken = [m for m in measured if m is not None]
+        middle = statistics.median(taken) if taken else None
+        row = [label, *(show(key, m) for m in measured)]
+        row += [show(key, middle)] if several else []
+        rows.append((*row, met(key, middle, bound, larger)))
+    lines = [scale_out(found) for found in runs]
+    counts = sorted({p for line in lines for p in line})
+    middle_line = {p: statistics.median(line[p] for line in lines if p in line) for p in counts}
+
+    def line_text(line: dict[int, float]) -> str:
+        return " / ".join(f"{line[p]:,.0f}" if p in line else "-" for p in counts) + "/s"
+
+    row = [
+        f"scale-out line, 1 action, {' / '.join(str(p) for p in counts)} processes",
+        *(line_text(line) for line in lines),
+    ]
+    row += [line_text(middle_line)] if several else []
+    wanted = {1, 2, 4} <= set(counts)
+    rows.append((*row, "measured" if wanted else "not measured for 1, 2 and 4 processes"))
+    return table(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -221,7 +455,10 @@ def main() -> int:
     parser.add_argument("--pgqueuer-n", type=int, default=20_000)
     parser.add_argument("--dbos-n", type=int, default=2_000)
     parser.add_argument(
-        "--processes", default="4", help="extra one-action runs with these worker counts"
+        "--processes",
+        default="2,4",
+        help="one-action runs with these worker counts beside the one-process run "
+        "(the scale-out line)",
     )
     parser.add_argument(
         "--batched",
@@ -233,121 +470,55 @@ def main() -> int:
     parser.add_argument("--baseline-runs", type=int, default=3)
     parser.add_argument("--idle-count", type=int, default=200)
     parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="side-by-side runs (peers, our backlogs, idle); the pgbench ceilings are "
+        "measured in the first only. With more than one, the targets are judged on the "
+        "median",
+    )
+    parser.add_argument(
         "--venv", default="", help="keep (and reuse) the peers' environment in this folder"
     )
     args = parser.parse_args()
     dsn = args.dsn
 
     folder = Path(args.venv) if args.venv else Path(tempfile.mkdtemp(prefix="orq-peers-"))
+    runs: list[dict] = []
     try:
         python = make_venv(folder / "venv")
         (folder / "pgqueuer_runner.py").write_text(PGQUEUER_RUNNER)
         (folder / "dbos_runner.py").write_text(DBOS_RUNNER)
 
         info = throughput.machine_info(dsn)
-        info["load_average_at_start"] = load_average()
         print("machine:", json.dumps(info), flush=True)
-        timing = (args.baseline_seconds, args.baseline_runs, 10)
-        same = throughput.same_protocol_baseline(dsn, *timing, 60_000)
-        print(f"same-protocol pgbench ceiling: {same:.0f}/s", flush=True)
-        reference = throughput.reference_baseline(dsn, *timing, HERE / "reference")
-        print(f"reference pgbench ceiling: {reference:.0f}/s", flush=True)
-        batched = []
-        if args.batched:
-            shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.batched.split(",")]
-            batched = batched_protocol.batched_rates(dsn, shapes, *timing[:2], 100_000)
-            print("batched pgbench ceiling:", json.dumps(batched), flush=True)
-        pgq = run_peer(python, folder / "pgqueuer_runner.py", dsn, args.pgqueuer_n, "pgqueuer")
-        print("pgqueuer:", json.dumps(pgq), flush=True)
-        ours: dict[str, dict] = {}
-        for actions, processes in [(1, 1), (2, 1)] + [
-            (1, int(p)) for p in args.processes.split(",") if p
-        ]:
-            run = throughput.run_backlog(dsn, args.n, actions, processes, 10, 10)
-            run["worker_cpu_ms_per_job"] = round(1000 * run["worker_cpu_s"] / run["done"], 3)
-            ours[f"{actions}x{processes}"] = run
-            print("ours:", json.dumps(run), flush=True)
-        dbos = run_peer(python, folder / "dbos_runner.py", dsn, args.dbos_n, "dbos")
-        print("dbos:", json.dumps(dbos), flush=True)
-        idle = throughput.run_idle_latency(dsn, args.idle_count, 0.05) if args.idle_count else {}
-        if idle:
-            print("idle:", json.dumps(idle), flush=True)
-        info["load_average_at_end"] = load_average()
+        for i in range(args.runs):
+            print(f"run {i + 1} of {args.runs}", flush=True)
+            runs.append(measure(args, dsn, python, folder, ceilings=i == 0))
     finally:
         if not args.venv:
             shutil.rmtree(folder, ignore_errors=True)
 
-    one, two = ours["1x1"], ours["2x1"]
-    cpu = lambda r: f"{r['worker_cpu_ms_per_job']:.2f} / {r['backend_cpu_ms_per_execution']:.2f}"  # noqa: E731
-    rows = [
-        ("measurement", "rate", "ratio", "CPU ms per job: worker / its backends"),
-        ("pgbench, our protocol one execution at a time (10 clients)", f"{same:,.0f}/s", "", ""),
-        ("pgbench, reference queue ceiling (10 clients)", f"{reference:,.0f}/s", "", ""),
-        *(
-            (
-                f"pgbench, our protocol, {b['k'] or 1} execution(s) per statement "
-                f"({b['clients']} clients, with 100,000 finished beside; batched_protocol.py)",
-                f"{b['rate']:,.0f}/s",
-                f"{b['rate'] / batched[0]['rate']:.2f} of the first such row",
-                "",
-            )
-            for b in batched
-        ),
-        (
-            "PgQueuer 1.6.0, concurrency_limit=10, no-op",
-            f"{pgq['rate']:,.0f}/s",
-            "",
-            f"{pgq['worker_cpu_ms_per_job']:.2f} / {pgq['backend_cpu_ms_per_job']:.2f}",
-        ),
-        (
-            "DBOS 3.4.0, two-step workflow, worker_concurrency=10",
-            f"{dbos['rate']:,.0f}/s",
-            "",
-            f"{dbos['worker_cpu_ms_per_job']:.2f} / {dbos['backend_cpu_ms_per_job']:.2f}",
-        ),
-        (
-            "ours, 1 action, 1 process, concurrency 10",
-            f"{one['rate']:,.0f}/s",
-            f"{one['rate'] / pgq['rate']:.2f}x PgQueuer; {one['rate'] / same:.2f} of ceiling",
-            cpu(one),
-        ),
-        (
-            "ours, 2 actions, 1 process, concurrency 10",
-            f"{two['rate']:,.0f}/s",
-            f"{two['rate'] / dbos['rate']:.1f}x DBOS",
-            cpu(two),
-        ),
-    ]
-    for key, run in ours.items():
-        if key not in ("1x1", "2x1"):
-            rows.append(
-                (
-                    f"ours, 1 action, {run['processes']} processes, concurrency 10 each",
-                    f"{run['rate']:,.0f}/s",
-                    f"{run['rate'] / pgq['rate']:.2f}x PgQueuer; {run['rate'] / same:.2f} of "
-                    "ceiling",
-                    cpu(run),
-                )
-            )
-    if idle:
-        rows.append(
-            (
-                "ours, idle acceptance to start p50 / p99",
-                f"{idle['p50_ms']} / {idle['p99_ms']} ms",
-                "",
-                f"peak RSS {max(idle['peak_rss_mb'] + one['peak_rss_mb'])} MB",
-            )
-        )
     print()
     print(
         f"Machine: {info['cpu']}, {info['cores']} cores, PostgreSQL {info['postgresql']}, "
         f"fsync {info['fsync']}, synchronous_commit {info['synchronous_commit']}, "
-        f"Python {info['python']}; load average {info['load_average_at_start']} at start, "
-        f"{info['load_average_at_end']} at end. N: ours {args.n:,}, PgQueuer "
-        f"{args.pgqueuer_n:,}, DBOS {args.dbos_n:,}."
+        f"Python {info['python']}. N: ours {args.n:,}, PgQueuer {args.pgqueuer_n:,}, DBOS "
+        f"{args.dbos_n:,}. WAL is the server's over each drain, other databases' writes "
+        "included (nothing else should run); CPU of the worker processes and of their "
+        "database's backends; HOT updates per table of our run's database."
     )
+    for i, found in enumerate(runs):
+        print()
+        print(
+            f"Run {i + 1}: load average {found['load_average_at_start']} at start, "
+            f"{found['load_average_at_end']} at end"
+            + ("" if i == 0 else " (pgbench ceilings from run 1)")
+        )
+        print()
+        print(run_table(found, runs[0]))
     print()
-    print(table(rows))
+    print(targets_table(runs))
     return 0
 
 

@@ -343,6 +343,58 @@ class BackendCpu:
         return sum(used - self._first.get(pid, 0.0) for pid, used in self._last.items())
 
 
+def wal_position(dsn: str) -> int:
+    """The server's current WAL insert position, in bytes from 0/0. The difference of two
+    readings is the WAL every database of the server wrote in between (and the server's
+    own background records): not only the run's."""
+    engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+_TABLE_UPDATES = text(
+    """SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+       WHERE schemaname = 'public'"""
+)
+_OTHER_BACKENDS = text(
+    """SELECT count(*) FROM pg_stat_activity
+       WHERE datname = current_database() AND pid <> pg_backend_pid()
+         AND backend_type = 'client backend'"""
+)
+
+
+def table_updates(engine, timeout: float = 30.0) -> dict[str, tuple[int, int]]:
+    """Each table's (updates, HOT updates) counted so far. A backend reports its counts
+    when it is idle for a while or exits, so this waits until no other client is
+    connected to the database (the workers stopped, the set-up's connections closed)."""
+    deadline = time.monotonic() + timeout
+    with engine.connect() as conn:
+        while conn.execute(_OTHER_BACKENDS).scalar() and time.monotonic() < deadline:
+            conn.rollback()
+            time.sleep(0.1)
+        conn.rollback()
+        return {name: (int(upd), int(hot)) for name, upd, hot in conn.execute(_TABLE_UPDATES)}
+
+
+def hot_updates(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict:
+    """Per table updated in between: its updates, how many were HOT (no new index
+    entries, the new version on the same page) and their ratio."""
+    found = {}
+    for name, (upd, hot) in sorted(after.items()):
+        upd -= before.get(name, (0, 0))[0]
+        hot -= before.get(name, (0, 0))[1]
+        if upd > 0:
+            found[name] = {"updates": upd, "hot": hot, "hot_ratio": round(hot / upd, 3)}
+    return found
+
+
 def stop_workers(processes) -> list[float]:
     peaks = [peak_rss_mb(p.pid) for p in processes]
     for p in processes:
@@ -452,6 +504,8 @@ def run_backlog(
                 conn.execute(text("VACUUM ANALYZE execution"))
         if on_ready is not None:
             on_ready(target)
+        updates_before = table_updates(engine)
+        wal_before = wal_position(target)
         server_before = server_cpu_seconds(postmaster)
         backends = BackendCpu(name).start()
         workers = spawn_workers(target, processes, concurrency, batch)
@@ -471,9 +525,11 @@ def run_backlog(
         worker_cpu = sum(cpu_seconds(p.pid) for p in workers)
         server_cpu = server_cpu_seconds(postmaster) - server_before
         backend_cpu = backends.stop()
+        wal = wal_position(target) - wal_before
         if on_drained is not None:
             on_drained(target)
         peaks = stop_workers(workers)
+        updates = hot_updates(updates_before, table_updates(engine))
         with engine.connect() as conn:
             first, last, failed = conn.execute(
                 text(
@@ -507,9 +563,15 @@ def run_backlog(
             # Includes start-up (imports, pool) and the drain; the server figure counts
             # every PostgreSQL process alive at the end, so other load on it shows up too.
             "worker_cpu_s": round(worker_cpu, 2),
+            "worker_cpu_ms_per_execution": round(1000 * worker_cpu / max(done, 1), 3),
             "server_cpu_ms_per_execution": round(1000 * server_cpu / max(done, 1), 3),
             # Only the backends of this run's database: what the run itself cost the server.
             "backend_cpu_ms_per_execution": round(1000 * backend_cpu / max(done, 1), 3),
+            # The workers and their backends together.
+            "cpu_ms_per_execution": round(1000 * (worker_cpu + backend_cpu) / max(done, 1), 3),
+            # Every database's WAL over the drain (the server is shared), per execution.
+            "wal_bytes_per_execution": round(wal / max(done, 1)),
+            "hot_updates": updates,
         }
     finally:
         engine.dispose()
