@@ -58,6 +58,9 @@ from tests.ha.replication import STANDBY_NAME, ReplicatedPair, ServerNode, poll 
 DISTRIBUTION_BINS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 # The production setting (the suite's pair runs fsync off): a commit here reaches the disk.
 DURABLE = {"fsync": "on", "full_page_writes": "on", "max_connections": "200"}
+# WAL the primary keeps for the standby while it is stopped (the "alone" mode), so that it
+# streams again from where it stopped instead of asking for removed segments.
+KEEP_WAL = {"wal_keep_size": "4GB"}
 MODES = ("alone", "async", "remote_write", "on", "remote_apply")
 
 
@@ -110,7 +113,7 @@ class Pair:
         self.pair = ReplicatedPair(synchronous=False)
         if bin_dir is not None:
             self.pair.bin = bin_dir
-        self.pair.primary.settings.update(DURABLE)
+        self.pair.primary.settings.update({**DURABLE, **KEEP_WAL})
         self.pair.standby.settings.update(DURABLE)
         self.standby_running = False
 
@@ -137,13 +140,14 @@ class Pair:
             self.standby_running = True
         names, level = ("", "on") if mode == "async" else (STANDBY_NAME, mode)
         self._configure(names, level)
+        # Streaming (caught up), not only connected: a synchronous commit waits for it.
         state = "async" if mode == "async" else "sync"
         poll(
             lambda: (
-                self.pair.sql(self.primary, "SELECT sync_state FROM pg_stat_replication")
-                == [(state,)]
+                self.pair.sql(self.primary, "SELECT state, sync_state FROM pg_stat_replication")
+                == [("streaming", state)]
             ),
-            timeout=60,
+            timeout=120,
             what=f"the standby to stream ({state})",
         )
 
@@ -226,6 +230,9 @@ def one_mode(pair: Pair, mode: str, args: argparse.Namespace) -> dict:
                 1000 * (standby_cpu.get("after", 0.0) - standby_cpu.get("before", 0.0)) / done,
                 3,
             ),
+            # The primary's WAL over the drain (this pair runs nothing else): what the
+            # standby receives, so the replication traffic is this times the rate.
+            "wal_bytes_per_execution": drain.get("wal_bytes_per_execution"),
             "phases_ms": drain["phases_ms"],
             **(lags.medians() if mode != "alone" else {}),
         }
@@ -279,6 +286,7 @@ def main() -> int:
         "backend_cpu_ms_per_execution",
         "primary_cpu_ms_per_execution",
         "standby_cpu_ms_per_execution",
+        "wal_bytes_per_execution",
         "flush_lag_ms_p50",
     )
     for mode in modes:
