@@ -168,6 +168,19 @@ class Pair:
         pid = self.pair.standby.postmaster_pid()
         return throughput.server_cpu_seconds(pid) if self.standby_running and pid else 0.0
 
+    def standby_replay_cpu_seconds(self) -> float:
+        """CPU of the standby's startup process, the one process that replays the WAL
+        (it lives as long as the standby runs, so two readings give the drain's share)."""
+        pid = self.pair.standby.postmaster_pid()
+        if not (self.standby_running and pid):
+            return 0.0
+        for child in throughput.postgres_processes(pid):
+            with contextlib.suppress(OSError):
+                title = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+                if title.startswith(b"postgres: startup"):
+                    return throughput.cpu_seconds(child)
+        return 0.0
+
 
 def commit_latency(url: str, commits: int) -> dict[str, float]:
     """One-row INSERTs, each its own transaction, one after the other on one connection."""
@@ -199,10 +212,12 @@ def one_mode(pair: Pair, mode: str, args: argparse.Namespace) -> dict:
 
     def on_ready(_target: str) -> None:
         standby_cpu["before"] = pair.standby_cpu_seconds()
+        standby_cpu["replay_before"] = pair.standby_replay_cpu_seconds()
         lags.thread.start()
 
     def on_drained(_target: str) -> None:
         standby_cpu["after"] = pair.standby_cpu_seconds()
+        standby_cpu["replay_after"] = pair.standby_replay_cpu_seconds()
         lags.stop.set()
 
     drain = throughput.run_backlog(
@@ -228,6 +243,13 @@ def one_mode(pair: Pair, mode: str, args: argparse.Namespace) -> dict:
             "primary_cpu_ms_per_execution": drain["server_cpu_ms_per_execution"],
             "standby_cpu_ms_per_execution": round(
                 1000 * (standby_cpu.get("after", 0.0) - standby_cpu.get("before", 0.0)) / done,
+                3,
+            ),
+            # Of which the replay: one process, so one core bounds the rate it keeps up with.
+            "standby_replay_cpu_ms_per_execution": round(
+                1000
+                * (standby_cpu.get("replay_after", 0.0) - standby_cpu.get("replay_before", 0.0))
+                / done,
                 3,
             ),
             # The primary's WAL over the drain (this pair runs nothing else): what the
@@ -286,6 +308,7 @@ def main() -> int:
         "backend_cpu_ms_per_execution",
         "primary_cpu_ms_per_execution",
         "standby_cpu_ms_per_execution",
+        "standby_replay_cpu_ms_per_execution",
         "wal_bytes_per_execution",
         "flush_lag_ms_p50",
     )
