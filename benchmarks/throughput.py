@@ -483,6 +483,7 @@ def run_backlog(
     admin(dsn, f'CREATE DATABASE "{name}"')
     target = with_database(dsn, name)
     engine = create_engine(sqlalchemy_url(target), poolclass=pool.NullPool)
+    workers: list = []
     try:
         migrate.upgrade(migrate.alembic_config(url=target, runtime_role=None))
         definition = protocol_script.flow_definition(actions)
@@ -574,6 +575,11 @@ def run_backlog(
             "hot_updates": updates,
         }
     finally:
+        # A failure before the workers were stopped (a hook's) must not leave them running.
+        for worker in workers:
+            if worker.poll() is None:
+                worker.terminate()
+                worker.wait(60)
         engine.dispose()
         admin(dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -25,10 +25,12 @@ import argparse
 import json
 import re
 import sys
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
 from sqlalchemy import create_engine, pool, text
+from sqlalchemy.engine import make_url
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -40,6 +42,7 @@ from orquestador.config import sqlalchemy_url  # noqa: E402
 # "blkref #0: rel 1663/16384/16401 fork main blk 7": tablespace/database/relfilenode.
 _BLOCK = re.compile(r"rel (\d+)/(\d+)/(\d+)")
 
+_ELSEWHERE = ("(another database)", "(shared catalog)")
 _RECORDS = text(
     """SELECT resource_manager, record_type, record_length, fpi_length, block_ref
        FROM pg_get_wal_records_info(CAST(:start AS pg_lsn), CAST(:end AS pg_lsn))"""
@@ -52,20 +55,44 @@ _RELATIONS = text(
 )
 
 
-def profile(dsn: str, n: int, actions: int, checkpoint: bool, setup_sql: str = "") -> dict:
+def profile(
+    dsn: str,
+    n: int,
+    actions: int,
+    checkpoint: bool,
+    setup_sql: str = "",
+    settings: tuple[str, ...] = (),
+) -> dict:
     lsn: dict[str, str] = {}
     records: list = []
     names: dict[int, str] = {}
     database_oid: list[int] = []
 
+    # A temporary replication slot, held by this connection until the end, keeps the
+    # drain's WAL from being recycled by a checkpoint before it is read (a shared server's
+    # other databases may write, and checkpoint, a lot meanwhile).
+    keeper = create_engine(
+        sqlalchemy_url(dsn), poolclass=pool.NullPool, isolation_level="AUTOCOMMIT"
+    ).connect()
+
     def ready(target: str) -> None:
+        keeper.execute(
+            text("SELECT pg_create_physical_replication_slot(:name, true, true)"),
+            {"name": f"wal_profile_{uuid.uuid4().hex[:8]}"},
+        )
         engine = create_engine(
             sqlalchemy_url(target), poolclass=pool.NullPool, isolation_level="AUTOCOMMIT"
         )
         with engine.connect() as conn:
             conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
-            if setup_sql:
-                conn.exec_driver_sql(setup_sql)
+            for setting in settings:  # the workers' sessions start after this
+                name, value = setting.split("=", 1)
+                conn.exec_driver_sql(
+                    f'ALTER DATABASE "{make_url(target).database}" SET {name} = {value}'
+                )
+            # One statement at a time: VACUUM cannot run inside a multi-statement query.
+            for statement in filter(str.strip, setup_sql.split(";")):
+                conn.exec_driver_sql(statement)
             if checkpoint:
                 conn.execute(text("CHECKPOINT"))
             database_oid.append(
@@ -91,7 +118,10 @@ def profile(dsn: str, n: int, actions: int, checkpoint: bool, setup_sql: str = "
                 )
         engine.dispose()
 
-    run = throughput.run_backlog(dsn, n, actions, 1, 10, 10, on_ready=ready, on_drained=drained)
+    try:
+        run = throughput.run_backlog(dsn, n, actions, 1, 10, 10, on_ready=ready, on_drained=drained)
+    finally:
+        keeper.close()  # and with it the temporary slot
     done = run["done"]
     by_relation: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     by_type: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -108,16 +138,22 @@ def profile(dsn: str, n: int, actions: int, checkpoint: bool, setup_sql: str = "
             entry[0] += 1
             entry[1] += int(length)
             entry[2] += int(fpi or 0)
-    total = sum(entry[1] for entry in by_relation.values())
-    images = sum(entry[2] for entry in by_relation.values())
+    # The run's own: its database's relations and the records of none (commits; those of
+    # other databases' transactions cannot be told apart and count too).
+    own = [e for key, e in by_relation.items() if key not in _ELSEWHERE]
+    total = sum(entry[1] for entry in own)
+    images = sum(entry[2] for entry in own)
+    elsewhere = sum(e[1] for key, e in by_relation.items() if key in _ELSEWHERE)
     return {
         "run": run,
         "checkpoint_at_start": checkpoint,
         "setup_sql": setup_sql,
+        "settings": list(settings),
         "wal_bytes_per_execution": round(total / done),
         "full_page_image_bytes_per_execution": round(images / done),
         "without_images_bytes_per_execution": round((total - images) / done),
-        "records_per_execution": round(sum(e[0] for e in by_relation.values()) / done, 2),
+        "records_per_execution": round(sum(e[0] for e in own) / done, 2),
+        "other_databases_bytes_per_execution": round(elsewhere / done),
         "by_relation": _rows(by_relation, done),
         "by_record": _rows({" / ".join(k): v for k, v in by_type.items()}, done),
     }
@@ -164,13 +200,24 @@ def main() -> int:
         "--setup-sql",
         default="",
         help="SQL run in the scratch database once the backlog is in place, before the "
-        "workers start (a storage parameter or an index to try without a migration)",
+        "workers start (a storage parameter or an index to try without a migration); "
+        "statements separated by semicolons run one by one, outside a transaction",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the scratch database's sessions (ALTER DATABASE ... SET), such "
+        "as wal_compression=lz4; repeatable",
     )
     parser.add_argument("--json", default="", help="also write the result to this file")
     args = parser.parse_args()
 
     print("machine:", json.dumps(throughput.machine_info(args.dsn)), flush=True)
-    result = profile(args.dsn, args.n, args.actions, args.checkpoint, args.setup_sql)
+    result = profile(
+        args.dsn, args.n, args.actions, args.checkpoint, args.setup_sql, tuple(args.set)
+    )
     run = result["run"]
     print("backlog:", json.dumps(run), flush=True)
     print()
@@ -179,7 +226,9 @@ def main() -> int:
         f"checkpoint at start: {'yes' if args.checkpoint else 'no'}. WAL per execution "
         f"{result['wal_bytes_per_execution']:,} bytes in {result['records_per_execution']} "
         f"records, of which full-page images {result['full_page_image_bytes_per_execution']:,}"
-        f" (without them {result['without_images_bytes_per_execution']:,})."
+        f" (without them {result['without_images_bytes_per_execution']:,}); other "
+        f"databases' and shared catalogs' records in the same span, not counted: "
+        f"{result['other_databases_bytes_per_execution']:,} bytes per execution."
     )
     print_table("relation, per execution", result["by_relation"])
     print_table("relation / resource manager / record, per execution", result["by_record"])
