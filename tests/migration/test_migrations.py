@@ -37,6 +37,27 @@ from tests.db_support import (
 from tests.migration.migration_support import step
 
 
+def _storage_parameters(connection: Connection) -> dict[str, set[str]]:
+    """Each table's storage parameters (fillfactor, ...) as the database has them."""
+    rows = connection.execute(
+        text(
+            """SELECT relname, reloptions FROM pg_class
+               WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p')
+                 AND reloptions IS NOT NULL"""
+        )
+    )
+    return {name: set(options) for name, options in rows if declared_relation(name, "table", {})}
+
+
+def _declared_storage_parameters() -> dict[str, set[str]]:
+    """Each table's storage parameters as orquestador/db/schema.py declares them."""
+    return {
+        table.name: {f"{key}={value}" for key, value in options.items()}
+        for table in metadata.tables.values()
+        if (options := table.dialect_options["postgresql"]["with"])
+    }
+
+
 @pytest.fixture
 def empty_database(server: TestServer) -> Iterator[tuple[TestServer, str]]:
     ensure_runtime_role(server)
@@ -497,12 +518,17 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # 0034: a cancel asked of a RUNNING execution, and the batch writer honouring it.
     step(server, name, "0034")
     assert _update_columns(server, name) == _declared_updates(at="0034")
+    # 0035: request keeps room on its pages for its updates to stay HOT.
+    step(server, name, "0035")
+    assert _update_columns(server, name) == _declared_updates(at="0035")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(
             connection, opts={"compare_type": True, "include_name": declared_relation}
         )
         assert compare_metadata(context, metadata) == []
+        # Storage parameters are not compared by alembic: the schema's must be the tables'.
+        assert _storage_parameters(connection) == _declared_storage_parameters()
 
     step(server, name, "0013", down=True)
     with engine.connect() as connection:
