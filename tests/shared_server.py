@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import fcntl
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orquestador.db.embedded import EmbeddedPostgres
+from orquestador.db.embedded import EmbeddedPostgres, throwaway_folder
 
 # The key a worker finds the run's folder under in its workerinput.
 WORKER_INPUT_KEY = "orquestador_test_pg_folder"
 
 
 def new_folder() -> Path:
-    """A folder the server's account can enter (root hands the server to ``nobody``)."""
-    folder = Path(tempfile.mkdtemp(prefix="orquestador-test-pg-"))
-    folder.chmod(0o755)
-    return folder
+    """In memory where there is room: the server runs with fsync off, thrown away after."""
+    return throwaway_folder("orquestador-test-pg-")
 
 
 def server_in(folder: Path) -> EmbeddedPostgres:

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, pool, text
@@ -156,10 +154,9 @@ def _throwaway_database(settings: Settings) -> Iterator[str]:
         with _database_on(given, named) as url:
             yield url
         return
-    from orquestador.db.embedded import EmbeddedPostgres
+    from orquestador.db.embedded import EmbeddedPostgres, throwaway_folder
 
-    folder = Path(tempfile.mkdtemp(prefix="orquestador-flows-test-"))
-    folder.chmod(0o755)  # root hands the server to an account of its own, which must enter
+    folder = throwaway_folder("orquestador-flows-test-")
     server = EmbeddedPostgres(folder / "pgdata", fsync=False)
     try:
         server.start()
