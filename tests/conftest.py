@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,7 @@ from sqlalchemy.engine import make_url
 
 from orquestador.config import sqlalchemy_url
 from orquestador.db import migrate
+from orquestador.db.embedded import memory_folder
 from orquestador.db.engine import make_engine
 from tests import shared_server
 from tests.db_support import (
@@ -45,6 +48,7 @@ hypothesis_settings.load_profile(os.environ.get("ORQUESTADOR_HYPOTHESIS_PROFILE"
 
 TEMPLATE_PREFIX = "orquestador_template"
 FOLDER_KEY = pytest.StashKey[Path]()
+BASETEMP_KEY = pytest.StashKey[Path]()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -63,11 +67,27 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput[shared_server.WORKER_INPUT_KEY] = str(stash[FOLDER_KEY])
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """tmp_path in memory where the system has room (unless --basetemp names a folder):
+    the tests that start servers of their own (dev, the embedded server's tests) write
+    their data folders there. xdist hands each worker a folder inside it."""
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    memory = memory_folder()
+    if memory is not None:
+        basetemp = memory / f"orq-tests-{uuid.uuid4().hex[:8]}"  # short: sockets live below it
+        config.option.basetemp = str(basetemp)
+        config.stash[BASETEMP_KEY] = basetemp
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     # Runs on the controller after every worker has finished.
     folder = config.stash.get(FOLDER_KEY, None)
     if folder is not None:
         shared_server.remove(folder)
+    basetemp = config.stash.get(BASETEMP_KEY, None)
+    if basetemp is not None:
+        shutil.rmtree(basetemp, ignore_errors=True)  # memory, not a disk: nothing is kept
 
 
 # The modules whose tests take longest, the longest first. A parallel run starts them

@@ -47,14 +47,19 @@ _LINGER_MARKERS = (
 _START_TIMEOUT = 60
 
 
+def memory_folder() -> Path | None:
+    """The system's tmpfs, when it has room for throwaway servers; else None."""
+    try:
+        room = shutil.disk_usage(MEMORY).free
+    except OSError:
+        return None
+    return MEMORY if room >= MEMORY_NEEDED and os.access(MEMORY, os.W_OK) else None
+
+
 def throwaway_folder(prefix: str) -> Path:
     """A new folder for a throwaway server, in memory when there is room, that the
     server's own account can enter (root hands the server to an account of its own)."""
-    try:
-        in_memory = shutil.disk_usage(MEMORY).free >= MEMORY_NEEDED and os.access(MEMORY, os.W_OK)
-    except OSError:
-        in_memory = False
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=MEMORY if in_memory else None))
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=memory_folder()))
     folder.chmod(0o755)
     return folder
 
