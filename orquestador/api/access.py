@@ -52,6 +52,7 @@ from orquestador.db.schema import (
 from orquestador.domain.statuses import ApprovalStatus, ExecutionStatus
 from orquestador.machines.output import VIEW_CHARACTERS
 from orquestador.queue.bulk import parks_on_cancel
+from orquestador.queue.claims import ATTEMPT_INTERRUPTED
 
 
 class Reach(enum.Enum):
@@ -214,6 +215,7 @@ VIEW_AUDIT_KINDS = (
     "CANCEL_REQUESTED",
     "EXECUTION_CANCELLED",
     ExecutionStatus.RECONCILIATION_REQUIRED,  # the audit row of a park says its status
+    ATTEMPT_INTERRUPTED,
 )
 
 
@@ -544,7 +546,12 @@ class ResourceAccess:
         """The audit rows an ExecutionView reads (VIEW_AUDIT_KINDS) of many visible
         executions in one query, each execution's in the order they were written."""
         query = (
-            select(audit_event.c.execution_id, audit_event.c.kind, audit_event.c.detail)
+            select(
+                audit_event.c.execution_id,
+                audit_event.c.kind,
+                audit_event.c.detail,
+                audit_event.c.created_at,
+            )
             .join(execution, execution.c.id == audit_event.c.execution_id)
             .join(request, request.c.id == execution.c.request_id)
             .where(

@@ -360,8 +360,9 @@ def read_view_facts(
             machine_commands=machine_commands,
             key_wait=key_waits.get(key),
             agents=agents,
+            interrupted=interrupted,
         )
-        for key, (observed, decision, simulated, machine_commands) in parsed.items()
+        for key, (observed, decision, simulated, machine_commands, interrupted) in parsed.items()
     }
 
 

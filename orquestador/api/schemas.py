@@ -266,6 +266,25 @@ EXECUTION: dict[str, Any] = {
         "cancelRequestedAt": {"type": "string", "format": "date-time"},
         "cancelRequestedBy": {"type": "string", "description": "Who asked to cancel."},
         "attempts": {"type": "integer", "minimum": 0},
+        "interruptedAttempts": {
+            "type": "array",
+            "description": (
+                "The execution's attempts (as `attempts` counts them) whose worker stopped"
+                " without ending them: found when another holder took the execution over"
+                " (`foundAt`). A read writes no checkpoint before its call, so such an"
+                " attempt may have left no line in any step's `attempts`."
+            ),
+            "items": {
+                "type": "object",
+                "required": ["attempt", "why", "foundAt"],
+                "additionalProperties": False,
+                "properties": {
+                    "attempt": {"type": "integer", "minimum": 1},
+                    "why": {"const": "WORKER_STOPPED"},
+                    "foundAt": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
         "priority": {
             "type": "integer",
             "minimum": 0,

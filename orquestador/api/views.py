@@ -15,6 +15,7 @@ from orquestador.domain.mappings import MappingError, build_context, resolve_sou
 from orquestador.domain.statuses import UNFINISHED, CheckpointStatus, ExecutionStatus, StepStatus
 from orquestador.machines.liveness import AgentSeen
 from orquestador.machines.output import output_end
+from orquestador.queue.claims import ATTEMPT_INTERRUPTED
 from orquestador.queue.waits import NOT_READY
 from orquestador.tracing import trace_id_of
 
@@ -111,10 +112,20 @@ class ExecutionFacts:
     key_wait: KeyWait | None = None
     # The agents of the machines its commands went to, as seen now, by machine id.
     agents: Mapping[str, AgentSeen] = field(default_factory=dict)
+    # The attempts whose worker stopped without ending them (ATTEMPT_INTERRUPTED rows).
+    interrupted: list[dict[str, Any]] = field(default_factory=list)
 
+
+# Why an attempt in `interruptedAttempts` ended without an outcome: its holder stopped
+# (died, hung or lost its lease) and another took the execution over.
+WORKER_STOPPED = "WORKER_STOPPED"
 
 FrozenFacts = tuple[
-    dict[str, Any], dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None
+    dict[str, Any],
+    dict[str, Any] | None,
+    list[dict[str, Any]],
+    dict[str, Any] | None,
+    list[dict[str, Any]],
 ]
 
 
@@ -143,8 +154,19 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
     decision: dict[str, Any] | None = None
     simulated: list[dict[str, Any]] = []
     machine_commands: dict[str, Any] | None = None
+    interrupted: list[dict[str, Any]] = []
     for event in audit:
         detail = event.detail if isinstance(event.detail, dict) else {}
+        if event.kind == ATTEMPT_INTERRUPTED:
+            # Written by the claim that took over: the attempt as the execution counted it.
+            interrupted.append(
+                {
+                    "attempt": detail.get("attempt"),
+                    "why": WORKER_STOPPED,
+                    "foundAt": timestamp(event.created_at),
+                }
+            )
+            continue
         if event.kind in (
             "CANCEL_REQUESTED",
             "EXECUTION_CANCELLED",
@@ -190,7 +212,7 @@ def read_facts(audit: Iterable[Row]) -> FrozenFacts:
         frozen = detail.get("observed")
         observed = dict(frozen) if isinstance(frozen, dict) else {}
         decision = _decision(event.kind, detail)
-    return observed, decision, simulated, machine_commands
+    return observed, decision, simulated, machine_commands, interrupted
 
 
 def group_facts(execution_ids: Iterable[Any], audit: Iterable[Row]) -> dict[Any, FrozenFacts]:
@@ -297,6 +319,8 @@ def execution_view(
     if waiting:
         body["nextAttemptAt"] = timestamp(row.next_attempt_at)
     body["attempts"] = row.attempts
+    if facts is not None and facts.interrupted:
+        body["interruptedAttempts"] = facts.interrupted
     body["priority"] = row.priority
     trace_id = trace_id_of(row.trace_parent)
     if trace_id is not None:

@@ -8,7 +8,8 @@ implicit transaction, and answers each row on its own. The function runs, in ord
     lock the requests of the finish rows, in id order, skipping locked ones
     lock every execution of the batch under its own fence, in id order, skipping
         locked ones (a row skipped for a lock is answered busy)
-    SUCCEEDED checkpoints    (same effect per row as checkpoints._SUCCEED[_OBSERVED])
+    SUCCEEDED checkpoints    (same effect per row as checkpoints._SUCCEED[_OBSERVED]; a
+                             read's whole attempt upserted, migration 0036)
     RUNNING checkpoints      (same effect per row as checkpoints._START)
     finishes                 (same effect per row as outcomes._COMPLETE and its checks)
     check that no lease it locked ran out before COMMIT, else fail the whole batch
@@ -66,42 +67,57 @@ class RidingSuccess:
     """Persist the validated output as SUCCEEDED, with what the step observed (or None).
 
     A safe step's success rides in the transaction of the run's next write (a StartRow's
-    or a FinishRow's `succeed`); written as a row of its own when nothing takes it."""
+    or a FinishRow's `succeed`); written as a row of its own when nothing takes it.
+    `attempt` and `started_at` are a read's whole attempt, when it wrote no RUNNING
+    checkpoint before its call: the checkpoint is then written whole, as it ended."""
 
     claim: Claim
     action_id: str
     output: Any
     observed: dict[str, Any] | None
+    attempt: ActionAttempt | None = None
+    started_at: datetime | None = None
+    # When the call returned (database time, as the run measures it): the success's end.
+    finished_at: datetime | None = None
+    # A non-idempotent write's success, written alone: answered CancelRequested (once
+    # written) when a person asked to cancel, so that the next step, which may write no
+    # RUNNING checkpoint, is not called.
+    asks_cancel: bool = False
 
 
 @dataclass(frozen=True)
 class StartRow:
     """Persist RUNNING before the adapter is called; answered with the step's first start.
 
-    `succeed` is the previous step's SUCCEEDED checkpoint when it rides in the same
+    `succeed` are the previous steps' SUCCEEDED checkpoints that ride in the same
     transaction (see FinishRow): durable, like the RUNNING row, before the call.
+    `started_at` (database time) records a read's call that already ran and did not
+    succeed: its RUNNING checkpoint, written just before its outcome (never held back
+    by a cancel request: it starts nothing).
     """
 
     claim: Claim
     attempt: ActionAttempt
-    succeed: RidingSuccess | None = None
+    succeed: tuple[RidingSuccess, ...] = ()
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)
 class FinishRow:
     """Commit the decided transition; `before_commit` is the test seam of the finish.
 
-    `succeed` is the last step's SUCCEEDED checkpoint when it rides in the same
-    transaction, written before the finish's checks: the two commit together or not
-    at all (the job writes the checkpoint alone when the transaction fails), and a
-    finish refused after the transaction committed leaves the checkpoint written.
-    A refused riding checkpoint (a lost lease) is the row's answer.
+    `succeed` are the SUCCEEDED checkpoints that ride in the same transaction (the
+    last step's, and those of the reads before it since the run's last write), written
+    before the finish's checks: they commit together or not at all (the job writes the
+    checkpoints alone when the transaction fails), and a finish refused after the
+    transaction committed leaves them written. A refused riding checkpoint (a lost
+    lease) is the row's answer.
     """
 
     claim: Claim
     finish: Finish
     before_commit: Callable[[], None] | None = None
-    succeed: RidingSuccess | None = None
+    succeed: tuple[RidingSuccess, ...] = ()
 
 
 Row = StartRow | RidingSuccess | FinishRow
@@ -144,22 +160,30 @@ def _key(claim: Claim) -> tuple[str, int]:
     return (str(claim.execution_id), claim.token)
 
 
-def _rider(row: StartRow | FinishRow) -> str | None:
-    # The action whose riding SUCCEEDED this row's other writes depend on.
-    return row.succeed.action_id if row.succeed is not None else None
+def _riders(row: StartRow | FinishRow) -> dict[str, Any]:
+    # The riding SUCCEEDED checkpoints this row's other writes depend on: all written.
+    if not row.succeed:
+        return {"after_action": None}
+    return {"after_action": row.succeed[0].action_id, "riders": len(row.succeed)}
 
 
 def _start(row: StartRow) -> dict[str, Any]:
-    return {**_fence(row.claim), **row.attempt.params, "after_action": _rider(row)}
+    started = row.started_at.isoformat() if row.started_at is not None else None
+    return {**_fence(row.claim), **row.attempt.params, **_riders(row), "started_at": started}
 
 
 def _succeed(row: RidingSuccess) -> dict[str, Any]:
-    return {
+    params = {
         **_fence(row.claim),
         "action_id": row.action_id,
         "output": row.output,
         "observed": row.observed or None,
     }
+    if row.attempt is not None and row.started_at is not None:
+        params.update(row.attempt.params, started_at=row.started_at.isoformat())
+    if row.finished_at is not None:
+        params["finished_at"] = row.finished_at.isoformat()
+    return params
 
 
 def _finish(row: FinishRow) -> dict[str, Any]:
@@ -172,7 +196,7 @@ def _finish(row: FinishRow) -> dict[str, Any]:
         "detail": detail,
         "result": result,
         "expected": list(row.finish.action_ids),
-        "after_action": _rider(row),
+        **_riders(row),
     }
 
 
@@ -189,7 +213,7 @@ def _params(rows: Sequence[Row]) -> dict[str, Any]:
     starts = [row for row in rows if isinstance(row, StartRow)]
     finishes = [row for row in rows if isinstance(row, FinishRow)]
     succeeds = [row for row in rows if isinstance(row, RidingSuccess)] + [
-        row.succeed for row in rows if not isinstance(row, RidingSuccess) and row.succeed
+        rider for row in rows if not isinstance(row, RidingSuccess) for rider in row.succeed
     ]
     return {
         "request_ids": _rows([str(row.claim.request_id) for row in finishes]),
@@ -232,7 +256,11 @@ def _call(conn: psycopg.Connection[Any], params: dict[str, Any]) -> dict[str, An
     return row[0]
 
 
-def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
+def write_rows(
+    conn: psycopg.Connection[Any],
+    rows: Sequence[Row],
+    clock: Callable[[datetime], None] | None = None,
+) -> list[Any]:
     """Write `rows` in one transaction on `conn` (autocommit mode); one answer per row.
 
     An answer is the row's result (a StartRow's first start, else None) or the
@@ -271,10 +299,13 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
                 conn.execute("ROLLBACK")
         raise BatchFailed(exc, WRITE_BATCH) from exc
 
+    if clock is not None and written.get("at"):  # before migration 0036: no clock
+        clock(datetime.fromisoformat(written["at"]))
     requests = {row[0]: _request(*row) for row in written["requests"]}
     locked = {(row[0], row[1]): _Locked(*row) for row in written["locked"]}
     started = {(row[0], row[1]): row for row in written["started"]}
-    succeeded = {(row[0], row[1]) for row in written["succeeded"]}
+    # (execution id, token, action id); before migration 0036 without the action id.
+    succeeded = {(row[0], row[1], row[2] if len(row) > 2 else None) for row in written["succeeded"]}
     finished = {(row[0], row[1]) for row in written["finished"]}
     # A function of migration 0010 waits for locks instead and never answers busy.
     busy = {(row[0], row[1]) for row in written.get("busy", ())}
@@ -289,12 +320,24 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
             )
             continue
         if isinstance(row, RidingSuccess):
-            answers.append(_succeed_answer(row, succeeded))
+            refusal = _succeed_answer(row, succeeded, locked)
+            if refusal is None and row.asks_cancel and _key(row.claim) in cancel:
+                refusal = CancelRequested(
+                    f"execution {row.claim.execution_id}: a cancel was requested"
+                )
+            answers.append(refusal)
             continue
-        refused = _succeed_answer(row.succeed, succeeded) if row.succeed else None
+        refused = next(
+            (
+                answer
+                for rider in row.succeed
+                if (answer := _succeed_answer(rider, succeeded, locked)) is not None
+            ),
+            None,
+        )
         if refused is not None:
             answers.append(refused)
-        elif _key(row.claim) in cancel:
+        elif _key(row.claim) in cancel and not _records_a_call(row):
             # Neither the RUNNING nor the finish was written (a riding SUCCEEDED was).
             answers.append(
                 CancelRequested(f"execution {row.claim.execution_id}: a cancel was requested")
@@ -304,6 +347,12 @@ def write_rows(conn: psycopg.Connection[Any], rows: Sequence[Row]) -> list[Any]:
         else:
             answers.append(_finish_answer(row, locked, requests, finished))
     return answers
+
+
+def _records_a_call(row: StartRow | FinishRow) -> bool:
+    # A read's call that already ran, recorded before its outcome: a cancel does not
+    # hold it back (the outcome's own write honours the request).
+    return isinstance(row, StartRow) and row.started_at is not None
 
 
 def _start_answer(row: StartRow, found: list[Any] | None) -> datetime | Exception:
@@ -320,10 +369,22 @@ def _start_answer(row: StartRow, found: list[Any] | None) -> datetime | Exceptio
     return datetime.fromisoformat(first_started_at)
 
 
-def _succeed_answer(row: RidingSuccess, succeeded: set[tuple[str, int]]) -> Exception | None:
-    if _key(row.claim) not in succeeded:
-        return refuse_stale(row.claim, f"succeed checkpoint {row.action_id}")
-    return None
+def _succeed_answer(
+    row: RidingSuccess,
+    succeeded: set[tuple[str, int, str | None]],
+    locked: dict[tuple[str, int], Any],
+) -> Exception | None:
+    key = _key(row.claim)
+    if (*key, row.action_id) in succeeded or (*key, None) in succeeded:
+        return None
+    if row.attempt is not None and key in locked:
+        # Held under its fence, yet not written: the checkpoint there may not be
+        # replaced (a success, another key), as a start would have been told.
+        return ContractMismatch(
+            f"checkpoint {row.action_id} of execution {row.claim.execution_id} may not be "
+            "recorded (succeeded, other key, or an interrupted non-idempotent write)"
+        )
+    return refuse_stale(row.claim, f"succeed checkpoint {row.action_id}")
 
 
 def _finish_answer(
@@ -345,10 +406,9 @@ def _finish_answer(
     change = request_change(request, execution, claim)
     if change:
         return RequestChanged(change)
-    # The lock read the checkpoints before this transaction wrote the riding one.
+    # The lock read the checkpoints before this transaction wrote the riding ones.
     succeeded = set(execution.succeeded or ())
-    if row.succeed is not None:
-        succeeded.add(row.succeed.action_id)
+    succeeded.update(rider.action_id for rider in row.succeed)
     missing = [a for a in row.finish.action_ids if a not in succeeded]
     if missing:
         return ContractMismatch(f"checkpoints not SUCCEEDED at finish: {missing}")

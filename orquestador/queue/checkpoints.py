@@ -177,6 +177,46 @@ _SUCCEED_SIMULATED = text(
     bindparam("simulated", type_=JSONB_VALUE),
 )
 
+# A safe step that wrote no RUNNING checkpoint before its call (SPEC 28): its attempt,
+# whole, as it ended, with its line in the history. Under the same conditions as a
+# start's upsert; the batch function's step 3 does the same per row (migration 0036).
+_RECORD_SUCCESS = text(
+    f"""
+    WITH holder AS (
+        SELECT e.id FROM execution e WHERE {FENCE} FOR UPDATE
+    ), recorded AS (
+        INSERT INTO action_execution AS a (
+            execution_id, action_id, status, attempt, fencing_token, input_hash, external_key,
+            effect, capability, adapter_version, output, error_code, started_at, finished_at,
+            first_started_at)
+        SELECT holder.id, :action_id, '{CheckpointStatus.SUCCEEDED}', :attempt, :token,
+               :input_hash, :external_key, :effect, :capability, :adapter_version, :output,
+               NULL, :started_at, clock_timestamp(), :started_at
+        FROM holder
+        ON CONFLICT (execution_id, action_id) DO UPDATE
+        SET status = '{CheckpointStatus.SUCCEEDED}', attempt = EXCLUDED.attempt,
+            fencing_token = EXCLUDED.fencing_token, input_hash = EXCLUDED.input_hash,
+            external_key = EXCLUDED.external_key, effect = EXCLUDED.effect,
+            capability = EXCLUDED.capability, adapter_version = EXCLUDED.adapter_version,
+            output = EXCLUDED.output, error_code = NULL, started_at = EXCLUDED.started_at,
+            finished_at = EXCLUDED.finished_at,
+            first_started_at = coalesce(a.first_started_at, EXCLUDED.first_started_at)
+        WHERE a.status <> '{CheckpointStatus.SUCCEEDED}'
+          AND a.external_key = :external_key
+          AND NOT (a.effect = 'NON_IDEMPOTENT_WRITE'
+                   AND a.status IN ('{CheckpointStatus.RUNNING}', '{CheckpointStatus.UNKNOWN}'))
+        RETURNING a.execution_id, a.action_id, a.attempt, a.fencing_token, a.started_at,
+                  a.finished_at
+    )
+    INSERT INTO action_attempt (execution_id, action_id, attempt, fencing_token, status,
+                                error_code, message, started_at, finished_at)
+    SELECT execution_id, action_id, attempt, fencing_token, '{CheckpointStatus.SUCCEEDED}',
+           NULL, NULL, started_at, finished_at
+    FROM recorded
+    RETURNING action_id
+    """
+).bindparams(bindparam("output", type_=JSONB_VALUE))
+
 _END_ATTEMPT = text(
     f"""
     WITH holder AS (
@@ -304,6 +344,28 @@ def succeed_checkpoint(
     row = run_alone(conn, statement, params).fetchone()
     if row is None:
         raise refuse_stale(claim, f"succeed checkpoint {action_id}")
+
+
+def record_success(
+    conn: Connection, claim: Claim, attempt: ActionAttempt, started_at: datetime, output: Any
+) -> None:
+    """A safe step's whole attempt, SUCCEEDED, with no RUNNING checkpoint written before.
+
+    The one-execution form of what the protocol writer writes for it (the reference of
+    the pure-SQL baseline). LeaseLost if the claim is stale; ContractMismatch if the
+    checkpoint may not be replaced (succeeded, another key, an interrupted payment).
+    """
+    params = {**claim.params, **attempt.params, "started_at": started_at, "output": output}
+    row = run_alone(conn, _RECORD_SUCCESS, params).fetchone()
+    if row is None:
+        with one_statement(conn):
+            held = still_holds(conn, claim)
+        if not held:
+            raise refuse_stale(claim, f"record success {attempt.action_id}")
+        raise ContractMismatch(
+            f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
+            "recorded (succeeded, other key, or an interrupted non-idempotent write)"
+        )
 
 
 def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOutcome) -> None:

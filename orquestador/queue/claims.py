@@ -10,12 +10,20 @@ from sqlalchemy import Connection, bindparam, text
 from orquestador.db.schema import JSONB_VALUE
 from orquestador.db.sql_literals import quoted
 from orquestador.domain.statuses import UNHELD, ExecutionStatus
-from orquestador.queue.fencing import Claim
+from orquestador.queue.fencing import WORKER_ACTOR, Claim
 from orquestador.queue.prepared import run_alone
 from orquestador.queue.snapshots import LoadedExecution
 
 # The claim's index condition (ix_execution_ready): work that may be claimed once it is
 # due. A PENDING execution whose key was full (key_blocked) is out until a holder ends.
+# The audit row of an attempt whose holder stopped without ending it (its worker died,
+# hung or lost its lease), written by the claim that takes the execution over.
+ATTEMPT_INTERRUPTED = "ATTEMPT_INTERRUPTED"
+
+# The worker as the actor of that row, spelt without a colon: the benchmarks run this
+# statement's text through pgbench and their own binders, which take `:name` anywhere.
+_ACTOR = "E'" + WORKER_ACTOR.replace(":", "\\x3a") + "'"
+
 _READY = f"{{e}}status IN ({quoted(UNHELD)}) AND NOT {{e}}key_blocked"
 # ... and due: what the ranking reads and the lock takes.
 _DUE = _READY.format(e="e.") + " AND e.next_attempt_at <= now()"
@@ -198,7 +206,18 @@ _CLAIM = text(
               e.simulation, e.actor_snapshot ->> 'sub' AS actor,
               r.state AS request_state, r.revision AS request_revision,
               r.flow_id AS request_flow_id, r.busy_execution_id, r.owner_id, r.data,
-              f.version AS flow_version, f.definition, f.data_schema
+              f.version AS flow_version, f.definition, f.data_schema,
+              -- Taken over from a holder whose lease ran out (abandoned above).
+              e.id = ANY (ARRAY(SELECT id FROM abandoned)) AS reclaimed
+    ), interrupted AS (
+        -- The attempt the abandoned holder never ended, on the execution's record: a
+        -- safe step writes no checkpoint before its call, so a crash during one leaves
+        -- no row of its own (SPEC 28). Its number is the one its claim counted.
+        INSERT INTO audit_event (org_id, kind, request_id, execution_id, actor, detail)
+        SELECT c.org_id, '{ATTEMPT_INTERRUPTED}', c.request_id, c.id, {_ACTOR},
+               jsonb_build_object('attempt', c.attempts - 1, 'token', c.fencing_token - 1)
+        FROM claimed c
+        WHERE c.reclaimed
     )
     -- One row at least, so that a claim that only blocked or woke says so. Reading
     -- room here makes it run whatever the rest needs of it: a claim with no candidate
@@ -281,6 +300,7 @@ def claim_round(
             snapshot=_snapshot(row),
             trace_parent=row.trace_parent,
             counted_attempt=row.counted_attempt,
+            reclaimed=row.reclaimed,
         )
         for row in rows
     ]

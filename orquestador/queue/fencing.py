@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -41,6 +42,20 @@ class Claim:
     # Whether the claim counted an attempt (it does for all but a wait's next round), as
     # the claimed row said: a rate limit's wait gives back exactly that.
     counted_attempt: bool = field(default=True, compare=False, repr=False)
+    # Whether the claim took the execution over from a holder whose lease ran out: that
+    # holder's last attempt never ended (see ATTEMPT_INTERRUPTED in queue/claims.py).
+    reclaimed: bool = field(default=False, compare=False, repr=False)
+    # When this process received the claim (time.monotonic()): with `claimed_at`, the
+    # database's time now, without asking it (`database_now`).
+    received: float = field(default_factory=time.monotonic, compare=False, repr=False)
+
+    def database_now(self) -> datetime:
+        """The database's time now, as its clock at the claim plus the time since here.
+
+        A little early (by the claim's answer's trip), never later than the database's
+        own clock_timestamp() at a write that follows.
+        """
+        return self.claimed_at + timedelta(seconds=time.monotonic() - self.received)
 
     @property
     def params(self) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from orquestador.worker.calls import AdapterCalls
 from orquestador.worker.hooks import NO_HOOKS, WorkerHooks
 from orquestador.worker.listener import libpq_conninfo
 from orquestador.worker.protocol_writer import ProtocolWriter, WriterStats
-from orquestador.worker.step_outcomes import ExecutionEnded
+from orquestador.worker.step_outcomes import ExecutionEnded, Underway
 from orquestador.worker.step_runner import StepRunner
 
 log = logging.getLogger(__name__)
@@ -205,10 +205,13 @@ class _ExecutionRun(StepRunner):
         self.stop = stop
         self.outputs: dict[str, Any] = {}
         self.loaded: LoadedExecution | None = None
-        # A safe step's SUCCEEDED checkpoint, held back to ride in the transaction of
-        # the next write through the writer (the next step's RUNNING, or the finish).
-        # Anything else the run writes comes after it is settled (written alone).
-        self.riding_success: RidingSuccess | None = None
+        # Safe steps' SUCCEEDED checkpoints, held back to ride in the transaction of
+        # the next write through the writer (the next step's RUNNING, or the finish):
+        # a read writes none before its call, so the successes of consecutive reads
+        # ride together. Anything else the run writes comes after they are settled.
+        self.riding_success: list[RidingSuccess] = []
+        # A read's call under way, which wrote no RUNNING checkpoint (see Underway).
+        self.underway: Underway | None = None
         # A dry run's outcomes, read when its first step is about to be simulated.
         self.rehearsal: dict[str, Any] | None = None
 
@@ -232,25 +235,32 @@ class _ExecutionRun(StepRunner):
         self._conn = None
 
     def settle_riding_success(self) -> None:
-        """Write the riding success alone, now. Every way out but the finish (a failure, a
-        retry, a wait, a lookup's finding, a lease given back) calls it first, so that it
-        is judged with the step's success durable."""
-        if self.riding_success is not None:
-            row, self.riding_success = self.riding_success, None
-            self.services.writer(self.source).succeed(
-                row.claim, row.action_id, row.output, row.observed
-            )
-
-    def take_riding_success(self) -> RidingSuccess | None:
-        """The riding success, handed to the write it now rides in."""
-        row, self.riding_success = self.riding_success, None
-        return row
-
-    def settle_after_failed_ride(self, success: RidingSuccess | None, error: Exception) -> None:
-        """After a write it rode in failed as a transaction, write the riding success alone."""
-        if success is None:
+        """Write the riding successes, now, and the RUNNING checkpoint of a read's call that
+        ran and did not succeed. Every way out but the finish (a failure, a retry, a wait,
+        a lookup's finding, a lease given back) calls it first, so that it is judged with
+        the steps' successes durable and ends the attempt it is about."""
+        riders, self.riding_success = tuple(self.riding_success), []
+        underway, self.underway = self.underway, None
+        writer = self.services.writer(self.source)
+        if underway is not None:
+            # One write: the successes, then the read's attempt as it began.
+            writer.start(self.claim, underway.attempt, riders, started_at=underway.started_at)
             return
-        self.riding_success = success
+        for row in riders:
+            writer.settle(row)
+
+    def take_riding_success(self) -> tuple[RidingSuccess, ...]:
+        """The riding successes, handed to the write they now ride in."""
+        riders, self.riding_success = tuple(self.riding_success), []
+        return riders
+
+    def settle_after_failed_ride(
+        self, success: tuple[RidingSuccess, ...], error: Exception
+    ) -> None:
+        """After a write they rode in failed as a transaction, write the successes alone."""
+        if not success:
+            return
+        self.riding_success = list(success)
         try:
             self.settle_riding_success()
         except Exception as again:
@@ -292,6 +302,9 @@ class _ExecutionRun(StepRunner):
         # A first holder's claim read the execution already (it committed a moment ago,
         # and every write from here on is fenced); any later holder loads under the fence.
         loaded = self.loaded = claim.snapshot or load_execution(self.conn, claim)
+        if claim.reclaimed:
+            # Before anything is decided: the stopped holder's step as it would have left it.
+            self.recall_interrupted()
         if loaded.cancel_requested:
             # Asked while an earlier round's call ran (it then waited, or retries): applied
             # before anything is called again.

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -168,6 +168,8 @@ class ProtocolWriter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.stats = WriterStats()
+        # The database's clock after the last batch, and when its answer came.
+        self._clock: tuple[datetime, float] | None = None
         # Test seams, called on the writer thread: with each batch's rows before writing,
         # and when a thread that decided to end is about to close its connection.
         self.before_batch: Callable[[list[Row]], None] | None = None
@@ -175,36 +177,69 @@ class ProtocolWriter:
 
     # --- what jobs call -------------------------------------------------------
 
+    def database_now(self) -> datetime | None:
+        """The database's time now, as its clock after the last batch plus the time since
+        (None before any batch). Never later than the database's own clock: a floor for
+        the times a run measures itself, so none is before a time a batch wrote."""
+        clock = self._clock
+        if clock is None:
+            return None
+        at, received = clock
+        return at + timedelta(seconds=time.monotonic() - received)
+
+    def _observe_clock(self, at: datetime) -> None:
+        self._clock = (at, time.monotonic())
+
     def start(
-        self, claim: Claim, attempt: ActionAttempt, succeed: RidingSuccess | None = None
+        self,
+        claim: Claim,
+        attempt: ActionAttempt,
+        succeed: tuple[RidingSuccess, ...] = (),
+        started_at: datetime | None = None,
     ) -> datetime:
         """RUNNING, committed; the step's first start. As `queue.start_checkpoint`.
 
-        With `succeed`, the previous step's SUCCEEDED checkpoint is written in the same
-        transaction (see StartRow); errors mean what they mean for `finish`.
+        With `succeed`, the earlier steps' SUCCEEDED checkpoints are written in the same
+        transaction (see StartRow); errors mean what they mean for `finish`. With
+        `started_at`, it records a read's call that already ran (see StartRow).
         """
-        answer = self._write(StartRow(claim, attempt, succeed))
+        answer = self._write(StartRow(claim, attempt, succeed, started_at))
         assert isinstance(answer, datetime)
         return answer
 
     def succeed(
-        self, claim: Claim, action_id: str, output: Any, observed: dict[str, Any] | None
+        self,
+        claim: Claim,
+        action_id: str,
+        output: Any,
+        observed: dict[str, Any] | None,
+        asks_cancel: bool = False,
     ) -> None:
-        """SUCCEEDED, committed. As `queue.succeed_checkpoint` without a simulated audit."""
-        self._write(RidingSuccess(claim, action_id, output, observed or None))
+        """SUCCEEDED, committed. As `queue.succeed_checkpoint` without a simulated audit.
+
+        With `asks_cancel`, CancelRequested once written if a person asked to cancel.
+        """
+        self._write(
+            RidingSuccess(claim, action_id, output, observed or None, asks_cancel=asks_cancel)
+        )
+
+    def settle(self, row: RidingSuccess) -> None:
+        """A held-back success, committed alone (with a read's whole attempt, if it has one)."""
+        self._write(row)
 
     def finish(
         self,
         claim: Claim,
         finish: Finish,
         before_commit: Callable[[], None] | None = None,
-        succeed: RidingSuccess | None = None,
+        succeed: tuple[RidingSuccess, ...] = (),
     ) -> None:
         """The transition, committed atomically. As `queue.finish_execution`.
 
-        With `succeed`, the last step's SUCCEEDED checkpoint is written first in the
-        same transaction (see FinishRow). RequestChanged or ContractMismatch raised here
-        come after a commit that wrote it; any other error means nothing was written.
+        With `succeed`, the steps' held-back SUCCEEDED checkpoints are written first in
+        the same transaction (see FinishRow). RequestChanged or ContractMismatch raised
+        here come after a commit that wrote them; any other error means nothing was
+        written.
         """
         self._write(FinishRow(claim, finish, before_commit, succeed))
 
@@ -299,7 +334,9 @@ class ProtocolWriter:
         try:
             if self.before_batch is not None:
                 self.before_batch([item.row for item in batch])
-            answers = write_rows(own.link.connection(), [item.row for item in batch])
+            answers = write_rows(
+                own.link.connection(), [item.row for item in batch], self._observe_clock
+            )
         except RowFailed as failed:
             batch[failed.index].answer(error=failed.error)
             rest = batch[: failed.index] + batch[failed.index + 1 :]

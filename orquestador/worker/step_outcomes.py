@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, Protocol
 
 from sqlalchemy import Connection, Engine
 
@@ -108,6 +108,19 @@ class Step:
     def risk(self) -> Effect:
         """The effect a failure is judged by: a simulated call wrote nothing."""
         return Effect.READ_ONLY if self.simulated else self.adapter.effect
+
+
+class Underway(NamedTuple):
+    """A safe step's call under way that wrote no RUNNING checkpoint before it began.
+
+    Its attempt is written when it ends: whole with its success (riding in the run's
+    next write), or as RUNNING from `started_at` just before a failure, a retry or a
+    wait records how it ended. A crash meanwhile leaves no row of its own; the claim
+    that takes the execution over records the interrupted attempt on the execution.
+    """
+
+    attempt: ActionAttempt
+    started_at: datetime  # database time, as the run measures it (database_now)
 
 
 def _interrupted(

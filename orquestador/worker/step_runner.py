@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection, Engine
@@ -43,7 +44,7 @@ from orquestador.errors import (
     IntegrationUnavailable,
     LeaseLost,
 )
-from orquestador.queue import ActionAttempt, CheckpointOutcome, succeed_checkpoint
+from orquestador.queue import ActionAttempt, Checkpoint, CheckpointOutcome, succeed_checkpoint
 from orquestador.queue.batches import RidingSuccess
 from orquestador.queue.loading import load_rehearsal
 from orquestador.queue.rate_limits import take_token, wait_for_token
@@ -54,6 +55,7 @@ from orquestador.worker.step_outcomes import (
     ExecutionEnded,
     Step,
     StepOutcomes,
+    Underway,
     between_wait_rounds,
     output_problems,
 )
@@ -70,6 +72,25 @@ def _timed(adapter: Adapter, outcome: str, began: float) -> None:
         time.monotonic() - began
     )
     tracing.note("orquestador.outcome", outcome)
+
+
+def records_at_end(step: Step, checkpoint: Checkpoint | None, *, riding: bool) -> bool:
+    """Whether the step writes no RUNNING checkpoint before its call (SPEC 28).
+
+    A step whose repeat is safe, of a real run: its attempt is written when it ends,
+    with its success or its outcome. A non-idempotent write never: its RUNNING is
+    durable before its call. An idempotent write only when nothing rides (every earlier
+    step's outcome is durable): then the only step a crash can leave without a record,
+    having written, is the first one without a success, and the holder that takes the
+    execution over puts that attempt back as RUNNING (`recall_interrupted`) so the write
+    rule counts it. A checkpoint found RUNNING or UNKNOWN goes through the start, which
+    records the interrupted attempt it replaces.
+    """
+    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE:
+        return False
+    if step.risk is Effect.IDEMPOTENT_WRITE and riding:
+        return False
+    return checkpoint is None or checkpoint.status == CheckpointStatus.FAILED
 
 
 def mapped_inputs(spec: ActionSpec, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -97,13 +118,16 @@ class StepRunner(StepOutcomes):
     source: Engine | Connection
     stop: threading.Event
     outputs: dict[str, Any]
-    riding_success: RidingSuccess | None
+    riding_success: list[RidingSuccess]
+    underway: Underway | None
     rehearsal: dict[str, Any] | None
 
-    def take_riding_success(self) -> RidingSuccess | None:
+    def take_riding_success(self) -> tuple[RidingSuccess, ...]:
         raise NotImplementedError
 
-    def settle_after_failed_ride(self, success: RidingSuccess | None, error: Exception) -> None:
+    def settle_after_failed_ride(
+        self, success: tuple[RidingSuccess, ...], error: Exception
+    ) -> None:
         raise NotImplementedError
 
     def honour_cancel(self) -> NoReturn:
@@ -134,23 +158,14 @@ class StepRunner(StepOutcomes):
         if adapter.rate_limit is not None and not step.simulated and not waiting:
             self.take_token(step, adapter.rate_limit)
 
-        # The previous step's success rides in this RUNNING: durable before this call.
-        riding = self.take_riding_success()
-        try:
-            first_started_at = self.services.writer(self.source).start(
-                self.claim, action_attempt, riding
-            )
-        except ContractMismatch as exc:
-            self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
-        except CancelRequested:
-            # Asked while the previous call ran: its success is written; nothing more runs.
-            self.honour_cancel()
-        except LeaseLost:
-            raise
-        except Exception as exc:
-            self.settle_after_failed_ride(riding, exc)
-            raise
-        step = replace(step, first_started_at=first_started_at)
+        if records_at_end(step, checkpoint, riding=bool(self.riding_success)):
+            # No RUNNING checkpoint: the attempt is written when it ends (see Underway),
+            # and the earlier successes ride on with it.
+            started_at = self.database_now()
+            self.underway = Underway(action_attempt, started_at)
+            step = replace(step, first_started_at=step.first_started_at or started_at)
+        else:
+            step = replace(step, first_started_at=self.start(spec, action_attempt))
         if self.services.hooks.before_adapter:
             self.services.hooks.before_adapter(self.claim, spec.id)
         # The call and what its outcome leads to; `_timed` notes the outcome on it.
@@ -170,6 +185,107 @@ class StepRunner(StepOutcomes):
                 attempts_in_budget=action_attempt.attempt - base,
                 action_ids=action_ids,
             )
+
+    def recall_interrupted(self) -> None:
+        """Put back what the holder this claim took over could not write: its step's
+        attempt as RUNNING, as if it had written its checkpoint before the call.
+
+        A safe step writes none before its call (SPEC 28), and the successes of the steps
+        before it ride until the run's next write; so the step the stopped holder may
+        have been in is the first one without a success (an idempotent write runs
+        without a checkpoint only when nothing rides, so no other unrecorded step can
+        have written). Written before anything else is decided (a cancel, the claims
+        budget, a changed request), it is then judged by the recovery rules exactly as
+        an interrupted RUNNING checkpoint always was: the history records it as
+        interrupted, the next attempt is numbered after it, and an idempotent write is
+        in doubt by the write rule. Dated when it is found: its start was not written.
+        """
+        loaded = self.execution
+        if loaded.simulation:
+            return  # a dry run's steps write their checkpoints before their calls
+        flow = self.services.flows.get(loaded.flow_id, loaded.definition)
+        transition = flow.transitions.get(loaded.transition_id)
+        if transition is None:
+            return
+        outputs: dict[str, Any] = {}
+        for spec in transition.actions:
+            checkpoint = loaded.checkpoints.get(spec.id)
+            if checkpoint is not None and checkpoint.status == CheckpointStatus.SUCCEEDED:
+                outputs[spec.id] = checkpoint.output
+                continue
+            if checkpoint is not None and checkpoint.status != CheckpointStatus.FAILED:
+                return  # RUNNING or UNKNOWN: written before the call, judged as found
+            try:
+                adapter = self.services.registry.get(spec.capability, spec.version)
+            except IntegrationUnavailable:
+                return  # the step fails here before any call, as it did there
+            if adapter.effect is Effect.NON_IDEMPOTENT_WRITE or adapter.simulation_only:
+                return  # its RUNNING is written before its call: nothing was left out
+            context = build_context(loaded.data, outputs, loaded.request_id, loaded.accepted_state)
+            try:
+                inputs = resolve_inputs(spec.input, context)
+            except MappingError:
+                return  # the step could not have been called
+            number = 1
+            if checkpoint is not None:
+                waiting = between_wait_rounds(checkpoint)
+                number = checkpoint.attempt if waiting else checkpoint.attempt + 1
+            attempt = ActionAttempt(
+                action_id=spec.id,
+                attempt=number,
+                input_hash=input_hash(inputs),
+                external_key=external_key(loaded.execution_id, spec.id),
+                effect=adapter.effect.value,
+                capability=adapter.capability,
+                adapter_version=adapter.version,
+            )
+            first_started_at = self.services.writer(self.source).start(
+                self.claim, attempt, (), started_at=self.database_now()
+            )
+            loaded.checkpoints[spec.id] = Checkpoint(
+                **attempt.params,
+                status=CheckpointStatus.RUNNING,
+                fencing_token=self.claim.token,
+                output=None,
+                error_code=None,
+                attempt_base=checkpoint.attempt_base if checkpoint is not None else 0,
+                first_started_at=first_started_at,
+                observed=checkpoint.observed if checkpoint is not None else None,
+            )
+            log.info(
+                "recalled the interrupted attempt %d of %s",
+                number,
+                spec.id,
+                extra={**self.claim.log_extra, "action_id": spec.id},
+            )
+            return
+
+    def database_now(self) -> datetime:
+        """The database's time now as this run measures it, without asking: its clock at
+        the claim, or after the writer's last batch if later, plus the time since. A
+        little early, never before a time the run's earlier writes recorded."""
+        claimed = self.claim.database_now()
+        written = self.services.writer(self.source).database_now()
+        return claimed if written is None else max(claimed, written)
+
+    def start(self, spec: ActionSpec, action_attempt: ActionAttempt) -> datetime:
+        """The RUNNING checkpoint, durable before the call; the step's first start.
+
+        The earlier steps' held-back successes ride in it.
+        """
+        riding = self.take_riding_success()
+        try:
+            return self.services.writer(self.source).start(self.claim, action_attempt, riding)
+        except ContractMismatch as exc:
+            self.reconcile(ContractMismatch.code, actionId=spec.id, why=exc.message)
+        except CancelRequested:
+            # Asked while the previous call ran: its success is written; nothing more runs.
+            self.honour_cancel()
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            self.settle_after_failed_ride(riding, exc)
+            raise
 
     def take_token(self, step: Step, limit: RateLimit) -> None:
         """Take a token of the route's rate limit, or go back to RETRY_WAIT until one is due.
@@ -446,14 +562,31 @@ class StepRunner(StepOutcomes):
             sent = {k: v for k, v in (observed or {}).items() if k != "summary"}
             if sent:
                 audit["wouldSend"] = sent
+        underway, self.underway = self.underway, None
+        ended = self.database_now()
         if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
             # Repeating this step is safe, so its checkpoint may commit with the next
             # write (one transaction less per step): a crash before that commit leaves it
-            # RUNNING, as a crash a moment after the call always could. A non-idempotent
-            # write's success is never left to ride: it commits before anything else.
-            self.riding_success = RidingSuccess(claim, action_id, output, observed)
+            # RUNNING (a read: no row), as a crash a moment after the call always could.
+            # A non-idempotent write's success is never left to ride: it commits before
+            # anything else. A read's success carries its whole attempt.
+            if underway is not None:
+                attempt, started_at = underway.attempt, underway.started_at
+                ride = RidingSuccess(
+                    claim, action_id, output, observed, attempt, started_at, finished_at=ended
+                )
+            else:
+                ride = RidingSuccess(claim, action_id, output, observed, finished_at=ended)
+            self.riding_success.append(ride)
         elif audit is None:
-            self.services.writer(self.source).succeed(claim, action_id, output, observed)
+            try:
+                self.services.writer(self.source).succeed(
+                    claim, action_id, output, observed, asks_cancel=True
+                )
+            except CancelRequested:
+                # Asked during the call: the write is recorded; the next step, which may
+                # write nothing before its call, is not called.
+                self.honour_cancel()
         else:  # a dry run's simulated call: its audit row goes with the checkpoint
             self.settle_riding_success()
             succeed_checkpoint(self.conn, claim, action_id, output, observed, audit)

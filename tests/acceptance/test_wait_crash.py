@@ -102,9 +102,14 @@ def test_sigkill_mid_round_keeps_the_deadline_of_the_first_start(
                     WHERE execution_id = :id ORDER BY attempt"""),
             {"id": eid},
         ).all()
+    # A read's round writes no checkpoint before its call (SPEC 28): the survivor, taking
+    # the execution over, recalled the killed round as the step's interrupted attempt.
     assert [tuple(h) for h in history] == [
         (1, "FAILED", "INTERRUPTED"),
         (2, "FAILED", "WAIT_DEADLINE_EXCEEDED"),
     ]
+    # And the execution's record says which of its attempts was cut short.
+    (interrupted,) = audit(runtime_engine, eid, "ATTEMPT_INTERRUPTED")
+    assert interrupted.detail["attempt"] == 1
     (exit_row,) = audit(runtime_engine, eid, "STEP_ERROR_EXIT")
     assert exit_row.detail["observed"]["wait"]["status"] == "sent"

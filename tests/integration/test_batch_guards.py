@@ -158,8 +158,8 @@ def test_a_stale_row_is_refused_even_batched_with_the_current_holders(runtime_en
 
 
 RIDERS: dict[str, Callable[[Claim], Row]] = {
-    "start": lambda c: StartRow(c, attempt_of(c, "b"), succeed=_succeed(c, "a")),
-    "finish": lambda c: FinishRow(c, _finish(()), succeed=_succeed(c, "a")),
+    "start": lambda c: StartRow(c, attempt_of(c, "b"), succeed=(_succeed(c, "a"),)),
+    "finish": lambda c: FinishRow(c, _finish(()), succeed=(_succeed(c, "a"),)),
 }
 
 

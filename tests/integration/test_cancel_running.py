@@ -142,12 +142,13 @@ def test_a_read_in_flight_ends_cancelled_when_its_call_returns_and_nothing_after
     assert "cancelRequested" not in shown
 
 
+@pytest.mark.parametrize("next_effect", [Effect.IDEMPOTENT_WRITE, Effect.READ_ONLY])
 def test_a_write_done_in_flight_parks_cancelled_after_writes_with_the_write_listed(
-    api: Api, runtime_engine: Engine, run_worker: Any
+    api: Api, runtime_engine: Engine, run_worker: Any, next_effect: Effect
 ) -> None:
     gate = Gate({"chargeId": "ch_1"})
     charge = Double("test.charge", Effect.NON_IDEMPOTENT_WRITE, output=gate)
-    after = Double("test.after", Effect.READ_ONLY)
+    after = Double("test.after", next_effect)
     eid = start_execution(
         runtime_engine,
         flow_definition([action("charge", "test.charge"), action("then", "test.after")]),
@@ -160,7 +161,12 @@ def test_a_write_done_in_flight_parks_cancelled_after_writes_with_the_write_list
         status_is(runtime_engine, eid, "RECONCILIATION_REQUIRED"), what="the cancel to park it"
     )
 
-    assert len(charge.calls) == 1 and after.calls == []  # the write was never cut
+    assert len(charge.calls) == 1  # the write was never cut
+    # No step starts after the request: the charge's own success, written alone, learns
+    # of it, so the next step is not called, whether or not it would have written a
+    # RUNNING checkpoint before its call (SPEC 28).
+    assert after.calls == []
+    assert execution(runtime_engine, eid).result is None
     row = execution(runtime_engine, eid)
     assert row.error_code == "CANCELLED_AFTER_WRITES"
     assert row.error_detail == {
@@ -246,7 +252,8 @@ def test_an_operator_retry_of_a_cancel_park_clears_the_request(
     api: Api, runtime_engine: Engine
 ) -> None:
     charge = Double("test.charge", Effect.NON_IDEMPOTENT_WRITE, output={"chargeId": "ch_1"})
-    then = Double("test.then", Effect.READ_ONLY)
+    # A write: its RUNNING is where the run learns of the cancel, before calling it.
+    then = Double("test.then", Effect.IDEMPOTENT_WRITE)
     eid = start_execution(
         runtime_engine,
         flow_definition([action("charge", "test.charge"), action("then", "test.then")]),

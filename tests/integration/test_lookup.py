@@ -508,7 +508,6 @@ def test_an_idempotent_write_interrupted_on_its_last_attempt_is_looked_up(runtim
     with pytest.raises(SimulatedCrash):
         run_once(runtime_engine, crashing, "crashed")
     expire_lease(runtime_engine, eid)
-    lapse_earlier_calls(runtime_engine, eid)
 
     status = run_once(runtime_engine, _executor(_with_lookup(write, lookup)), "recovering")
 
@@ -517,6 +516,14 @@ def test_an_idempotent_write_interrupted_on_its_last_attempt_is_looked_up(runtim
         assert status == "SUCCEEDED"
         assert _history(runtime_engine, eid) == [(1, "SUCCEEDED", None)]
     else:
+        # The write wrote no checkpoint before its call (SPEC 28): the holder that took
+        # over recalled its attempt, dated when found, so the crashed call may still
+        # send until that moment + its timeout + the grace: NotFound proves nothing yet.
+        assert status == "RETRY_WAIT"
+        assert audit(runtime_engine, eid, "EARLIER_CALL_PENDING")
+        lapse_earlier_calls(runtime_engine, eid)
+        make_due(runtime_engine, eid)
+        status = run_once(runtime_engine, _executor(_with_lookup(write, lookup)), "later")
         assert status == "FAILED"
         assert _history(runtime_engine, eid) == [(1, "FAILED", "INTERRUPTED")]
 

@@ -240,10 +240,10 @@ def test_a_lone_job_is_written_at_once_without_waiting_for_company(runtime_engin
     start_execution(runtime_engine, flow_definition([action("a", "test.write")]))
     assert run_once(runtime_engine, executor) == "SUCCEEDED"
     stats = executor.writer_stats()
-    # RUNNING, then the finish with the last SUCCEEDED riding in it: two rows, each its
-    # own transaction, written as soon as it arrived (no bounded wait taken: no other
-    # job was running).
-    assert (stats.rows, stats.batches, stats.gather_waits) == (2, 2, 0)
+    # The finish, with the step's whole attempt riding in it (a safe step writes no
+    # RUNNING checkpoint): one row, its own transaction, written as soon as it arrived
+    # (no bounded wait taken: no other job was running).
+    assert (stats.rows, stats.batches, stats.gather_waits) == (1, 1, 0)
     executor.close()
 
 
@@ -275,7 +275,7 @@ def test_concurrent_jobs_share_transactions_and_all_succeed(runtime_engine):
     for execution_id in ids:
         assert len(audit(runtime_engine, execution_id, "TRANSITION_COMPLETED")) == 1
     stats = executor.writer_stats()
-    assert stats.rows == 20 and stats.batches < 20
+    assert stats.rows == 10 and stats.batches < 10
     executor.close()
 
 
@@ -290,7 +290,7 @@ def test_a_riding_checkpoint_stays_written_when_its_finish_is_refused(runtime_en
         )
     riding = RidingSuccess(claim, "a", {"ok": True}, None)
     with pytest.raises(RequestChanged):
-        writer.finish(claim, _finish({"n": 2}), succeed=riding)
+        writer.finish(claim, _finish({"n": 2}), succeed=(riding,))
     # The transaction committed: the step's success is kept, the finish is not.
     row = checkpoints(runtime_engine, claim.execution_id)["a"]
     assert (row.status, row.output) == ("SUCCEEDED", {"ok": True})
@@ -308,7 +308,7 @@ def test_a_riding_checkpoint_is_rolled_back_with_its_failed_finish(runtime_engin
 
     riding = RidingSuccess(claim, "a", {"ok": True}, None)
     with pytest.raises(RuntimeError):
-        writer.finish(claim, _finish({"n": 2}), explode, succeed=riding)
+        writer.finish(claim, _finish({"n": 2}), explode, succeed=(riding,))
     # All or nothing: the job hears an error that is not a refusal and writes it alone.
     assert checkpoints(runtime_engine, claim.execution_id)["a"].status == "RUNNING"
     writer.succeed(claim, "a", {"ok": True}, None)
@@ -334,9 +334,9 @@ def test_a_start_carries_the_previous_steps_success_and_a_stale_one_writes_neith
         riding = RidingSuccess(claim, "a", {"ok": True}, None)
         if claim is stale:
             with pytest.raises(LeaseLost):
-                writer.start(claim, nxt, riding)
+                writer.start(claim, nxt, (riding,))
         else:
-            writer.start(claim, nxt, riding)
+            writer.start(claim, nxt, (riding,))
     written = checkpoints(runtime_engine, kept.execution_id)
     assert (written["a"].status, written["b"].status) == ("SUCCEEDED", "RUNNING")
     refused = checkpoints(runtime_engine, stale.execution_id)
@@ -376,7 +376,7 @@ def test_a_lease_running_out_mid_batch_leaves_no_part_of_the_row_written(
     _lease_runs_out_when_b_starts(owner_engine)
     nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
     with pytest.raises(LeaseLost):
-        writer.start(claim, nxt, RidingSuccess(claim, "a", {"ok": True}, None))
+        writer.start(claim, nxt, (RidingSuccess(claim, "a", {"ok": True}, None),))
     written = checkpoints(runtime_engine, claim.execution_id)
     assert written["a"].status == "RUNNING" and "b" not in written
     assert [row.status for row in attempt_history(runtime_engine, claim.execution_id, "a")] == []
@@ -472,7 +472,7 @@ def test_a_row_locked_past_the_lock_timeout_is_given_up_and_writes_nothing(runti
     try:
         with pytest.raises(RowBusy):
             writer.finish(
-                held, _finish({"n": 2}), succeed=RidingSuccess(held, "a", {"ok": 1}, None)
+                held, _finish({"n": 2}), succeed=(RidingSuccess(held, "a", {"ok": 1}, None),)
             )
     finally:
         transaction.rollback()
@@ -524,7 +524,7 @@ def test_a_riding_success_is_written_before_the_next_steps_running(runtime_engin
     writer = _writer(runtime_engine)
     writer.start(claim, _attempt(claim))
     nxt = replace(_attempt(claim), action_id="b", external_key=f"{claim.execution_id}:b")
-    writer.start(claim, nxt, RidingSuccess(claim, "a", {"ok": True}, None))
+    writer.start(claim, nxt, (RidingSuccess(claim, "a", {"ok": True}, None),))
     written = checkpoints(runtime_engine, claim.execution_id)
     assert (written["a"].status, written["b"].status) == ("SUCCEEDED", "RUNNING")
     # One transaction, and clock_timestamp() moves on within it: the order is visible.

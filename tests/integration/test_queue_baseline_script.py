@@ -29,8 +29,7 @@ def test_the_script_carries_the_queue_statements_verbatim():
     script = protocol_script.script()
     for clause in (
         claims._CLAIM,
-        checkpoints._START,
-        checkpoints._SUCCEED,
+        checkpoints._RECORD_SUCCESS,
         outcomes._LOCK_REQUEST,
         outcomes._LOCK_EXECUTION,
         outcomes._COMPLETE,

@@ -477,9 +477,10 @@ def test_a_safe_steps_success_rides_in_the_next_write_and_is_durable_before_the_
     written = _writers(runtime_engine, eid)
     assert written["second"] == written["execution"]
     assert {v.status for v in checkpoints(runtime_engine, eid).values()} == {"SUCCEEDED"}
-    # Three writes for two steps and a finish (was five): each its own transaction here.
+    # Two writes for two steps and a finish (was five): the read writes nothing before
+    # its call, its whole attempt rides in the write's RUNNING; each its own transaction.
     stats = executor.writer_stats()
-    assert (stats.rows, stats.batches) == (3, 3)
+    assert (stats.rows, stats.batches) == (2, 2)
     executor.close()
 
 

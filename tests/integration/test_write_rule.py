@@ -232,10 +232,11 @@ def test_an_earlier_uncertain_write_blocks_a_later_steps_error_exit(runtime_engi
     assert row.error_detail["writesSucceeded"] == ["a"]
 
 
+@pytest.mark.parametrize("effect", [Effect.IDEMPOTENT_WRITE, Effect.NON_IDEMPOTENT_WRITE])
 def test_a_checkpoint_written_behind_the_runs_back_is_parked_not_raised(
-    runtime_engine, owner_engine
+    runtime_engine, owner_engine, effect
 ):
-    write = Double("test.write", Effect.IDEMPOTENT_WRITE)
+    write = Double("test.write", effect)
     eid = start_execution(runtime_engine, flow_definition([action("w", "test.write")]))
     claim = claim_one(runtime_engine)
     assert claim.snapshot is not None and claim.snapshot.checkpoints == {}
@@ -246,13 +247,15 @@ def test_a_checkpoint_written_behind_the_runs_back_is_parked_not_raised(
                         fencing_token, input_hash, external_key, effect, capability,
                         adapter_version)
                     VALUES (:id, 'w', 'SUCCEEDED', 1, 1, 'other', 'other-key',
-                            'IDEMPOTENT_WRITE', 'test.write', 1)"""),
-            {"id": eid},
+                            :effect, 'test.write', 1)"""),
+            {"id": eid, "effect": effect.value},
         )
     with runtime_engine.connect() as conn:
         status = Executor(registry_of(write), settings()).run(conn, claim)
     assert status == "RECONCILIATION_REQUIRED"
-    assert not write.calls
+    # A non-idempotent write finds it with its RUNNING, before its call; a safe step
+    # writes none before its call (SPEC 28) and finds it when its attempt is recorded.
+    assert len(write.calls) == (0 if effect is Effect.NON_IDEMPOTENT_WRITE else 1)
     row = _assert_parked_and_busy(runtime_engine, eid)
     assert row.error_code == "CONTRACT_MISMATCH"
 

@@ -521,6 +521,9 @@ def test_upgrade_with_data_in_place_then_downgrade_to_base(
     # 0035: request keeps room on its pages for its updates to stay HOT.
     step(server, name, "0035")
     assert _update_columns(server, name) == _declared_updates(at="0035")
+    # 0036: the batch writer takes a safe step's whole attempt with its success.
+    step(server, name, "0036")
+    assert _update_columns(server, name) == _declared_updates(at="0036")
 
     with engine.connect() as connection:
         context = MigrationContext.configure(

@@ -1310,8 +1310,8 @@ BATCH_GUARDS = [
     Mutation(
         "batch-success-answered-by-token",
         _BATCHES_PY,
-        "    if _key(row.claim) not in succeeded:",
-        "    if str(row.claim.execution_id) not in {key[0] for key in succeeded}:",
+        "    if (*key, row.action_id) in succeeded or (*key, None) in succeeded:",
+        "    if str(row.claim.execution_id) in {done[0] for done in succeeded}:",
         "A stale holder's success is never reported recorded because the current holder's was.",
         (batch("test_a_stale_row_is_refused_even_batched_with_the_current_holders"),),
     ),
@@ -2736,6 +2736,89 @@ CANCEL_REQUEST_GUARDS = [
     ),
 ]
 
+# --- a RUNNING checkpoint only where the write rule needs it (SPEC 28) -----------------
+
+LEAN = "tests/integration/test_lean_steps.py"
+_MIGRATION_0036 = "migrations/versions/0036_lean_steps.py"
+
+
+def lean(name: str) -> str:
+    return f"{LEAN}::{name}"
+
+
+LEAN_GUARDS = [
+    Mutation(
+        "lean-same-external-key",
+        _STEP_RUNNER_PY,
+        '    return f"{execution_id}:{action_id}"',
+        '    return f"{execution_id}:{action_id}:{uuid.uuid4()}"',
+        "An idempotent step re-run after a crash uses the same external key.",
+        (lean("test_an_idempotent_step_rerun_after_a_crash_uses_the_same_external_key"),),
+    ),
+    Mutation(
+        "lean-never-non-idempotent",
+        _STEP_RUNNER_PY,
+        "    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE:\n        return False",
+        "    if step.simulated:\n        return False",
+        "A non-idempotent write never runs without its RUNNING checkpoint.",
+        (lean("test_a_non_idempotent_write_never_runs_without_its_running_checkpoint"),),
+    ),
+    Mutation(
+        "lean-idempotent-only-with-nothing-held-back",
+        _STEP_RUNNER_PY,
+        "    if step.risk is Effect.IDEMPOTENT_WRITE and riding:\n        return False\n",
+        "",
+        "An idempotent write runs without a RUNNING checkpoint only when no success is held "
+        "back, so a crash leaves at most the first step without a success unrecorded.",
+        (lean("test_a_write_after_a_held_back_success_keeps_its_running_checkpoint"),),
+    ),
+    Mutation(
+        "lean-recall-the-interrupted-attempt",
+        _EXECUTOR_PY,
+        "        if claim.reclaimed:\n",
+        "        if False:\n",
+        "The holder that takes a crashed execution over recalls the step it was in, so the "
+        "write rule counts an interrupted idempotent write in doubt.",
+        (lean("test_an_interrupted_idempotent_write_out_of_attempts_stays_in_doubt"),),
+    ),
+    Mutation(
+        "lean-recall-numbers-the-attempt",
+        _STEP_RUNNER_PY,
+        "                number = checkpoint.attempt if waiting else checkpoint.attempt + 1\n",
+        "                number = checkpoint.attempt\n",
+        "A recalled attempt after an ended one takes the next number, never an ended one's.",
+        (lean("test_a_read_cut_short_after_a_retry_is_recalled_as_the_next_attempt"),),
+    ),
+    Mutation(
+        "claim-records-the-interrupted-attempt",
+        _CLAIMS_PY,
+        "        WHERE c.reclaimed\n",
+        "        WHERE false\n",
+        "The claim that takes a RUNNING row over records the attempt its holder never ended.",
+        (lean("test_an_idempotent_step_rerun_after_a_crash_uses_the_same_external_key"),),
+    ),
+    Mutation(
+        "lean-success-never-over-another-key",
+        _MIGRATION_0036,
+        "            WHERE a.status <> 'SUCCEEDED'\n"
+        "              AND a.external_key = EXCLUDED.external_key\n",
+        "            WHERE true\n",
+        "A safe step's whole attempt never replaces a success or another key's checkpoint.",
+        (
+            "tests/integration/test_write_rule.py::test_a_checkpoint_written_behind_the_runs_back_is_parked_not_raised",
+        ),
+    ),
+    Mutation(
+        "lean-cancel-learned-from-a-payment",
+        _STEP_RUNNER_PY,
+        "                    claim, action_id, output, observed, asks_cancel=True\n",
+        "                    claim, action_id, output, observed, asks_cancel=False\n",
+        "After a non-idempotent write's success, a cancel requested during its call stops the "
+        "run before the next step, which may write nothing before its call.",
+        (running("test_an_operator_retry_of_a_cancel_park_clears_the_request"),),
+    ),
+]
+
 MUTATIONS: list[Mutation] = [
     *FENCING_GUARDS,
     *LEASE_GUARDS,
@@ -2767,6 +2850,7 @@ MUTATIONS: list[Mutation] = [
     *KEY_PLACE_GUARDS,
     *OPERATOR_SEAM_GUARDS,
     *CANCEL_REQUEST_GUARDS,
+    *LEAN_GUARDS,
 ]
 
 # The script's own proof, run before the list and in this order: a change to nothing but

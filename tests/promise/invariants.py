@@ -21,10 +21,11 @@
    run one after another), or no single step could be named.
 6. No head-of-line blocking: see `blocking.py`.
 7. A step starts only once the step before it has succeeded: no attempt of a step began
-   before the previous step's SUCCEEDED was written (SPEC section 15: a riding
-   SUCCEEDED is written before the next step's RUNNING in every path, the batch
-   function's included; a batch row refused half way, its RUNNING kept and its riding
-   SUCCEEDED lost, shows here too).
+   before the previous step's success ended (SPEC section 15: a riding SUCCEEDED is
+   written before the next step's RUNNING in every path, the batch function's included;
+   a batch row refused half way, its RUNNING kept and its riding SUCCEEDED lost, shows
+   here too; SPEC 28: a step that writes no RUNNING records when its call began and
+   ended, so a success held back across it still ends before it began).
 8. The keyed writes' route, rate limited, got no more calls than its token bucket
    allows: in any stretch of the run, at most `burst` plus `per_second` calls a second,
    give or take RATE_MARGIN_SECONDS between a token's taking and the call's sending.

@@ -24,7 +24,7 @@ def test_the_view_keeps_what_both_rows_of_a_running_cancel_did_to_the_commands()
         _row("EXECUTION_CANCELLED", ["c-3"], ["c-2"]),
     ]
 
-    _, _, _, commands = read_facts(audit)
+    _, _, _, commands, _ = read_facts(audit)
 
     assert commands is not None
     assert [c["id"] for c in commands["cancelled"]] == ["c-1", "c-3"]

@@ -236,6 +236,10 @@ _SENTENCES = {
         f" {_seconds_in_words(float(d.get('delaySeconds') or 0))}"
         f" ({_get(d, 'errorCode')} on attempt {_get(d, 'attempt')})."
     ),
+    "ATTEMPT_INTERRUPTED": lambda actor, d: (
+        f"Attempt {_get(d, 'attempt')} was interrupted: its worker stopped before the"
+        " attempt ended, and another took the execution over."
+    ),
     "RATE_LIMITED": lambda actor, d: (
         f"Step {_get(d, 'actionId')} waited for its route's rate limit; no attempt spent."
     ),
