@@ -65,10 +65,17 @@ class Api:
         self.app.extensions["orquestador"].engine.dispose()
 
     def call(
-        self, method: str, path: str, token: str, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        token: str,
+        body: dict[str, Any] | None = None,
+        *,
+        again_on_503: bool = True,
     ) -> tuple[int, Any]:
-        """(status, JSON body); a 503 (the database away) is tried again for a while."""
-        deadline = time.monotonic() + AWAY_SECONDS
+        """(status, JSON body); a 503 (the database away) is tried again for a while, unless
+        `again_on_503` is False."""
+        deadline = time.monotonic() + AWAY_SECONDS if again_on_503 else 0.0
         while True:
             response = self.app.test_client().open(
                 f"/api/v1{path}",
@@ -151,7 +158,17 @@ class Api:
             body["output"] = output
         if correction is not None:
             body["correction"] = correction
-        return self.call("POST", f"/executions/{execution_id}/reconciliation", self.operator, body)
+        # An operator decides on the park they saw: a decision the database did not take
+        # (503) is not sent again blindly, since by then the execution may have parked
+        # anew (an earlier decision's re-run), and the same words would decide a park
+        # nobody saw: a careful operator looks again, as the command line leaves them to.
+        return self.call(
+            "POST",
+            f"/executions/{execution_id}/reconciliation",
+            self.operator,
+            body,
+            again_on_503=False,
+        )
 
     def bulk(self, action: str, reason: str, filter: dict[str, Any]) -> tuple[int, Any]:
         body = {"action": action, "reason": reason, "filter": filter}
