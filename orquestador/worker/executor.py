@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime
 from typing import Any, NoReturn
 
 from sqlalchemy import Connection, Engine
@@ -212,6 +213,7 @@ class _ExecutionRun(StepRunner):
         self.riding_success: list[RidingSuccess] = []
         # A read's call under way, which wrote no RUNNING checkpoint (see Underway).
         self.underway: Underway | None = None
+        self.measured: datetime | None = None
         # A dry run's outcomes, read when its first step is about to be simulated.
         self.rehearsal: dict[str, Any] | None = None
 

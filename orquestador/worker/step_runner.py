@@ -120,6 +120,8 @@ class StepRunner(StepOutcomes):
     outputs: dict[str, Any]
     riding_success: list[RidingSuccess]
     underway: Underway | None
+    # The latest time the run measured itself: its measures never go back.
+    measured: datetime | None
     rehearsal: dict[str, Any] | None
 
     def take_riding_success(self) -> tuple[RidingSuccess, ...]:
@@ -262,11 +264,16 @@ class StepRunner(StepOutcomes):
 
     def database_now(self) -> datetime:
         """The database's time now as this run measures it, without asking: its clock at
-        the claim, or after the writer's last batch if later, plus the time since. A
-        little early, never before a time the run's earlier writes recorded."""
+        the claim, or in the writer's last batch if later, plus the time since each was
+        asked for. A little late, never early (an attempt never ends before its call
+        returned), never back in time within the run; the batch function keeps what is
+        written with it at most at its own clock (migration 0037)."""
         claimed = self.claim.database_now()
         written = self.services.writer(self.source).database_now()
-        return claimed if written is None else max(claimed, written)
+        now = claimed if written is None else max(claimed, written)
+        # A later batch's clock is a closer measure and may read earlier than the last.
+        self.measured = now if self.measured is None else max(self.measured, now)
+        return self.measured
 
     def start(self, spec: ActionSpec, action_attempt: ActionAttempt) -> datetime:
         """The RUNNING checkpoint, durable before the call; the step's first start.
