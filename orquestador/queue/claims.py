@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -283,7 +282,6 @@ def claim_round(
         "lease_seconds": float(lease_seconds),
         "weights": dict(org_weights or {}),
     }
-    asked = time.monotonic()
     result = run_alone(conn, _CLAIM, params).fetchall()
     rows = [row for row in result if row.id is not None]
     # RETURNING gives no order; hand the claims out in the order they were chosen.
@@ -303,7 +301,6 @@ def claim_round(
             trace_parent=row.trace_parent,
             counted_attempt=row.counted_attempt,
             reclaimed=row.reclaimed,
-            asked=asked,
         )
         for row in rows
     ]

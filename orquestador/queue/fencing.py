@@ -45,15 +45,17 @@ class Claim:
     # Whether the claim took the execution over from a holder whose lease ran out: that
     # holder's last attempt never ended (see ATTEMPT_INTERRUPTED in queue/claims.py).
     reclaimed: bool = field(default=False, compare=False, repr=False)
-    # When this process asked for the claim (time.monotonic()), before the database read
-    # its clock: with `claimed_at`, the database's time now, without asking it.
-    asked: float = field(default_factory=time.monotonic, compare=False, repr=False)
+    # When this process received the claim (time.monotonic()): with `claimed_at`, the
+    # database's time now, without asking it (`database_now`).
+    received: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
     def database_now(self) -> datetime:
-        """The database's time now, as its clock at the claim plus the time since it was
-        asked for: a little late (by the claim's round trip), never early, so an attempt
-        measured with it never ends before its call returned."""
-        return self.claimed_at + timedelta(seconds=time.monotonic() - self.asked)
+        """The database's time now, as its clock at the claim plus the time since here.
+
+        A little early (by the claim's answer's trip), never later than the database's
+        own clock_timestamp() at a write that follows.
+        """
+        return self.claimed_at + timedelta(seconds=time.monotonic() - self.received)
 
     @property
     def params(self) -> dict[str, Any]:

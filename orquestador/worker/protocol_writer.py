@@ -178,17 +178,17 @@ class ProtocolWriter:
     # --- what jobs call -------------------------------------------------------
 
     def database_now(self) -> datetime | None:
-        """The database's time now, as its clock in the last batch plus the time since that
-        batch was sent (None before any batch): a little late, never early, and never
-        before a time a batch wrote."""
+        """The database's time now, as its clock after the last batch plus the time since
+        (None before any batch). Never later than the database's own clock: a floor for
+        the times a run measures itself, so none is before a time a batch wrote."""
         clock = self._clock
         if clock is None:
             return None
-        at, sent = clock
-        return at + timedelta(seconds=time.monotonic() - sent)
+        at, received = clock
+        return at + timedelta(seconds=time.monotonic() - received)
 
-    def _observe_clock(self, at: datetime, sent: float) -> None:
-        self._clock = (at, sent)
+    def _observe_clock(self, at: datetime) -> None:
+        self._clock = (at, time.monotonic())
 
     def start(
         self,
@@ -334,11 +334,8 @@ class ProtocolWriter:
         try:
             if self.before_batch is not None:
                 self.before_batch([item.row for item in batch])
-            sent = time.monotonic()
             answers = write_rows(
-                own.link.connection(),
-                [item.row for item in batch],
-                lambda at: self._observe_clock(at, sent),
+                own.link.connection(), [item.row for item in batch], self._observe_clock
             )
         except RowFailed as failed:
             batch[failed.index].answer(error=failed.error)
