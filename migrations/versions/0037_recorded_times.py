@@ -3,11 +3,10 @@
 Revision ID: 0037
 Revises: 0036
 
-orquestador_write_batch (same signature): the start and end a worker measured itself for
-a step that wrote no RUNNING checkpoint (a little late by design, never early: it never
-ends before its call returned) are kept at most at the database's clock when they are
-written. A held-back success written in the same transaction as the next step's RUNNING
-checkpoint so ends no later than that step starts.
+orquestador_write_batch (same signature): a start or an end a worker measured itself for
+a step that wrote no RUNNING checkpoint is kept at most at the database's clock when it
+is written, so no measure, however it was taken, dates an attempt after the writes that
+follow it in the same transaction (the next step's RUNNING checkpoint, the finish).
 """
 
 import importlib.util

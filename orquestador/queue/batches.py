@@ -77,8 +77,6 @@ class RidingSuccess:
     observed: dict[str, Any] | None
     attempt: ActionAttempt | None = None
     started_at: datetime | None = None
-    # When the call returned (database time, as the run measures it): the success's end.
-    finished_at: datetime | None = None
     # A non-idempotent write's success, written alone: answered CancelRequested (once
     # written) when a person asked to cancel, so that the next step, which may write no
     # RUNNING checkpoint, is not called.
@@ -181,8 +179,6 @@ def _succeed(row: RidingSuccess) -> dict[str, Any]:
     }
     if row.attempt is not None and row.started_at is not None:
         params.update(row.attempt.params, started_at=row.started_at.isoformat())
-    if row.finished_at is not None:
-        params["finished_at"] = row.finished_at.isoformat()
     return params
 
 

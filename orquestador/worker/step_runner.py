@@ -79,16 +79,16 @@ def records_at_end(step: Step, checkpoint: Checkpoint | None, *, riding: bool) -
 
     A step whose repeat is safe, of a real run: its attempt is written when it ends,
     with its success or its outcome. A non-idempotent write never: its RUNNING is
-    durable before its call. An idempotent write only when nothing rides (every earlier
-    step's outcome is durable): then the only step a crash can leave without a record,
-    having written, is the first one without a success, and the holder that takes the
+    durable before its call. The others only when nothing rides (every earlier step's
+    outcome is durable): then the only step a crash can leave without a record, having
+    written, is the first one without a success, and the holder that takes the
     execution over puts that attempt back as RUNNING (`recall_interrupted`) so the write
-    rule counts it. A checkpoint found RUNNING or UNKNOWN goes through the start, which
-    records the interrupted attempt it replaces.
+    rule counts it; and a success is written, dated by the database, before any later
+    step begins, so no step's recorded end is after the next one's start nor before its
+    own call returned. A checkpoint found RUNNING or UNKNOWN goes through the start,
+    which records the interrupted attempt it replaces.
     """
-    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE:
-        return False
-    if step.risk is Effect.IDEMPOTENT_WRITE and riding:
+    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE or riding:
         return False
     return checkpoint is None or checkpoint.status == CheckpointStatus.FAILED
 
@@ -264,10 +264,10 @@ class StepRunner(StepOutcomes):
 
     def database_now(self) -> datetime:
         """The database's time now as this run measures it, without asking: its clock at
-        the claim, or in the writer's last batch if later, plus the time since each was
-        asked for. A little late, never early (an attempt never ends before its call
-        returned), never back in time within the run; the batch function keeps what is
-        written with it at most at its own clock (migration 0037)."""
+        the claim, or after the writer's last batch if later, plus the time since. A
+        little early, never before a time the run's earlier writes recorded, never back
+        in time within the run: a step's start (its end is the database's own clock, at
+        the write its success rides in, before any later step begins)."""
         claimed = self.claim.database_now()
         written = self.services.writer(self.source).database_now()
         now = claimed if written is None else max(claimed, written)
@@ -570,7 +570,6 @@ class StepRunner(StepOutcomes):
             if sent:
                 audit["wouldSend"] = sent
         underway, self.underway = self.underway, None
-        ended = self.database_now()
         if audit is None and step.risk is not Effect.NON_IDEMPOTENT_WRITE:
             # Repeating this step is safe, so its checkpoint may commit with the next
             # write (one transaction less per step): a crash before that commit leaves it
@@ -579,11 +578,9 @@ class StepRunner(StepOutcomes):
             # anything else. A read's success carries its whole attempt.
             if underway is not None:
                 attempt, started_at = underway.attempt, underway.started_at
-                ride = RidingSuccess(
-                    claim, action_id, output, observed, attempt, started_at, finished_at=ended
-                )
+                ride = RidingSuccess(claim, action_id, output, observed, attempt, started_at)
             else:
-                ride = RidingSuccess(claim, action_id, output, observed, finished_at=ended)
+                ride = RidingSuccess(claim, action_id, output, observed)
             self.riding_success.append(ride)
         elif audit is None:
             try:

@@ -55,7 +55,7 @@ def test_a_read_killed_mid_call_runs_again_under_its_key_and_every_attempt_shows
     ledger = tmp_path / "ledger.jsonl"
     flow = publish_flow(
         runtime_engine,
-        flow_definition([action("peek", "crash.peek"), action("look", "crash.look")]),
+        flow_definition([action("look", "crash.look"), action("peek", "crash.peek")]),
     )
     eid = accept_transition(runtime_engine, create_request(runtime_engine, flow))
     victim = spawn_worker(database, ADAPTERS, ledger, "victim", concurrency=1, **LEASE)
@@ -67,7 +67,8 @@ def test_a_read_killed_mid_call_runs_again_under_its_key_and_every_attempt_shows
         timeout=60,
         what="the victim in the read's call",
     )
-    # Neither read wrote anything yet: the first one's success rides with the second's.
+    # The read wrote nothing before its call (a later step would: nothing may ride past
+    # a step that writes nothing).
     with runtime_engine.connect() as conn:
         assert (
             conn.execute(
@@ -87,10 +88,9 @@ def test_a_read_killed_mid_call_runs_again_under_its_key_and_every_attempt_shows
     starts = Counter((e["key"], e["role"]) for e in entries if e["event"] == "start")
     # The same external key on both holders: derived from the execution and the action.
     assert starts == {
-        (f"{eid}:peek", "victim"): 1,
-        (f"{eid}:peek", "survivor"): 1,
         (f"{eid}:look", "victim"): 1,
         (f"{eid}:look", "survivor"): 1,
+        (f"{eid}:peek", "survivor"): 1,
     }
     assert execution(runtime_engine, eid).attempts == 2
     (interrupted,) = audit(runtime_engine, eid, "ATTEMPT_INTERRUPTED")
@@ -107,16 +107,15 @@ def test_a_read_killed_mid_call_runs_again_under_its_key_and_every_attempt_shows
         (1, "WORKER_STOPPED")
     ]
     # The holder that took over recalled the first step without a success as the one
-    # interrupted (its success, had it come, rode with the next write): attempt 1 of
-    # `peek` is in its history, and the survivor's is attempt 2.
+    # interrupted: attempt 1 of `look` is in its history, and the survivor's is attempt 2.
     assert {
         step["actionId"]: [
             (a["attempt"], a["status"], a.get("errorCode")) for a in step["attempts"]
         ]
         for step in view["steps"]
     } == {
-        "peek": [(1, "FAILED", "INTERRUPTED"), (2, "SUCCEEDED", None)],
-        "look": [(1, "SUCCEEDED", None)],
+        "look": [(1, "FAILED", "INTERRUPTED"), (2, "SUCCEEDED", None)],
+        "peek": [(1, "SUCCEEDED", None)],
     }
     words = _page_words(api, eid)
     assert "Attempt 1 was interrupted: its worker stopped" in words

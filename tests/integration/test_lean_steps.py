@@ -186,3 +186,28 @@ def test_a_read_cut_short_after_a_retry_is_recalled_as_the_next_attempt(
         (3, "SUCCEEDED", None),
     ]
     assert checkpoints(runtime_engine, eid)["r"].output == {"ok": 3}
+
+
+def test_a_read_after_a_held_back_success_writes_it_with_its_running_first(
+    runtime_engine: Engine,
+) -> None:
+    # Nothing rides past a step that writes nothing before its call: the second read's
+    # RUNNING carries the first's success, dated by the database before it, so no
+    # recorded end is after the next step's start or before its own call returned.
+    first, second = Double("test.first", Effect.READ_ONLY), Double("test.second", Effect.READ_ONLY)
+    seen: dict[str, dict[str, Any]] = {}
+
+    def before(claim: Any, action_id: str) -> None:  # another connection: what committed
+        seen[action_id] = dict(checkpoints(runtime_engine, claim.execution_id))
+
+    executor = Executor(registry_of(first, second), settings(), WorkerHooks(before_adapter=before))
+    start_execution(
+        runtime_engine,
+        flow_definition([action("a", "test.first"), action("b", "test.second")]),
+    )
+    assert run_once(runtime_engine, executor) == "SUCCEEDED"
+    assert seen["a"] == {}  # the first read wrote nothing before its call
+    a, b = seen["b"]["a"], seen["b"]["b"]
+    assert (a.status, b.status) == ("SUCCEEDED", "RUNNING")
+    assert a.finished_at <= b.started_at
+    executor.close()
