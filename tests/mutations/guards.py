@@ -2758,19 +2758,23 @@ LEAN_GUARDS = [
     Mutation(
         "lean-never-non-idempotent",
         _STEP_RUNNER_PY,
-        "    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE:\n        return False",
-        "    if step.simulated:\n        return False",
+        "    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE or riding:\n",
+        "    if step.simulated or riding:\n",
         "A non-idempotent write never runs without its RUNNING checkpoint.",
         (lean("test_a_non_idempotent_write_never_runs_without_its_running_checkpoint"),),
     ),
     Mutation(
-        "lean-idempotent-only-with-nothing-held-back",
+        "lean-only-with-nothing-held-back",
         _STEP_RUNNER_PY,
-        "    if step.risk is Effect.IDEMPOTENT_WRITE and riding:\n        return False\n",
-        "",
-        "An idempotent write runs without a RUNNING checkpoint only when no success is held "
-        "back, so a crash leaves at most the first step without a success unrecorded.",
-        (lean("test_a_write_after_a_held_back_success_keeps_its_running_checkpoint"),),
+        "    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE or riding:\n",
+        "    if step.simulated or step.risk is Effect.NON_IDEMPOTENT_WRITE:\n",
+        "A safe step runs without a RUNNING checkpoint only when no success is held back, so "
+        "a crash leaves at most the first step without a success unrecorded, and a held-back "
+        "success is written, dated, before any later step begins.",
+        (
+            lean("test_a_write_after_a_held_back_success_keeps_its_running_checkpoint"),
+            lean("test_a_read_after_a_held_back_success_writes_it_with_its_running_first"),
+        ),
     ),
     Mutation(
         "lean-recall-the-interrupted-attempt",

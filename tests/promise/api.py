@@ -85,7 +85,8 @@ class Api:
             )
             if response.status_code != 503 or time.monotonic() > deadline:
                 answer = response.get_json(silent=True)
-                if response.status_code >= 500:
+                # A 503 not tried again is the answer an outage gives, not an anomaly.
+                if response.status_code >= 500 and (again_on_503 or response.status_code != 503):
                     self.server_errors.append(f"{method} {path}: {response.status_code} {answer}")
                 return response.status_code, answer
             time.sleep(0.25)
