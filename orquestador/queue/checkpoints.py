@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection, bindparam, text
 
@@ -308,15 +308,21 @@ def start_checkpoint(conn: Connection, claim: Claim, attempt: ActionAttempt) -> 
         {**claim.params, **attempt.params},
     ).fetchone()
     if row is None:
-        with one_statement(conn):
-            held = still_holds(conn, claim)
-        if not held:
-            raise refuse_stale(claim, f"start checkpoint {attempt.action_id}")
-        raise ContractMismatch(
-            f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
-            "started again (succeeded, other key, or an interrupted non-idempotent write)"
-        )
+        _refuse(conn, claim, attempt.action_id, "start checkpoint", "started again")
     return row.first_started_at
+
+
+def _refuse(conn: Connection, claim: Claim, action_id: str, what: str, may_not: str) -> NoReturn:
+    """A checkpoint write that changed nothing: LeaseLost if the claim is stale, else
+    ContractMismatch (the step succeeded, has another key, or is an interrupted payment)."""
+    with one_statement(conn):
+        held = still_holds(conn, claim)
+    if not held:
+        raise refuse_stale(claim, f"{what} {action_id}")
+    raise ContractMismatch(
+        f"checkpoint {action_id} of execution {claim.execution_id} may not be {may_not} "
+        "(succeeded, other key, or an interrupted non-idempotent write)"
+    )
 
 
 def succeed_checkpoint(
@@ -358,14 +364,7 @@ def record_success(
     params = {**claim.params, **attempt.params, "started_at": started_at, "output": output}
     row = run_alone(conn, _RECORD_SUCCESS, params).fetchone()
     if row is None:
-        with one_statement(conn):
-            held = still_holds(conn, claim)
-        if not held:
-            raise refuse_stale(claim, f"record success {attempt.action_id}")
-        raise ContractMismatch(
-            f"checkpoint {attempt.action_id} of execution {claim.execution_id} may not be "
-            "recorded (succeeded, other key, or an interrupted non-idempotent write)"
-        )
+        _refuse(conn, claim, attempt.action_id, "record success", "recorded")
 
 
 def write_attempt_outcome(conn: Connection, claim: Claim, outcome: CheckpointOutcome) -> None:
